@@ -1,0 +1,1 @@
+"""Gateware: the amtpu accelerator in Amaranth HDL."""

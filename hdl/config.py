@@ -1,0 +1,148 @@
+"""Accelerator parameters: one frozen dataclass, derived properties and named presets.
+
+Only composite blocks take a :class:`TPUConfig`; leaf blocks (the PE, the weight FIFO) take
+explicit keyword arguments derived from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of the supported range."""
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class TPUConfig:
+    """Parameters of one accelerator instance.
+
+    The matrix unit computes ``Y = X @ W`` for a weight tile ``W`` of ``rows x cols``
+    (``rows`` is the reduction dimension K, ``cols`` the output dimension N): activation
+    rows of ``rows`` elements enter from the left, output rows of ``cols`` partial sums
+    leave at the bottom.
+
+    Attributes
+    ----------
+    rows : int
+        Rows of processing elements (the length of an activation row), 1 to 256.
+    cols : int
+        Columns of processing elements (the length of an output row), 1 to 256.
+    data_width : int
+        Width of activations and weights; 8 (int8 or uint8, chosen per stream or tile).
+    acc_width : int
+        Width of partial sums and accumulators; 32 (two's complement, wrapping).
+    weight_fifo_depth : int
+        Weight tiles the weight FIFO holds (TPU v1: 4), 1 to 64.
+    ub_depth : int
+        Rows of the unified buffer (activations), a power of two, 16 to 65536.
+    acc_depth : int
+        Rows of the accumulator memory, a power of two, 16 to 65536.
+    weight_mem_tiles : int
+        Weight tiles the on-chip weight memory holds, 1 to 4096.
+    lut_multipliers : int
+        How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
+        instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
+        for a 4x4 array -> 8). 0 to rows * cols.
+    """
+
+    rows: int = 8
+    cols: int = 8
+    data_width: int = 8
+    acc_width: int = 32
+    weight_fifo_depth: int = 4
+    ub_depth: int = 1024
+    acc_depth: int = 512
+    weight_mem_tiles: int = 64
+    lut_multipliers: int = 0
+
+    def __post_init__(self):
+        def check(name: str, ok: bool, allowed: str):
+            if not ok:
+                value = getattr(self, name)
+                raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
+                                  f"allowed: {allowed}")
+
+        for name in ("rows", "cols", "data_width", "acc_width", "weight_fifo_depth",
+                     "ub_depth", "acc_depth", "weight_mem_tiles", "lut_multipliers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
+                                  f"allowed: an int")
+        check("rows", 1 <= self.rows <= 256, "1 to 256")
+        check("cols", 1 <= self.cols <= 256, "1 to 256")
+        check("data_width", self.data_width == 8, "8 (int8/uint8 operands)")
+        check("acc_width", self.acc_width == 32, "32 (int32 accumulation)")
+        check("weight_fifo_depth", 1 <= self.weight_fifo_depth <= 64, "1 to 64 tiles")
+        check("ub_depth", _is_pow2(self.ub_depth) and 16 <= self.ub_depth <= 65536,
+              "a power of two from 16 to 65536 rows")
+        check("acc_depth", _is_pow2(self.acc_depth) and 16 <= self.acc_depth <= 65536,
+              "a power of two from 16 to 65536 rows")
+        check("weight_mem_tiles", 1 <= self.weight_mem_tiles <= 4096, "1 to 4096 tiles")
+        check("lut_multipliers", 0 <= self.lut_multipliers <= self.rows * self.cols,
+              f"0 to rows * cols = {self.rows * self.cols}")
+
+    # Derived properties -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """Short name used for build directories, e.g. ``8x8``."""
+        return f"{self.rows}x{self.cols}"
+
+    @property
+    def product_width(self) -> int:
+        """Width of one signed product of two operands extended to ``data_width + 1`` bits."""
+        return 2 * (self.data_width + 1)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates the array performs per cycle at full utilisation."""
+        return self.rows * self.cols
+
+    @property
+    def tile_words(self) -> int:
+        """Weights in one tile."""
+        return self.rows * self.cols
+
+    @property
+    def array_latency(self) -> int:
+        """Cycles from accepting an activation row to presenting its output row."""
+        return self.rows + self.cols + 1
+
+    def replace(self, **changes) -> TPUConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, TPUConfig] = {
+    # Fast unit tests.
+    "tiny": TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8),
+    "small": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=128, weight_mem_tiles=16),
+    # Non-square: a short reduction dimension and a wide output row.
+    "wide": TPUConfig(rows=4, cols=8, ub_depth=256, acc_depth=128, weight_mem_tiles=16),
+    # The default: fits an ECP5-85F's multipliers with room to spare.
+    "default": TPUConfig(),
+    # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
+    "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
+}
+
+
+def get_config(name: str) -> TPUConfig:
+    """The preset called *name*, or a ``RxC`` string such as ``"4x8"`` on top of the default."""
+    if name in PRESETS:
+        return PRESETS[name]
+    rows, sep, cols = name.partition("x")
+    if sep and rows.isdigit() and cols.isdigit():
+        return PRESETS["default"].replace(rows=int(rows), cols=int(cols))
+    raise ConfigError(f"unknown configuration {name!r}; allowed: "
+                      f"{', '.join(PRESETS)} or 'RxC' such as '4x8'")

@@ -1,0 +1,63 @@
+"""Matrix unit: the weight FIFO feeding the systolic array's shadow weights."""
+
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import TPUConfig
+from .systolic_array import SystolicArray
+from .weight_fifo import WeightFIFO
+
+__all__ = ["MatrixUnit"]
+
+
+class MatrixUnit(wiring.Component):
+    """A :class:`WeightFIFO` of ``config.weight_fifo_depth`` tiles in front of a
+    :class:`SystolicArray`: tiles queue in the FIFO and shift into the array's shadow
+    registers while it computes with the active tile.
+
+    Members
+    -------
+    i_weight : In(stream.Signature(weight_row_layout))
+        Rows of weight tiles, row 0 of each tile first.
+    i_act : In(stream.Signature(act_row_layout))
+        Activation rows; ``switch`` on the first row of each tile.
+    o_psum : Out(stream.Signature(psum_row_layout))
+        Output rows, in input order.
+    o_weight_stall, o_weight_shift : Out(1)
+        As :class:`SystolicArray`'s, for performance counters.
+    o_tiles : Out(range(weight_fifo_depth + 1))
+        Whole tiles waiting in the FIFO.
+    """
+
+    def __init__(self, config: TPUConfig):
+        self.config = config
+        self._array = SystolicArray(config)
+        sig = self._array.signature.members
+        super().__init__({
+            "i_weight":       sig["i_weight"],
+            "i_act":          sig["i_act"],
+            "o_psum":         sig["o_psum"],
+            "o_weight_stall": Out(1),
+            "o_weight_shift": Out(1),
+            "o_tiles":        Out(range(config.weight_fifo_depth + 1)),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        m.submodules.array = array = self._array
+        m.submodules.weight_fifo = wfifo = WeightFIFO(
+            rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
+            depth=cfg.weight_fifo_depth)
+
+        wiring.connect(m, wiring.flipped(self.i_weight), wfifo.i_row)
+        wiring.connect(m, wfifo.o_row, array.i_weight)
+        wiring.connect(m, wiring.flipped(self.i_act), array.i_act)
+        wiring.connect(m, array.o_psum, wiring.flipped(self.o_psum))
+        m.d.comb += [
+            self.o_weight_stall.eq(array.o_weight_stall),
+            self.o_weight_shift.eq(array.o_weight_shift),
+            self.o_tiles.eq(wfifo.o_tiles),
+        ]
+        return m

@@ -1,0 +1,1 @@
+"""Reference models and verification infrastructure for the amtpu gateware."""
