@@ -47,6 +47,12 @@ class TPUConfig:
         Rows of the accumulator memory, a power of two, 16 to 65536.
     weight_mem_tiles : int
         Weight tiles the on-chip weight memory holds, 1 to 4096.
+    param_slots : int
+        Requantisation parameter slots (bias, multiplier, shift, zero point), 1 to 8.
+    host_width : int or None
+        Bits in one beat of the host stream. ``None``: the smallest that holds an instruction
+        (64 bits) and any data row (a unified-buffer row, a weight row, a row of ``cols``
+        int32). A multiple of 8 at least that large.
     lut_multipliers : int
         How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
         instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
@@ -61,6 +67,8 @@ class TPUConfig:
     ub_depth: int = 1024
     acc_depth: int = 512
     weight_mem_tiles: int = 64
+    param_slots: int = 4
+    host_width: int | None = None
     lut_multipliers: int = 0
 
     def __post_init__(self):
@@ -71,7 +79,8 @@ class TPUConfig:
                                   f"allowed: {allowed}")
 
         for name in ("rows", "cols", "data_width", "acc_width", "weight_fifo_depth",
-                     "ub_depth", "acc_depth", "weight_mem_tiles", "lut_multipliers"):
+                     "ub_depth", "acc_depth", "weight_mem_tiles", "param_slots",
+                     "lut_multipliers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
@@ -86,6 +95,16 @@ class TPUConfig:
         check("acc_depth", _is_pow2(self.acc_depth) and 16 <= self.acc_depth <= 65536,
               "a power of two from 16 to 65536 rows")
         check("weight_mem_tiles", 1 <= self.weight_mem_tiles <= 4096, "1 to 4096 tiles")
+        check("param_slots", 1 <= self.param_slots <= 8, "1 to 8")
+        if self.host_width is None:
+            object.__setattr__(self, "host_width", self.min_host_width)
+        if not isinstance(self.host_width, int) or isinstance(self.host_width, bool):
+            raise ConfigError(f"TPUConfig.host_width={self.host_width!r} is not supported; "
+                              f"allowed: an int or None")
+        check("host_width",
+              self.host_width >= self.min_host_width and self.host_width % 8 == 0,
+              f"a multiple of 8 of at least {self.min_host_width} bits (an instruction, a "
+              f"unified-buffer row, a weight row and a row of {self.cols} int32 must fit)")
         check("lut_multipliers", 0 <= self.lut_multipliers <= self.rows * self.cols,
               f"0 to rows * cols = {self.rows * self.cols}")
 
@@ -95,6 +114,17 @@ class TPUConfig:
     def name(self) -> str:
         """Short name used for build directories, e.g. ``8x8``."""
         return f"{self.rows}x{self.cols}"
+
+    @property
+    def ub_row(self) -> int:
+        """Elements in a unified-buffer row: MATMUL reads the first ``rows``, ACTIVATE writes
+        the first ``cols``."""
+        return max(self.rows, self.cols)
+
+    @property
+    def min_host_width(self) -> int:
+        """Narrowest host beat that carries an instruction and every kind of data row."""
+        return max(64, self.data_width * self.ub_row, self.acc_width * self.cols)
 
     @property
     def product_width(self) -> int:

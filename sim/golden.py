@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "MatrixUnitModel"]
+__all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "MatrixUnitModel",
+           "saturate", "rounding_shift", "requantise", "activate", "max_pool_rows",
+           "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE"]
 
 
 def operand_range(signed: bool, width: int = 8) -> tuple[int, int]:
@@ -103,3 +105,81 @@ class MatrixUnitModel:
         act_row = np.asarray(act_row, dtype=np.int64).reshape(1, self.rows)
         return matmul(act_row, tile, x_signed=signed, w_signed=w_signed,
                       acc_width=self.acc_width)[0]
+
+
+# Activation unit -----------------------------------------------------------------------------
+
+#: Fixed-point scales of the lookup-table functions (TPU v1 had fixed sigmoid/tanh hardware).
+LUT_INPUT_SCALE = 1 / 16      # table index q (int8) stands for q / 16, i.e. -8.0 .. 7.9375
+SIGMOID_OUTPUT = (1 / 256, -128)  # (scale, zero point): 0.0 -> -128, 1.0 -> 127 (saturated)
+TANH_OUTPUT = (1 / 128, 0)        # -1.0 -> -128, 1.0 -> 127 (saturated)
+
+
+def saturate(values, lo: int = -128, hi: int = 127) -> np.ndarray:
+    return np.clip(np.asarray(values, dtype=np.int64), lo, hi)
+
+
+def rounding_shift(values, shift: int) -> np.ndarray:
+    """``round(values / 2**shift)`` with ties rounded up (towards +infinity):
+    ``(values + 2**(shift-1)) >> shift`` with an arithmetic shift; ``shift == 0`` is exact."""
+    values = np.asarray(values, dtype=np.int64)
+    if not 0 <= shift <= 63:
+        raise ValueError(f"shift={shift} out of range; allowed: 0 to 63")
+    if shift == 0:
+        return values
+    # |values| < 2**62 here, so adding 2**(shift-1) cannot overflow int64.
+    return (values + (np.int64(1) << np.int64(shift - 1))) >> np.int64(shift)
+
+
+def requantise(acc, bias, multiplier, shift: int, zero_point: int) -> np.ndarray:
+    """int32 accumulator values to int8, per column, exactly as the activation unit does:
+
+    1. ``t = wrap32(acc + bias)`` (32-bit two's complement add);
+    2. ``p = t * multiplier``, exact (|p| <= 2**62);
+    3. ``r = (p + 2**(shift-1)) >> shift`` (arithmetic; ``r = p`` when ``shift == 0``);
+    4. ``q = saturate_int8(saturate_int32(r) + zero_point)``.
+    """
+    acc = np.asarray(acc, dtype=np.int64)
+    t = wrap(acc + np.asarray(bias, dtype=np.int64), 32)
+    p = t * np.asarray(multiplier, dtype=np.int64)
+    r = saturate(rounding_shift(p, shift), -(1 << 31), (1 << 31) - 1)
+    return saturate(r + zero_point)
+
+
+def _lut(function, scale_zp) -> np.ndarray:
+    scale, zp = scale_zp
+    x = np.arange(-128, 128) * LUT_INPUT_SCALE
+    # round half away from zero on exact float64 values; the table is a constant, so this is
+    # computed once and the hardware ROM holds the very same numbers.
+    y = function(x) / scale
+    rounded = np.where(y >= 0, np.floor(y + 0.5), np.ceil(y - 0.5))
+    return saturate(rounded.astype(np.int64) + zp)
+
+
+#: Tables indexed by ``q + 128`` for q in -128..127.
+SIGMOID_LUT = _lut(lambda x: 1 / (1 + np.exp(-x)), SIGMOID_OUTPUT)
+TANH_LUT = _lut(np.tanh, TANH_OUTPUT)
+
+
+def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127) -> np.ndarray:
+    """Apply function ``func`` (:class:`hdl.isa.Func` value) to requantised int8 values."""
+    q = np.asarray(q, dtype=np.int64)
+    if func == 0:    # IDENTITY
+        return q
+    if func == 1:    # RELU
+        return np.maximum(q, zero_point)
+    if func == 2:    # CLAMP
+        return np.minimum(np.maximum(q, zero_point), clamp_hi)
+    if func == 3:    # SIGMOID
+        return SIGMOID_LUT[q + 128]
+    if func == 4:    # TANH
+        return TANH_LUT[q + 128]
+    raise ValueError(f"func={func} is not an activation function; allowed: 0 to 4")
+
+
+def max_pool_rows(values, window: int) -> np.ndarray:
+    """Element-wise max over groups of ``window`` consecutive rows."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.shape[0] % window:
+        raise ValueError(f"{values.shape[0]} rows do not split into windows of {window}")
+    return values.reshape(-1, window, values.shape[1]).max(axis=1)

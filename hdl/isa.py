@@ -1,0 +1,242 @@
+"""Instruction set of the core: one definition shared by the gateware and the host.
+
+Every instruction is one 64-bit word, an :class:`amaranth.lib.data.Struct` whose low four
+bits are the :class:`Opcode`. The gateware decodes the words with these layouts and the host
+assembler packs the very same layouts (``Matmul.const({...}).as_bits()``), so the two cannot
+disagree about a field.
+
+The host stream carries one *beat* per instruction or data row: a beat is
+``TPUConfig.host_width`` bits, wide enough for an instruction, a unified-buffer row, a weight
+row or a row of ``cols`` int32 values, each in the low bits of the beat. Instructions that move
+data (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) are followed in the stream by their data beats.
+The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS and HALT send.
+
+Semantics are written out in docs/isa.md (generated from this module by
+``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.isa_sim`.
+"""
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+__all__ = [
+    "INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "DONE_MAGIC",
+    "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost", "LoadWeights", "ReadWeights",
+    "Matmul", "Activate", "LoadParams", "ReadCounters", "FORMATS", "Status",
+]
+
+INSTR_BITS = 64
+
+
+class Opcode(enum.Enum, shape=unsigned(4)):
+    """Operation of an instruction word. Values 12 to 15 are reserved (UNKNOWN_OPCODE)."""
+    NOP           = 0   # do nothing
+    HALT          = 1   # end of program: wait until idle, send a DONE beat
+    SYNC          = 2   # wait until every unit is idle
+    READ_HOST     = 3   # host -> unified buffer (TPU v1 Read_Host_Memory)
+    WRITE_HOST    = 4   # unified buffer -> host (TPU v1 Write_Host_Memory)
+    LOAD_WEIGHTS  = 5   # host -> weight memory
+    READ_WEIGHTS  = 6   # weight memory -> weight FIFO (TPU v1 Read_Weights)
+    MATMUL        = 7   # unified buffer x weights -> accumulators (TPU v1 MatrixMultiply)
+    ACTIVATE      = 8   # accumulators -> requantise, function, pool -> unified buffer
+    LOAD_PARAMS   = 9   # host -> requantisation parameter slot
+    READ_COUNTERS = 10  # performance counters -> host
+    CLEAR_COUNTERS = 11  # zero the performance counters
+
+
+class Func(enum.Enum, shape=unsigned(3)):
+    """Activation function applied after requantisation. Values 5 to 7 are invalid."""
+    IDENTITY = 0
+    RELU     = 1   # max(q, zero_point)
+    CLAMP    = 2   # min(max(q, zero_point), clamp_hi), ReLU6 when clamp_hi encodes 6.0
+    SIGMOID  = 3   # table: input scale 1/16, output scale 1/256, zero point -128
+    TANH     = 4   # table: input scale 1/16, output scale 1/128, zero point 0
+
+
+class Pool(enum.Enum, shape=unsigned(2)):
+    """Max-pooling window over consecutive accumulator rows. Value 3 is invalid."""
+    NONE = 0   # one output row per accumulator row
+    MAX2 = 1   # element-wise max of 2 rows
+    MAX4 = 2   # element-wise max of 4 rows
+
+
+class ErrorCode(enum.Enum, shape=unsigned(4)):
+    """Why the core stopped. Every check happens before the instruction has any effect."""
+    NONE             = 0
+    UNKNOWN_OPCODE   = 1   # opcode 12..15
+    UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth
+    ACC_RANGE        = 3   # accumulator rows past acc_depth
+    WEIGHT_RANGE     = 4   # weight tiles past weight_mem_tiles
+    WEIGHT_UNWRITTEN = 5   # READ_WEIGHTS of a tile no LOAD_WEIGHTS has written
+    WEIGHT_EMPTY     = 6   # MATMUL needs a tile (switch, or none active) but none is queued
+    WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
+    BAD_FIELD        = 8   # function, pooling or slot out of range, count not a multiple
+                           # of the pooling window
+
+
+#: Performance counters, in the order READ_COUNTERS sends them (one beat each, 48 bits).
+#: Categories follow TPU v1's Table 3.
+COUNTERS = (
+    "cycles",          # every cycle since the counters were cleared
+    "instructions",    # instructions completed (decoded without error)
+    "array_active",    # cycles an activation row entered the systolic array
+    "useful_macs",     # multiply-accumulates of those rows: rows * cols each
+    "weight_stall",    # cycles a MATMUL row waited for its weight tile to shift in
+    "weight_shift",    # cycles a weight row shifted into the array's shadow registers
+    "non_matrix",      # cycles the array was idle while ACTIVATE or host transfers ran
+    "raw_stall",       # cycles an instruction waited on a unified-buffer/accumulator hazard
+    "host_stall",      # cycles the core waited for a beat from the host
+)
+COUNTER_BITS = 48
+
+#: Upper 32 bits of the beat HALT sends; the lower 32 bits count the program's instructions.
+DONE_MAGIC = 0x444F4E45   # "DONE"
+
+
+class Instr(data.Struct):
+    """Generic view of an instruction word: the decoder's view of the fields."""
+    opcode: Opcode
+    flags:  4
+    a:      16
+    b:      16
+    count:  16
+    c:      8
+
+
+class Nop(data.Struct):
+    """Do nothing."""
+    opcode: Opcode
+    _pad:   60
+
+
+class Halt(data.Struct):
+    """End of program: wait until every unit is idle, then send one DONE beat
+    (``DONE_MAGIC << 32 | instructions in this program``). The instruction index restarts."""
+    opcode: Opcode
+    _pad:   60
+
+
+class Sync(data.Struct):
+    """Wait until every unit is idle (a fence)."""
+    opcode: Opcode
+    _pad:   60
+
+
+class ReadHost(data.Struct):
+    """``count`` beats from the host into unified-buffer rows ``ub_addr..``.
+    The low ``8 * ub_row`` bits of each beat are the row (element 0 lowest)."""
+    opcode:  Opcode
+    _flags:  4
+    ub_addr: 16
+    _b:      16
+    count:   16
+    _c:      8
+
+
+class WriteHost(data.Struct):
+    """Unified-buffer rows ``ub_addr..ub_addr+count-1`` to the host, one beat each."""
+    opcode:  Opcode
+    _flags:  4
+    ub_addr: 16
+    _b:      16
+    count:   16
+    _c:      8
+
+
+class LoadWeights(data.Struct):
+    """``count * rows`` beats from the host into weight tiles ``tile..``, row 0 of each tile
+    first (the low ``8 * cols`` bits of each beat). ``signed``: the tiles hold int8, else
+    uint8."""
+    opcode: Opcode
+    signed: 1
+    _flags: 3
+    tile:   16
+    _b:     16
+    count:  16
+    _c:     8
+
+
+class ReadWeights(data.Struct):
+    """Queue weight tiles ``tile..tile+count-1`` for the matrix unit. Runs behind later
+    instructions; the tiles shift into the array while earlier MATMULs compute."""
+    opcode: Opcode
+    _flags: 4
+    tile:   16
+    _b:     16
+    count:  16
+    _c:     8
+
+
+class Matmul(data.Struct):
+    """Multiply unified-buffer rows ``ub_addr..`` (the first ``rows`` elements of each) by
+    the active weight tile into accumulator rows ``acc_addr..``, ``count`` rows.
+    ``switch``: first make the oldest queued tile active. ``accumulate``: add to the
+    accumulator rows, else overwrite them. ``signed``: the activations are int8, else uint8."""
+    opcode:     Opcode
+    accumulate: 1
+    switch:     1
+    signed:     1
+    _flag:      1
+    ub_addr:    16
+    acc_addr:   16
+    count:      16
+    _c:         8
+
+
+class Activate(data.Struct):
+    """Accumulator rows ``acc_addr..acc_addr+count-1`` through requantisation with parameter
+    ``slot``, function ``func`` and max-pooling ``pool`` into unified-buffer rows
+    ``ub_addr..`` (``count / window`` rows, the first ``cols`` elements of each)."""
+    opcode:   Opcode
+    _flags:   4
+    acc_addr: 16
+    ub_addr:  16
+    count:    16
+    func:     Func
+    pool:     Pool
+    slot:     3
+
+
+class LoadParams(data.Struct):
+    """Requantisation parameter slot ``slot``: scalars from the instruction, then two beats
+    from the host: the per-column int32 bias row and the per-column int32 multiplier row
+    (column 0 in the low 32 bits)."""
+    opcode:     Opcode
+    _flags:     4
+    slot:       3
+    _pad:       5
+    shift:      6
+    _pad2:      2
+    zero_point: 8
+    clamp_hi:   8
+    _pad3:      24
+
+
+class ReadCounters(data.Struct):
+    """Send the performance counters to the host, one beat each, in :data:`COUNTERS` order."""
+    opcode: Opcode
+    _pad:   60
+
+
+class ClearCounters(data.Struct):
+    """Zero every performance counter."""
+    opcode: Opcode
+    _pad:   60
+
+
+#: The layout of each opcode.
+FORMATS = {
+    Opcode.NOP: Nop, Opcode.HALT: Halt, Opcode.SYNC: Sync,
+    Opcode.READ_HOST: ReadHost, Opcode.WRITE_HOST: WriteHost,
+    Opcode.LOAD_WEIGHTS: LoadWeights, Opcode.READ_WEIGHTS: ReadWeights,
+    Opcode.MATMUL: Matmul, Opcode.ACTIVATE: Activate, Opcode.LOAD_PARAMS: LoadParams,
+    Opcode.READ_COUNTERS: ReadCounters, Opcode.CLEAR_COUNTERS: ClearCounters,
+}
+
+
+class Status(data.Struct):
+    """Status the host can read at any time (out of band): sticky until cleared."""
+    error:       1
+    code:        ErrorCode
+    halted:      1    # the core has finished a HALT and is waiting for more instructions
+    _pad:        2
+    instr_index: 24   # index in the current program of the failing instruction

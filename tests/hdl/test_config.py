@@ -1,0 +1,64 @@
+"""TPUConfig validation, derived properties and presets."""
+
+import pytest
+
+from hdl.config import PRESETS, ConfigError, TPUConfig, get_config
+
+
+def test_default_is_8x8():
+    cfg = TPUConfig()
+    assert (cfg.rows, cfg.cols, cfg.data_width, cfg.acc_width) == (8, 8, 8, 32)
+    assert cfg.weight_fifo_depth == 4
+    assert cfg.name == "8x8"
+    assert cfg.macs == 64
+    assert cfg.tile_words == 64
+    assert cfg.product_width == 18
+    assert cfg.array_latency == 17
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid(name):
+    cfg = get_config(name)
+    assert cfg is PRESETS[name]
+    assert cfg.replace() == cfg
+
+
+def test_presets_cover_test_sizes():
+    sizes = {(c.rows, c.cols) for c in PRESETS.values()}
+    assert {(2, 2), (4, 4), (8, 8), (4, 8), (16, 16)} <= sizes
+
+
+def test_rxc_names():
+    cfg = get_config("4x8")
+    assert (cfg.rows, cfg.cols) == (4, 8)
+
+
+def test_frozen():
+    with pytest.raises(AttributeError):
+        TPUConfig().rows = 4
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("rows", 0, "1 to 256"),
+    ("cols", 300, "1 to 256"),
+    ("data_width", 16, "8"),
+    ("acc_width", 24, "32"),
+    ("weight_fifo_depth", 0, "1 to 64"),
+    ("ub_depth", 1000, "power of two"),
+    ("acc_depth", 8, "power of two"),
+    ("weight_mem_tiles", 0, "1 to 4096"),
+    ("lut_multipliers", 65, "0 to rows * cols = 64"),
+    ("rows", 4.0, "an int"),
+    ("cols", True, "an int"),
+])
+def test_rejects_bad_values_with_a_clear_message(field, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        TPUConfig(**{field: value})
+    message = str(info.value)
+    assert f"TPUConfig.{field}={value!r}" in message
+    assert allowed in message
+
+
+def test_unknown_config_name():
+    with pytest.raises(ConfigError, match="unknown configuration 'huge'.*tiny"):
+        get_config("huge")

@@ -1,0 +1,81 @@
+"""The golden model's own semantics, checked against plain Python integers."""
+
+import numpy as np
+import pytest
+
+from sim.golden import MatrixUnitModel, from_raw, matmul, operand_range, to_raw, wrap
+
+SEED = 20261130
+
+
+def test_wrap_is_twos_complement():
+    assert list(wrap([2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32 + 5])) == \
+        [2**31 - 1, -2**31, -2**31, 2**31 - 1, 5]
+
+
+def test_raw_round_trip():
+    for signed in (False, True):
+        lo, hi = operand_range(signed)
+        values = np.arange(lo, hi + 1)
+        assert np.array_equal(from_raw(to_raw(values), signed), values)
+    assert list(to_raw([-128, -1, 0, 127])) == [128, 255, 0, 127]
+
+
+@pytest.mark.parametrize("x_signed", [False, True])
+@pytest.mark.parametrize("w_signed", [False, True])
+def test_matmul_matches_python_integers(x_signed, w_signed):
+    rng = np.random.default_rng(SEED)
+    print(f"seed {SEED}")
+    xl, xh = operand_range(x_signed)
+    wl, wh = operand_range(w_signed)
+    x = rng.integers(xl, xh + 1, (5, 7))
+    w = rng.integers(wl, wh + 1, (7, 3))
+    got = matmul(x, w, x_signed=x_signed, w_signed=w_signed)
+    for i in range(5):
+        for j in range(3):
+            assert got[i, j] == sum(int(x[i, k]) * int(w[k, j]) for k in range(7))
+
+
+def test_matmul_extremes():
+    k = 8
+    assert matmul(np.full((1, k), -128), np.full((k, 1), -128))[0, 0] == k * 16384
+    assert matmul(np.full((1, k), 255), np.full((k, 1), 255),
+                  x_signed=False, w_signed=False)[0, 0] == k * 65025
+    assert matmul(np.full((1, k), -128), np.full((k, 1), 255), w_signed=False)[0, 0] == \
+        k * -32640
+
+
+def test_matmul_wraps_at_int32():
+    # 2**16 products of 255 * 255 sum to 4.26e9, past 2**32: the result wraps.
+    k = 1 << 16
+    x = np.full((1, k), 255)
+    w = np.full((k, 1), 255)
+    exact = k * 255 * 255
+    assert matmul(x, w, x_signed=False, w_signed=False)[0, 0] == \
+        ((exact + 2**31) % 2**32) - 2**31
+
+
+def test_matmul_rejects_out_of_range_operands():
+    with pytest.raises(ValueError, match=r"x holds values outside -128\.\.127"):
+        matmul([[128]], [[1]])
+    with pytest.raises(ValueError, match=r"w holds values outside 0\.\.255"):
+        matmul([[1]], [[-1]], w_signed=False)
+    with pytest.raises(ValueError, match=r"\(M, K\) @ \(K, N\)"):
+        matmul([[1, 2]], [[1, 2]])
+
+
+def test_matrix_unit_model_switches_tiles_in_order():
+    model = MatrixUnitModel(rows=2, cols=2)
+    model.push_tile([[1, 0], [0, 1]], signed=True)
+    model.push_tile([[2, 0], [0, 2]], signed=True)
+    assert list(model.push_act([3, 4], signed=True, switch=True)) == [3, 4]
+    assert list(model.push_act([5, 6], signed=True, switch=False)) == [5, 6]
+    assert list(model.push_act([5, 6], signed=True, switch=True)) == [10, 12]
+    with pytest.raises(ValueError, match="no weight tile queued"):
+        model.push_act([1, 1], signed=True, switch=True)
+
+
+def test_matrix_unit_model_needs_a_switch_first():
+    model = MatrixUnitModel(rows=1, cols=1)
+    with pytest.raises(ValueError, match="before the first tile switch"):
+        model.push_act([1], signed=True, switch=False)
