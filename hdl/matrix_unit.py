@@ -2,7 +2,7 @@
 
 from amaranth.hdl import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from .config import TPUConfig
 from .systolic_array import SystolicArray

@@ -1,0 +1,139 @@
+"""Unified buffer: the activation memory shared by the host, the matrix unit and the
+activation unit."""
+
+from amaranth.hdl import Module, Signal, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["UnifiedBuffer", "RowMemory", "write_request_layout", "serve_reads", "round_robin"]
+
+
+def write_request_layout(addr_bits: int, row_shape) -> data.StructLayout:
+    return data.StructLayout({"addr": unsigned(addr_bits), "data": row_shape})
+
+
+def round_robin(m: Module, requests, name: str):
+    """Round-robin arbiter: ``(grant, any, last)``. ``grant`` indexes a request, favouring the
+    one after ``last``; the caller updates ``last`` to ``grant`` when a request is served."""
+    n = len(requests)
+    last = Signal(range(n), name=f"{name}_last")
+    grant = Signal(range(n), name=f"{name}_grant")
+    any_req = Signal(name=f"{name}_any")
+    m.d.comb += any_req.eq(sum(requests) != 0 if n > 1 else requests[0])
+    # Highest priority first: last+1, last+2, ..., last.
+    for offset in reversed(range(1, n + 1)):
+        for base in range(n):
+            index = (base + offset) % n
+            with m.If((last == base) & requests[index]):
+                m.d.comb += grant.eq(index)
+    return grant, any_req, last
+
+
+def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r"):
+    """Share memory read port ``rd`` among clients: each sends addresses on its
+    ``addr_streams[i]`` and receives rows on ``data_streams[i]`` in order. One request a
+    cycle is served round-robin; a response is held (read enable low) until its client takes
+    it, so a stalled client delays the others but nothing is lost or repeated."""
+    held = Signal(name=f"{name}_held")
+    owner = Signal(range(len(addr_streams)), name=f"{name}_owner")
+    owner_ready = Signal(name=f"{name}_owner_ready")
+    for index, r in enumerate(data_streams):
+        m.d.comb += [
+            r.valid.eq(held & (owner == index)),
+            r.payload.eq(rd.data),
+        ]
+        with m.If(owner == index):
+            m.d.comb += owner_ready.eq(r.ready)
+    advance = ~held | owner_ready
+    grant, any_r, last_r = round_robin(m, [r.valid for r in addr_streams], name)
+    for index, r in enumerate(addr_streams):
+        m.d.comb += r.ready.eq(advance & (grant == index))
+        with m.If(grant == index):
+            m.d.comb += rd.addr.eq(r.payload)
+    m.d.comb += rd.en.eq(advance)
+    with m.If(advance):
+        m.d.sync += [held.eq(any_r), owner.eq(grant)]
+        with m.If(any_r):
+            m.d.sync += last_r.eq(grant)
+
+
+class RowMemory(wiring.Component):
+    """A memory of ``depth`` rows with one write port and one read port, each shared by
+    several clients through valid/ready streams.
+
+    Write clients send ``{addr, data}`` requests; read clients send an address and receive
+    the row on their response stream, in order. Clients are served round-robin, one request a
+    cycle on each port, so no client starves and no request is lost or served twice. A read
+    and a write of the same row in one cycle return the old row (read-before-write); clients
+    that need ordering are serialised by the controller's interlocks.
+
+    Parameters
+    ----------
+    depth : int
+        Rows.
+    row_shape : shape-like
+        Shape of one row.
+    readers, writers : int
+        Clients of the read and the write port.
+    init : iterable, optional
+        Initial contents.
+
+    Members
+    -------
+    w : In(stream.Signature(write_request_layout)).array(writers)
+        Write requests.
+    r_addr : In(stream.Signature(unsigned(addr_bits))).array(readers)
+        Read requests.
+    r_data : Out(stream.Signature(row_shape)).array(readers)
+        Read responses, one per request, in request order.
+    """
+
+    def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
+                 init=()):
+        self.depth = depth
+        self.row_shape = row_shape
+        self.addr_bits = max(1, (depth - 1).bit_length())
+        self._init = init
+        super().__init__({
+            "w":      In(stream.Signature(write_request_layout(self.addr_bits,
+                                                                row_shape))).array(writers),
+            "r_addr": In(stream.Signature(unsigned(self.addr_bits))).array(readers),
+            "r_data": Out(stream.Signature(row_shape)).array(readers),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = memory.Memory(shape=self.row_shape, depth=self.depth,
+                                               init=self._init)
+        wr = mem.write_port()
+        rd = mem.read_port()
+
+        # Write port.
+        grant, any_w, last_w = round_robin(m, [w.valid for w in self.w], "w")
+        for index, w in enumerate(self.w):
+            m.d.comb += w.ready.eq(grant == index)
+            with m.If(grant == index):
+                m.d.comb += [wr.addr.eq(w.payload.addr), wr.data.eq(w.payload.data)]
+        m.d.comb += wr.en.eq(any_w)
+        with m.If(any_w):
+            m.d.sync += last_w.eq(grant)
+
+        serve_reads(m, rd, self.r_addr, self.r_data)
+        return m
+
+
+class UnifiedBuffer(RowMemory):
+    """The unified buffer: ``depth`` rows of ``row_elems`` raw 8-bit activations.
+
+    Write clients: 0 the host (READ_HOST), 1 the activation unit. Read clients: 0 the
+    matrix unit (MATMUL), 1 the host (WRITE_HOST).
+    """
+
+    HOST_WRITE, ACT_WRITE = 0, 1
+    MATMUL_READ, HOST_READ = 0, 1
+
+    def __init__(self, *, depth: int, row_elems: int, data_width: int = 8):
+        self.row_elems = row_elems
+        super().__init__(depth=depth, row_shape=data.ArrayLayout(unsigned(data_width),
+                                                                 row_elems),
+                         readers=2, writers=2)
