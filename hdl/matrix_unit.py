@@ -28,6 +28,8 @@ class MatrixUnit(wiring.Component):
         As :class:`SystolicArray`'s, for performance counters.
     o_tiles : Out(range(weight_fifo_depth + 1))
         Whole tiles waiting in the FIFO.
+    o_shadow_full : Out(1)
+        A whole tile waits in the array's shadow registers.
     """
 
     def __init__(self, config: TPUConfig):
@@ -41,6 +43,7 @@ class MatrixUnit(wiring.Component):
             "o_weight_stall": Out(1),
             "o_weight_shift": Out(1),
             "o_tiles":        Out(range(config.weight_fifo_depth + 1)),
+            "o_shadow_full":  Out(1),
         })
 
     def elaborate(self, platform):
@@ -59,5 +62,6 @@ class MatrixUnit(wiring.Component):
             self.o_weight_stall.eq(array.o_weight_stall),
             self.o_weight_shift.eq(array.o_weight_shift),
             self.o_tiles.eq(wfifo.o_tiles),
+            self.o_shadow_full.eq(array.o_shadow_full),
         ]
         return m
