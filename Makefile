@@ -1,0 +1,127 @@
+# amtpu: build/test entry points. `make` lists the targets.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+# Simulator for the cocotb tests (icarus | verilator) and whether tests write waveforms
+# (FST + a .gtkw save file under build/). Exported to the tests.
+SIM   ?= icarus
+WAVES ?= 0
+export SIM WAVES
+
+# pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
+JOBS ?= 2
+ARGS ?=
+TEST ?=
+
+# Run tools from the venv with the outer make's jobserver/flags removed, so the `make` that
+# cocotb's runner starts (Verilator's Vtop.mk, cocotb makefiles) is not confused by them.
+# The Verilator PCH workaround (MAKEFLAGS=CFG_CXXFLAGS_PCH_I=-include) is set by sim/'s runner.
+RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+
+# Debian packages: Icarus Verilog (default simulator); g++, make and perl to build Verilator
+# models; lz4 and zlib headers for Verilator FST tracing.
+APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
+
+.PHONY: help setup test test-all lint synth bench waves clean
+
+help:
+	@printf '%s\n' \
+	  'amtpu make targets:' \
+	  '  setup     create $(VENV), pip install -e .[dev], Debian packages (as root), verilator wrapper' \
+	  '  test      fast tests: pytest -n $(JOBS) -m "not slow"' \
+	  '  test-all  all tests, including the slow (large configuration) ones' \
+	  '  lint      ruff check .' \
+	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
+	  '  bench     python -m bench.utilisation and python -m bench.simspeed' \
+	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
+	  '  clean     remove build/ and caches' \
+	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
+	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
+
+setup:
+	@is_installed() { dpkg-query -W -f='$${Status}' "$$1" 2>/dev/null | grep -q 'install ok installed'; }
+	apt_updated=0
+	apt_install() {
+	  if [ "$$(id -u)" -ne 0 ]; then return 1; fi
+	  if ! command -v apt-get >/dev/null; then return 1; fi
+	  if [ "$$apt_updated" = 0 ]; then apt-get update; apt_updated=1; fi
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$$@"
+	}
+	missing=()
+	# System packages first (dpkg check; iverilog also counts if built from source).
+	need=()
+	for pkg in $(APT_PKGS); do
+	  if [ "$$pkg" = iverilog ] && command -v iverilog >/dev/null; then continue; fi
+	  if [ "$$pkg" = make ] && command -v make >/dev/null; then continue; fi
+	  if [ "$$pkg" = g++ ] && command -v g++ >/dev/null; then continue; fi
+	  is_installed "$$pkg" || need+=("$$pkg")
+	done
+	# `python3 -m venv` needs ensurepip, which Debian ships in python3-venv.
+	if [ ! -x $(PY) ] && ! python3 -c 'import ensurepip' 2>/dev/null; then need+=(python3-venv); fi
+	if [ $${#need[@]} -gt 0 ]; then
+	  echo "setup: installing Debian packages: $${need[*]}"
+	  apt_install "$${need[@]}" || missing+=("$${need[@]}")
+	fi
+	if [ ! -x $(PY) ]; then
+	  echo "setup: creating $(VENV)"
+	  python3 -m venv $(VENV)
+	fi
+	$(PIP) install --disable-pip-version-check -e '.[dev]'
+	# cocotb loads libpython into the simulator; Debian ships it separately from python3.
+	if ! $(VENV)/bin/find_libpython >/dev/null 2>&1; then
+	  libpy="libpython$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+	  echo "setup: cocotb cannot find libpython; installing $$libpy"
+	  apt_install "$$libpy" || missing+=("$$libpy")
+	fi
+	$(PY) tools/install_verilator_wrapper.py
+	if ! command -v gtkwave >/dev/null; then
+	  echo "setup: note: gtkwave (optional, for make waves) is not installed: apt-get install gtkwave"
+	fi
+	if [ $${#missing[@]} -gt 0 ]; then
+	  echo >&2
+	  echo "setup: INCOMPLETE: missing Debian packages: $${missing[*]}" >&2
+	  echo "setup: install them as root:  apt-get install -y $${missing[*]}" >&2
+	  exit 1
+	fi
+	echo "setup: done"
+
+test:
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not slow" $(ARGS)
+
+test-all:
+	$(RUN) $(PY) -m pytest -n $(JOBS) $(ARGS)
+
+lint:
+	$(RUN) ruff check .
+
+synth:
+	$(RUN) $(PY) -m bench.synth
+
+bench:
+	$(RUN) $(PY) -m bench.utilisation
+	$(RUN) $(PY) -m bench.simspeed
+
+waves:
+	@if ! command -v gtkwave >/dev/null; then
+	  echo "waves: gtkwave is not installed; install it with: apt-get install gtkwave" >&2
+	  exit 1
+	fi
+	f=$$(find build -name '*.gtkw' -path '*$(TEST)*' -printf '%T@ %p\n' 2>/dev/null \
+	     | sort -rn | head -n 1 | cut -d ' ' -f 2-)
+	if [ -z "$$f" ]; then
+	  echo "waves: no .gtkw file under build/ matching '$(TEST)'; run e.g. make test WAVES=1" >&2
+	  exit 1
+	fi
+	echo "waves: $$f"
+	exec gtkwave "$$f"
+
+clean:
+	rm -rf build/ sim_build/ .pytest_cache/ .ruff_cache/ results.xml *.egg-info/
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Board platforms and top-levels; `python -m boards.<name>` builds one."""

@@ -1,0 +1,1 @@
+"""Host-side software: assembler, compiler, quantiser, runtime and transports."""
