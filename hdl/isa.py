@@ -15,13 +15,14 @@ Semantics are written out in docs/isa.md (generated from this module by
 ``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.isa_sim`.
 """
 
-from amaranth.hdl import unsigned
+from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "DONE_MAGIC",
+    "INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "COUNTER_BITS",
+    "DONE_MAGIC",
     "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost", "LoadWeights", "ReadWeights",
-    "Matmul", "Activate", "LoadParams", "ReadCounters", "FORMATS", "Status",
+    "Matmul", "Activate", "LoadParams", "ReadCounters", "ClearCounters", "FORMATS", "Status",
 ]
 
 INSTR_BITS = 64
@@ -206,8 +207,8 @@ class LoadParams(data.Struct):
     _pad:       5
     shift:      6
     _pad2:      2
-    zero_point: 8
-    clamp_hi:   8
+    zero_point: signed(8)
+    clamp_hi:   signed(8)
     _pad3:      24
 
 

@@ -127,8 +127,9 @@ def rounding_shift(values, shift: int) -> np.ndarray:
         raise ValueError(f"shift={shift} out of range; allowed: 0 to 63")
     if shift == 0:
         return values
-    # |values| < 2**62 here, so adding 2**(shift-1) cannot overflow int64.
-    return (values + (np.int64(1) << np.int64(shift - 1))) >> np.int64(shift)
+    # floor((v + 2**(s-1)) / 2**s) == floor((floor(v / 2**(s-1)) + 1) / 2): the same value
+    # without the addition, which overflows int64 for v = 2**62, s = 63.
+    return ((values >> np.int64(shift - 1)) + 1) >> np.int64(1)
 
 
 def requantise(acc, bias, multiplier, shift: int, zero_point: int) -> np.ndarray:

@@ -1,0 +1,690 @@
+"""Assembler and disassembler of the host stream, and a Python API for compilers.
+
+Every instruction field, its width and its offset come from the layouts in :mod:`hdl.isa`
+(iterated, never copied), so a change there changes the assembler with it.
+
+Syntax
+------
+One instruction or data line per line; ``#`` or ``;`` starts a comment. An instruction is
+its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its fields::
+
+    read_host ub=0 count=2
+    .row 1 2 3 4 5 6 7 -8
+    .hex 01 02 03 04 05 06 07 f8
+    load_weights tile=0 count=1 signed
+    .row 1 0 0 0 0 0 0 0          # rows * count lines, element 0 first
+    ...
+    read_weights tile=0 count=1
+    load_params slot=0 shift=12 zp=-3 clamp=127
+    .bias 100 -100 0 0 0 0 0 0    # cols int32 values
+    .mult 1 1 1 1 1 1 1 1
+    matmul ub=0 acc=16 count=64 switch accumulate signed
+    activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0
+    write_host ub=128 count=32
+    halt
+
+- Fields are ``name=value``; every field of the layout is required except the 1-bit flags,
+  written as a bare name (``signed``) or ``name=0``/``name=1``, and the reserved fields
+  (``_flags=...``, default 0). Short names: ``ub`` = ``ub_addr``, ``acc`` = ``acc_addr``,
+  ``zp`` = ``zero_point``, ``clamp`` = ``clamp_hi``.
+- Values are decimal or ``0x`` hex, within the field's width; ``zp`` and ``clamp`` are int8
+  (-128..127); ``func`` and ``pool`` take an enum name (``relu``, ``max2``) or a number.
+- Data lines follow the instruction that takes them: ``count`` lines after ``read_host``
+  (``ub_row`` bytes each), ``count * rows`` after ``load_weights`` (``cols`` bytes each),
+  ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each). A byte is -128..255
+  (int8 or uint8, the same raw bits); an int32 is -2**31..2**32-1. ``.hex`` gives a row as
+  two hex digits per element, element 0 first.
+- ``.word VALUE`` is one raw beat, anywhere: an instruction word the assembler would reject
+  (unknown opcode, bits above bit 63; the assembler expects no data lines after it, so the
+  disassembler prints the data beats of such a word as ``.word`` too), or a data beat with
+  bits set above its row.
+
+:func:`disassemble` prints canonical text: layout field order, value fields then flags, short
+names, reserved fields only when non-zero, ``read_host`` rows as int8, ``load_weights`` rows as
+int8 or uint8 per the ``signed`` flag. ``assemble(disassemble(beats)) == beats`` for any
+stream made of whole instructions.
+
+Command line::
+
+    python -m firmware.asm prog.s -o prog.bin [--config default] [--format bin|hex]
+    python -m firmware.asm --disassemble prog.bin [-o prog.s]
+
+A binary file holds each beat as ``host_width / 8`` little-endian bytes; a hex file one beat
+per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth.hdl import Shape
+from amaranth.lib import data, enum
+
+from hdl import isa
+from hdl.config import TPUConfig, get_config
+
+__all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
+           "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "main"]
+
+#: Short names the assembler prints (the layout names are accepted too).
+ALIASES = {"ub_addr": "ub", "acc_addr": "acc", "zero_point": "zp", "clamp_hi": "clamp"}
+
+#: 8-bit fields holding int8 values in two's complement (needed while hdl.isa declares them
+#: unsigned; a field with a signed shape is treated the same way).
+INT8_FIELDS = frozenset({"zero_point", "clamp_hi"})
+
+_INSTR_MASK = (1 << isa.INSTR_BITS) - 1
+_OPCODE_WIDTH = Shape.cast(isa.Opcode).width
+_MNEMONICS = {op.name.lower(): op for op in isa.Opcode}
+_OPCODE_VALUES = frozenset(op.value for op in isa.Opcode)
+
+
+class AsmError(ValueError):
+    """Invalid assembly text or instruction fields. Messages read
+    ``line N: what is wrong; what is allowed``."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One instruction field, as found in a :mod:`hdl.isa` layout.
+
+    ``kind``: ``"int"`` (unsigned), ``"int8"`` (two's complement), ``"flag"`` (1 bit),
+    ``"enum"`` (``enum`` holds the class) or ``"reserved"`` (``_``-prefixed).
+    """
+    name: str
+    offset: int
+    width: int
+    kind: str
+    enum: type | None = None
+
+    @property
+    def alias(self) -> str:
+        return ALIASES.get(self.name, self.name)
+
+    @property
+    def range(self) -> tuple[int, int]:
+        if self.kind == "int8":
+            return -(1 << (self.width - 1)), (1 << (self.width - 1)) - 1
+        return 0, (1 << self.width) - 1
+
+    def allowed(self) -> str:
+        lo, hi = self.range
+        text = f"{lo} to {hi} ({self.width} bits)"
+        if self.kind == "enum":
+            names = ", ".join(m.name.lower() for m in self.enum)
+            text = f"{names} or {text}"
+        return text
+
+
+def field_specs(opcode: isa.Opcode) -> list[FieldSpec]:
+    """The fields of ``opcode``'s layout after the opcode, in layout (bit) order."""
+    specs = []
+    for name, field in data.Layout.cast(isa.FORMATS[opcode]):
+        if name == "opcode":
+            continue
+        shape = field.shape
+        if isinstance(shape, type) and issubclass(shape, enum.Enum):
+            kind = "enum"
+        elif name.startswith("_"):
+            kind = "reserved"
+        elif field.width == 1:
+            kind = "flag"
+        elif name in INT8_FIELDS or Shape.cast(shape).signed:
+            kind = "int8"
+        else:
+            kind = "int"
+        specs.append(FieldSpec(name, field.offset, field.width, kind,
+                               shape if kind == "enum" else None))
+    return specs
+
+
+_SPECS = {op: field_specs(op) for op in isa.Opcode}
+
+
+def _lookup(opcode: isa.Opcode, key: str) -> FieldSpec | None:
+    for spec in _SPECS[opcode]:
+        if key in (spec.name, spec.alias):
+            return spec
+    return None
+
+
+def _check_value(opcode: isa.Opcode, spec: FieldSpec, value) -> int:
+    """The field value as an int (enum members to their value), range-checked."""
+    if spec.kind == "enum" and isinstance(value, spec.enum):
+        value = value.value
+    if isinstance(value, bool | np.bool_):
+        value = int(value)
+    if not isinstance(value, int | np.integer):
+        raise AsmError(f"{opcode.name.lower()} field {spec.alias}={value!r} is not an "
+                       f"integer; allowed: {spec.allowed()}")
+    value = int(value)
+    lo, hi = spec.range
+    if not lo <= value <= hi:
+        raise AsmError(f"{opcode.name.lower()} field {spec.alias}={value} is out of range; "
+                       f"allowed: {spec.allowed()}")
+    return value
+
+
+def encode(opcode: isa.Opcode, **fields) -> int:
+    """The instruction word of ``opcode`` with ``fields`` (layout or short names; missing
+    fields are 0), packed with the layout's ``const``. Raises :class:`AsmError` for an
+    unknown field or a value that does not fit."""
+    opcode = isa.Opcode(opcode)
+    layout = data.Layout.cast(isa.FORMATS[opcode])
+    values = {"opcode": opcode}
+    extra = 0
+    for key, value in fields.items():
+        spec = _lookup(opcode, key)
+        if spec is None:
+            names = ", ".join(s.alias for s in _SPECS[opcode]) or "none"
+            raise AsmError(f"{opcode.name.lower()} has no field {key!r}; allowed: {names}")
+        value = _check_value(opcode, spec, value)
+        if spec.kind == "enum" and value not in {m.value for m in spec.enum}:
+            extra |= value << spec.offset   # not a member: const() cannot take it
+        elif spec.kind == "int8" and not Shape.cast(layout[spec.name].shape).signed:
+            values[spec.name] = value & ((1 << spec.width) - 1)
+        else:
+            values[spec.name] = value
+    return layout.const(values).as_bits() | extra
+
+
+def decode(word: int) -> tuple[isa.Opcode | int, dict[str, int]]:
+    """``(opcode, fields)`` of an instruction word (its low 64 bits). ``fields`` maps layout
+    names to ints (int8 fields sign-extended, enums to their value) and is empty for an
+    unknown opcode, which is returned as an int."""
+    word &= _INSTR_MASK
+    raw_opcode = word & ((1 << _OPCODE_WIDTH) - 1)
+    if raw_opcode not in _OPCODE_VALUES:
+        return raw_opcode, {}
+    opcode = isa.Opcode(raw_opcode)
+    layout = data.Layout.cast(isa.FORMATS[opcode])
+    view = layout.from_bits(word)
+    fields = {}
+    for spec in _SPECS[opcode]:
+        try:
+            value = view[spec.name]
+        except ValueError:          # an enum field holding no member
+            value = (word >> spec.offset) & ((1 << spec.width) - 1)
+        if isinstance(value, enum.Enum):
+            value = value.value
+        value = int(value)
+        if spec.kind == "int8":
+            value = ((value + (1 << (spec.width - 1))) & ((1 << spec.width) - 1)) \
+                - (1 << (spec.width - 1))
+        fields[spec.name] = value
+    return opcode, fields
+
+
+# Data beats ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Data:
+    """What one data beat after an instruction carries."""
+    kind: str        # "ub", "weight", "bias", "mult"
+    signed: bool = True
+
+    def size(self, config: TPUConfig) -> tuple[int, int]:
+        """(elements, bits per element)."""
+        if self.kind == "ub":
+            return config.ub_row, 8
+        if self.kind == "weight":
+            return config.cols, 8
+        return config.cols, 32
+
+    @property
+    def directives(self) -> tuple[str, ...]:
+        return {"ub": (".row", ".hex"), "weight": (".row", ".hex"),
+                "bias": (".bias",), "mult": (".mult",)}[self.kind]
+
+
+def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data]:
+    if opcode == isa.Opcode.READ_HOST:
+        return [_Data("ub")] * fields["count"]
+    if opcode == isa.Opcode.LOAD_WEIGHTS:
+        return [_Data("weight", bool(fields["signed"]))] * (fields["count"] * config.rows)
+    if opcode == isa.Opcode.LOAD_PARAMS:
+        return [_Data("bias"), _Data("mult")]
+    return []
+
+
+def _pack_row(values: Sequence[int], bits: int) -> int:
+    mask = (1 << bits) - 1
+    beat = 0
+    for i, value in enumerate(values):
+        beat |= (int(value) & mask) << (bits * i)
+    return beat
+
+
+def _unpack_row(beat: int, n: int, bits: int, signed: bool) -> list[int]:
+    mask = (1 << bits) - 1
+    values = [(beat >> (bits * i)) & mask for i in range(n)]
+    if signed:
+        values = [v - (1 << bits) if v >> (bits - 1) else v for v in values]
+    return values
+
+
+def _value_range(bits: int) -> tuple[int, int]:
+    return -(1 << (bits - 1)), (1 << bits) - 1
+
+
+def _row_beat(kind: _Data, values, config: TPUConfig) -> int:
+    """A data beat from ``values`` (fewer than the row holds are zero-padded). Raises
+    AsmError (without a line number) for a value out of range or too many values."""
+    n, bits = kind.size(config)
+    values = np.asarray(values, dtype=object).reshape(-1)
+    if len(values) > n:
+        raise AsmError(f"{kind.kind} row has {len(values)} values; allowed: at most {n}")
+    lo, hi = _value_range(bits)
+    for value in values:
+        if not isinstance(value, int | np.integer) or not lo <= value <= hi:
+            what = "a byte (int8 or uint8)" if bits == 8 else "an int32 (or uint32)"
+            raise AsmError(f"{kind.kind} row value {value!r} is out of range; "
+                           f"allowed: {lo} to {hi}, {what}")
+    return _pack_row(values, bits)
+
+
+# Assembler -----------------------------------------------------------------------------------
+
+def _parse_int(token: str) -> int:
+    try:
+        return int(token, 10)
+    except ValueError:
+        return int(token, 0)
+
+
+class _Assembler:
+    def __init__(self, config: TPUConfig):
+        self.config = config
+        self.beats: list[int] = []
+        self.expect: list[_Data] = []
+        self.owner: tuple[int, str, int] | None = None   # (line, mnemonic, data lines)
+
+    def error(self, lineno: int, message: str):
+        raise AsmError(f"line {lineno}: {message}")
+
+    def check_done(self, lineno: int):
+        if self.expect:
+            line, mnemonic, total = self.owner
+            got = total - len(self.expect)
+            kinds = "/".join(self.expect[0].directives)
+            self.error(line, f"{mnemonic} needs {total} data lines ({kinds} or .word), "
+                             f"got {got} before line {lineno}; allowed: exactly {total}")
+
+    def line(self, lineno: int, text: str):
+        for mark in "#;":
+            text = text.split(mark, 1)[0]
+        tokens = text.replace(",", " ").split()
+        if not tokens:
+            return
+        head, args = tokens[0].lower(), tokens[1:]
+        if head == ".word":
+            self.word(lineno, args)
+        elif head.startswith("."):
+            self.data(lineno, head, args)
+        else:
+            self.check_done(lineno)
+            self.instruction(lineno, head, args)
+
+    def word(self, lineno: int, args: list[str]):
+        limit = (1 << self.config.host_width) - 1
+        if len(args) != 1:
+            self.error(lineno, f".word takes 1 value, got {len(args)}; allowed: one beat, "
+                               f"0 to {limit:#x}")
+        try:
+            value = _parse_int(args[0])
+        except ValueError:
+            self.error(lineno, f".word value {args[0]!r} is not a number; allowed: decimal "
+                               f"or 0x hex")
+        if not 0 <= value <= limit:
+            self.error(lineno, f".word value {args[0]} is out of range; allowed: 0 to "
+                               f"{limit:#x} (host_width={self.config.host_width} bits)")
+        if self.expect:
+            self.expect.pop(0)
+        self.beats.append(value)
+
+    def data(self, lineno: int, head: str, args: list[str]):
+        known = (".row", ".hex", ".bias", ".mult", ".word")
+        if head not in known:
+            self.error(lineno, f"unknown directive {head!r}; allowed: {', '.join(known)}")
+        if not self.expect:
+            if self.owner is None:
+                self.error(lineno, f"{head} without an instruction that takes data; allowed: "
+                                   f"data lines after read_host, load_weights, load_params")
+            line, mnemonic, total = self.owner
+            self.error(lineno, f"unexpected {head}: {mnemonic} at line {line} takes "
+                               f"{total} data lines; allowed: exactly {total}")
+        kind = self.expect[0]
+        if head not in kind.directives:
+            mnemonic = self.owner[1]
+            self.error(lineno, f"{mnemonic} expects {'/'.join(kind.directives)} here, got "
+                               f"{head}; allowed: {' or '.join(kind.directives)} or .word")
+        n, bits = kind.size(self.config)
+        if head == ".hex":
+            digits = "".join(args)
+            try:
+                raw = bytes.fromhex(digits)
+            except ValueError:
+                self.error(lineno, f".hex {digits!r} is not hex bytes; allowed: {n} bytes "
+                                   f"as 2 hex digits each, element 0 first")
+            if len(raw) != n:
+                self.error(lineno, f".hex has {len(raw)} bytes; allowed: exactly {n} bytes")
+            values = list(raw)
+        else:
+            if len(args) != n:
+                self.error(lineno, f"{head} has {len(args)} values; allowed: exactly {n}")
+            values = []
+            lo, hi = _value_range(bits)
+            for token in args:
+                try:
+                    value = _parse_int(token)
+                except ValueError:
+                    self.error(lineno, f"{head} value {token!r} is not a number; allowed: "
+                                       f"{lo} to {hi}")
+                if not lo <= value <= hi:
+                    what = "a byte, int8 or uint8" if bits == 8 else "int32 or uint32"
+                    self.error(lineno, f"{head} value {value} is out of range; allowed: "
+                                       f"{lo} to {hi} ({what})")
+                values.append(value)
+        self.expect.pop(0)
+        self.beats.append(_pack_row(values, bits))
+
+    def instruction(self, lineno: int, mnemonic: str, args: list[str]):
+        opcode = _MNEMONICS.get(mnemonic)
+        if opcode is None:
+            self.error(lineno, f"unknown mnemonic {mnemonic!r}; allowed: "
+                               f"{', '.join(_MNEMONICS)}, .word")
+        specs = _SPECS[opcode]
+        fields: dict[str, int] = {}
+        for arg in args:
+            key, eq, text = arg.partition("=")
+            spec = _lookup(opcode, key.lower())
+            if spec is None:
+                names = ", ".join(s.alias for s in specs if s.kind != "reserved") or "none"
+                self.error(lineno, f"{mnemonic} has no field {key!r}; allowed: {names}")
+            if spec.name in fields:
+                self.error(lineno, f"{mnemonic} field {spec.alias} given twice; allowed: once")
+            if not eq:
+                if spec.kind != "flag":
+                    self.error(lineno, f"{mnemonic} field {spec.alias} needs a value "
+                                       f"({spec.alias}=...); allowed: {spec.allowed()}")
+                fields[spec.name] = 1
+                continue
+            value = None
+            if spec.kind == "enum":
+                member = {m.name.lower(): m.value for m in spec.enum}.get(text.lower())
+                value = member
+            if value is None:
+                try:
+                    value = _parse_int(text)
+                except ValueError:
+                    self.error(lineno, f"{mnemonic} field {spec.alias}={text!r} is not a "
+                                       f"value; allowed: {spec.allowed()}")
+            lo, hi = spec.range
+            if not lo <= value <= hi:
+                self.error(lineno, f"{mnemonic} field {spec.alias}={text} is out of range; "
+                                   f"allowed: {spec.allowed()}")
+            fields[spec.name] = value
+        missing = [s.alias for s in specs
+                   if s.kind not in ("flag", "reserved") and s.name not in fields]
+        if missing:
+            required = ", ".join(s.alias for s in specs if s.kind not in ("flag", "reserved"))
+            self.error(lineno, f"{mnemonic} is missing field{'s' if len(missing) > 1 else ''} "
+                               f"{', '.join(missing)}; required: {required}")
+        word = encode(opcode, **fields)
+        self.beats.append(word)
+        self.expect = _data_beats(opcode, decode(word)[1], self.config)
+        self.owner = (lineno, mnemonic, len(self.expect))
+
+
+def assemble(text: str, config: TPUConfig | None = None) -> list[int]:
+    """The beats of assembly ``text``; raises :class:`AsmError` at the first problem."""
+    asm = _Assembler(config if config is not None else TPUConfig())
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, 1):
+        asm.line(lineno, line)
+    asm.check_done(len(lines) + 1)
+    return asm.beats
+
+
+# Disassembler --------------------------------------------------------------------------------
+
+def _format_instr(opcode: isa.Opcode, fields: dict[str, int]) -> str:
+    parts = [opcode.name.lower()]
+    flags, reserved = [], []
+    for spec in _SPECS[opcode]:
+        value = fields[spec.name]
+        if spec.kind == "flag":
+            if value:
+                flags.append(spec.alias)
+        elif spec.kind == "reserved":
+            if value:
+                reserved.append(f"{spec.name}={value:#x}")
+        elif spec.kind == "enum":
+            members = {m.value: m.name.lower() for m in spec.enum}
+            parts.append(f"{spec.alias}={members.get(value, value)}")
+        else:
+            parts.append(f"{spec.alias}={value}")
+    return " ".join(parts + flags + reserved)
+
+
+def disassemble(beats: Iterable[int], config: TPUConfig | None = None) -> str:
+    """Canonical assembly text of a host stream (see the module documentation). Raises
+    :class:`ValueError` if the stream ends inside an instruction's data beats."""
+    config = config if config is not None else TPUConfig()
+    beats = [int(b) for b in beats]
+    lines = []
+    i = 0
+    while i < len(beats):
+        beat = beats[i]
+        opcode, fields = decode(beat)
+        if not isinstance(opcode, isa.Opcode):
+            lines.append(f".word {beat:#x}")
+            i += 1
+            continue
+        # Bits above the instruction: a raw word, and raw words for its data beats too (the
+        # assembler does not expect data after a .word).
+        raw = bool(beat >> isa.INSTR_BITS)
+        text = _format_instr(opcode, fields)
+        lines.append(f".word {beat:#x}  # {text}" if raw else text)
+        expect = _data_beats(opcode, fields, config)
+        if i + 1 + len(expect) > len(beats):
+            raise ValueError(f"beat {i}: the stream ends inside {opcode.name.lower()}: "
+                             f"{len(beats) - i - 1} of {len(expect)} data beats")
+        for kind, data_beat in zip(expect, beats[i + 1:i + 1 + len(expect)], strict=True):
+            n, bits = kind.size(config)
+            if raw or data_beat >> (n * bits):
+                lines.append(f".word {data_beat:#x}")
+                continue
+            values = _unpack_row(data_beat, n, bits, kind.signed)
+            directive = kind.directives[0]
+            lines.append(f"{directive} {' '.join(map(str, values))}")
+        i += 1 + len(expect)
+    return "".join(line + "\n" for line in lines)
+
+
+# Python API ----------------------------------------------------------------------------------
+
+class Program:
+    """Builds a host stream without text: each method appends an instruction and its data
+    beats to :attr:`beats` and returns the beats it appended.
+
+    Field values are checked against their widths only (an :class:`AsmError` if one does not
+    fit); whether the instruction makes sense (count 0, addresses out of range) is for the
+    core to judge, so tests can build failing programs too. :attr:`instructions` counts the
+    instructions the methods added (not the raw beats of :meth:`word`).
+    """
+
+    def __init__(self, config: TPUConfig | None = None):
+        self.config = config if config is not None else TPUConfig()
+        self.beats: list[int] = []
+        self.instructions = 0
+
+    def __len__(self) -> int:
+        return len(self.beats)
+
+    def __iter__(self):
+        return iter(self.beats)
+
+    def text(self) -> str:
+        """The program as canonical assembly text."""
+        return disassemble(self.beats, self.config)
+
+    def _emit(self, beats: list[int], instructions: int = 1) -> list[int]:
+        self.beats.extend(beats)
+        self.instructions += instructions
+        return beats
+
+    def instr(self, opcode: isa.Opcode, **fields) -> list[int]:
+        """Any instruction word (no data beats), fields by layout or short name."""
+        return self._emit([encode(opcode, **fields)])
+
+    def word(self, beat: int) -> list[int]:
+        """One raw beat."""
+        if not 0 <= beat < 1 << self.config.host_width:
+            raise AsmError(f"beat {beat:#x} is out of range; allowed: 0 to "
+                           f"{(1 << self.config.host_width) - 1:#x}")
+        return self._emit([int(beat)], instructions=0)
+
+    def nop(self) -> list[int]:
+        return self.instr(isa.Opcode.NOP)
+
+    def halt(self) -> list[int]:
+        return self.instr(isa.Opcode.HALT)
+
+    def sync(self) -> list[int]:
+        return self.instr(isa.Opcode.SYNC)
+
+    def read_counters(self) -> list[int]:
+        return self.instr(isa.Opcode.READ_COUNTERS)
+
+    def clear_counters(self) -> list[int]:
+        return self.instr(isa.Opcode.CLEAR_COUNTERS)
+
+    def read_host(self, ub: int, rows) -> list[int]:
+        """READ_HOST of ``rows`` (a 2-D array of bytes -128..255, at most ``ub_row``
+        columns, zero-padded) into unified-buffer rows ``ub..``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 2:
+            raise AsmError(f"read_host rows must be 2-D (count, elements), got {rows.shape}")
+        kind = _Data("ub")
+        data_beats = [_row_beat(kind, row.tolist(), self.config) for row in rows]
+        return self._emit([encode(isa.Opcode.READ_HOST, ub_addr=ub, count=len(rows))]
+                          + data_beats)
+
+    def write_host(self, ub: int, count: int) -> list[int]:
+        return self.instr(isa.Opcode.WRITE_HOST, ub_addr=ub, count=count)
+
+    def load_weights(self, tile: int, tiles, signed: bool = True) -> list[int]:
+        """LOAD_WEIGHTS of ``tiles`` (``(count, rows, cols)`` or one ``(rows, cols)`` tile,
+        bytes -128..255; a smaller tile is zero-padded) into tiles ``tile..``."""
+        tiles = np.asarray(tiles, dtype=np.int64)
+        if tiles.ndim == 2:
+            tiles = tiles[None]
+        rows, cols = self.config.rows, self.config.cols
+        if tiles.ndim != 3 or tiles.shape[1] > rows or tiles.shape[2] > cols:
+            raise AsmError(f"load_weights tiles must be (count, <= {rows}, <= {cols}), "
+                           f"got {tiles.shape}")
+        padded = np.zeros((len(tiles), rows, cols), dtype=np.int64)
+        padded[:, :tiles.shape[1], :tiles.shape[2]] = tiles
+        kind = _Data("weight", signed)
+        data_beats = [_row_beat(kind, row.tolist(), self.config)
+                      for t in padded for row in t]
+        return self._emit([encode(isa.Opcode.LOAD_WEIGHTS, tile=tile, count=len(tiles),
+                                  signed=signed)] + data_beats)
+
+    def read_weights(self, tile: int, count: int = 1) -> list[int]:
+        return self.instr(isa.Opcode.READ_WEIGHTS, tile=tile, count=count)
+
+    def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False,
+               accumulate: bool = False, signed: bool = True) -> list[int]:
+        return self.instr(isa.Opcode.MATMUL, ub_addr=ub, acc_addr=acc, count=count,
+                          switch=switch, accumulate=accumulate, signed=signed)
+
+    def activate(self, acc: int, ub: int, count: int, *, func=isa.Func.IDENTITY,
+                 pool=isa.Pool.NONE, slot: int = 0) -> list[int]:
+        return self.instr(isa.Opcode.ACTIVATE, acc_addr=acc, ub_addr=ub, count=count,
+                          func=func, pool=pool, slot=slot)
+
+    def load_params(self, slot: int, bias, multiplier, *, shift: int = 0, zp: int = 0,
+                    clamp: int = 127) -> list[int]:
+        """LOAD_PARAMS: ``bias`` and ``multiplier`` are up to ``cols`` int32 values each
+        (zero-padded); ``zp`` and ``clamp`` int8."""
+        word = encode(isa.Opcode.LOAD_PARAMS, slot=slot, shift=shift, zero_point=zp,
+                      clamp_hi=clamp)
+        bias_beat = _row_beat(_Data("bias"), np.asarray(bias).tolist(), self.config)
+        mult_beat = _row_beat(_Data("mult"), np.asarray(multiplier).tolist(), self.config)
+        return self._emit([word, bias_beat, mult_beat])
+
+
+# Files and command line ----------------------------------------------------------------------
+
+def beats_to_bytes(beats: Iterable[int], config: TPUConfig) -> bytes:
+    """Beats as ``host_width / 8`` little-endian bytes each."""
+    size = config.host_width // 8
+    return b"".join(int(b).to_bytes(size, "little") for b in beats)
+
+
+def bytes_to_beats(raw: bytes, config: TPUConfig) -> list[int]:
+    size = config.host_width // 8
+    if len(raw) % size:
+        raise ValueError(f"{len(raw)} bytes is not a whole number of {size}-byte beats")
+    return [int.from_bytes(raw[i:i + size], "little") for i in range(0, len(raw), size)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m firmware.asm",
+        description="Assemble amtpu assembly into host beats, or disassemble beats.")
+    parser.add_argument("input", help="assembly text (or beats with --disassemble); - for stdin")
+    parser.add_argument("-o", "--output", help="output file (default: stdout)")
+    parser.add_argument("-d", "--disassemble", action="store_true",
+                        help="input is beats; print canonical assembly")
+    parser.add_argument("--config", default="default",
+                        help="configuration preset or RxC (default: %(default)s)")
+    parser.add_argument("--format", choices=("bin", "hex"), default="bin",
+                        help="beat file format: little-endian binary or one hex beat a line")
+    args = parser.parse_args(argv)
+    config = get_config(args.config)
+
+    def read(binary: bool):
+        if args.input == "-":
+            return sys.stdin.buffer.read() if binary else sys.stdin.read()
+        with open(args.input, "rb" if binary else "r") as f:
+            return f.read()
+
+    def write(payload):
+        if args.output is None:
+            if isinstance(payload, bytes):
+                sys.stdout.buffer.write(payload)
+            else:
+                sys.stdout.write(payload)
+            return
+        with open(args.output, "wb" if isinstance(payload, bytes) else "w") as f:
+            f.write(payload)
+
+    try:
+        if args.disassemble:
+            if args.format == "bin":
+                beats = bytes_to_beats(read(True), config)
+            else:
+                beats = [int(line, 16) for line in read(False).split()]
+            write(disassemble(beats, config))
+        else:
+            beats = assemble(read(False), config)
+            if args.format == "bin":
+                write(beats_to_bytes(beats, config))
+            else:
+                width = config.host_width // 4
+                write("".join(f"{b:0{width}x}\n" for b in beats))
+    except ValueError as error:   # AsmError, or a malformed beat file
+        print(f"{args.input}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Generates docs/isa.md, the instruction-set reference, from :mod:`hdl.isa`.
+
+Layouts, widths and offsets come from the layouts themselves; descriptions from their
+docstrings and from the comments beside enum members, counters and fields in hdl/isa.py; the
+execution semantics from :mod:`sim.isa_sim`'s documentation. Nothing is written twice, so the
+reference cannot drift from the definitions (``--check``, run by the tests, says when
+docs/isa.md is stale).
+
+Usage::
+
+    python -m firmware.isadoc > docs/isa.md
+    python -m firmware.isadoc -o docs/isa.md
+    python -m firmware.isadoc --check        # exit 1 if docs/isa.md is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
+from pathlib import Path
+
+from amaranth.hdl import Shape
+from amaranth.lib import data, enum
+
+import sim.isa_sim
+from firmware.asm import ALIASES, field_specs
+from hdl import isa
+from hdl.config import PRESETS
+
+__all__ = ["generate", "DOC_PATH", "main"]
+
+DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "isa.md"
+
+#: What the common fields mean (their widths and offsets come from the layouts).
+FIELD_MEANINGS = {
+    "ub_addr": "first unified-buffer row",
+    "acc_addr": "first accumulator row",
+    "count": "number of rows (tiles for LOAD_WEIGHTS and READ_WEIGHTS); 0 is BAD_FIELD",
+    "tile": "first weight tile",
+    "slot": "requantisation parameter slot, 0 to param_slots - 1",
+    "shift": "rounding right shift after the multiply, 0 to 63",
+    "zero_point": "output zero point, int8 (two's complement)",
+    "clamp_hi": "upper bound of CLAMP, int8 (two's complement)",
+    "flags": "flags, per opcode",
+    "a": "first operand, per opcode (an address or slot)",
+    "b": "second operand, per opcode",
+    "c": "third operand, per opcode",
+    "error": "an instruction failed: `code` says why, `instr_index` which one",
+}
+
+
+def _md(text: str) -> str:
+    """reST-flavoured docstring text to Markdown."""
+    text = inspect.cleandoc(text)
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r":(?:class|mod|data|func|meth|attr):`~?([^`]+)`", r"`\1`", text)
+    text = text.replace("::\n", ":\n")
+    return text
+
+
+def _sections(text: str, level: str) -> str:
+    """numpydoc section titles (a line underlined with dashes) to Markdown headings."""
+    lines = text.splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        if i + 1 < len(lines) and lines[i].strip() and re.fullmatch(r"-{3,}", lines[i + 1]):
+            out += [f"{level} {lines[i].strip()}", ""]
+            i += 2
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def _code_blocks(text: str) -> str:
+    """Indented literal blocks to fenced code blocks."""
+    out, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("    ") and (block or (out and out[-1] == "")):
+            block.append(line[4:])
+            continue
+        if block:
+            while block and not block[-1].strip():
+                block.pop()
+            out += ["```"] + block + ["```", ""]
+            block = []
+        out.append(line)
+    return "\n".join(out).rstrip("\n")
+
+
+def _comments(source: str) -> dict[str, str]:
+    """``name -> comment`` for lines like ``NAME = 1  # comment``, ``name: 4  # comment`` or
+    ``"name",  # comment``, with comment-only continuation lines appended."""
+    comments: dict[str, str] = {}
+    last = None
+    for line in source.splitlines():
+        match = re.match(r'\s*"?(\w+)"?\s*(?:[:=][^#]*|,\s*)#\s*(.*)$', line)
+        if match:
+            last = match.group(1)
+            comments[last] = match.group(2).strip()
+            continue
+        match = re.match(r"\s*#\s*(.*)$", line)
+        if match and last is not None and line.index("#") > 20:
+            comments[last] += " " + match.group(1).strip()
+            continue
+        last = None
+    return comments
+
+
+def _counter_comments() -> dict[str, str]:
+    source = inspect.getsource(isa)
+    block = source[source.index("COUNTERS = ("):]
+    return _comments(block[:block.index("\n)")])
+
+
+def _bits(offset: int, width: int) -> str:
+    return f"{offset}" if width == 1 else f"{offset + width - 1}:{offset}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def _enum_table(cls: type[enum.Enum]) -> str:
+    comments = _comments(inspect.getsource(cls))
+    rows = [[str(member.value), f"`{member.name}`", comments.get(member.name, "")]
+            for member in cls]
+    return _table(["Value", "Name", "Meaning"], rows)
+
+
+def _enum_values(cls: type[enum.Enum]) -> str:
+    return ", ".join(f"{m.value} `{m.name}`" for m in cls)
+
+
+def _flag_meanings(doc: str) -> dict[str, str]:
+    return {name: re.sub(r"\s+", " ", text).strip()
+            for name, text in re.findall(r"``(\w+)``: ([^.]*\.)", doc)}
+
+
+def _layout_table(layout: type[data.Struct], opcode: isa.Opcode | None = None) -> str:
+    flags = _flag_meanings(layout.__doc__ or "")
+    comments = _comments(inspect.getsource(layout))
+    rows = []
+    for name, field in data.Layout.cast(layout):
+        shape = field.shape
+        if name == "opcode" and opcode is not None:
+            meaning = f"`Opcode.{opcode.name}` = {opcode.value}"
+        elif isinstance(shape, type) and issubclass(shape, enum.Enum):
+            meaning = f"`{shape.__name__}`: {_enum_values(shape)}"
+        elif name.startswith("_"):
+            meaning = "reserved: ignored, write 0"
+        else:
+            flag = flags.get(name) if field.width == 1 else None
+            meaning = (comments.get(name) or flag or FIELD_MEANINGS.get(name)
+                       or ("signed" if Shape.cast(shape).signed else ""))
+        if name in ALIASES:
+            meaning += f" (assembler: `{ALIASES[name]}`)"
+        rows.append([f"`{name}`", _bits(field.offset, field.width), str(field.width), meaning])
+    return _table(["Field", "Bits", "Width", "Meaning"], rows)
+
+
+def _syntax(opcode: isa.Opcode) -> str:
+    parts = [opcode.name.lower()]
+    for spec in field_specs(opcode):
+        if spec.kind == "flag":
+            parts.append(f"[{spec.alias}]")
+        elif spec.kind == "enum":
+            parts.append(f"{spec.alias}={'|'.join(m.name.lower() for m in spec.enum)}")
+        elif spec.kind != "reserved":
+            parts.append(f"{spec.alias}=N")
+    return " ".join(parts)
+
+
+def generate() -> str:
+    """The text of docs/isa.md."""
+    out = [
+        "# amtpu instruction set",
+        "",
+        "<!-- Generated by `python -m firmware.isadoc` from hdl/isa.py and sim/isa_sim.py. "
+        "Do not edit: change those and regenerate. -->",
+        "",
+        _md(isa.__doc__),
+        "",
+        "## Configurations",
+        "",
+        "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
+        "`host_width` bits. The presets in `hdl/config.py`:",
+        "",
+        _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
+                "weight_mem_tiles", "weight_fifo_depth", "param_slots"],
+               [[f"`{name}`", f"{c.rows} x {c.cols}", str(c.ub_row), str(c.host_width),
+                 str(c.ub_depth), str(c.acc_depth), str(c.weight_mem_tiles),
+                 str(c.weight_fifo_depth), str(c.param_slots)]
+                for name, c in PRESETS.items()]),
+        "",
+        "## Semantics",
+        "",
+        _code_blocks(_sections(_md(sim.isa_sim.__doc__), "###")),
+        "",
+        "## Instruction word",
+        "",
+        f"Every instruction is {isa.INSTR_BITS} bits, bit 0 the least significant. "
+        "The generic view the decoder uses (`Instr`):",
+        "",
+        _layout_table(isa.Instr),
+        "",
+        "## Opcodes",
+        "",
+        _md(isa.Opcode.__doc__),
+        "",
+        _enum_table(isa.Opcode),
+        "",
+    ]
+    for opcode, layout in isa.FORMATS.items():
+        out += [
+            f"### {opcode.value}: `{opcode.name.lower()}`",
+            "",
+            _md(layout.__doc__),
+            "",
+            f"Assembler: `{_syntax(opcode)}`",
+            "",
+            _layout_table(layout, opcode),
+            "",
+        ]
+    for cls in (isa.Func, isa.Pool, isa.ErrorCode):
+        out += [f"## {cls.__name__}", "", _md(cls.__doc__), "", _enum_table(cls), ""]
+    comments = _counter_comments()
+    out += [
+        "## Performance counters",
+        "",
+        f"READ_COUNTERS sends one {isa.COUNTER_BITS}-bit beat per counter, in this order. "
+        "Deterministic ones (exactly predicted by the ISA simulator): "
+        + ", ".join(f"`{name}`" for name in sim.isa_sim.DETERMINISTIC_COUNTERS) + ".",
+        "",
+        _table(["Beat", "Counter", "Meaning"],
+               [[str(i), f"`{name}`", comments.get(name, "")]
+                for i, name in enumerate(isa.COUNTERS)]),
+        "",
+        "## Status",
+        "",
+        _md(isa.Status.__doc__),
+        "",
+        _layout_table(isa.Status),
+        "",
+        "## DONE beat",
+        "",
+        f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {isa.DONE_MAGIC:#010x}` "
+        f"(\"{isa.DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
+        "instructions in the program, the HALT included.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m firmware.isadoc",
+                                     description="Generate docs/isa.md from hdl/isa.py.")
+    parser.add_argument("-o", "--output", help="write here instead of stdout")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 if {DOC_PATH.name} differs from the generated text")
+    args = parser.parse_args(argv)
+    text = generate()
+    if args.check:
+        current = DOC_PATH.read_text() if DOC_PATH.exists() else ""
+        if current != text:
+            print(f"{DOC_PATH} is stale; regenerate it with "
+                  f"`python -m firmware.isadoc -o docs/isa.md`", file=sys.stderr)
+            return 1
+        return 0
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Assembler, disassembler and the Program API."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from amaranth.lib import data
+
+from firmware import asm
+from firmware.asm import AsmError, Program, assemble, decode, disassemble, encode, field_specs
+from hdl import isa
+from hdl.config import PRESETS, TPUConfig
+
+SEED = 20261202
+CONFIGS = [PRESETS["default"], PRESETS["tiny"], PRESETS["wide"],
+           TPUConfig(rows=8, cols=4, host_width=320)]   # beats wider than any row
+
+
+def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
+    """A stream of whole instructions: every opcode, random fields (reserved bits now and
+    then), unknown opcodes, words with bits above 64, data beats with bits above the row."""
+    beats = []
+    for _ in range(n):
+        choice = rnd.random()
+        if choice < 0.04:
+            beats.append(rnd.randrange(12, 16) | rnd.getrandbits(60) << 4)
+            continue
+        opcode = rnd.choice(list(isa.Opcode))
+        fields = {}
+        for spec in field_specs(opcode):
+            lo, hi = spec.range
+            if spec.kind == "reserved" and rnd.random() < 0.8:
+                continue
+            if spec.name == "count" and opcode in (isa.Opcode.READ_HOST,
+                                                   isa.Opcode.LOAD_WEIGHTS):
+                hi = 2
+            fields[spec.name] = rnd.randint(lo, hi)
+        word = encode(opcode, **fields)
+        if choice > 0.97:
+            word |= rnd.getrandbits(config.host_width - 64) << 64
+        beats.append(word)
+        _, decoded = decode(word)
+        n_data = {isa.Opcode.READ_HOST: decoded.get("count", 0),
+                  isa.Opcode.LOAD_WEIGHTS: decoded.get("count", 0) * config.rows,
+                  isa.Opcode.LOAD_PARAMS: 2}.get(opcode, 0)
+        row_bits = {isa.Opcode.READ_HOST: 8 * config.ub_row,
+                    isa.Opcode.LOAD_WEIGHTS: 8 * config.cols}.get(opcode, 32 * config.cols)
+        for _ in range(n_data):
+            bits = config.host_width if rnd.random() < 0.05 else row_bits
+            beats.append(rnd.getrandbits(bits))
+    return beats
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.name}-{c.host_width}")
+def test_round_trip_random_programs(config):
+    print(f"seed {SEED}")
+    rnd = random.Random(f"{SEED}-{config.name}-{config.host_width}")
+    for _ in range(10):
+        beats = random_program(rnd, config, 40)
+        text = disassemble(beats, config)
+        assert assemble(text, config) == beats
+        assert disassemble(assemble(text, config), config) == text
+
+
+def test_every_opcode_and_field_is_packed_by_its_layout():
+    for opcode, layout in isa.FORMATS.items():
+        shape = data.Layout.cast(layout)
+        for spec in field_specs(opcode):
+            lo, hi = spec.range
+            for value in (lo, hi):
+                word = encode(opcode, **{spec.name: value})
+                assert word & 0xF == opcode.value
+                raw = (word >> shape[spec.name].offset) & ((1 << spec.width) - 1)
+                assert raw == value & ((1 << spec.width) - 1)
+                assert decode(word) == (opcode, {s.name: value if s.name == spec.name else 0
+                                                 for s in field_specs(opcode)})
+
+
+EXAMPLE = """\
+# comments with '#' or ';'
+read_host ub=0 count=2        ; two rows
+.row 1 2 3 4 5 6 7 -8
+.hex 01 02 03 04 05 06 07 f8
+load_weights tile=3 count=1 signed
+.row -128 127 0 0 0 0 0 1
+.row 0 0 0 0 0 0 0 0
+.hex 0000000000000000
+.row 0 0 0 0 0 0 0 0
+.row 0 0 0 0 0 0 0 0
+.row 0 0 0 0 0 0 0 0
+.row 0 0 0 0 0 0 0 0
+.row 255 0 0 0 0 0 0 0
+read_weights tile=3 count=1
+load_params slot=0 shift=12 zp=-3 clamp=127
+.bias 1 -2 0 0 0 0 0 2147483647
+.mult 0xffffffff 0 0 0 0 0 0 -2147483648
+matmul ub=0 acc=16 count=64 switch accumulate signed
+activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0
+write_host ub=128 count=32
+read_counters
+clear_counters
+sync
+nop
+halt
+"""
+
+
+def test_example_program():
+    p = Program(PRESETS["default"])
+    p.read_host(0, [[1, 2, 3, 4, 5, 6, 7, -8], [1, 2, 3, 4, 5, 6, 7, 248]])
+    tile = np.zeros((8, 8), dtype=np.int64)
+    tile[0] = [-128, 127, 0, 0, 0, 0, 0, 1]
+    tile[7, 0] = -1
+    p.load_weights(3, tile)
+    p.read_weights(3)
+    p.load_params(0, [1, -2, 0, 0, 0, 0, 0, 2**31 - 1], [-1, 0, 0, 0, 0, 0, 0, -2**31],
+                  shift=12, zp=-3, clamp=127)
+    p.matmul(0, 16, 64, switch=True, accumulate=True)
+    p.activate(0, 128, 64, func=isa.Func.RELU, pool=isa.Pool.MAX2, slot=0)
+    p.write_host(128, 32)
+    p.read_counters()
+    p.clear_counters()
+    p.sync()
+    p.nop()
+    p.halt()
+    assert assemble(EXAMPLE) == p.beats
+    assert p.instructions == 12
+    matmul = data.Layout.cast(isa.Matmul).const({
+        "opcode": isa.Opcode.MATMUL, "ub_addr": 0, "acc_addr": 16, "count": 64,
+        "switch": 1, "accumulate": 1, "signed": 1}).as_bits()
+    assert matmul in p.beats
+    text = p.text()
+    assert "matmul ub=0 acc=16 count=64 accumulate switch signed\n" in text
+    assert "activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0\n" in text
+    assert "load_params slot=0 shift=12 zp=-3 clamp=127\n" in text
+    assert ".bias 1 -2 0 0 0 0 0 2147483647\n.mult -1 0 0 0 0 0 0 -2147483648\n" in text
+    assert ".row -128 127 0 0 0 0 0 1\n" in text           # signed tile: int8
+    assert assemble(text) == p.beats
+
+
+def test_layout_names_flag_values_and_numbers():
+    a = assemble("matmul ub_addr=0x10 acc_addr=3 count=1 signed=1 switch=0\n"
+                 "load_params slot=1 shift=0x3f zero_point=-1 clamp_hi=-128\n"
+                 ".bias 0 0 0 0 0 0 0 0\n.mult 0 0 0 0 0 0 0 0\n"
+                 "activate acc=0 ub=0 count=007 func=3 pool=MAX4 slot=0 _flags=5\n"
+                 "LOAD_WEIGHTS tile=0 count=0\n")
+    assert decode(a[0]) == (isa.Opcode.MATMUL, {
+        "accumulate": 0, "switch": 0, "signed": 1, "_flag": 0, "ub_addr": 16, "acc_addr": 3,
+        "count": 1, "_c": 0})
+    assert decode(a[1])[1] == {"_flags": 0, "slot": 1, "_pad": 0, "shift": 63, "_pad2": 0,
+                               "zero_point": -1, "clamp_hi": -128, "_pad3": 0}
+    assert decode(a[4])[1] == {"_flags": 5, "acc_addr": 0, "ub_addr": 0, "count": 7,
+                               "func": 3, "pool": 2, "slot": 0}
+    assert len(a) == 6
+
+
+def test_unsigned_tile_rows_print_as_uint8():
+    p = Program(PRESETS["tiny"])
+    p.load_weights(0, [[255, 0], [128, 1]], signed=False)
+    assert p.text() == "load_weights tile=0 count=1\n.row 255 0\n.row 128 1\n"
+
+
+def test_raw_words():
+    config = PRESETS["tiny"]                      # host_width 64: instructions only
+    beats = [0xF, encode(isa.Opcode.READ_HOST, ub_addr=1, count=1), 0xFFFF_FFFF_FFFF_0000]
+    text = disassemble(beats, config)
+    assert text == ".word 0xf\nread_host ub=1 count=1\n.word 0xffffffffffff0000\n"
+    assert assemble(text, config) == beats
+    wide = PRESETS["default"]
+    word = encode(isa.Opcode.LOAD_PARAMS, slot=1) | 1 << 100
+    text = disassemble([word, 1, 2], wide)
+    assert text.splitlines() == [
+        f".word {word:#x}  # load_params slot=1 shift=0 zp=0 clamp=0", ".word 0x1", ".word 0x2"]
+    assert assemble(text, wide) == [word, 1, 2]
+
+
+def test_truncated_stream_cannot_be_disassembled():
+    beats = Program().read_host(0, np.zeros((3, 8), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"beat 0: the stream ends inside read_host: 2 of 3"):
+        disassemble(beats[:3])
+
+
+ERRORS = [
+    ("matmull ub=0", "line 1: unknown mnemonic 'matmull'; allowed: nop, halt, sync, "
+     "read_host, write_host, load_weights, read_weights, matmul, activate, load_params, "
+     "read_counters, clear_counters, .word"),
+    ("nop\nmatmul ub=0 acc=0 count=1 swtch", "line 2: matmul has no field 'swtch'; allowed: "
+     "accumulate, switch, signed, ub, acc, count"),
+    ("halt x=1", "line 1: halt has no field 'x'; allowed: none"),
+    ("matmul ub=0 count=1", "line 1: matmul is missing field acc; required: ub, acc, count"),
+    ("activate count=1", "line 1: activate is missing fields acc, ub, func, pool, slot; "
+     "required: acc, ub, count, func, pool, slot"),
+    ("write_host ub=0 ub=1 count=1", "line 1: write_host field ub given twice; allowed: once"),
+    ("write_host ub count=1", "line 1: write_host field ub needs a value (ub=...); "
+     "allowed: 0 to 65535 (16 bits)"),
+    ("write_host ub=65536 count=1", "line 1: write_host field ub=65536 is out of range; "
+     "allowed: 0 to 65535 (16 bits)"),
+    ("write_host ub=-1 count=1", "line 1: write_host field ub=-1 is out of range; "
+     "allowed: 0 to 65535 (16 bits)"),
+    ("read_weights tile=zero count=1", "line 1: read_weights field tile='zero' is not a "
+     "value; allowed: 0 to 65535 (16 bits)"),
+    ("load_params slot=8 shift=0 zp=0 clamp=0", "line 1: load_params field slot=8 is out "
+     "of range; allowed: 0 to 7 (3 bits)"),
+    ("load_params slot=0 shift=64 zp=0 clamp=0", "line 1: load_params field shift=64 is out "
+     "of range; allowed: 0 to 63 (6 bits)"),
+    ("load_params slot=0 shift=0 zp=128 clamp=0", "line 1: load_params field zp=128 is out "
+     "of range; allowed: -128 to 127 (8 bits)"),
+    ("matmul ub=0 acc=0 count=1 signed=2", "line 1: matmul field signed=2 is out of range; "
+     "allowed: 0 to 1 (1 bits)"),
+    ("activate acc=0 ub=0 count=1 func=gelu pool=none slot=0", "line 1: activate field "
+     "func='gelu' is not a value; allowed: identity, relu, clamp, sigmoid, tanh or 0 to 7 "
+     "(3 bits)"),
+    ("activate acc=0 ub=0 count=1 func=relu pool=4 slot=0", "line 1: activate field pool=4 "
+     "is out of range; allowed: none, max2, max4 or 0 to 3 (2 bits)"),
+    ("read_host ub=0 count=2\n.row 1 2 3 4 5 6 7 8\nhalt", "line 1: read_host needs 2 data "
+     "lines (.row/.hex or .word), got 1 before line 3; allowed: exactly 2"),
+    ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 8", None),
+    ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 8\n.row 1 2 3 4 5 6 7 8", "line 3: "
+     "unexpected .row: read_host at line 1 takes 1 data lines; allowed: exactly 1"),
+    ("load_weights tile=0 count=1\n.row 0 0 0 0 0 0 0 0", "line 1: load_weights needs 8 "
+     "data lines (.row/.hex or .word), got 1 before line 3; allowed: exactly 8"),
+    (".row 1 2", "line 1: .row without an instruction that takes data; allowed: data lines "
+     "after read_host, load_weights, load_params"),
+    ("read_host ub=0 count=1\n.row 1 2 3", "line 2: .row has 3 values; allowed: exactly 8"),
+    ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 256", "line 2: .row value 256 is out of "
+     "range; allowed: -128 to 255 (a byte, int8 or uint8)"),
+    ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 -129", "line 2: .row value -129 is out of "
+     "range; allowed: -128 to 255 (a byte, int8 or uint8)"),
+    ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 x", "line 2: .row value 'x' is not a "
+     "number; allowed: -128 to 255"),
+    ("read_host ub=0 count=1\n.hex 0102", "line 2: .hex has 2 bytes; allowed: exactly 8 bytes"),
+    ("read_host ub=0 count=1\n.hex 01020304050607zz", "line 2: .hex '01020304050607zz' is "
+     "not hex bytes; allowed: 8 bytes as 2 hex digits each, element 0 first"),
+    ("read_host ub=0 count=1\n.bias 0 0 0 0 0 0 0 0", "line 2: read_host expects .row/.hex "
+     "here, got .bias; allowed: .row or .hex or .word"),
+    ("load_params slot=0 shift=0 zp=0 clamp=0\n.mult 0 0 0 0 0 0 0 0", "line 2: load_params "
+     "expects .bias here, got .mult; allowed: .bias or .word"),
+    ("load_params slot=0 shift=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 4294967296", "line 2: "
+     ".bias value 4294967296 is out of range; allowed: -2147483648 to 4294967295 (int32 or "
+     "uint32)"),
+    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .bias, .mult, .word"),
+    (".word 1 2", "line 1: .word takes 1 value, got 2; allowed: one beat, 0 to "
+     "0xffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"),
+    (".word -1", "line 1: .word value -1 is out of range; allowed: 0 to "
+     "0xffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff "
+     "(host_width=256 bits)"),
+    (".word one", "line 1: .word value 'one' is not a number; allowed: decimal or 0x hex"),
+]
+
+
+@pytest.mark.parametrize("text, message", ERRORS)
+def test_error_messages(text, message):
+    if message is None:
+        assemble(text)
+        return
+    with pytest.raises(AsmError) as info:
+        assemble(text)
+    assert str(info.value) == message
+
+
+def test_program_api_errors():
+    p = Program(PRESETS["tiny"])
+    with pytest.raises(AsmError, match=r"matmul field count=65536 is out of range"):
+        p.matmul(0, 0, 65536)
+    with pytest.raises(AsmError, match=r"matmul has no field 'bogus'"):
+        p.instr(isa.Opcode.MATMUL, bogus=1)
+    with pytest.raises(AsmError, match=r"ub row value 256 is out of range"):
+        p.read_host(0, [[256]])
+    with pytest.raises(AsmError, match=r"ub row has 3 values; allowed: at most 2"):
+        p.read_host(0, [[1, 2, 3]])
+    with pytest.raises(AsmError, match=r"load_weights tiles must be"):
+        p.load_weights(0, np.zeros((3, 2)))
+    with pytest.raises(AsmError, match=r"bias row value 2147483648000 is out of range"):
+        p.load_params(0, [2**31 * 1000], [0])
+    with pytest.raises(AsmError, match=r"beat 0x1" + "0" * 16 + " is out of range"):
+        p.word(1 << 64)
+    assert p.beats == [] and p.instructions == 0
+
+
+def test_cli_round_trip(tmp_path, capsys):
+    source = tmp_path / "prog.s"
+    source.write_text(EXAMPLE)
+    binary = tmp_path / "prog.bin"
+    assert asm.main([str(source), "-o", str(binary)]) == 0
+    beats = assemble(EXAMPLE)
+    assert binary.read_bytes() == asm.beats_to_bytes(beats, PRESETS["default"])
+    assert len(binary.read_bytes()) == len(beats) * 32
+    assert asm.main(["--disassemble", str(binary)]) == 0
+    assert capsys.readouterr().out == disassemble(beats)
+    hex_file = tmp_path / "prog.hex"
+    assert asm.main([str(source), "-o", str(hex_file), "--format", "hex",
+                     "--config", "tiny"]) == 1      # rows of 8 do not fit a 2x2 core
+    assert "line 3: .row has 8 values; allowed: exactly 2" in capsys.readouterr().err
+    assert asm.main([str(source), "-o", str(hex_file), "--format", "hex"]) == 0
+    assert [int(line, 16) for line in hex_file.read_text().split()] == beats
+    assert asm.main(["-d", str(hex_file), "--format", "hex"]) == 0
+    assert capsys.readouterr().out == disassemble(beats)

@@ -1,0 +1,433 @@
+"""The ISA-level simulator: each instruction, each error code, the counters."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from firmware.asm import Program, encode
+from hdl import isa
+from hdl.config import TPUConfig
+from sim import golden
+from sim.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match
+
+SEED = 20261201
+DEFAULT = TPUConfig()
+# rows > cols: unified-buffer rows are wider than ACTIVATE's output.
+TALL = TPUConfig(rows=8, cols=4, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
+                 weight_fifo_depth=2, param_slots=2)
+
+
+def rng_for(test: str) -> np.random.Generator:
+    print(f"seed {SEED} ({test})")
+    return np.random.default_rng([SEED, sum(map(ord, test))])
+
+
+def done(n: int) -> int:
+    return isa.DONE_MAGIC << 32 | n
+
+
+def snapshot(sim: IsaSim) -> dict:
+    return {
+        "ub": sim.ub.copy(), "acc": sim.acc.copy(), "weights": sim.weights.copy(),
+        "signed": sim.weight_signed.copy(), "written": sim.weight_written.copy(),
+        "queue": copy.deepcopy(sim.queue), "active": copy.deepcopy(sim.active),
+        "params": copy.deepcopy(sim.params), "counters": sim.counters(),
+        "output": list(sim.output),
+    }
+
+
+def assert_same_state(a: dict, b: dict):
+    for key in ("ub", "acc", "weights", "signed", "written"):
+        assert np.array_equal(a[key], b[key]), key
+    assert len(a["queue"]) == len(b["queue"])
+    for (ta, sa), (tb, sb) in zip(a["queue"], b["queue"], strict=True):
+        assert np.array_equal(ta, tb) and sa == sb
+    assert (a["active"] is None) == (b["active"] is None)
+    if a["active"] is not None:
+        assert np.array_equal(a["active"][0], b["active"][0])
+        assert a["active"][1] == b["active"][1]
+    for pa, pb in zip(a["params"], b["params"], strict=True):
+        assert np.array_equal(pa.bias, pb.bias)
+        assert np.array_equal(pa.multiplier, pb.multiplier)
+        assert (pa.shift, pa.zero_point, pa.clamp_hi) == (pb.shift, pb.zero_point, pb.clamp_hi)
+    assert a["counters"] == b["counters"]
+    assert a["output"] == b["output"]
+
+
+def random_bytes(rng, shape, signed=True):
+    lo, hi = golden.operand_range(signed)
+    return rng.integers(lo, hi + 1, shape)
+
+
+# Reset, host transfers, HALT -----------------------------------------------------------------
+
+def test_reset_state_is_zero():
+    sim = IsaSim(TALL)
+    assert sim.ub.shape == (64, 8) and not sim.ub.any()
+    assert sim.acc.shape == (64, 4) and not sim.acc.any()
+    assert sim.weights.shape == (8, 8, 4) and not sim.weights.any()
+    assert not sim.weight_written.any() and sim.queue == [] and sim.active is None
+    assert all(not p.bias.any() and not p.multiplier.any() and p.shift == p.zero_point ==
+               p.clamp_hi == 0 for p in sim.params)
+    assert sim.status.error is False and sim.status.code == isa.ErrorCode.NONE
+    assert sim.status.instr_index == 0 and sim.status.halted is False
+    assert sim.counters() == {name: 0 if name in DETERMINISTIC_COUNTERS else None
+                              for name in isa.COUNTERS}
+
+
+def test_read_host_write_host_round_trip():
+    rng = rng_for("host")
+    rows = random_bytes(rng, (5, DEFAULT.ub_row))
+    p = Program(DEFAULT)
+    data = p.read_host(3, rows)[1:]
+    p.write_host(3, 5)
+    p.halt()
+    sim = IsaSim(DEFAULT)
+    assert sim.feed(p.beats) == 0
+    assert sim.output == data + [done(3)]
+    assert np.array_equal(golden.from_raw(sim.ub[3:8], True), rows)
+    assert not sim.ub[:3].any() and not sim.ub[8:].any()
+
+
+def test_bits_above_a_row_are_ignored():
+    p = Program(TALL)
+    p.instr(isa.Opcode.READ_HOST, ub_addr=0, count=1)
+    p.word(0xFF << 64 | 0x0102030405060708)   # ub_row = 8 bytes; the high byte is ignored
+    p.write_host(0, 1)
+    sim = IsaSim(TALL)
+    sim.feed(p.beats)
+    assert sim.output == [0x0102030405060708]
+
+
+def test_halt_done_beat_and_index_restart():
+    p = Program(DEFAULT)
+    p.nop()
+    p.sync()
+    p.halt()
+    p.halt()
+    sim = IsaSim(DEFAULT)
+    sim.feed(p.beats[:3])
+    assert sim.output == [done(3)]
+    assert sim.status.halted and sim.status.instr_index == 0
+    sim.feed(p.beats[3:])
+    assert sim.output == [done(3), done(1)]
+    sim.feed(Program(DEFAULT).nop())
+    assert not sim.status.halted and sim.status.instr_index == 1
+
+
+def test_feed_in_pieces_equals_feed_at_once():
+    rng = rng_for("pieces")
+    p = Program(DEFAULT)
+    p.read_host(0, random_bytes(rng, (3, 8)))
+    p.load_weights(0, random_bytes(rng, (2, 8, 8)))
+    p.load_params(1, rng.integers(-1000, 1000, 8), rng.integers(1, 100, 8), shift=4, zp=-5)
+    p.read_weights(0, 2)
+    p.matmul(0, 0, 3, switch=True)
+    p.matmul(0, 0, 3, switch=True, accumulate=True)
+    p.activate(0, 10, 3, func=isa.Func.RELU, slot=1)
+    p.write_host(10, 3)
+    p.halt()
+    whole, pieces = IsaSim(DEFAULT), IsaSim(DEFAULT)
+    whole.feed(p.beats)
+    for beat in p.beats:
+        assert pieces.feed([beat]) == 0
+    assert_same_state(snapshot(whole), snapshot(pieces))
+    assert whole.output[-1] == done(9)
+
+
+# Weights and MATMUL --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("x_signed", [True, False])
+@pytest.mark.parametrize("w_signed", [True, False])
+def test_matmul_matches_golden(x_signed, w_signed):
+    rng = rng_for(f"matmul{x_signed}{w_signed}")
+    c = TALL
+    x = random_bytes(rng, (6, c.rows), x_signed)
+    x2 = random_bytes(rng, (6, c.rows), x_signed)
+    tiles = random_bytes(rng, (2, c.rows, c.cols), w_signed)
+    p = Program(c)
+    p.read_host(0, x)
+    p.read_host(6, x2)
+    p.load_weights(3, tiles, signed=w_signed)
+    p.read_weights(3, 2)
+    p.matmul(0, 5, 6, switch=True, signed=x_signed)
+    p.matmul(6, 5, 6, switch=True, accumulate=True, signed=x_signed)
+    p.matmul(0, 20, 6, signed=x_signed)                 # no switch: the same tile again
+    sim = IsaSim(c)
+    assert sim.feed(p.beats) == 0 and not sim.status.error
+    first = golden.matmul(x, tiles[0], x_signed=x_signed, w_signed=w_signed)
+    second = golden.matmul(x2, tiles[1], x_signed=x_signed, w_signed=w_signed)
+    assert np.array_equal(sim.acc[5:11], golden.wrap(first + second))
+    assert np.array_equal(sim.acc[20:26],
+                          golden.matmul(x, tiles[1], x_signed=x_signed, w_signed=w_signed))
+    assert not sim.acc[:5].any() and not sim.acc[11:20].any()
+    assert sim.weight_written.tolist() == [False] * 3 + [True] * 2 + [False] * 3
+    assert sim.weight_signed[3:5].tolist() == [w_signed] * 2
+
+
+def test_matmul_uses_first_rows_elements_only():
+    c = TPUConfig(rows=2, cols=4, ub_depth=16, acc_depth=16, weight_mem_tiles=1)
+    p = Program(c)
+    p.read_host(0, [[1, 2, 99, 99]])
+    p.load_weights(0, [[1, 10, 100, 1000 % 256], [2, 20, 0, 0]])
+    p.read_weights(0)
+    p.matmul(0, 0, 1, switch=True)
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    assert sim.acc[0].tolist() == [1 + 4, 10 + 40, 100, 1000 % 256 - 256]
+
+
+def test_read_weights_copies_the_tile_at_that_moment():
+    c = TALL
+    a = np.ones((c.rows, c.cols), dtype=np.int64)
+    b = np.full((c.rows, c.cols), 2)
+    p = Program(c)
+    p.read_host(0, [[1] * c.rows])
+    p.load_weights(0, a)
+    p.read_weights(0)
+    p.load_weights(0, b, signed=False)
+    p.read_weights(0)
+    p.matmul(0, 0, 1, switch=True)
+    p.matmul(0, 1, 1, switch=True)
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    assert sim.acc[0].tolist() == [c.rows] * c.cols
+    assert sim.acc[1].tolist() == [2 * c.rows] * c.cols
+
+
+def test_matmul_accumulate_wraps_at_int32():
+    # 256 products of 255 * 255 per row: 16.6e6 a MATMUL, past 2**31 after 130 of them.
+    c = TPUConfig(rows=256, cols=1, ub_depth=16, acc_depth=16, weight_mem_tiles=1)
+    p = Program(c)
+    p.read_host(0, [[255] * 256])
+    p.load_weights(0, np.full((256, 1), 255), signed=False)
+    p.read_weights(0)
+    p.matmul(0, 0, 1, switch=True, signed=False)
+    for _ in range(129):
+        p.matmul(0, 0, 1, accumulate=True, signed=False)
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    exact = 130 * 256 * 255 * 255
+    assert exact > 2**31
+    assert sim.acc[0, 0] == exact - 2**32
+
+
+# ACTIVATE and LOAD_PARAMS --------------------------------------------------------------------
+
+@pytest.mark.parametrize("func", list(isa.Func))
+@pytest.mark.parametrize("pool", list(isa.Pool))
+def test_activate_matches_golden(func, pool):
+    rng = rng_for(f"act{func.value}{pool.value}")
+    c = TALL
+    count = 8
+    x = random_bytes(rng, (count, c.rows))
+    tile = random_bytes(rng, (c.rows, c.cols))
+    bias = rng.integers(-2**31, 2**31, c.cols)
+    mult = rng.integers(-2**31, 2**31, c.cols)
+    shift, zp, clamp = 40, -7, 60
+    window = POOL_WINDOW[pool]
+    p = Program(c)
+    p.read_host(0, x)
+    p.read_host(30, np.full((count, c.ub_row), -1))        # stale bytes ACTIVATE overwrites
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, 4, count, switch=True)
+    p.load_params(1, bias, mult, shift=shift, zp=zp, clamp=clamp)
+    p.activate(4, 30, count, func=func, pool=pool, slot=1)
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    assert not sim.status.error
+    acc = golden.matmul(x, tile)
+    want = golden.max_pool_rows(golden.activate(
+        golden.requantise(acc, bias, mult, shift, zp), func.value, zp, clamp), window)
+    n = count // window
+    assert np.array_equal(golden.from_raw(sim.ub[30:30 + n, :c.cols], True), want)
+    assert not sim.ub[30:30 + n, c.cols:].any()
+    assert (sim.ub[30 + n:30 + count] == 255).all()
+
+
+def test_load_params_fields():
+    c = TALL
+    p = Program(c)
+    p.load_params(1, [-2**31, 2**31 - 1, -1, 5], [7, -7, 2**31 - 1, -2**31], shift=63,
+                  zp=-128, clamp=-1)
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    slot = sim.params[1]
+    assert slot.bias.tolist() == [-2**31, 2**31 - 1, -1, 5]
+    assert slot.multiplier.tolist() == [7, -7, 2**31 - 1, -2**31]
+    assert (slot.shift, slot.zero_point, slot.clamp_hi) == (63, -128, -1)
+    assert not sim.params[0].bias.any() and sim.params[0].shift == 0
+
+
+# Counters ------------------------------------------------------------------------------------
+
+def counter_beats(**values) -> list[int | None]:
+    return [values.get(name, 0) if name in DETERMINISTIC_COUNTERS else None
+            for name in isa.COUNTERS]
+
+
+def test_counters():
+    c = TALL    # rows 8, cols 4, weight FIFO 2 (+1 shadow)
+    p = Program(c)
+    p.read_host(0, np.ones((4, c.rows), dtype=np.int64))
+    p.load_weights(0, np.ones((3, c.rows, c.cols), dtype=np.int64))
+    p.read_counters()                                 # 2 instructions before it
+    p.read_weights(0, 3)                              # first tile enters the shadow registers
+    p.matmul(0, 0, 4, switch=True)                    # switch: the next one shifts in
+    p.matmul(0, 0, 3, switch=True)
+    p.matmul(0, 0, 2, switch=True)                    # queue now empty: no shift
+    p.read_counters()
+    p.clear_counters()
+    p.read_counters()
+    p.read_weights(1, 1)
+    p.matmul(0, 0, 1)                                 # no switch
+    p.read_counters()
+    p.halt()
+    sim = IsaSim(c)
+    sim.feed(p.beats)
+    macs = c.rows * c.cols
+    want = (counter_beats(instructions=2)
+            + counter_beats(instructions=7, array_active=9, useful_macs=9 * macs,
+                            weight_shift=3 * c.rows)
+            + counter_beats()
+            + counter_beats(instructions=3, array_active=1, useful_macs=macs,
+                            weight_shift=c.rows)
+            + [done(14)])
+    assert beats_match(want, sim.output)
+    assert sim.output == want
+    assert sim.counters()["instructions"] == 5
+    assert not beats_match(want[:-1] + [done(13)], sim.output)
+
+
+def test_failed_instructions_are_not_counted():
+    sim = IsaSim(DEFAULT)
+    p = Program(DEFAULT)
+    p.nop()
+    p.write_host(0, 0)          # BAD_FIELD
+    sim.feed(p.beats)
+    assert sim.status.code == isa.ErrorCode.BAD_FIELD
+    sim.clear()
+    sim.feed(Program(DEFAULT).read_counters())
+    assert sim.output == counter_beats(instructions=1)
+
+
+# Errors --------------------------------------------------------------------------------------
+
+def _loaded(p: Program, tiles: int = 1):
+    """Set-up: tiles 0..tiles-1 written."""
+    p.load_weights(0, np.ones((tiles, p.config.rows, p.config.cols), dtype=np.int64))
+
+
+def _queued(p: Program, n: int):
+    _loaded(p)
+    for _ in range(n):
+        p.read_weights(0)
+
+
+c = TALL
+E = isa.ErrorCode
+# (name, set-up, failing instruction word, expected error). TALL: ub_depth 64, acc_depth 64,
+# 8 weight tiles, FIFO depth 2 (queue limit 3), 2 parameter slots.
+ERROR_CASES = [
+    ("opcode12", None, 12, E.UNKNOWN_OPCODE),
+    ("opcode15", None, 0xFFFF_FFFF_FFFF_FFFF, E.UNKNOWN_OPCODE),
+    ("read_host_count0", None, encode(isa.Opcode.READ_HOST, ub_addr=0, count=0), E.BAD_FIELD),
+    ("write_host_count0", None, encode(isa.Opcode.WRITE_HOST, ub_addr=99, count=0),
+     E.BAD_FIELD),
+    ("load_weights_count0", None, encode(isa.Opcode.LOAD_WEIGHTS, tile=9, count=0),
+     E.BAD_FIELD),
+    ("read_weights_count0", None, encode(isa.Opcode.READ_WEIGHTS, tile=9, count=0),
+     E.BAD_FIELD),
+    ("matmul_count0", None, encode(isa.Opcode.MATMUL, count=0, switch=1), E.BAD_FIELD),
+    ("activate_count0", None, encode(isa.Opcode.ACTIVATE, count=0, ub_addr=999), E.BAD_FIELD),
+    ("activate_func5", None, encode(isa.Opcode.ACTIVATE, count=1, func=5), E.BAD_FIELD),
+    ("activate_func7", None, encode(isa.Opcode.ACTIVATE, count=1, func=7), E.BAD_FIELD),
+    ("activate_pool3", None, encode(isa.Opcode.ACTIVATE, count=4, pool=3), E.BAD_FIELD),
+    ("activate_window", None, encode(isa.Opcode.ACTIVATE, count=6, pool=isa.Pool.MAX4),
+     E.BAD_FIELD),
+    ("activate_slot", None, encode(isa.Opcode.ACTIVATE, count=1, slot=2, acc_addr=999),
+     E.BAD_FIELD),
+    ("load_params_slot", None, encode(isa.Opcode.LOAD_PARAMS, slot=7), E.BAD_FIELD),
+    ("read_host_ub", None, encode(isa.Opcode.READ_HOST, ub_addr=60, count=5), E.UB_RANGE),
+    ("write_host_ub", None, encode(isa.Opcode.WRITE_HOST, ub_addr=64, count=1), E.UB_RANGE),
+    ("matmul_ub", None, encode(isa.Opcode.MATMUL, ub_addr=63, acc_addr=64, count=2),
+     E.UB_RANGE),
+    ("activate_ub", None, encode(isa.Opcode.ACTIVATE, ub_addr=63, acc_addr=60, count=4,
+                                 pool=isa.Pool.MAX2), E.UB_RANGE),
+    ("matmul_acc", None, encode(isa.Opcode.MATMUL, ub_addr=0, acc_addr=63, count=2),
+     E.ACC_RANGE),
+    ("activate_acc", None, encode(isa.Opcode.ACTIVATE, ub_addr=62, acc_addr=61, count=4,
+                                  pool=isa.Pool.MAX2), E.ACC_RANGE),
+    ("load_weights_range", None, encode(isa.Opcode.LOAD_WEIGHTS, tile=7, count=2),
+     E.WEIGHT_RANGE),
+    ("read_weights_range", None, encode(isa.Opcode.READ_WEIGHTS, tile=8, count=1),
+     E.WEIGHT_RANGE),
+    ("read_weights_unwritten", lambda p: _loaded(p),
+     encode(isa.Opcode.READ_WEIGHTS, tile=0, count=2), E.WEIGHT_UNWRITTEN),
+    ("unwritten_before_overflow", lambda p: _queued(p, 3),
+     encode(isa.Opcode.READ_WEIGHTS, tile=1, count=1), E.WEIGHT_UNWRITTEN),
+    ("matmul_switch_empty", lambda p: _queued(p, 1) or p.matmul(0, 0, 1, switch=True),
+     encode(isa.Opcode.MATMUL, count=1, switch=1), E.WEIGHT_EMPTY),
+    ("matmul_no_active", lambda p: _queued(p, 1),
+     encode(isa.Opcode.MATMUL, count=1), E.WEIGHT_EMPTY),
+    ("read_weights_overflow", lambda p: _queued(p, 3),
+     encode(isa.Opcode.READ_WEIGHTS, tile=0, count=1), E.WEIGHT_OVERFLOW),
+    ("read_weights_overflow2", lambda p: _loaded(p, 2) or p.read_weights(0, 2),
+     encode(isa.Opcode.READ_WEIGHTS, tile=0, count=2), E.WEIGHT_OVERFLOW),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[case[0] for case in ERROR_CASES])
+def test_error(case):
+    name, setup, word, code = case
+    rng = rng_for(name)
+    p = Program(TALL)
+    p.read_host(0, random_bytes(rng, (4, TALL.ub_row)))
+    p.load_params(0, rng.integers(-9, 9, TALL.cols), rng.integers(-9, 9, TALL.cols), zp=3)
+    p.nop()
+    if setup is not None:
+        setup(p)
+    index = p.instructions
+    sim = IsaSim(TALL)
+    assert sim.feed(p.beats) == 0 and not sim.status.error
+    before = snapshot(sim)
+    trailing = Program(TALL).read_host(0, np.full((2, TALL.ub_row), 7))   # 3 beats
+    assert sim.feed([word] + trailing) == 3
+    status = sim.status
+    assert (status.error, status.code, status.instr_index, status.halted) == \
+        (True, code, index, False)
+    assert_same_state(before, snapshot(sim))
+    assert sim.feed(Program(TALL).halt()) == 1        # nothing consumed until cleared
+    sim.clear()
+    assert not sim.status.error and sim.status.instr_index == 0
+    sim.feed(Program(TALL).halt())
+    assert sim.output == before["output"] + [done(1)]
+
+
+def test_status_bits():
+    sim = IsaSim(DEFAULT)
+    p = Program(DEFAULT)
+    p.nop()
+    p.nop()
+    p.matmul(0, 0, 1)       # WEIGHT_EMPTY at index 2
+    sim.feed(p.beats)
+    bits = sim.status.as_bits()
+    from amaranth.lib import data
+    view = data.Layout.cast(isa.Status).from_bits(bits)
+    assert (view.error, view.code, view.instr_index, view.halted) == \
+        (1, isa.ErrorCode.WEIGHT_EMPTY, 2, 0)
+
+
+def test_beat_wider_than_host_width_is_rejected():
+    with pytest.raises(ValueError, match="host_width"):
+        IsaSim(TALL).feed([1 << TALL.host_width])
+
+
+def test_requantise_shift_63_extreme():
+    # Exact: (2**62 + 2**62) >> 63 == 1.
+    got = golden.requantise([-2**31], [0], [-2**31], 63, 0)
+    assert got.tolist() == [1]
