@@ -90,6 +90,7 @@ class GemmProgram:
     col_blocks: int                 # NB
     acc_regions: int
     out_regions: int
+    measure: bool = False           # counters cleared before the first MATMUL, read at the end
     beats: list[int] = field(default_factory=list)
     instructions: int = 0           # instructions in the program, the HALT included
 
@@ -104,8 +105,17 @@ class GemmProgram:
 
     @property
     def output_beats(self) -> int:
-        """Beats the core sends: one per output row and block, and the DONE beat."""
-        return self.m * self.col_blocks + 1
+        """Beats the core sends: one per output row and block, the counters when
+        measuring, and the DONE beat."""
+        return self.m * self.col_blocks + (len(isa.COUNTERS) if self.measure else 0) + 1
+
+    def counters(self, output) -> dict[str, int]:
+        """The counters read at the end of a measured program: they cover everything from
+        the first MATMUL until all of the program's work is done."""
+        if not self.measure:
+            raise ValueError("the program was not built with measure=True")
+        values = [int(b) for b in output][-1 - len(isa.COUNTERS):-1]
+        return dict(zip(isa.COUNTERS, values, strict=True))
 
     def decode(self, output) -> np.ndarray:
         """The M x N int8 result from the beats the core sent (WRITE_HOST rows, then the
@@ -131,13 +141,18 @@ class GemmProgram:
 
 def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 0,
                  zero_point: int = 0, func=isa.Func.IDENTITY, clamp_hi: int = 127,
-                 x_signed: bool = True, w_signed: bool = True) -> GemmProgram:
+                 x_signed: bool = True, w_signed: bool = True,
+                 measure: bool = False) -> GemmProgram:
     """The program computing :func:`gemm_reference` of the same arguments on the core.
 
     ``x`` is M x K and ``w`` K x N, int8 (or uint8 with ``x_signed``/``w_signed`` False);
     ``bias`` and ``multiplier`` are per-column int32 (or scalars); ``shift`` (0..63),
     ``zero_point`` and ``clamp_hi`` (int8) apply to every column. Raises ValueError if the
     weights or one batch row per chunk do not fit the configuration's memories.
+
+    ``measure``: after the loads, SYNC and CLEAR_COUNTERS before the first MATMUL, and
+    READ_COUNTERS (which waits until every unit is idle) before the HALT, so
+    :meth:`GemmProgram.counters` gives the matrix phase's counters.
     """
     x = np.asarray(x, dtype=np.int64)
     w = np.asarray(w, dtype=np.int64)
@@ -173,7 +188,8 @@ def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 
                          f"one output row; the configuration has {c.ub_depth}")
 
     plan = GemmProgram(config=c, m=m, k=k, n=n, batch_rows=mb, k_chunks=kc_count,
-                       col_blocks=nb_count, acc_regions=acc_regions, out_regions=out_regions)
+                       col_blocks=nb_count, acc_regions=acc_regions, out_regions=out_regions,
+                       measure=measure)
     p = Program(c)
 
     # Weights: tile nb * KC + kc, zero-padded.
@@ -231,6 +247,9 @@ def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 
         if nb == 0:
             for kc in range(kc_count):
                 p.read_host(kc * mb, x_padded[m0:m0 + rows, kc * c.rows:(kc + 1) * c.rows])
+        if measure and j == 0:
+            p.sync()
+            p.clear_counters()
         for kc in range(kc_count):
             p.matmul(kc * mb, acc_base[j], rows, switch=True, accumulate=kc > 0,
                      signed=x_signed)
@@ -246,6 +265,8 @@ def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 
         write_host(len(jobs) - 2)
     activate(len(jobs) - 1)
     write_host(len(jobs) - 1)
+    if measure:
+        p.read_counters()
     p.halt()
 
     plan.beats = p.beats

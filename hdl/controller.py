@@ -137,7 +137,8 @@ class Controller(wiring.Component):
         index = Signal(24)                         # instruction index in the program
         status = self.o_status
         halted = Signal()
-        m.d.comb += status.halted.eq(halted)
+        # The index stands still while stopped: it names the failing instruction.
+        m.d.comb += [status.halted.eq(halted), status.instr_index.eq(index)]
 
         # ---- Engines' tracked ranges (for interlocks) ----------------------------------
         mm_ub = [_Range(f"mm{i}_ub") for i in range(MATMUL_SLOTS)]
@@ -351,11 +352,7 @@ class Controller(wiring.Component):
                 with m.If(self.i_host.valid):
                     with m.If(error_code != ErrorCode.NONE):
                         m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [
-                            status.error.eq(1),
-                            status.code.eq(error_code),
-                            status.instr_index.eq(index),
-                        ]
+                        m.d.sync += [status.error.eq(1), status.code.eq(error_code)]
                         m.next = "ERROR"
                     with m.Elif(~hazard & ~busy):
                         m.d.comb += [self.i_host.ready.eq(1), dispatch.eq(1)]

@@ -240,4 +240,4 @@ class Status(data.Struct):
     code:        ErrorCode
     halted:      1    # the core has finished a HALT and is waiting for more instructions
     _pad:        2
-    instr_index: 24   # index in the current program of the failing instruction
+    instr_index: 24   # the failing instruction's index in its program, else the next one's
