@@ -8,8 +8,22 @@ from amaranth.lib.wiring import In, Out
 from .accumulators import psum_write_layout
 from .activation import acc_row_layout
 from .config import TPUConfig
-from .isa import (COUNTER_BITS, COUNTERS, DONE_MAGIC, INSTR_BITS, Activate, ErrorCode, Func,
-                  Instr, LoadParams, LoadWeights, Matmul, Opcode, Pool, Status)
+from .isa import (
+    COUNTER_BITS,
+    COUNTERS,
+    DONE_MAGIC,
+    INSTR_BITS,
+    Activate,
+    ErrorCode,
+    Func,
+    Instr,
+    LoadParams,
+    LoadWeights,
+    Matmul,
+    Opcode,
+    Pool,
+    Status,
+)
 from .systolic_array import act_row_layout, psum_row_layout, weight_row_layout
 from .unified_buffer import write_request_layout
 
@@ -231,8 +245,7 @@ class Controller(wiring.Component):
         mm_head = Signal(range(MATMUL_SLOTS))
         mm_tail = Signal(range(MATMUL_SLOTS))
         mm_pending = [Signal(16, name=f"mm{i}_pending") for i in range(MATMUL_SLOTS)]
-        mm_free = Signal()
-        m.d.comb += mm_free.eq(~mm_busy & ~Cat(*(r.valid for r in mm_acc)).all())
+        mm_free = Signal()      # a MATMUL may be dispatched: see below
         # Activation engine.
         act_busy = Signal()
         act_run = Signal()
@@ -474,8 +487,9 @@ class Controller(wiring.Component):
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
                                            "acc": unsigned(self.acc_bits)})
         meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
-        m.submodules.meta_a = meta_a = fifo.SyncFIFOBuffered(
-            width=meta_a_layout.size, depth=4)
+        # Unbuffered: a row's metadata must be readable the cycle after its UB read was
+        # issued, when the row arrives, or the read port would idle every other cycle.
+        m.submodules.meta_a = meta_a = fifo.SyncFIFO(width=meta_a_layout.size, depth=4)
         m.submodules.meta_b = meta_b = fifo.SyncFIFOBuffered(
             width=meta_b_layout.size, depth=cfg.array_latency + 2)
         meta_a_in = data.View(meta_a_layout, meta_a.w_data)
@@ -493,6 +507,10 @@ class Controller(wiring.Component):
             meta_a_in.accumulate.eq(mm_accumulate),
             meta_a_in.acc.eq(mm_acc_next),
         ]
+        # The next MATMUL may follow in the cycle the last row of the current one is issued,
+        # so rows of consecutive MATMULs enter the array back to back.
+        mm_last_row = meta_a.w_en & (mm_left == 1)
+        m.d.comb += mm_free.eq((~mm_busy | mm_last_row) & ~Cat(*(r.valid for r in mm_acc)).all())
         with m.If(dispatch & is_[Opcode.MATMUL]):
             m.d.sync += [
                 mm_busy.eq(1),

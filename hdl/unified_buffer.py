@@ -61,11 +61,13 @@ class RowMemory(wiring.Component):
     """A memory of ``depth`` rows with one write port and one read port, each shared by
     several clients through valid/ready streams.
 
-    Write clients send ``{addr, data}`` requests; read clients send an address and receive
-    the row on their response stream, in order. Clients are served round-robin, one request a
-    cycle on each port, so no client starves and no request is lost or served twice. A read
-    and a write of the same row in one cycle return the old row (read-before-write); clients
-    that need ordering are serialised by the controller's interlocks.
+    Write clients send ``{addr, data}`` requests; they share the write port round-robin, one
+    request a cycle, so no client starves and no request is lost or served twice. Read
+    clients send an address and receive the row on their response stream, in order; each
+    has a read port of its own (FPGA block RAMs give two ports, or synthesis duplicates the
+    memory), so the matrix unit is fed a row every cycle while the host reads too. A read and
+    a write of the same row in one cycle return the old row (read-before-write); clients that
+    need ordering are serialised by the controller's interlocks.
 
     Parameters
     ----------
@@ -106,7 +108,6 @@ class RowMemory(wiring.Component):
         m.submodules.mem = mem = memory.Memory(shape=self.row_shape, depth=self.depth,
                                                init=self._init)
         wr = mem.write_port()
-        rd = mem.read_port()
 
         # Write port.
         grant, any_w, last_w = round_robin(m, [w.valid for w in self.w], "w")
@@ -118,7 +119,8 @@ class RowMemory(wiring.Component):
         with m.If(any_w):
             m.d.sync += last_w.eq(grant)
 
-        serve_reads(m, rd, self.r_addr, self.r_data)
+        for index, (addr, data_) in enumerate(zip(self.r_addr, self.r_data, strict=True)):
+            serve_reads(m, mem.read_port(), [addr], [data_], name=f"r{index}")
         return m
 
 
@@ -133,6 +135,7 @@ class UnifiedBuffer(RowMemory):
     MATMUL_READ, HOST_READ = 0, 1
 
     def __init__(self, *, depth: int, row_elems: int, data_width: int = 8):
+        # Two write clients share one port; the two readers have a port each.
         self.row_elems = row_elems
         super().__init__(depth=depth, row_shape=data.ArrayLayout(unsigned(data_width),
                                                                  row_elems),
