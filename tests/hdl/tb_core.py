@@ -9,6 +9,7 @@ meet random back-pressure. Seeds are fixed, logged and named in every failure.
 
 from __future__ import annotations
 
+import json
 import os
 
 import cocotb
@@ -160,6 +161,11 @@ async def test_gemm(dut):
     dut._log.info(f"counters over the matrix phase: {counters}")
     dut._log.info(f"array active {100 * active:.1f}% of {counters['cycles']} cycles, "
                   f"weight stall {counters['weight_stall']}, raw stall {counters['raw_stall']}")
+    path = os.environ.get("AMTPU_BENCH_OUT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"config": cfg.name, "size": size, "seed": tb.seed,
+                       "counters": counters, "exact": True}, f)
     tiles = -(-size // cfg.rows) * -(-size // cfg.cols)
     assert counters["array_active"] == tiles * size
     assert counters["useful_macs"] == tiles * size * cfg.rows * cfg.cols
