@@ -111,20 +111,25 @@ class Nop(data.Struct):
 
 class Halt(data.Struct):
     """End of program: wait until every unit is idle, then send one DONE beat
-    (``DONE_MAGIC << 32 | instructions in this program``). The instruction index restarts."""
+    (``DONE_MAGIC << 32 | instructions in this program``). The instruction index restarts.
+    Timing: the beat leaves the cycle after the last unit goes idle."""
     opcode: Opcode
     _pad:   60
 
 
 class Sync(data.Struct):
-    """Wait until every unit is idle (a fence)."""
+    """Wait until every unit is idle (a fence). Never needed for correctness: the
+    interlocks order conflicting instructions; use it to separate phases for measurement."""
     opcode: Opcode
     _pad:   60
 
 
 class ReadHost(data.Struct):
     """``count`` beats from the host into unified-buffer rows ``ub_addr..``.
-    The low ``8 * ub_row`` bits of each beat are the row (element 0 lowest)."""
+    The low ``8 * ub_row`` bits of each beat are the row (element 0 lowest).
+    Timing: runs in the front end, one beat a cycle (every other cycle while an ACTIVATE
+    writes the buffer too); waits while an unfinished MATMUL or WRITE_HOST reads, or an
+    ACTIVATE writes, any of its rows."""
     opcode:  Opcode
     _flags:  4
     ub_addr: 16
@@ -134,7 +139,10 @@ class ReadHost(data.Struct):
 
 
 class WriteHost(data.Struct):
-    """Unified-buffer rows ``ub_addr..ub_addr+count-1`` to the host, one beat each."""
+    """Unified-buffer rows ``ub_addr..ub_addr+count-1`` to the host, one beat each.
+    Timing: runs in the host writer behind later instructions, a row a cycle as the host
+    takes them (the buffer has a read port for it alone); waits while an unfinished
+    ACTIVATE writes any of its rows or another WRITE_HOST runs."""
     opcode:  Opcode
     _flags:  4
     ub_addr: 16
@@ -146,7 +154,8 @@ class WriteHost(data.Struct):
 class LoadWeights(data.Struct):
     """``count * rows`` beats from the host into weight tiles ``tile..``, row 0 of each tile
     first (the low ``8 * cols`` bits of each beat). ``signed``: the tiles hold int8, else
-    uint8."""
+    uint8. Timing: runs in the front end, one beat a cycle; waits while an unfinished
+    READ_WEIGHTS reads any of its tiles."""
     opcode: Opcode
     signed: 1
     _flags: 3
@@ -158,7 +167,10 @@ class LoadWeights(data.Struct):
 
 class ReadWeights(data.Struct):
     """Queue weight tiles ``tile..tile+count-1`` for the matrix unit. Runs behind later
-    instructions; the tiles shift into the array while earlier MATMULs compute."""
+    instructions; the tiles shift into the array while earlier MATMULs compute.
+    Timing: runs in the weight loader, one row a cycle into the weight FIFO while it has
+    room; a tile shifts into the array's shadow registers in ``rows`` cycles once the
+    previous one has been switched in. Waits while another READ_WEIGHTS runs."""
     opcode: Opcode
     _flags: 4
     tile:   16
@@ -171,7 +183,12 @@ class Matmul(data.Struct):
     """Multiply unified-buffer rows ``ub_addr..`` (the first ``rows`` elements of each) by
     the active weight tile into accumulator rows ``acc_addr..``, ``count`` rows.
     ``switch``: first make the oldest queued tile active. ``accumulate``: add to the
-    accumulator rows, else overwrite them. ``signed``: the activations are int8, else uint8."""
+    accumulator rows, else overwrite them. ``signed``: the activations are int8, else uint8.
+    Timing: runs in the matrix engine, up to four MATMULs in flight; one row a cycle, the
+    next MATMUL's first row entering the array the cycle after this one's last; a row's
+    sums reach the accumulators ``rows + cols + 4`` cycles after its buffer read. The
+    ``switch`` row waits (weight stall) until its tile is in the shadow registers. Waits
+    while an unfinished ACTIVATE writes its buffer rows or reads its accumulator rows."""
     opcode:     Opcode
     accumulate: 1
     switch:     1
@@ -186,7 +203,11 @@ class Matmul(data.Struct):
 class Activate(data.Struct):
     """Accumulator rows ``acc_addr..acc_addr+count-1`` through requantisation with parameter
     ``slot``, function ``func`` and max-pooling ``pool`` into unified-buffer rows
-    ``ub_addr..`` (``count / window`` rows, the first ``cols`` elements of each)."""
+    ``ub_addr..`` (``count / window`` rows, the first ``cols`` elements of each).
+    Timing: runs in the activation engine behind later instructions: one cycle to fetch the
+    parameters, then one accumulator row a cycle through a 5-stage pipeline. Waits while
+    an unfinished MATMUL writes its accumulator rows or reads its buffer rows, a WRITE_HOST
+    reads its buffer rows, or another ACTIVATE runs."""
     opcode:   Opcode
     _flags:   4
     acc_addr: 16
@@ -200,7 +221,8 @@ class Activate(data.Struct):
 class LoadParams(data.Struct):
     """Requantisation parameter slot ``slot``: scalars from the instruction, then two beats
     from the host: the per-column int32 bias row and the per-column int32 multiplier row
-    (column 0 in the low 32 bits)."""
+    (column 0 in the low 32 bits). Timing: runs in the front end, one beat a cycle; waits
+    until no ACTIVATE runs."""
     opcode:     Opcode
     _flags:     4
     slot:       3
@@ -213,13 +235,14 @@ class LoadParams(data.Struct):
 
 
 class ReadCounters(data.Struct):
-    """Send the performance counters to the host, one beat each, in :data:`COUNTERS` order."""
+    """Send the performance counters to the host, one beat each, in :data:`COUNTERS` order.
+    Timing: waits until every unit is idle, then one beat a cycle as the host takes them."""
     opcode: Opcode
     _pad:   60
 
 
 class ClearCounters(data.Struct):
-    """Zero every performance counter."""
+    """Zero every performance counter. Timing: waits until every unit is idle."""
     opcode: Opcode
     _pad:   60
 
