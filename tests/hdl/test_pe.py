@@ -1,0 +1,31 @@
+"""PE: cocotb lock-step tests (tb_pe.py) run through sim.runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hdl.pe import PE
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+# Tests sharing a simulation (each simulator start costs about 2 s).
+GROUPS = {
+    "directed": ["test_weight_bus", "test_switch", "test_timing", "test_extremes",
+                 "test_psum_wrap"],
+    "random": ["test_random"],
+}
+
+
+def make_pe() -> PE:
+    return PE(data_width=8, acc_width=32, row=1, row_bits=2)
+
+
+def test_groups_cover_testbench():
+    assert sorted(sum(GROUPS.values(), [])) == sorted(cocotb_test_names(HERE / "tb_pe.py"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_pe(group: str):
+    run("pe", make_pe, "row1", "tb_pe", HERE, GROUPS[group], label=group)

@@ -1,0 +1,58 @@
+"""Systolic array: cocotb tests (tb_systolic_array.py) per configuration."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hdl.config import get_config
+from hdl.systolic_array import SystolicArray
+from sim.gtkw import fst_signals
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
+# Tests sharing a simulation (each simulator start costs about 2 s).
+GROUPS = {
+    "random": ["test_random", "test_random_mixed", "test_extremes"],
+    "flow": ["test_back_to_back", "test_uneven_tiles", "test_shadow_interlock"],
+    "stalls": ["test_stalls", "test_backpressure"],
+}
+# One PE's registers, grouped in the .gtkw written with WAVES=1.
+PE_0_0 = ["core.pe_0_0." + name for name in ("active", "shadow", "product", "o_psum")]
+
+
+def test_groups_cover_testbench():
+    assert sorted(sum(GROUPS.values(), [])) == \
+        sorted(cocotb_test_names(HERE / "tb_systolic_array.py"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("config_key", CONFIGS)
+def test_systolic_array(config_key: str, group: str):
+    config = get_config(config_key)
+    run("systolic_array", lambda: SystolicArray(config), config_key, "tb_systolic_array", HERE,
+        GROUPS[group], label=group, gtkw_groups={"pe_0_0": PE_0_0})
+
+
+def test_waves_gtkw():
+    """WAVES=1 output: the .gtkw groups the streams and pe_0_0, and every trace it names
+    exists in the waveform (GTKWave silently drops names it cannot find)."""
+    if shutil.which("fst2vcd") is None:
+        pytest.skip("fst2vcd (Debian package gtkwave) is needed to read the waveform's names")
+    config = get_config("tiny")
+    gtkw = run("systolic_array", lambda: SystolicArray(config), "tiny", "tb_systolic_array",
+               HERE, "test_shadow_interlock", label="waves-check", waves=True,
+               gtkw_groups={"pe_0_0": PE_0_0})
+    assert gtkw is not None and gtkw.is_file()
+    text = gtkw.read_text()
+    fst = Path(text.split('[dumpfile] "', 1)[1].split('"', 1)[0])
+    traces = [line for line in text.splitlines() if line and line[0] not in "[*@-"]
+    groups = [line[1:] for line in text.splitlines() if line.startswith("-")]
+    assert {"i_act", "i_weight", "o_psum", "pe_0_0"} <= set(groups)
+    available = set(fst_signals(fst).values())
+    missing = [trace for trace in traces if trace not in available]
+    assert not missing, f"{gtkw} names signals not in {fst}: {missing}"
+    assert any(trace.endswith("pe_0_0.shadow[8:0]") for trace in traces)

@@ -1,0 +1,34 @@
+"""Weight FIFO: cocotb tests (tb_weight_fifo.py) per configuration's tile shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hdl.config import get_config
+from hdl.weight_fifo import WeightFIFO
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+CONFIGS = ["tiny", "small", "wide", "default"]
+# Tests sharing a simulation (each simulator start costs about 2 s).
+GROUPS = {
+    "order": ["test_order"],
+    "fill": ["test_fill", "test_partial_tile"],
+}
+DEPTH = 4   # tb_weight_fifo.DEPTH
+
+
+def test_groups_cover_testbench():
+    assert sorted(sum(GROUPS.values(), [])) == \
+        sorted(cocotb_test_names(HERE / "tb_weight_fifo.py"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("config_key", CONFIGS)
+def test_weight_fifo(config_key: str, group: str):
+    cfg = get_config(config_key)
+    run("weight_fifo",
+        lambda: WeightFIFO(rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width, depth=DEPTH),
+        config_key, "tb_weight_fifo", HERE, GROUPS[group], label=group)
