@@ -1,0 +1,426 @@
+"""cocotb testbench: the activation unit (requantise, function, max-pool) against the golden
+model.
+
+The DUT is ``ActivationUnit(cols=, acc_width=32)`` with ``cols`` from ``AMTPU_ACT`` (JSON,
+set by ``test_activation.py``). Every burst of rows is predicted with ``golden.requantise``,
+``golden.activate`` and ``golden.max_pool_rows`` (``last`` closes each window) and compared
+with ``==``, in order, by a scoreboard. The parameters (``i_bias``, ``i_multiplier``,
+``i_shift``, ``i_zero_point``, ``i_clamp_hi``, ``i_func``) are held steady during a burst and
+changed only once ``o_row`` has delivered every expected row and ``o_busy`` is low.
+
+Stimulus per burst: random "typical" scales, a sweep of every requantised value q in
+-128..127 (so the SIGMOID/TANH ROMs are read at all 256 indices), the int32 limits of
+accumulator, bias and multiplier with shifts 0, 1, 31, 62, 63 and zero points / clamps at the
+int8 limits, and exact rounding ties ``p = 2**(shift-1) * odd`` of both signs with their
+neighbours. A coverage count checks that each of those corners was really produced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import cocotb
+import numpy as np
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data
+from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
+
+from hdl.activation import ActivationUnit, acc_row_layout, lut_table
+from hdl.isa import Func
+from sim.golden import (
+    SIGMOID_LUT,
+    TANH_LUT,
+    activate,
+    max_pool_rows,
+    requantise,
+    rounding_shift,
+    wrap,
+)
+from sim.scoreboard import Scoreboard
+from sim.streams import (
+    StreamDriver,
+    StreamMonitor,
+    burst_stalls,
+    pack,
+    random_stalls,
+    reset,
+    start_clock,
+)
+
+ENV = "AMTPU_ACT"
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+ACC_EXTREMES = [INT32_MIN, INT32_MIN + 1, -(1 << 30), -1, 0, 1, 1 << 30, INT32_MAX - 1,
+                INT32_MAX]
+PARAM_EXTREMES = [INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX - 1, INT32_MAX]
+EXTREME_SHIFTS = [0, 1, 31, 62, 63]
+TIE_SHIFTS = [1, 2, 7, 31, 32, 33, 61, 62, 63]
+FUNCS = [f.name for f in Func]
+WINDOWS = [1, 2, 4]
+LUTS = {"SIGMOID": SIGMOID_LUT, "TANH": TANH_LUT}
+
+
+def cols_from_env() -> int:
+    return int(json.loads(os.environ.get(ENV, '{"cols": 2}'))["cols"])
+
+
+@dataclass
+class Params:
+    """One setting of the unit's parameter inputs."""
+    bias: list[int]
+    multiplier: list[int]
+    shift: int
+    zero_point: int
+    clamp_hi: int
+    func: Func
+
+    def __str__(self) -> str:
+        return (f"{self.func.name} bias={self.bias} multiplier={self.multiplier} "
+                f"shift={self.shift} zero_point={self.zero_point} clamp_hi={self.clamp_hi}")
+
+
+class Testbench:
+    """Clock, reset, row driver, output monitor, scoreboard, parameter inputs and the golden
+    model of a burst."""
+
+    def __init__(self, dut, seed: int, *, idle=None, backpressure=None):
+        self.dut = dut
+        self.cols = cols = cols_from_env()
+        self.seed = seed
+        self.log = dut._log
+        self.log.info("activation cols=%d: seed %d", cols, seed)
+        self.rng = np.random.default_rng(seed)
+        self.in_layout = acc_row_layout(cols, 32)
+        self.param_layout = data.ArrayLayout(signed(32), cols)
+        self.scoreboard = Scoreboard(f"activation cols={cols}", seed, self.log)
+        start_clock(dut)
+        self.source = StreamDriver(dut, "i_row", dut.clk, self.in_layout, idle)
+        self.sink = StreamMonitor(dut, "o_row", dut.clk, data.ArrayLayout(signed(8), cols),
+                                  backpressure, callback=self.scoreboard.receive)
+        self.params: Params | None = None
+        self.coverage: Counter[str] = Counter()
+        self.rows_in = 0
+        self.bursts = 0
+
+    async def reset(self) -> None:
+        await reset(self.dut)
+
+    # Parameters and bursts ------------------------------------------------------------------
+
+    async def set_params(self, params: Params) -> None:
+        """Change the parameters once everything in flight has come out."""
+        await self.drain()
+        await FallingEdge(self.dut.clk)
+        dut = self.dut
+        dut.i_bias.value = pack(self.param_layout, params.bias)
+        dut.i_multiplier.value = pack(self.param_layout, params.multiplier)
+        dut.i_shift.value = pack(unsigned(6), params.shift)
+        dut.i_zero_point.value = pack(signed(8), params.zero_point)
+        dut.i_clamp_hi.value = pack(signed(8), params.clamp_hi)
+        dut.i_func.value = params.func.value
+        self.params = params
+
+    def expected(self, acc: np.ndarray, windows: list[int]) -> np.ndarray:
+        """Golden output rows of *acc* under the current parameters, pooled over *windows*
+        (row counts); fixed windows go through ``golden.max_pool_rows``."""
+        p = self.params
+        q = requantise(acc, p.bias, p.multiplier, p.shift, p.zero_point)
+        act = activate(q, p.func.value, p.zero_point, p.clamp_hi)
+        if len(set(windows)) == 1:
+            return max_pool_rows(act, windows[0])
+        bounds = np.cumsum([0, *windows])
+        return np.stack([act[a:b].max(axis=0)
+                         for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+    def _cover(self, acc: np.ndarray) -> None:
+        """Count the corners this burst exercises (recomputed from the golden steps)."""
+        prm = self.params
+        bias = np.asarray(prm.bias, dtype=np.int64)
+        mult = np.asarray(prm.multiplier, dtype=np.int64)
+        s = prm.shift
+        self.coverage[f"shift{s}"] += 1
+        self.coverage["bias_wrap"] += int(np.any((acc + bias > INT32_MAX)
+                                                 | (acc + bias < INT32_MIN)))
+        t = wrap(acc + bias)
+        p = t * mult
+        if s:
+            tie = (p & ((1 << s) - 1)) == (1 << (s - 1))
+            self.coverage["tie+"] += int(np.sum(tie & (p > 0)))
+            self.coverage["tie-"] += int(np.sum(tie & (p < 0)))
+        r = rounding_shift(p, s)
+        self.coverage["sat32_hi"] += int(np.sum(r > INT32_MAX))
+        self.coverage["sat32_lo"] += int(np.sum(r < INT32_MIN))
+        v = np.clip(r, INT32_MIN, INT32_MAX) + prm.zero_point
+        self.coverage["sat8_hi"] += int(np.sum(v > 127))
+        self.coverage["sat8_lo"] += int(np.sum(v < -128))
+        self.coverage["in_range"] += int(np.sum((v >= -128) & (v <= 127)))
+        self.coverage[f"zp{prm.zero_point}"] += 1
+        self.coverage[f"clamp{prm.clamp_hi}"] += 1
+
+    def queue(self, acc, window: int | list[int]) -> np.ndarray:
+        """Queue the rows of *acc* (``(n, cols)``) with ``last`` closing each window and the
+        expected output rows; returns them."""
+        acc = np.asarray(acc, dtype=np.int64)
+        n = acc.shape[0]
+        windows = [window] * (n // window) if isinstance(window, int) else list(window)
+        assert sum(windows) == n, f"{n} rows do not split into windows {windows}"
+        out = self.expected(acc, windows)
+        lasts = set(np.cumsum(windows) - 1)
+        for k, row in enumerate(acc):
+            self.source.append({"data": row.tolist(), "last": int(k in lasts)})
+        for row in out:
+            self.scoreboard.expect(row)
+        self._cover(acc)
+        self.rows_in += n
+        self.bursts += 1
+        return out
+
+    async def burst(self, params: Params, acc, window: int | list[int]) -> np.ndarray:
+        await self.set_params(params)
+        return self.queue(acc, window)
+
+    async def drain(self) -> None:
+        """Wait until every queued row is in and every expected row out; then the pipeline
+        must be empty."""
+        limit = 100 + 20 * (self.source.pending() + self.scoreboard.outstanding)
+        waited = 0
+        while waited < limit and not self.scoreboard.errors and (
+                self.source.pending() or self.scoreboard.outstanding):
+            await ClockCycles(self.dut.clk, 4)
+            waited += 4
+        if self.scoreboard.errors:
+            raise AssertionError(self.scoreboard.errors[0])
+        assert waited < limit, (
+            f"timeout: {self.source.pending()} rows not taken, {self.scoreboard.outstanding} "
+            f"output rows missing after {waited} cycles with {self.params} (seed {self.seed})")
+        await ClockCycles(self.dut.clk, 2)
+        await ReadOnly()
+        assert self.dut.o_busy.value == 0, f"o_busy high after the burst (seed {self.seed})"
+        assert self.dut.o_row__valid.value == 0, (
+            f"o_row valid with no row expected ({self.params}) (seed {self.seed})")
+
+    async def finish(self) -> None:
+        await self.drain()
+        self.scoreboard.check_done()
+        assert len(self.sink.received) == self.scoreboard.matched
+        self.log.info("%d bursts, %d rows in, %d rows out; coverage %s", self.bursts,
+                      self.rows_in, self.scoreboard.matched, dict(sorted(self.coverage.items())))
+
+    # Stimulus -------------------------------------------------------------------------------
+
+    def int8(self) -> int:
+        return int(self.rng.integers(-128, 128))
+
+    def typical(self, func: Func, rows: int) -> tuple[Params, np.ndarray]:
+        """Scales a quantised network would use: most outputs in range, some saturated."""
+        cols, rng = self.cols, self.rng
+        acc = rng.integers(-(1 << 20), (1 << 20) + 1, size=(rows, cols))
+        bias = rng.integers(-(1 << 16), (1 << 16) + 1, size=cols)
+        mult = rng.integers(1 << 8, 1 << 20, size=cols) * rng.choice([-1, 1], size=cols)
+        # |t * m| reaches about 2**(20 + log2 m); shift it down to about 2**7, +-2.
+        top = int(np.max(np.abs(mult))).bit_length() + 20
+        shift = int(np.clip(top - 7 + rng.integers(-2, 3), 0, 63))
+        zp = self.int8()
+        clamp = int(rng.integers(zp, 128)) if rng.random() < 0.8 else self.int8()
+        return Params(bias.tolist(), mult.tolist(), shift, zp, clamp, func), acc
+
+    def sweep(self, func: Func, zero_point: int | None = None
+              ) -> tuple[Params, np.ndarray, np.ndarray]:
+        """Rows whose requantised values q are each of -128..127 exactly once (random order,
+        random bias, multiplier +-1, shift 4, every rounding offset); returns
+        ``(params, acc, q)``."""
+        cols, rng = self.cols, self.rng
+        zp = self.int8() if zero_point is None else zero_point
+        q = rng.permutation(np.arange(-128, 128)).reshape(-1, cols)
+        sign = rng.choice([-1, 1], size=cols)
+        bias = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True)
+        # p = t * sign must round to q - zp: p in [16 (q - zp) - 8, 16 (q - zp) + 7].
+        p = 16 * (q - zp) + rng.integers(-8, 8, size=q.shape)
+        acc = wrap(p * sign - bias)
+        params = Params(bias.tolist(), sign.tolist(), 4, zp, self.int8(), func)
+        assert np.array_equal(requantise(acc, bias, sign, 4, zp), q)
+        return params, acc, q
+
+    def extremes(self, func: Func, shift: int, rows: int, zero_point: int, clamp_hi: int
+                 ) -> tuple[Params, np.ndarray]:
+        """int32 limits for accumulator, bias and multiplier (mixed with random values)."""
+        cols, rng = self.cols, self.rng
+        acc = np.where(rng.random((rows, cols)) < 0.6,
+                       rng.choice(ACC_EXTREMES, size=(rows, cols)),
+                       rng.integers(INT32_MIN, INT32_MAX, size=(rows, cols), endpoint=True))
+        bias = rng.choice(PARAM_EXTREMES, size=cols)
+        mult = rng.choice(PARAM_EXTREMES, size=cols)
+        mult[0] = rng.choice([INT32_MIN, INT32_MAX])     # at shift 0, 1: int32 saturation
+        return Params(bias.tolist(), mult.tolist(), shift, zero_point, clamp_hi, func), acc
+
+    def ties(self, func: Func, shift: int, rows: int) -> tuple[Params, np.ndarray]:
+        """Products ``p = 2**(shift-1) * odd`` of both signs (where int32 operands can make
+        them), and their neighbours ``p +- multiplier``."""
+        cols, rng = self.cols, self.rng
+        # multiplier +-2**a; t = 2**(shift-1-a) * odd must fit int32.
+        a = min(max(0, shift - 1 - 30), 31)
+        if a == 31:
+            mult = np.full(cols, INT32_MIN)          # -2**31: the only int32 of that size
+        else:
+            mult = rng.choice([-1, 1], size=cols) * (1 << a)
+        e = shift - 1 - a                            # t = 2**e * odd
+        odd_max = max(1, ((1 << 31) >> e) - 1) if e < 31 else 1
+        odd = 2 * rng.integers(-(odd_max // 2) - 1, odd_max // 2 + 1, size=(rows, cols)) + 1
+        t = wrap(odd * (1 << e)) if e < 32 else np.full((rows, cols), INT32_MIN)
+        t = t + rng.choice([0, 0, 0, 1, -1], size=(rows, cols))   # some neighbours
+        t = np.clip(t, INT32_MIN, INT32_MAX)
+        bias = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True)
+        acc = wrap(t - bias)
+        zp = int(rng.choice([0, self.int8()]))
+        return Params(bias.tolist(), mult.tolist(), shift, zp, 127, func), acc
+
+
+async def start(dut, seed: int, **stalls) -> Testbench:
+    tb = Testbench(dut, seed, **stalls)
+    await tb.reset()
+    return tb
+
+
+@cocotb.test()
+@cocotb.parametrize(func=FUNCS, window=WINDOWS)
+async def test_function(dut, func: str, window: int):
+    """Each function with each pooling window: typical scales, a full q sweep (window 2),
+    the int32 / int8 limits at shifts 0, 1, 31, 62, 63, and rounding ties at shifts 1 to 63,
+    under random input idle and output backpressure; coverage of the corners asserted."""
+    seed = 500 + 10 * FUNCS.index(func) + window
+    f = Func[func]
+    tb = await start(dut, seed, idle=random_stalls(seed + 1, 0.3),
+                     backpressure=random_stalls(seed + 2, 0.3))
+    for _ in range(2):
+        await tb.burst(*tb.typical(f, 4 * window), window)
+    if window == 2:
+        # Pooled sweep of every q (window 1 is test_lut_sweep's).
+        params, acc, _ = tb.sweep(f)
+        await tb.burst(params, acc, window)
+    # Zero point and clamp at the int8 limits (and one random pair), across the shifts.
+    corners = [(-128, 127), (127, -128), (0, 127), (-128, -128), (tb.int8(), tb.int8())]
+    for shift, (zp, clamp) in zip(EXTREME_SHIFTS, corners, strict=True):
+        await tb.burst(*tb.extremes(f, shift, 4 * window, zp, clamp), window)
+    for shift in TIE_SHIFTS:
+        await tb.burst(*tb.ties(f, shift, 2 * window), window)
+    await tb.finish()
+    missing = [name for name in ("tie+", "tie-", "sat32_hi", "sat32_lo", "sat8_hi", "sat8_lo",
+                                 "in_range", "bias_wrap", "zp-128", "zp127", "clamp-128",
+                                 "clamp127", *(f"shift{s}" for s in EXTREME_SHIFTS))
+               if not tb.coverage[name]]
+    assert not missing, f"corners not exercised: {missing} (seed {seed})"
+
+
+@cocotb.test()
+@cocotb.parametrize(func=["SIGMOID", "TANH", "IDENTITY"])
+async def test_lut_sweep(dut, func: str):
+    """q sweeps -128..127 exactly once, pooling window 1: the outputs are the table at every
+    index (SIGMOID/TANH: golden LUT, which equals the HDL's ROM contents) or q itself."""
+    seed = 560 + ["SIGMOID", "TANH", "IDENTITY"].index(func)
+    f = Func[func]
+    tb = await start(dut, seed, idle=random_stalls(seed + 1, 0.2),
+                     backpressure=random_stalls(seed + 2, 0.3))
+    for zp in (0, tb.int8()):
+        params, acc, q = tb.sweep(f, zp)
+        first = len(tb.sink.received)
+        await tb.burst(params, acc, 1)
+        await tb.drain()
+        got = np.asarray(tb.sink.received[first:], dtype=np.int64)
+        if func in LUTS:
+            table = LUTS[func]
+            assert list(table) == lut_table(f), f"golden {func} LUT differs from the ROM's"
+            want = table[q + 128]
+        else:
+            want = q
+        bad = np.argwhere(got != want)
+        assert not bad.size, (
+            f"{func} zero_point={zp}: q={int(q[tuple(bad[0])])} gave {int(got[tuple(bad[0])])}, "
+            f"expected {int(want[tuple(bad[0])])} ({len(bad)} wrong) (seed {seed})")
+        seen = np.unique(q)
+        assert seen.size == 256, f"sweep covered only {seen.size} q values (seed {seed})"
+    await tb.finish()
+
+
+@cocotb.test()
+async def test_rounding_known_answers(dut):
+    """Hand-computed results (independent of the golden model, which must agree): ties
+    round towards +infinity, shifts 0, 1, 2, 62, 63, int32 and int8 saturation."""
+    tb = await start(dut, 570)
+    cols = tb.cols
+    cases = [
+        # (shift, multiplier, accumulator values, expected IDENTITY outputs, zero point 0)
+        (1, 1, [1, -1, 3, -3, 5, -5, 2, -2], [1, 0, 2, -1, 3, -2, 1, -1]),
+        (2, 1, [2, -2, 6, -6, 1, -1, 3, -3], [1, 0, 2, -1, 0, 0, 1, -1]),
+        (0, 1, [127, 128, -128, -129, INT32_MAX, INT32_MIN, 0, -1],
+         [127, 127, -128, -128, 127, -128, 0, -1]),
+        (62, INT32_MIN, [1 << 30, -(1 << 30), 3 << 29, -(3 << 29), 0, 1, -1, INT32_MIN],
+         [0, 1, -1, 1, 0, 0, 0, 1]),
+        (63, INT32_MIN, [INT32_MIN, INT32_MAX, 1 << 30, -(1 << 30), 0, 1, -1, 2],
+         [1, 0, 0, 0, 0, 0, 0, 0]),
+        (63, INT32_MAX, [INT32_MIN, INT32_MAX, INT32_MIN + 1, 0, 1, -1, 1 << 30, -(1 << 30)],
+         [0, 0, 0, 0, 0, 0, 0, 0]),
+        (31, 1, [1 << 30, -(1 << 30), INT32_MIN, INT32_MAX, (1 << 30) - 1, -(1 << 30) - 1, 0,
+                 -1], [1, 0, -1, 1, 0, -1, 0, 0]),
+    ]
+    for shift, mult, acc_values, want in cases:
+        acc = np.repeat(np.asarray(acc_values, dtype=np.int64)[:, None], cols, axis=1)
+        params = Params([0] * cols, [mult] * cols, shift, 0, 127, Func.IDENTITY)
+        await tb.set_params(params)
+        golden = tb.queue(acc, 1)[:, 0].tolist()
+        assert golden == want, (
+            f"golden requantise disagrees with the hand-computed values for shift {shift}, "
+            f"multiplier {mult}: {golden} != {want}")
+        first = len(tb.sink.received)
+        await tb.drain()
+        got = [row[0] for row in tb.sink.received[first:]]
+        assert got == want, (
+            f"shift {shift} multiplier {mult} acc {acc_values}: got {got}, expected {want} "
+            f"(seed {tb.seed})")
+    # int32 saturation before the zero point: r = 2**32 - 2 with zero point -128 gives
+    # saturate_int8(2**31 - 1 - 128) = 127; r = -2**32 with zero point 127 gives -128.
+    for mult, acc_value, zp, want in ((2, INT32_MAX, -128, 127), (2, INT32_MIN, 127, -128)):
+        await tb.set_params(Params([0] * cols, [mult] * cols, 0, zp, 127, Func.IDENTITY))
+        tb.queue(np.full((1, cols), acc_value), 1)
+        first = len(tb.sink.received)
+        await tb.drain()
+        got = tb.sink.received[first:]
+        assert got == [[want] * cols], f"got {got}, expected {[[want] * cols]} (seed {tb.seed})"
+    await tb.finish()
+
+
+@cocotb.test()
+async def test_variable_windows(dut):
+    """Windows of random lengths 1 to 5 back to back (``last`` alone decides), every
+    function, under burst stalls."""
+    seed = 580
+    tb = await start(dut, seed, idle=burst_stalls(seed + 1, 5),
+                     backpressure=burst_stalls(seed + 2, 8))
+    for f in Func:
+        windows = tb.rng.integers(1, 6, size=12).tolist()
+        params, acc = tb.typical(f, sum(windows))
+        await tb.burst(params, acc, windows)
+    await tb.finish()
+
+
+@cocotb.test()
+@cocotb.parametrize(window=WINDOWS)
+async def test_throughput(dut, window: int):
+    """No stalls: a row taken every cycle, and each output row ``STAGES`` cycles after the
+    row that closes its window."""
+    seed = 590 + window
+    tb = await start(dut, seed)
+    params, acc = tb.typical(Func.RELU, 16 * window)
+    await tb.set_params(params)
+    first_in, first_out = tb.source.sent, len(tb.sink.received)
+    tb.queue(acc, window)
+    await tb.drain()
+    sent = tb.source.sent_cycles[first_in:]
+    assert sent == list(range(sent[0], sent[0] + len(sent))), (
+        f"i_row stalled without backpressure (seed {seed})")
+    closing = sent[window - 1::window]
+    out = tb.sink.cycles[first_out:]
+    want = [c + ActivationUnit.STAGES for c in closing]
+    assert out == want, f"output cycles {out}, expected {want} (seed {seed})"
+    await tb.finish()

@@ -1,0 +1,34 @@
+"""Activation unit: cocotb tests (tb_activation.py) for rows of 2 and 4 columns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hdl.activation import ActivationUnit
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+COLS = {"c2": 2, "c4": 4}
+# Tests sharing a simulation (each simulator start costs about 2 s).
+GROUPS = {
+    "function": ["test_function"],
+    "directed": ["test_lut_sweep", "test_rounding_known_answers", "test_variable_windows",
+                 "test_throughput"],
+}
+
+
+def test_groups_cover_testbench():
+    assert sorted(sum(GROUPS.values(), [])) == \
+        sorted(cocotb_test_names(HERE / "tb_activation.py"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("size", COLS)
+def test_activation(size: str, group: str):
+    cols = COLS[size]
+    run("activation", lambda: ActivationUnit(cols=cols, acc_width=32), size,
+        "tb_activation", HERE, GROUPS[group], label=group,
+        extra_env={"AMTPU_ACT": json.dumps({"cols": cols})})

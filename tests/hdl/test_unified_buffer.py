@@ -1,0 +1,34 @@
+"""Unified buffer: cocotb tests (tb_unified_buffer.py) for two small sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hdl.unified_buffer import UnifiedBuffer
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+# (depth, row_elems): key -> sizes; small, so Icarus runs are quick.
+SIZES = {"d16e2": (16, 2), "d32e4": (32, 4)}
+# Tests sharing a simulation (each simulator start costs about 2 s).
+GROUPS = {
+    "random": ["test_random"],
+    "directed": ["test_read_during_write", "test_fairness", "test_throughput"],
+}
+
+
+def test_groups_cover_testbench():
+    assert sorted(sum(GROUPS.values(), [])) == \
+        sorted(cocotb_test_names(HERE / "tb_unified_buffer.py"))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("size", SIZES)
+def test_unified_buffer(size: str, group: str):
+    depth, row_elems = SIZES[size]
+    run("unified_buffer", lambda: UnifiedBuffer(depth=depth, row_elems=row_elems), size,
+        "tb_unified_buffer", HERE, GROUPS[group], label=group,
+        extra_env={"AMTPU_UB": json.dumps({"depth": depth, "row_elems": row_elems})})
