@@ -19,7 +19,6 @@ The testbench learns the configuration from ``AMTPU_CONFIG`` (:func:`config_from
 from __future__ import annotations
 
 import ast
-import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from amaranth.lib import wiring
 from hdl.config import PRESETS, TPUConfig, get_config
 
 from .gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
-from .verilog import BUILD_ROOT, atomic_write, for_icarus, generate
+from .verilog import BUILD_ROOT, atomic_write, for_icarus, generate, locked
 
 __all__ = ["SIMULATORS", "simulator", "waves_enabled", "config_to_env", "config_from_env",
            "build", "run", "cocotb_test_names"]
@@ -95,18 +94,6 @@ def cocotb_test_names(path: Path) -> list[str]:
                 if ast.unparse(target) in ("cocotb.test", "test"):
                     names.append(node.name)
     return names
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Exclusive lock on *path* (created if missing), across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextmanager
@@ -169,7 +156,7 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
     stamp = build_dir / "amtpu-build.stamp"
     artifact = build_dir / ("sim.vvp" if sim == "icarus" else top)
 
-    with _locked(build_dir.with_name(f".{build_dir.name}.lock")):
+    with locked(build_dir.with_name(f".{build_dir.name}.lock")):
         if artifact.is_file() and stamp.is_file() and stamp.read_text().strip() == key:
             return build_dir, verilog
         stamp.unlink(missing_ok=True)

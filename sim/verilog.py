@@ -3,25 +3,29 @@
 :func:`generate` writes ``build/verilog/<name>-<config_key>/<name>.v`` and skips the work when
 nothing that could change the output has changed: the configuration key, the factory that
 builds the component, and the contents of every ``hdl/*.py``. Several pytest-xdist workers
-may generate the same design at once: each writes a private temporary file and renames it
-into place, so a reader only ever sees a complete file.
+may ask for the same design at once: a lock file lets one convert while the others wait, and
+every file is written to a private temporary file and renamed into place, so a reader only
+ever sees a complete file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import amaranth
 from amaranth.back import verilog
 from amaranth.lib import wiring
 
 __all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "generate", "design_hash", "atomic_write",
-           "for_icarus"]
+           "locked", "for_icarus"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = REPO_ROOT / "build"
@@ -34,12 +38,25 @@ def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide build products from other users
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Exclusive lock on the file *path* (created if missing), across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _factory_identity(factory: Callable) -> str:
@@ -58,9 +75,9 @@ def _factory_identity(factory: Callable) -> str:
 
 
 def design_hash(config_key: str, factory: Callable) -> str:
-    """Hash of everything :func:`generate` output depends on."""
+    """Hash of everything :func:`generate`'s output depends on (Amaranth's version too)."""
     h = hashlib.sha256()
-    h.update(f"{config_key}\n{_factory_identity(factory)}\n".encode())
+    h.update(f"{config_key}\n{_factory_identity(factory)}\n{amaranth.__version__}\n".encode())
     for source in sorted(HDL_DIR.glob("*.py")):
         h.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     return h.hexdigest()
@@ -87,10 +104,15 @@ def generate(name: str, factory: Callable[[], wiring.Component], config_key: str
     digest = design_hash(config_key, factory)
     if out.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
         return out
-    text = verilog.convert(factory(), name=name)
-    # Verilog first, stamp second: a matching stamp always means a complete, current file.
-    atomic_write(out, text)
-    atomic_write(stamp, digest + "\n")
+    # The lock only saves a second worker the same conversion; the renames alone keep
+    # readers safe (a reader that skips the lock sees the old or the new file, whole).
+    with locked(out_dir.parent / f".{out_dir.name}.lock"):
+        if out.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
+            return out
+        text = verilog.convert(factory(), name=name)
+        # Verilog first, stamp second: a matching stamp always means a complete, current file.
+        atomic_write(out, text)
+        atomic_write(stamp, digest + "\n")
     return out
 
 

@@ -22,10 +22,17 @@ def make_pe() -> PE:
     return PE(data_width=8, acc_width=32, row=1, row_bits=2)
 
 
+def make_lut_pe() -> PE:
+    """The shift-and-add multiplier that parts short of DSP blocks use."""
+    return PE(data_width=8, acc_width=32, row=1, row_bits=2, use_dsp=False)
+
+
 def test_groups_cover_testbench():
     assert sorted(sum(GROUPS.values(), [])) == sorted(cocotb_test_names(HERE / "tb_pe.py"))
 
 
 @pytest.mark.parametrize("group", GROUPS)
-def test_pe(group: str):
-    run("pe", make_pe, "row1", "tb_pe", HERE, GROUPS[group], label=group)
+@pytest.mark.parametrize("multiplier", ["dsp", "lut"])
+def test_pe(multiplier: str, group: str):
+    factory = make_pe if multiplier == "dsp" else make_lut_pe
+    run("pe", factory, f"row1-{multiplier}", "tb_pe", HERE, GROUPS[group], label=group)

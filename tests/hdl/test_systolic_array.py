@@ -37,6 +37,14 @@ def test_systolic_array(config_key: str, group: str):
         GROUPS[group], label=group, gtkw_groups={"pe_0_0": PE_0_0})
 
 
+def test_lut_multipliers():
+    """The iCEBreaker's mix: half of a 4x4 array's PEs multiply in LUT logic (the config
+    travels to the testbench as JSON, not as a preset name)."""
+    config = get_config("small").replace(lut_multipliers=8)
+    run("systolic_array", lambda: SystolicArray(config), "small-lut8", "tb_systolic_array",
+        HERE, GROUPS["random"], label="random", config=config)
+
+
 def test_waves_gtkw():
     """WAVES=1 output: the .gtkw groups the streams and pe_0_0, and every trace it names
     exists in the waveform (GTKWave silently drops names it cannot find)."""
