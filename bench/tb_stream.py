@@ -39,11 +39,11 @@ async def test_stream(dut):
 
     model = MatrixUnitModel(cfg.rows, cfg.cols)
     expected = []
-    for t in range(tiles):
+    for _ in range(tiles):
         w = rng.integers(-128, 128, (cfg.rows, cfg.cols))
         model.push_tile(w, signed=True)
         weights.extend({"data": to_raw(row).tolist(), "signed": 1} for row in w)
-    for t in range(tiles):
+    for _ in range(tiles):
         x = rng.integers(-128, 128, (rows_per_tile, cfg.rows))
         for i, row in enumerate(x):
             expected.append(model.push_act(row, signed=True, switch=i == 0))

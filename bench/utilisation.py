@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     print(f"  bubbles at tile switches {r['bubble_cycles']} cycles  (target 0)")
     print(f"  with fill and drain     {100 * r['utilisation_with_fill_and_drain']:.2f} % over "
           f"{r['cycles_with_fill_and_drain']} cycles (first tile's load + array latency)")
-    print(f"  reference: TPU v1 measured array-active 8.2-78.2 % on its production workloads "
-          f"(mean 28 %)")
+    print("  reference: TPU v1 measured array-active 8.2-78.2 % on its production workloads "
+          "(mean 28 %)")
     return 0 if r["bubble_cycles"] == 0 else 1
 
 
