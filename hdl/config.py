@@ -144,7 +144,7 @@ class TPUConfig:
     @property
     def array_latency(self) -> int:
         """Cycles from accepting an activation row to presenting its output row."""
-        return self.rows + self.cols + 1
+        return self.rows + self.cols + 2
 
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again)."""

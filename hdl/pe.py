@@ -32,11 +32,15 @@ class PE(wiring.Component):
     Weights for the shadow register travel down the column on a bus; the cell latches the
     one whose ``row`` equals its own ``row`` and passes every weight on.
 
-    Timing (all outputs registered): the product of ``i_act`` is registered one cycle after
-    the activation arrives; ``o_psum = i_psum + product`` the cycle after that, so the partial
-    sum from the cell above must arrive one cycle after this cell's activation, which is what
-    the array's skew provides. The sum wraps modulo ``2**acc_width`` (two's complement), as
-    the golden model does.
+    Timing (all outputs registered): the activation and the weight it meets are registered
+    as the multiplier's operands in the cycle the activation arrives (so the weight select
+    and the multiplier are in different cycles, and the operand and product registers can
+    sit inside the DSP block), the product one cycle later, and ``o_psum = i_psum + product``
+    the cycle after that; so the partial sum from the cell above must arrive two cycles after
+    this cell's activation, which is what the array's skew provides. The sum wraps modulo
+    ``2**acc_width`` (two's complement), as the golden model does. Datapath registers have
+    no reset (the interlocks never let a value from before a reset be used), which keeps the
+    reset net off the DSP blocks and thousands of flip-flops.
 
     Parameters
     ----------
@@ -94,19 +98,24 @@ class PE(wiring.Component):
         m = Module()
 
         operand = signed(self.data_width + 1)
-        active = Signal(operand)
-        shadow = Signal(operand)
-        product = Signal(signed(2 * (self.data_width + 1)))
+        active = Signal(operand, reset_less=True)
+        shadow = Signal(operand, reset_less=True)
+        a = Signal(operand, reset_less=True)            # multiplier operands
+        w = Signal(operand, reset_less=True)
+        product = Signal(signed(2 * (self.data_width + 1)), reset_less=True)
+        act = Signal(operand, reset_less=True)
+        psum = Signal(signed(self.acc_width), reset_less=True)
 
-        weight = Mux(self.i_switch, shadow, active)
         m.d.sync += [
-            product.eq(self.i_act * weight if self.use_dsp
-                       else _shift_add_multiply(self.i_act, weight)),
-            self.o_psum.eq(self.i_psum + product),
-            self.o_act.eq(self.i_act),
+            a.eq(self.i_act),
+            w.eq(Mux(self.i_switch, shadow, active)),
+            product.eq(a * w if self.use_dsp else _shift_add_multiply(a, w)),
+            psum.eq(self.i_psum + product),
+            act.eq(self.i_act),
             self.o_switch.eq(self.i_switch),
             self.o_wbus.eq(self.i_wbus),
         ]
+        m.d.comb += [self.o_act.eq(act), self.o_psum.eq(psum)]
         with m.If(self.i_switch):
             m.d.sync += active.eq(shadow)
         with m.If(self.i_wbus.valid & (self.i_wbus.row == self.row)):

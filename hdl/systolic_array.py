@@ -33,10 +33,10 @@ def psum_row_layout(cols: int, acc_width: int = 32) -> data.ArrayLayout:
     return data.ArrayLayout(signed(acc_width), cols)
 
 
-def delay_line(m: Module, value, depth: int, *, name: str):
+def delay_line(m: Module, value, depth: int, *, name: str, reset_less: bool = False):
     """``value`` delayed by ``depth`` registers in ``m.d.sync`` (``depth`` may be 0)."""
     for index in range(depth):
-        reg = Signal.like(value, name=f"{name}_d{index}")
+        reg = Signal.like(value, name=f"{name}_d{index}", reset_less=reset_less)
         m.d.sync += reg.eq(value)
         value = reg
     return value
@@ -160,7 +160,8 @@ class SystolicArray(wiring.Component):
                 switch.eq(switch_take),
             ]
             core.d.comb += [
-                pes[r][0].i_act.eq(delay_line(core, act, r + 1, name=f"act_skew_{r}")),
+                pes[r][0].i_act.eq(delay_line(core, act, r + 1, name=f"act_skew_{r}",
+                                              reset_less=True)),
                 pes[r][0].i_switch.eq(delay_line(core, switch, r + 1,
                                                  name=f"switch_skew_{r}")),
             ]
@@ -196,7 +197,7 @@ class SystolicArray(wiring.Component):
         for c in range(cols):
             core.d.comb += self.o_psum.payload[c].eq(
                 delay_line(core, pes[rows - 1][c].o_psum, cols - 1 - c,
-                           name=f"psum_deskew_{c}"))
+                           name=f"psum_deskew_{c}", reset_less=True))
         valid = Signal(name="valid_in")
         m.d.comb += valid.eq(act_take)
         core.d.comb += self.o_psum.valid.eq(

@@ -51,6 +51,8 @@ class PEModel:
     row: int = ROW
     active: int = 0
     shadow: int = 0
+    a: int = 0            # multiplier operands
+    w: int = 0
     product: int = 0
     o_psum: int = 0
     o_act: int = 0
@@ -59,11 +61,13 @@ class PEModel:
     history: list = field(default_factory=list)
 
     def step(self, i: Inputs) -> None:
-        weight = self.shadow if i.switch else self.active
-        n_product = i.act * weight
+        n_a = i.act
+        n_w = self.shadow if i.switch else self.active
+        n_product = self.a * self.w
         n_psum = wrap32(i.psum + self.product)
         n_active = self.shadow if i.switch else self.active
         n_shadow = i.wdata if i.wvalid and i.wrow == self.row else self.shadow
+        self.a, self.w = n_a, n_w
         self.product, self.o_psum = n_product, n_psum
         self.active, self.shadow = n_active, n_shadow
         self.o_act, self.o_switch = i.act, i.switch
@@ -87,7 +91,15 @@ class Testbench:
 
     async def reset(self) -> None:
         await reset(self.dut)
-        self.model = PEModel()
+        # Reset clears the control registers only; the datapath registers (weights,
+        # operands, product, partial sum, activation) keep their values by design.
+        await ReadOnly()
+        dut = self.dut
+        self.model = PEModel(
+            active=dut.active.value.to_signed(), shadow=dut.shadow.value.to_signed(),
+            a=dut.a.value.to_signed(), w=dut.w.value.to_signed(),
+            product=dut.product.value.to_signed(), o_psum=dut.o_psum.value.to_signed(),
+            o_act=dut.o_act.value.to_signed())
 
     def apply(self, i: Inputs) -> None:
         dut = self.dut
@@ -116,6 +128,8 @@ class Testbench:
             "o_wbus": dut.o_wbus.value.to_unsigned(),
             "active": dut.active.value.to_signed(),
             "shadow": dut.shadow.value.to_signed(),
+            "a": dut.a.value.to_signed(),
+            "w": dut.w.value.to_signed(),
             "product": dut.product.value.to_signed(),
         }
         want = {name: getattr(m, name) for name in got}
@@ -166,24 +180,29 @@ async def test_switch(dut):
 
 @cocotb.test()
 async def test_timing(dut):
-    """product one cycle after the activation, o_psum = i_psum + product the cycle after;
-    o_act/o_switch/o_wbus one cycle after their inputs."""
+    """Operands registered in the cycle the activation arrives, the product one cycle later,
+    o_psum = i_psum + product the cycle after that; o_act/o_switch/o_wbus one cycle after
+    their inputs."""
     tb = await start(dut)
     await tb.run([Inputs(wvalid=1, wrow=ROW, wdata=6), Inputs(act=0, switch=1)])
     dut = tb.dut
     await FallingEdge(dut.clk)
     tb.apply(Inputs(act=7))
     await FallingEdge(dut.clk)
+    tb.apply(Inputs())
+    await ReadOnly()
+    assert dut.a.value.to_signed() == 7 and dut.w.value.to_signed() == 6
+    assert dut.o_act.value.to_signed() == 7
+    await FallingEdge(dut.clk)
     tb.apply(Inputs(psum=1000))
     await ReadOnly()
     assert dut.product.value.to_signed() == 42
-    assert dut.o_act.value.to_signed() == 7
     assert dut.o_psum.value.to_signed() == 0
     await FallingEdge(dut.clk)
     tb.apply(Inputs())
     await ReadOnly()
     assert dut.o_psum.value.to_signed() == 1042, "o_psum must add the product to i_psum " \
-        "presented one cycle after the activation"
+        "presented two cycles after the activation"
 
 
 @cocotb.test()
@@ -198,7 +217,8 @@ async def test_extremes(dut, act: int, weight: int):
     tb = await start(dut)
     await tb.run([Inputs(wvalid=1, wrow=ROW, wdata=weight),
                   Inputs(act=act, switch=1, psum=0),
-                  Inputs(act=act, psum=123)])
+                  Inputs(act=act),
+                  Inputs(psum=123)])           # two cycles after the first activation
     assert wrap32(123 + act * weight) in tb.model.history
 
 
@@ -217,7 +237,8 @@ async def test_psum_wrap(dut, psum: int, act: int, weight: int):
     tb = await start(dut)
     await tb.run([Inputs(wvalid=1, wrow=ROW, wdata=weight),
                   Inputs(act=act, switch=1),
-                  Inputs(psum=psum)])
+                  Inputs(),
+                  Inputs(psum=psum)])          # two cycles after the activation
     expected = wrap32(psum + act * weight)
     assert expected in tb.model.history
     if psum > 0 and act * weight > 0 and psum + act * weight > INT32_MAX:

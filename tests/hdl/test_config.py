@@ -13,7 +13,7 @@ def test_default_is_8x8():
     assert cfg.macs == 64
     assert cfg.tile_words == 64
     assert cfg.product_width == 18
-    assert cfg.array_latency == 17
+    assert cfg.array_latency == 18
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
