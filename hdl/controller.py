@@ -396,26 +396,18 @@ class Controller(wiring.Component):
                                 m.next = "SEND_DONE"
                     with m.Else():
                         m.d.comb += bump["raw_stall"].eq(hazard)
-            with m.State("HOST_ROWS"):
-                m.d.comb += [
-                    host_wait.eq(~self.i_host.valid),
-                    self.ub_host_w.valid.eq(self.i_host.valid),
-                    self.i_host.ready.eq(self.ub_host_w.ready),
-                ]
-                with m.If(self.i_host.valid & self.ub_host_w.ready):
-                    m.d.sync += [fe_addr.eq(fe_addr + 1), fe_left.eq(fe_left - 1)]
-                    with m.If(fe_left == 1):
-                        m.next = "FETCH"
-            with m.State("WEIGHT_ROWS"):
-                m.d.comb += [
-                    host_wait.eq(~self.i_host.valid),
-                    self.wm_w.valid.eq(self.i_host.valid),
-                    self.i_host.ready.eq(self.wm_w.ready),
-                ]
-                with m.If(self.i_host.valid & self.wm_w.ready):
-                    m.d.sync += [fe_addr.eq(fe_addr + 1), fe_left.eq(fe_left - 1)]
-                    with m.If(fe_left == 1):
-                        m.next = "FETCH"
+            # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
+            for state, rows_out in (("HOST_ROWS", self.ub_host_w), ("WEIGHT_ROWS", self.wm_w)):
+                with m.State(state):
+                    m.d.comb += [
+                        host_wait.eq(~self.i_host.valid),
+                        rows_out.valid.eq(self.i_host.valid),
+                        self.i_host.ready.eq(rows_out.ready),
+                    ]
+                    with m.If(self.i_host.valid & rows_out.ready):
+                        m.d.sync += [fe_addr.eq(fe_addr + 1), fe_left.eq(fe_left - 1)]
+                        with m.If(fe_left == 1):
+                            m.next = "FETCH"
             with m.State("PARAM_BIAS"):
                 m.d.comb += [
                     host_wait.eq(~self.i_host.valid),
