@@ -80,7 +80,7 @@ setup:
 	  echo "setup: cocotb cannot find libpython; installing $$libpy"
 	  apt_install "$$libpy" || missing+=("$$libpy")
 	fi
-	$(PY) tools/install_verilator_wrapper.py
+	$(PY) -m sim.verilator_wrapper
 	if ! command -v gtkwave >/dev/null; then
 	  echo "setup: note: gtkwave (optional, for make waves) is not installed: apt-get install gtkwave"
 	fi

@@ -10,8 +10,8 @@ from .config import TPUConfig
 from .controller import Controller
 from .isa import Status
 from .matrix_unit import MatrixUnit
-from .systolic_array import weight_row_layout
-from .unified_buffer import RowMemory, UnifiedBuffer
+from .unified_buffer import UnifiedBuffer
+from .weight_memory import WeightMemory
 
 __all__ = ["Core"]
 
@@ -57,9 +57,8 @@ class Core(wiring.Component):
         m.submodules.controller = ctrl = Controller(cfg)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width)
-        m.submodules.weight_memory = wm = RowMemory(
-            depth=cfg.weight_mem_tiles * cfg.rows,
-            row_shape=weight_row_layout(cfg.cols, cfg.data_width))
+        m.submodules.weight_memory = wm = WeightMemory(
+            tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width)
