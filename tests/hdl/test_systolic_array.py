@@ -21,7 +21,7 @@ GROUPS = {
     "stalls": ["test_stalls", "test_backpressure"],
 }
 # One PE's registers, grouped in the .gtkw written with WAVES=1.
-PE_0_0 = ["core.pe_0_0." + name for name in ("active", "shadow", "product", "o_psum")]
+PE_0_0 = ["core.pe_0_0." + name for name in ("active", "shadow", "a", "w", "product", "o_psum")]
 
 
 def test_groups_cover_testbench():
