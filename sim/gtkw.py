@@ -113,7 +113,9 @@ def write_gtkw(dump: Path, gtkw: Path, top: str, *,
         save.comment(f"{top}: clock/reset, stream ports, other ports, internals")
         save.dumpfile(str(Path(dump).resolve()))
         save.savefile(str(Path(gtkw).resolve()))
-        save.zoom_markers(-6.0)
+        # About 40 cycles of the 10 ns clock (1 ps timescale) across the wave pane; -6 showed
+        # a fraction of one cycle.
+        save.zoom_markers(-18.0)
         save.treeopen(top_path)
         save.signals_width(300)
 
