@@ -216,22 +216,19 @@ class Controller(wiring.Component):
         weight_overflow = is_[Opcode.READ_WEIGHTS] & (queued + count >
                                                        cfg.weight_fifo_depth + 1)
         error_code = Signal(ErrorCode)
-        with m.If(unknown):
-            m.d.comb += error_code.eq(ErrorCode.UNKNOWN_OPCODE)
-        with m.Elif(bad_field):
-            m.d.comb += error_code.eq(ErrorCode.BAD_FIELD)
-        with m.Elif(ub_range):
-            m.d.comb += error_code.eq(ErrorCode.UB_RANGE)
-        with m.Elif(acc_range):
-            m.d.comb += error_code.eq(ErrorCode.ACC_RANGE)
-        with m.Elif(weight_range):
-            m.d.comb += error_code.eq(ErrorCode.WEIGHT_RANGE)
-        with m.Elif(weight_unwritten):
-            m.d.comb += error_code.eq(ErrorCode.WEIGHT_UNWRITTEN)
-        with m.Elif(weight_empty):
-            m.d.comb += error_code.eq(ErrorCode.WEIGHT_EMPTY)
-        with m.Elif(weight_overflow):
-            m.d.comb += error_code.eq(ErrorCode.WEIGHT_OVERFLOW)
+        checks = [   # in priority order: the first that fails is reported
+            (unknown, ErrorCode.UNKNOWN_OPCODE),
+            (bad_field, ErrorCode.BAD_FIELD),
+            (ub_range, ErrorCode.UB_RANGE),
+            (acc_range, ErrorCode.ACC_RANGE),
+            (weight_range, ErrorCode.WEIGHT_RANGE),
+            (weight_unwritten, ErrorCode.WEIGHT_UNWRITTEN),
+            (weight_empty, ErrorCode.WEIGHT_EMPTY),
+            (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
+        ]
+        for failed, code in reversed(checks):    # later assignments win
+            with m.If(failed):
+                m.d.comb += error_code.eq(code)
 
         # ---- Engine state ----------------------------------------------------------------
         # Matrix engine.
