@@ -39,7 +39,7 @@ help:
 	  '  test-all  all tests, including the slow (large configuration) ones' \
 	  '  lint      ruff check .' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
-	  '  bench     python -m bench.utilisation and python -m bench.simspeed' \
+	  '  bench     python -m bench.utilisation, bench.gemm and bench.simspeed' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
@@ -106,6 +106,7 @@ synth:
 
 bench:
 	$(RUN) $(PY) -m bench.utilisation
+	$(RUN) $(PY) -m bench.gemm
 	$(RUN) $(PY) -m bench.simspeed
 
 waves:
