@@ -199,12 +199,10 @@ class Controller(wiring.Component):
                                      (av.slot >= cfg.param_slots))) |
             (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
         # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
-        m_b_end = Signal(17)
-        m.d.comb += m_b_end.eq(b + count)
         ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
                      (a_end > cfg.ub_depth)) |
                     (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
-        acc_range = ((is_[Opcode.MATMUL] & (m_b_end > cfg.acc_depth)) |
+        acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
         weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
                         (a_end > cfg.weight_mem_tiles))
@@ -287,7 +285,7 @@ class Controller(wiring.Component):
                 m.d.comb += busy.eq(~rw_idle)
             with m.Case(Opcode.MATMUL):
                 m.d.comb += [
-                    hazard.eq(act_ub.hits(a, a_end) | act_acc.hits(b, m_b_end)),
+                    hazard.eq(act_ub.hits(a, a_end) | act_acc.hits(b, b_end)),
                     busy.eq(~mm_free),
                 ]
             with m.Case(Opcode.ACTIVATE):
