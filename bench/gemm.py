@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -25,12 +24,10 @@ TESTS = Path(__file__).resolve().parent.parent / "tests" / "hdl"
 
 def measure(config_key: str, size: int, sim: str | None = None) -> dict:
     config = get_config(config_key)
-    if sim:
-        os.environ["SIM"] = sim
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gemm.json"
         run("core", lambda: Core(config), config_key, "tb_core", TESTS, "test_gemm",
-            config=config, extra_env={"AMTPU_GEMM_SIZE": str(size),
+            sim=sim, config=config, extra_env={"AMTPU_GEMM_SIZE": str(size),
                                       "AMTPU_BENCH_OUT": str(out)})
         return json.loads(out.read_text())
 

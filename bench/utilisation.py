@@ -28,18 +28,10 @@ def measure(config_key: str, tiles: int, rows: int, sim: str, seed: int = 1) -> 
     config = get_config(config_key)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        previous = os.environ.get("SIM")
-        os.environ["SIM"] = sim
-        try:
-            run("matrix_unit", lambda: MatrixUnit(config), config_key, "tb_stream", HERE,
-                "test_stream", config=config, extra_env={
-                    "AMTPU_TILES": str(tiles), "AMTPU_ROWS": str(rows),
-                    "AMTPU_SEED": str(seed), "AMTPU_BENCH_OUT": str(out)})
-        finally:
-            if previous is None:
-                os.environ.pop("SIM", None)
-            else:
-                os.environ["SIM"] = previous
+        run("matrix_unit", lambda: MatrixUnit(config), config_key, "tb_stream", HERE,
+            "test_stream", sim=sim, config=config, extra_env={
+                "AMTPU_TILES": str(tiles), "AMTPU_ROWS": str(rows),
+                "AMTPU_SEED": str(seed), "AMTPU_BENCH_OUT": str(out)})
         result = json.loads(out.read_text())
     result["sim"] = sim
     return result

@@ -196,6 +196,7 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
         extra_env: Mapping[str, str] | None = None, *,
         label: str | None = None,
         waves: bool | None = None,
+        sim: str | None = None,
         config: TPUConfig | None = None,
         gtkw_groups: Mapping[str, Sequence[str]] | None = None) -> Path | None:
     """Build *top* for *config_key* and run cocotb tests from *test_module*; returns the
@@ -224,6 +225,8 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
         pytest parameter id, if any.
     waves : bool, optional
         Overrides ``WAVES``.
+    sim : str, optional
+        Overrides ``SIM`` (``icarus`` or ``verilator``).
     config : TPUConfig, optional
         Passed to the testbench as ``AMTPU_CONFIG``; defaults to the preset *config_key*
         when there is one.
@@ -237,7 +240,9 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
         The build failed, the simulation ended abnormally, no test matched, or a test failed;
         the message names the failed tests with their messages and the log's tail.
     """
-    sim = simulator()
+    if sim is not None and sim not in SIMULATORS:
+        raise ValueError(f"sim={sim!r} is not supported; allowed: {', '.join(SIMULATORS)}")
+    sim = sim or simulator()
     waves = waves_enabled() if waves is None else waves
     build_dir, verilog = build(top, factory, config_key, sim=sim, waves=waves)
 
@@ -284,8 +289,9 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
     runner = _get_runner(sim)
     try:
         # cocotb's runner lays os.environ over extra_env, and lets WAVES there override its
-        # argument: set both in os.environ for the call, so this run's values win.
-        with _environ(**{**env, "WAVES": str(int(waves))}):
+        # argument: set them in os.environ for the call, so this run's values win (SIM too,
+        # for a simulator chosen by argument).
+        with _environ(**{**env, "WAVES": str(int(waves)), "SIM": sim}):
             runner.test(test_module=test_module, hdl_toplevel=top,
                         hdl_toplevel_lang="verilog",
                         build_dir=build_dir, test_dir=run_dir, test_filter=test_filter,
