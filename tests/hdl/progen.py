@@ -18,8 +18,7 @@ import numpy as np
 from firmware.asm import Program
 from hdl.config import TPUConfig
 from hdl.isa import Func, Pool
-
-from .isa_sim import IsaSim
+from sim.isa_sim import IsaSim
 
 __all__ = ["random_program", "random_bytes", "random_params"]
 

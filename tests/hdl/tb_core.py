@@ -17,12 +17,12 @@ import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 from cocotb.triggers import FallingEdge, ReadOnly
+from progen import random_bytes, random_program
 
 from firmware.asm import Program
 from firmware.gemm import gemm_program, gemm_reference
 from hdl.isa import ErrorCode, Func, Pool, Status
 from sim.isa_sim import IsaSim, beats_match
-from sim.progen import random_bytes, random_program
 from sim.runner import config_from_env
 from sim.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
 
