@@ -1,0 +1,1 @@
+"""Small networks for the accelerator: training scripts and their committed float weights."""
