@@ -15,6 +15,13 @@ SIM   ?= icarus
 WAVES ?= 0
 export SIM WAVES
 
+# `make demo`: network (mlp | cnn), configuration, transport (rtl | isa), RTL simulator, images.
+NET       ?= mlp
+CONFIG    ?= default
+TRANSPORT ?= rtl
+DEMO_SIM  ?= verilator
+IMAGES    ?=
+
 # pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
 JOBS ?= 2
 ARGS ?=
@@ -29,7 +36,7 @@ RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VE
 # models; lz4 and zlib headers for Verilator FST tracing.
 APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 
-.PHONY: help setup test test-all lint synth bench waves clean
+.PHONY: help setup test test-all lint demo synth bench waves clean
 
 help:
 	@printf '%s\n' \
@@ -38,11 +45,13 @@ help:
 	  '  test      fast tests: pytest -n $(JOBS) -m "not slow"' \
 	  '  test-all  all tests, including the slow (large configuration) ones' \
 	  '  lint      ruff check .' \
+	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
 	  '  bench     python -m bench.utilisation, bench.gemm and bench.simspeed' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
+	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa DEMO_SIM=verilator IMAGES=n (demo)' \
 	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
 
 setup:
@@ -100,6 +109,10 @@ test-all:
 
 lint:
 	$(RUN) ruff check .
+
+demo:
+	$(RUN) $(VENV)/bin/amtpu demo --net $(NET) --config $(CONFIG) --transport $(TRANSPORT) \
+	  --sim $(DEMO_SIM) $(if $(IMAGES),--images $(IMAGES)) $(if $(filter 1,$(WAVES)),--waves)
 
 synth:
 	$(RUN) $(PY) -m bench.synth

@@ -1,0 +1,173 @@
+"""The ``amtpu`` command line.
+
+``amtpu demo``: train (or load) a network for the bundled 8x8 digits, quantise it to int8,
+compile it for a configuration, run the test split on a device (the RTL core under cocotb by
+default) and report accuracy, bit-exactness against the int8 reference, cycles per image and
+the core's performance counters in TPU v1's Table 3 categories.
+
+``amtpu asm``: the assembler and disassembler (:mod:`firmware.asm`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["main", "demo"]
+
+#: Clock assumed for images per second until the whole core has been placed and routed.
+DEFAULT_CLOCK_MHZ = 100.0
+
+#: TPU v1 Table 3 categories and the counters that measure them.
+TABLE3 = (
+    ("array active", "array_active"),
+    ("weight stall", "weight_stall"),
+    ("weight shift", "weight_shift"),
+    ("non-matrix", "non_matrix"),
+    ("RAW stall", "raw_stall"),
+    ("input (host) stall", "host_stall"),
+)
+
+
+def _print_counters(counters: dict, config, images: int) -> None:
+    cycles = counters.get("cycles")
+    print("  performance counters over the run (TPU v1 Table 3 categories):")
+    for label, name in TABLE3:
+        value = counters.get(name)
+        if value is None:
+            print(f"    {label:<20} {'n/a':>12}   (timing-dependent: the isa transport has no "
+                  f"clock)")
+            continue
+        share = f"{100 * value / cycles:6.1f} % of cycles" if cycles else ""
+        print(f"    {label:<20} {value:>12,}   {share}")
+    for name in ("cycles", "instructions", "useful_macs"):
+        value = counters.get(name)
+        print(f"    {name:<20} {'n/a' if value is None else f'{value:,}':>12}")
+    if cycles:
+        util = counters["useful_macs"] / (config.rows * config.cols * cycles)
+        print(f"  array utilisation: useful MACs / ({config.rows}x{config.cols} x cycles) = "
+              f"{100 * util:.1f} %")
+        print("  reference: TPU v1 array active 12.7/10.6 % (MLP0/1), 78.2/46.2 % (CNN0/1)")
+
+
+def demo(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from firmware.compiler import compile_network
+    from firmware.datasets import digits
+    from firmware.models import digits as models
+    from firmware.quant import quantise, reference_forward
+    from firmware.runtime import open_device, run
+    from hdl.config import get_config
+
+    config = get_config(args.config)
+    split = digits()
+    n = len(split.x_test) if args.images is None else min(args.images, len(split.x_test))
+    if n < 1:
+        print("demo: --images must be at least 1", file=sys.stderr)
+        return 2
+    x, y = split.x_test[:n], split.y_test[:n]
+
+    t0 = time.perf_counter()
+    network = models.build(args.net, split)
+    float_pred = network.forward(x).argmax(axis=1)
+    qnet = quantise(network, split.x_train)
+    compiled = compile_network(qnet, config)
+    x_q = qnet.quantise_input(x)
+    reference = reference_forward(qnet, x_q)
+    print(f"amtpu demo: {args.net} on the {config.name} core ({args.config}), {n} test images, "
+          f"transport {args.transport}" + (f" ({args.sim})" if args.transport == "rtl" else ""))
+    print("  " + compiled.summary().replace("\n", "\n  "))
+    print(f"  prepared (train/load, quantise, compile) in {time.perf_counter() - t0:.1f} s")
+
+    options = {}
+    if args.transport == "rtl":
+        options = {"sim": args.sim, "waves": args.waves}
+    t1 = time.perf_counter()
+    device = open_device(args.transport, config, **options)
+    try:
+        t2 = time.perf_counter()
+        with tqdm(total=n, unit="img", desc=f"{args.transport}", disable=args.quiet,
+                  file=sys.stderr) as bar:
+            result = run(device, compiled, x_q, progress=bar.update)
+        t3 = time.perf_counter()
+        simulated = device.cycles()
+    finally:
+        device.close()
+
+    out = result.outputs
+    exact = out.shape == reference.shape and bool(np.array_equal(out, reference))
+    mismatches = int((out != reference).sum()) if out.shape == reference.shape else out.size
+    acc_float = float((float_pred == y).mean())
+    acc_ref = float((reference.argmax(axis=1) == y).mean())
+    acc_dev = float((out.argmax(axis=1) == y).mean()) if out.shape == reference.shape else 0.0
+    print(f"  accuracy: float {100 * acc_float:.2f} %, int8 reference {100 * acc_ref:.2f} %, "
+          f"{args.transport} {100 * acc_dev:.2f} %")
+    print(f"  {args.transport} outputs equal to the int8 reference: "
+          f"{'every one of ' + format(out.size, ',') + ' elements' if exact else 'NO'}"
+          + ("" if exact else f" ({mismatches} elements differ)"))
+    cycles = result.counters.get("cycles")
+    if cycles:
+        per_image = cycles / n
+        print(f"  cycles per image: {per_image:,.1f} ({cycles:,} cycles for {n} images); "
+              f"at {args.clock_mhz:g} MHz (assumed: the whole core has not been placed and "
+              f"routed yet): {args.clock_mhz * 1e6 / per_image:,.0f} images/s")
+    _print_counters(result.counters, config, n)
+    wall = t3 - t2
+    rate = f", {simulated / wall:,.0f} simulated cycles/s" if simulated else ""
+    print(f"  wall time: {wall:.1f} s for {n} images{rate}; device start-up (simulator build "
+          f"and launch) {t2 - t1:.1f} s")
+    if not exact:
+        print("demo: FAILED: the device's outputs differ from the int8 reference",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from firmware.models.digits import NETWORKS
+    from firmware.runtime import TRANSPORTS
+
+    parser = argparse.ArgumentParser(prog="amtpu", description="amtpu: a TPU-v1-style "
+                                     "accelerator in Amaranth; host tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="run a quantised digits network on the simulated core",
+                       description=demo.__doc__ or __doc__)
+    d.add_argument("--net", choices=NETWORKS, default="mlp", help="network (default: mlp)")
+    d.add_argument("--config", default="default",
+                   help="configuration preset (tiny, small, wide, default, large) or RxC "
+                        "(default: default, 8x8)")
+    d.add_argument("--transport", choices=TRANSPORTS, default="rtl",
+                   help="rtl: the RTL core under cocotb; isa: the ISA simulator (default: rtl)")
+    d.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
+                   help="RTL simulator (default: verilator)")
+    d.add_argument("--images", type=int, default=None,
+                   help="test images to run (default: all 360)")
+    d.add_argument("--waves", action="store_true",
+                   help="write an FST waveform and a .gtkw under build/waves/ (rtl only)")
+    d.add_argument("--clock-mhz", type=float, default=DEFAULT_CLOCK_MHZ,
+                   help=f"clock for images/s (default: {DEFAULT_CLOCK_MHZ:g}, assumed)")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = sub.add_parser("asm", help="assemble or disassemble (python -m firmware.asm)",
+                       add_help=False)
+    a.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "asm":
+        from firmware.asm import main as asm_main
+        return asm_main(args.rest)
+    if args.waves and args.transport != "rtl":
+        parser.error("--waves needs --transport rtl")
+    from hdl.config import ConfigError
+    try:
+        return demo(args)
+    except (ConfigError, ValueError) as error:
+        print(f"amtpu demo: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
