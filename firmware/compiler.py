@@ -30,7 +30,14 @@ over *K chunks*, each ``M`` consecutive unified-buffer rows times one weight til
   with the input's zero point), one chunk per ``rows`` of them, ``M = B * positions``. With
   max-pooling fused, the rows are ordered window by window (the 4 positions of a 2x2 window
   next to each other) so that ACTIVATE's MAX4 over consecutive rows is the 2-D pooling.
-- A Conv2D that reads another stage's output is not supported yet: :class:`CompileError`.
+- Conv2D on another stage's output runs on chip, TPU v1's way: one MATMUL per kernel
+  position and input channel group over the whole input, shifted by that position's offset
+  (``dy * pitch + dx`` positions), accumulating. The producing stage writes its output inside
+  a frame of the padding's width whose rows hold the quantised zero (a READ_HOST of constant
+  rows), so 'same' padding costs nothing in the MATMULs; the output rows that wrap around the
+  frame's edge (``kw - 1`` per image row) are computed and not activated: ACTIVATE writes
+  each output row's run of positions. Max-pooling after such a convolution is not supported
+  (:class:`CompileError`).
 
 ``M`` is split into jobs of at most half the accumulators; jobs alternate between two
 accumulator regions so that the ACTIVATE of one job overlaps the MATMULs of the next. A job is
@@ -78,13 +85,22 @@ def _ceil_div(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Tensor:
-    """A tensor's place in the unified buffer (see the module notes)."""
+    """A tensor's place in the unified buffer (see the module notes). A spatial tensor that
+    a convolution with padding reads is stored inside a frame of ``frame`` rows/columns on
+    each side holding the quantised zero; ``positions`` counts the framed positions."""
     base: int
     groups: int
     positions: int
     batch: int
     width: int          # g: channels per row
     channels: int
+    height: int = 1     # interior height and width (1 x 1 for a vector)
+    pitch: int = 1      # framed width
+    frame: tuple[int, int] = (0, 0)
+
+    def position(self, y, x):
+        """Framed position of interior position (y, x)."""
+        return (y + self.frame[0]) * self.pitch + x + self.frame[1]
 
     @property
     def rows(self) -> int:
@@ -106,6 +122,53 @@ class StagePlan:
     tiles: list[list[int]]          # tile ids [kc][nb]
     params: list[int]               # parameter-set ids per column block
     jobs: list[tuple[int, int, int]]  # (m0, rows, column block)
+    targets: np.ndarray             # per output row m // window: its unified-buffer row
+                                    # within column block 0 (-1: not an output, skipped)
+
+    def activations(self, job: int) -> list[tuple[int, int, int]]:
+        """``(acc offset, ub row, acc rows)`` of the ACTIVATEs of a job: one per run of
+        output rows that are consecutive in the unified buffer."""
+        m0, rows, nb = self.jobs[job]
+        w = self.window
+        shift = nb * self.out.positions * self.out.batch
+        r0 = m0 // w
+        targets = self.targets[r0:(m0 + rows) // w]
+        runs = []
+        i = 0
+        while i < len(targets):
+            if targets[i] < 0:
+                i += 1
+                continue
+            j = i + 1
+            while j < len(targets) and targets[j] == targets[j - 1] + 1:
+                j += 1
+            runs.append((i * w, int(targets[i]) + shift, (j - i) * w))
+            i = j
+        return runs
+
+    def border_runs(self) -> list[tuple[int, int]]:
+        """``(ub row, rows)`` of the output frame's border (every column block), which
+        must hold the output's quantised zero."""
+        out = self.out
+        if out.frame == (0, 0):
+            return []
+        inner = np.zeros(out.positions, dtype=bool)
+        for y in range(out.height):
+            start = out.position(y, 0)
+            inner[start:start + (out.pitch - 2 * out.frame[1])] = True
+        runs = []
+        for g in range(out.groups):
+            p = 0
+            while p < out.positions:
+                if inner[p]:
+                    p += 1
+                    continue
+                q = p
+                while q < out.positions and not inner[q]:
+                    q += 1
+                runs.append((out.row(g, p), (q - p) * out.batch))
+                p = q
+        return runs
 
 
 @dataclass(frozen=True)
@@ -240,25 +303,29 @@ class CompiledNetwork:
 
         for _ in range(min(ahead, len(uses))):
             read_next()
-        activations = 0
+        jobs_done = 0
 
         def activate(plan: StagePlan, job: int, region: int):
-            nonlocal activations
-            m0, rows, nb = plan.jobs[job]
-            pid = plan.params[nb]
+            nonlocal jobs_done
+            pid = plan.params[plan.jobs[job][2]]
             if self.resident_params:
                 slot = pid
             else:
-                slot = activations % c.param_slots
+                slot = jobs_done % c.param_slots
                 bias, mult, shift, zp, clamp = self._params[pid]
                 p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp)
             pool = isa.Pool.MAX4 if plan.window == 4 else isa.Pool.NONE
-            p.activate(region, plan.out.row(nb, 0) + m0 // plan.window, rows,
-                       func=plan.stage.func, pool=pool, slot=slot)
-            activations += 1
+            for acc, ub, rows in plan.activations(job):
+                p.activate(region + acc, ub, rows, func=plan.stage.func, pool=pool, slot=slot)
+            jobs_done += 1
 
         half = c.acc_depth // 2
         for plan in plans:
+            zero = np.full(c.ub_row, plan.stage.out_q.zero_point, dtype=np.int64)
+            for ub, rows in plan.border_runs():
+                for start in range(0, rows, COUNT_LIMIT):
+                    n = min(COUNT_LIMIT, rows - start)
+                    p.read_host(ub + start, np.broadcast_to(zero, (n, c.ub_row)))
             pending = None
             for j, (m0, rows, _nb) in enumerate(plan.jobs):
                 region = (j % 2) * half
@@ -325,10 +392,6 @@ def _layouts(config: TPUConfig, network: QuantisedNetwork) -> list[_Layout]:
         where = f"stage {st.name}"
         last = index == len(network.stages) - 1
         out_width = config.cols if last else min(config.rows, config.cols)
-        if st.kind == "conv" and index > 0:
-            raise CompileError(f"{where}: a Conv2D that reads another stage's output is not "
-                               f"supported yet; allowed: Conv2D as the first stage (the host "
-                               f"lays out its patches), Dense anywhere")
         if index == 0:
             k = st.k
             chunks = _ceil_div(k, config.rows)
@@ -336,6 +399,16 @@ def _layouts(config: TPUConfig, network: QuantisedNetwork) -> list[_Layout]:
             for kc in range(chunks):
                 idx = np.arange(kc * config.rows, (kc + 1) * config.rows)
                 k_rows.append(np.where(idx < k, idx, -1))
+        elif st.kind == "conv":
+            kh, kw, cin, _ = st.weight.shape
+            groups = _ceil_div(cin, width_in)
+            k_rows = []
+            for dy in range(kh):
+                for dx in range(kw):
+                    for g in range(groups):
+                        ch = g * width_in + np.arange(config.rows)
+                        valid = (ch < cin) & (np.arange(config.rows) < width_in)
+                        k_rows.append(np.where(valid, (dy * kw + dx) * cin + ch, -1))
         else:
             prev = network.stages[index - 1].out_shape
             positions = int(np.prod(prev[:-1])) if len(prev) == 3 else 1
@@ -387,50 +460,76 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout],
     c = config
     _, _, tile_ids, param_ids = _tiles_and_params(c, network, layouts)
     half = c.acc_depth // 2
-    plans = []
+    stages = network.stages
+    plans: list[StagePlan] = []
     at_top = False                     # which end of the unified buffer the input sits at
-    first = network.stages[0]
+    first = stages[0]
     if first.kind == "conv":
         ho, wo = first.conv_out_hw
         m_in = batch * ((ho // 2) * (wo // 2) * 4 if first.pool else ho * wo)
     else:
         m_in = batch
-    in_base, in_rows = 0, len(layouts[0].k_rows) * m_in
-    width_in = c.rows
-    for index, (st, lay) in enumerate(zip(network.stages, layouts, strict=True)):
+    in_rows = len(layouts[0].k_rows) * m_in
+    for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
         where = f"stage {st.name}"
         window = 4 if st.pool else 1
-        out_positions = int(np.prod(st.out_shape[:-1])) if len(st.out_shape) == 3 else 1
-        out_rows = lay.col_blocks * out_positions * batch
+        if st.kind == "conv" and index > 0 and st.pool:
+            raise CompileError(f"{where}: MaxPool2D after a Conv2D that reads another stage's "
+                               f"output is not supported; allowed: pooling fused into the "
+                               f"first Conv2D (its rows are laid out window by window)")
+        # The output tensor, framed with the padding of a convolution that reads it.
+        nxt = stages[index + 1] if index + 1 < len(stages) else None
+        frame = nxt.pad if nxt is not None and nxt.kind == "conv" else (0, 0)
+        height, width = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
+        pitch = width + 2 * frame[1]
+        positions = (height + 2 * frame[0]) * pitch
+        out_rows = lay.col_blocks * positions * batch
         if in_rows + out_rows > c.ub_depth:
             raise CompileError(
                 f"{where}: needs {in_rows} unified-buffer rows for its input and {out_rows} "
                 f"for its output with a batch of {batch}; the configuration has ub_depth="
                 f"{c.ub_depth}")
         out_base = c.ub_depth - out_rows if not at_top else 0
-        out = Tensor(out_base, lay.col_blocks, out_positions, batch, lay.out_width, st.n)
+        out = Tensor(out_base, lay.col_blocks, positions, batch, lay.out_width, st.n,
+                     height, pitch, frame)
         if index == 0:
             m = m_in
-            chunks = [in_base + kc * m for kc in range(len(lay.k_rows))]
+            chunks = [kc * m for kc in range(len(lay.k_rows))]
+            r = np.arange(m // window)
+            pos, b = r // batch, r % batch
+            targets = out.base + out.position(pos // width, pos % width) * batch + b
+        elif st.kind == "conv":
+            prev = plans[-1].out
+            kh, kw = st.weight.shape[:2]
+            ho, wo = st.conv_out_hw
+            m = ((ho - 1) * prev.pitch + wo) * batch
+            chunks = [prev.row(g, dy * prev.pitch + dx) for dy in range(kh)
+                      for dx in range(kw) for g in range(prev.groups)]
+            r = np.arange(m)
+            q, b = r // batch, r % batch
+            y, x = q // prev.pitch, q % prev.pitch
+            targets = np.where(x < wo, out.base + out.position(y, x) * batch + b, -1)
         else:
             prev = plans[-1].out
             m = batch
             chunks = [prev.row(g, pos) for pos in range(prev.positions)
                       for g in range(prev.groups)]
-        step = max(window, (min(half, COUNT_LIMIT) // window) * window)
-        if step > half:
+            targets = out.base + np.arange(batch)
+        if m * len(chunks) == 0 or max(chunks) + m > c.ub_depth:
+            raise CompileError(f"{where}: reads past the unified buffer (ub_depth="
+                               f"{c.ub_depth})")
+        if index == 0 and in_rows > COUNT_LIMIT * 256:
+            raise CompileError(f"{where}: {in_rows} input rows are too many for one program")
+        step = (min(half, COUNT_LIMIT) // window) * window
+        if step < window:
             raise CompileError(f"{where}: a pooling window of {window} rows does not fit "
                                f"half the accumulators (acc_depth={c.acc_depth})")
-        if m > COUNT_LIMIT and index == 0 and len(chunks) * m > COUNT_LIMIT * 64:
-            raise CompileError(f"{where}: {m} rows per chunk is too many for one program")
         jobs = [(m0, min(step, m - m0), nb) for m0 in range(0, m, step)
                 for nb in range(lay.col_blocks)]
         plans.append(StagePlan(st, index, m, chunks, window, out, tile_ids[index],
-                               param_ids[index], jobs))
+                               param_ids[index], jobs, np.asarray(targets, dtype=np.int64)))
         in_rows = out_rows
         at_top = not at_top
-        width_in = lay.out_width
-    del width_in
     return plans
 
 
