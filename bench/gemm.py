@@ -1,35 +1,57 @@
-"""The main job: a quantised matrix multiply on the simulated RTL core.
+"""A quantised matrix multiply on the simulated RTL core, through the runtime.
 
-    python -m bench.gemm [--config default] [--size 64] [--sim icarus]
+    python -m bench.gemm [--config default] [--size 64] [--sim verilator]
 
-Compiles ``relu(requantise(X @ W))`` for random int8 ``X``, ``W`` (``size x size``) with
-``firmware.gemm``, streams the program into the RTL core under cocotb, checks every result
-byte against the ISA simulator and numpy (the run fails otherwise), and prints the core's
-performance counters for the matrix phase in TPU v1's Table 3 categories.
+Compiles ``relu(requantise(X @ W))`` for random int8 ``X``, ``W`` (``size x size``, seed
+2026) with :mod:`firmware.gemm`, runs it on the RTL core through
+:class:`firmware.transports.rtl.RtlDevice`, checks every result byte against the ISA
+simulator and numpy (the run fails otherwise), and prints the core's performance counters for
+the matrix phase in TPU v1's Table 3 categories.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-from pathlib import Path
+import time
 
+import numpy as np
+
+from firmware.gemm import gemm_program, gemm_reference
+from firmware.runtime import open_device, run_program
+from firmware.transports.isa import IsaSimDevice
 from hdl.config import get_config
-from hdl.core import Core
-from sim.runner import run
+from hdl.isa import Func
 
-TESTS = Path(__file__).resolve().parent.parent / "tests" / "hdl"
+SEED = 2026
 
 
-def measure(config_key: str, size: int, sim: str | None = None) -> dict:
+def measure(config_key: str, size: int, sim: str = "verilator") -> dict:
+    """Run the GEMM on the RTL core; returns its counters, wall time and exactness."""
     config = get_config(config_key)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "gemm.json"
-        run("core", lambda: Core(config), config_key, "tb_core", TESTS, "test_gemm",
-            sim=sim, config=config, extra_env={"AMTPU_GEMM_SIZE": str(size),
-                                      "AMTPU_BENCH_OUT": str(out)})
-        return json.loads(out.read_text())
+    rng = np.random.default_rng(SEED)
+    x = rng.integers(-128, 128, (size, size))
+    w = rng.integers(-128, 128, (size, size))
+    x[0, :] = -128                       # extremes: a row and a column at the limits
+    w[:, 0] = -128
+    kwargs = dict(bias=rng.integers(-2**16, 2**16, size),
+                  multiplier=rng.integers(1, 2**15, size), shift=24, zero_point=-5,
+                  func=Func.RELU)
+    plan = gemm_program(config, x, w, measure=True, **kwargs)
+    expected = run_program(IsaSimDevice(config), plan.beats, plan.output_beats,
+                           instructions=plan.instructions)
+    t0 = time.perf_counter()
+    with open_device("rtl", config, sim=sim) as device:
+        t1 = time.perf_counter()
+        out = run_program(device, plan.beats, plan.output_beats,
+                          instructions=plan.instructions)
+        t2 = time.perf_counter()
+        simulated = device.cycles()
+    exact = all(e is None or e == o for e, o in zip(expected, out, strict=True))
+    result = plan.decode(out)
+    exact = exact and bool(np.array_equal(result, gemm_reference(x, w, **kwargs)))
+    return {"config": config.name, "size": size, "seed": SEED, "sim": sim,
+            "counters": plan.counters(out), "exact": exact, "start_s": t1 - t0,
+            "run_s": t2 - t1, "simulated_cycles": simulated}
 
 
 def main(argv=None) -> int:
@@ -37,16 +59,15 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="default")
     parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--sim", default=None, help="icarus or verilator (default: $SIM or "
-                                                     "icarus)")
+    parser.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
     args = parser.parse_args(argv)
     r = measure(args.config, args.size, args.sim)
     c = r["counters"]
     cfg = get_config(args.config)
     cycles = c["cycles"]
     print(f"{args.size}x{args.size} @ {args.size}x{args.size} int8 GEMM, requantised + ReLU, "
-          f"on the {r['config']} core (seed {r['seed']}): result equals the ISA simulator "
-          f"and numpy")
+          f"on the {r['config']} core (seed {r['seed']}, {args.sim}): result "
+          f"{'equals' if r['exact'] else 'DIFFERS FROM'} the ISA simulator and numpy")
     print(f"matrix phase, from the core's counters ({cycles} cycles):")
     for name, value in c.items():
         share = f"{100 * value / cycles:6.1f} %" if name not in (
@@ -56,7 +77,9 @@ def main(argv=None) -> int:
           f"{100 * c['useful_macs'] / (cfg.rows * cfg.cols * cycles):.1f} %")
     print("reference: TPU v1 array active 12.7/10.6 % (MLP0/1), 8.2/10.5 % (LSTM0/1), "
           "78.2/46.2 % (CNN0/1)")
-    return 0
+    print(f"wall: simulator start {r['start_s']:.1f} s, run {r['run_s']:.2f} s for "
+          f"{r['simulated_cycles']:,} simulated cycles")
+    return 0 if r["exact"] else 1
 
 
 if __name__ == "__main__":

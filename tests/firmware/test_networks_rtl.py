@@ -1,0 +1,131 @@
+"""Compiled networks on the RTL core: every output element of the RTL equals the ISA
+simulator's and the int8 reference's (``==``).
+
+Random Dense and Conv2D networks of awkward shapes run on the tiny, small and wide (non-square)
+cores, and the demo's MLP and CNN on the default 8x8 core, a handful of images each. The
+simulator is ``SIM`` (Icarus by default); one simulator process per configuration serves all
+the tests of a module (one build per design and configuration).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from firmware import nn
+from firmware.compiler import compile_network
+from firmware.datasets import digits
+from firmware.models import digits as models
+from firmware.quant import quantise, reference_forward
+from firmware.runtime import run
+from firmware.transports.isa import IsaSimDevice
+from firmware.transports.rtl import RtlDevice
+from hdl.config import get_config
+from sim.runner import simulator
+
+_DEVICES: dict[str, RtlDevice] = {}
+
+
+@pytest.fixture(scope="module")
+def device():
+    """An RTL device per configuration, started on first use, closed with the module."""
+    def get(config_key: str) -> RtlDevice:
+        if config_key not in _DEVICES:
+            _DEVICES[config_key] = RtlDevice(get_config(config_key), sim=simulator())
+        dev = _DEVICES[config_key]
+        dev.reset()
+        return dev
+    yield get
+    for dev in _DEVICES.values():
+        dev.close()
+    _DEVICES.clear()
+
+
+def _check(dev, qnet, x, what: str, batch_size: int | None = None):
+    compiled = compile_network(qnet, dev.config, batch_size=batch_size)
+    x_q = qnet.quantise_input(x)
+    reference = reference_forward(qnet, x_q)
+    isa = run(IsaSimDevice(dev.config), compiled, x_q)
+    rtl = run(dev, compiled, x_q)
+    assert np.array_equal(isa.outputs, reference), f"{what}: ISA simulator != reference"
+    assert rtl.outputs.shape == reference.shape, f"{what}: RTL output shape"
+    diff = np.argwhere(rtl.outputs != reference)
+    assert len(diff) == 0, (f"{what}: {len(diff)} RTL elements differ from the reference, "
+                            f"first at {tuple(diff[0])}")
+    for name in ("instructions", "array_active", "useful_macs", "weight_shift"):
+        assert rtl.counters[name] == isa.counters[name], \
+            f"{what}: counter {name} {rtl.counters[name]} != ISA {isa.counters[name]}"
+    assert rtl.counters["cycles"] >= rtl.counters["array_active"] > 0
+    return rtl
+
+
+def _random_dense(rng, k: int, hidden: tuple[int, ...], n: int) -> nn.Network:
+    layers: list = []
+    sizes = (k, *hidden, n)
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Dense(rng.normal(size=sizes[i:i + 2]) / np.sqrt(sizes[i]),
+                               rng.normal(size=sizes[i + 1]) * 0.1))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Network((k,), layers, name=f"dense{sizes}")
+
+
+# (configuration, seed, K, hidden, N, images): M, K, N not multiples of the array, K = 1,
+# N = 1, K much larger than rows.
+DENSE_CASES = [
+    ("tiny", 1, 5, (), 3, 3),
+    ("tiny", 2, 1, (3,), 1, 2),
+    ("small", 3, 37, (6,), 5, 7),
+    ("wide", 4, 13, (11,), 9, 5),
+    ("wide", 5, 70, (), 1, 3),
+]
+
+
+@pytest.mark.parametrize("config_key, seed, k, hidden, n, images", DENSE_CASES,
+                         ids=[f"{c[0]}-seed{c[1]}" for c in DENSE_CASES])
+def test_random_dense(device, config_key, seed, k, hidden, n, images):
+    rng = np.random.default_rng(seed)
+    net = _random_dense(rng, k, hidden, n)
+    x = rng.normal(size=(images, k))
+    _check(device(config_key), quantise(net, x), x, f"seed {seed} {net.name} on {config_key}")
+
+
+# (configuration, seed, input HWC, conv kernels [(k, out channels, padding)], pool, dense N)
+CONV_CASES = [
+    ("small", 11, (5, 4, 2), [(3, 3, "same")], True, 0),
+    ("wide", 12, (6, 5, 3), [(3, 5, "valid")], False, 4),
+    ("wide", 13, (5, 5, 1), [(3, 4, "same"), (3, 3, "same")], False, 2),
+    ("small", 14, (6, 6, 2), [(1, 5, "valid"), (3, 2, "valid")], False, 0),
+]
+
+
+@pytest.mark.parametrize("config_key, seed, shape, convs, pool, dense", CONV_CASES,
+                         ids=[f"{c[0]}-seed{c[1]}" for c in CONV_CASES])
+def test_random_conv(device, config_key, seed, shape, convs, pool, dense):
+    rng = np.random.default_rng(seed)
+    layers: list = []
+    channels = shape[2]
+    for i, (k, out, padding) in enumerate(convs):
+        layers += [nn.Conv2D(rng.normal(size=(k, k, channels, out)) / k,
+                             rng.normal(size=out) * 0.1, padding=padding), nn.ReLU()]
+        if pool and i == 0:
+            layers.append(nn.MaxPool2D())
+        channels = out
+    if dense:
+        probe = nn.Network(shape, layers + [nn.Flatten()])
+        layers += [nn.Flatten(), nn.Dense(rng.normal(size=(probe.output_shape[0], dense)))]
+    net = nn.Network(shape, layers, name=f"conv-seed{seed}")
+    x = rng.normal(size=(2, *shape))
+    _check(device(config_key), quantise(net, x), x, f"seed {seed} {net.name} on {config_key}")
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_demo_network_default(device, name):
+    """The demo's networks on the 8x8 default core, a handful of test images, two batch
+    programs (the last one short)."""
+    split = digits()
+    network = models.build(name, split)
+    qnet = quantise(network, split.x_train)
+    x = split.x_test[:9]
+    rtl = _check(device("default"), qnet, x, f"demo {name}", batch_size=5)
+    assert (rtl.outputs.argmax(axis=1) == split.y_test[:9]).mean() >= 0.75
