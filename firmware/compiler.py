@@ -544,7 +544,7 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
     layouts = _layouts(config, network)
     tiles, params, _, _ = _tiles_and_params(config, network, layouts)
     if batch_size is not None:
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise CompileError(f"batch_size={batch_size!r}; allowed: an int >= 1")
         _plan(config, network, layouts, batch_size)
         return CompiledNetwork(config, network, batch_size, layouts, tiles, params)

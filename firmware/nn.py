@@ -125,7 +125,7 @@ def _activation(layer, x: np.ndarray) -> np.ndarray:
     if isinstance(layer, ReLU6):
         return np.clip(x, 0.0, 6.0)
     if isinstance(layer, Sigmoid):
-        return 1.0 / (1.0 + np.exp(-x))
+        return 0.5 * (1.0 + np.tanh(0.5 * x))      # = 1 / (1 + exp(-x)), without overflow
     if isinstance(layer, Tanh):
         return np.tanh(x)
     return x
