@@ -116,6 +116,8 @@ class RtlDevice:
         Wall time from starting the simulator to its first answer (reset done).
     log : Path
         The simulator's log.
+    sim_pid : int
+        The simulator's process id.
     """
 
     _sessions = 0
@@ -170,7 +172,7 @@ class RtlDevice:
             hello = self._recv()
             if hello[0] != "hello":
                 raise DeviceError(f"unexpected greeting from the simulator: {hello!r}")
-            self._sim_pid = hello[1]
+            self.sim_pid: int = hello[1]
         except BaseException:
             self._kill()
             raise

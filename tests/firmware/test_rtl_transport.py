@@ -256,7 +256,7 @@ def test_simulator_exit_is_reported():
     """A simulator that dies mid-session: a SimulatorExited naming its log, not a hang."""
     rtl = RtlDevice(get_config("tiny"), sim=simulator(), label=f"test-killed-{os.getpid()}")
     try:
-        os.kill(rtl._sim_pid, signal.SIGKILL)
+        os.kill(rtl.sim_pid, signal.SIGKILL)
         with pytest.raises(SimulatorExited, match=r"simulator (exited|closed).*log .*sim\.log"):
             rtl.status()
     finally:
