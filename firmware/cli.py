@@ -98,6 +98,7 @@ def demo(args: argparse.Namespace) -> int:
         simulated = device.cycles()
     finally:
         device.close()
+    waves = getattr(device, "waves_path", None)
 
     out = result.outputs
     exact = out.shape == reference.shape and bool(np.array_equal(out, reference))
@@ -119,8 +120,11 @@ def demo(args: argparse.Namespace) -> int:
     _print_counters(result.counters, config, n)
     wall = t3 - t2
     rate = f", {simulated / wall:,.0f} simulated cycles/s" if simulated else ""
-    print(f"  wall time: {wall:.1f} s for {n} images{rate}; device start-up (simulator build "
-          f"and launch) {t2 - t1:.1f} s")
+    print(f"  wall time: {wall:.1f} s for {n} images{rate}; device start-up {t2 - t1:.1f} s "
+          f"(the simulator's build, once per design and configuration, and its launch)")
+    if waves is not None:
+        print(f"  waveform: {waves.with_suffix('.fst')}; open it with: "
+              f"gtkwave {waves.with_suffix('.gtkw')}")
     if not exact:
         print("demo: FAILED: the device's outputs differ from the int8 reference",
               file=sys.stderr)
