@@ -47,7 +47,7 @@ help:
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
-	  '  bench     python -m bench.utilisation, bench.gemm and bench.simspeed' \
+	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
@@ -121,6 +121,7 @@ bench:
 	$(RUN) $(PY) -m bench.utilisation
 	$(RUN) $(PY) -m bench.gemm
 	$(RUN) $(PY) -m bench.simspeed
+	$(RUN) $(PY) -m bench.transport
 
 waves:
 	@if ! command -v gtkwave >/dev/null; then
