@@ -2,10 +2,10 @@
 
 :func:`generate` writes ``build/verilog/<name>-<config_key>/<name>.v`` and skips the work when
 nothing that could change the output has changed: the configuration key, the factory that
-builds the component, and the contents of every ``hdl/*.py``. Several pytest-xdist workers
-may ask for the same design at once: a lock file lets one convert while the others wait, and
-every file is written to a private temporary file and renamed into place, so a reader only
-ever sees a complete file.
+builds the component, and the contents of every ``.py`` file under ``hdl/``, subpackages
+included. Several pytest-xdist workers may ask for the same design at once: a lock file lets
+one convert while the others wait, and every file is written to a private temporary file and
+renamed into place, so a reader only ever sees a complete file.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ def design_hash(config_key: str, factory: Callable) -> str:
     """Hash of everything :func:`generate`'s output depends on (Amaranth's version too)."""
     h = hashlib.sha256()
     h.update(f"{config_key}\n{_factory_identity(factory)}\n{amaranth.__version__}\n".encode())
-    for source in sorted(HDL_DIR.glob("*.py")):
-        h.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    for source in sorted(HDL_DIR.rglob("*.py")):     # subpackages too
+        name = source.relative_to(HDL_DIR).as_posix()
+        h.update(name.encode() + b"\0" + source.read_bytes() + b"\0")
     return h.hexdigest()
 
 
