@@ -252,7 +252,27 @@ def generate() -> str:
         "",
         f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {isa.DONE_MAGIC:#010x}` "
         f"(\"{isa.DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
-        "instructions in the program, the HALT included.",
+        "instructions in the program, the HALT included (`DoneBeat`, in the low 64 bits):",
+        "",
+        _layout_table(isa.DoneBeat),
+        "",
+        "## Error beat",
+        "",
+        _md(isa.ErrorBeat.__doc__) + f" `ERROR_MAGIC = {isa.ERROR_MAGIC:#010x}` "
+        f"(\"{isa.ERROR_MAGIC.to_bytes(4, 'big').decode()}\").",
+        "",
+        _layout_table(isa.ErrorBeat),
+        "",
+        "## Resynchronisation word",
+        "",
+        f"`RESYNC_WORD = {isa.RESYNC_WORD:#018x}`. " + _md(
+            "After an error the core discards every beat until this word (the low 64 bits "
+            "of a beat; higher bits are ignored), which clears the error and restarts the "
+            "program at instruction 0. Sent with no error pending it restarts the program "
+            "and is not an instruction. Its opcode, 15, is reserved, so no valid "
+            "instruction equals it; a host that does not know the core's state sends it "
+            "before a new program. The out-of-band `i_clear` input does the same as the "
+            "word when an error is pending, and nothing otherwise."),
     ]
     return "\n".join(out) + "\n"
 

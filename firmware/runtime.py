@@ -102,8 +102,10 @@ class Device(Protocol):
         """The core's status now."""
 
     def clear(self) -> None:
-        """The out-of-band clear (``i_clear``): clears an error; beats still queued are
-        dropped and the next beat sent starts a new program."""
+        """The out-of-band clear (``i_clear``): clears a pending error (without one it
+        changes nothing in the core); beats still queued for the core and beats the core
+        sent that were not received (the error beat among them) are dropped, and the next
+        beat sent starts a new program."""
 
     def reset(self) -> None:
         """Reset the core (``rst``); queued beats are dropped."""

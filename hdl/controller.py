@@ -12,7 +12,9 @@ from .isa import (
     COUNTER_BITS,
     COUNTERS,
     DONE_MAGIC,
+    ERROR_MAGIC,
     INSTR_BITS,
+    RESYNC_WORD,
     Activate,
     ErrorCode,
     Func,
@@ -299,7 +301,7 @@ class Controller(wiring.Component):
                 m.d.comb += busy.eq(~all_idle)
 
         # ---- Front end -------------------------------------------------------------------
-        fe_addr = Signal(16)
+        fe_addr = Signal(max(self.ub_bits, self.wm_bits))   # a row, or tile * rows + row
         fe_left = Signal(range((1 << 16) * rows + 1))
         fe_signed = Signal()
         fe_slot = Signal(range(cfg.param_slots))
@@ -308,10 +310,17 @@ class Controller(wiring.Component):
         fe_out_data = Signal(cfg.host_width)
         dispatch = Signal()     # the instruction at the front end leaves it this cycle
 
+        # Reset clears the unified buffer, the accumulators and the parameter slots, one row
+        # of each a cycle, before the first instruction is taken.
+        scrubbing = Signal()
+        scrub_addr = Signal(range(max(cfg.ub_depth, cfg.acc_depth, cfg.param_slots) + 1))
+        scrub_ub = Signal()
+        m.d.comb += scrub_ub.eq(scrubbing & (scrub_addr < cfg.ub_depth))
+
         ub_row_bits = cfg.data_width * cfg.ub_row
         m.d.comb += [
-            self.ub_host_w.payload.addr.eq(fe_addr),
-            self.ub_host_w.payload.data.eq(beat[:ub_row_bits]),
+            self.ub_host_w.payload.addr.eq(Mux(scrubbing, scrub_addr, fe_addr)),
+            self.ub_host_w.payload.data.eq(Mux(scrubbing, 0, beat[:ub_row_bits])),
             self.wm_w.payload.addr.eq(fe_addr),
             self.wm_w.payload.data.data.eq(beat[:cfg.data_width * cols]),
             self.wm_w.payload.data.signed.eq(fe_signed),
@@ -331,14 +340,18 @@ class Controller(wiring.Component):
                                     scalar_mem.write_port())
         bias_r, mult_r, scalar_r = (bias_mem.read_port(), mult_mem.read_port(),
                                     scalar_mem.read_port())
-        m.d.comb += [
-            bias_w.addr.eq(fe_slot), bias_w.data.eq(beat[:32 * cols]),
-            mult_w.addr.eq(fe_slot), mult_w.data.eq(beat[:32 * cols]),
-            scalar_w.addr.eq(lp.slot),
-            scalar_w.data.shift.eq(lp.shift),
-            scalar_w.data.zero_point.eq(lp.zero_point.as_signed()),
-            scalar_w.data.clamp_hi.eq(lp.clamp_hi.as_signed()),
-        ]
+        with m.If(scrubbing):
+            m.d.comb += [bias_w.addr.eq(scrub_addr), mult_w.addr.eq(scrub_addr),
+                         scalar_w.addr.eq(scrub_addr)]
+        with m.Else():
+            m.d.comb += [
+                bias_w.addr.eq(fe_slot), bias_w.data.eq(beat[:32 * cols]),
+                mult_w.addr.eq(fe_slot), mult_w.data.eq(beat[:32 * cols]),
+                scalar_w.addr.eq(lp.slot),
+                scalar_w.data.shift.eq(lp.shift),
+                scalar_w.data.zero_point.eq(lp.zero_point.as_signed()),
+                scalar_w.data.clamp_hi.eq(lp.clamp_hi.as_signed()),
+            ]
         for port in (bias_r, mult_r, scalar_r):
             m.d.comb += [port.addr.eq(act_slot), port.en.eq(1)]
         m.d.comb += [
@@ -354,14 +367,30 @@ class Controller(wiring.Component):
         m.d.comb += fe_out_data.eq(counter_values.word_select(fe_counter, COUNTER_BITS))
 
         host_wait = Signal()
+        resync = Signal()       # the beat at the front end is the resynchronisation word
+        m.d.comb += resync.eq(beat[:INSTR_BITS] == RESYNC_WORD)
         with m.FSM(name="front_end"):
+            with m.State("SCRUB"):
+                m.d.comb += [scrubbing.eq(1), self.ub_host_w.valid.eq(scrub_ub)]
+                with m.If(scrub_addr < cfg.param_slots):
+                    m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
+                with m.If(~scrub_ub | self.ub_host_w.ready):
+                    m.d.sync += scrub_addr.eq(scrub_addr + 1)
+                    with m.If(scrub_addr == max(cfg.ub_depth, cfg.acc_depth,
+                                                cfg.param_slots) - 1):
+                        m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += host_wait.eq(~self.i_host.valid)
                 with m.If(self.i_host.valid):
-                    with m.If(error_code != ErrorCode.NONE):
+                    with m.If(resync):
+                        # Restart the program; not an instruction.
                         m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [status.error.eq(1), status.code.eq(error_code)]
-                        m.next = "ERROR"
+                        m.d.sync += [halted.eq(0), index.eq(0)]
+                    with m.Elif(error_code != ErrorCode.NONE):
+                        m.d.comb += self.i_host.ready.eq(1)
+                        m.d.sync += [status.error.eq(1), status.code.eq(error_code),
+                                     halted.eq(0)]
+                        m.next = "ERROR_BEAT"
                     with m.Elif(~hazard & ~busy):
                         m.d.comb += [self.i_host.ready.eq(1), dispatch.eq(1)]
                         m.d.sync += [halted.eq(0), index.eq(index + 1)]
@@ -434,8 +463,20 @@ class Controller(wiring.Component):
                 with m.If(self.o_host.ready):
                     m.d.sync += [halted.eq(1), index.eq(0)]
                     m.next = "FETCH"
+            # The error beat follows the output of every earlier instruction.
+            with m.State("ERROR_BEAT"):
+                with m.If(~ho_busy):
+                    m.d.comb += [
+                        fe_out_valid.eq(1),
+                        fe_out_data.eq(Cat(index[:24], status.code.as_value(), Const(0, 4),
+                                           Const(ERROR_MAGIC, 32))),
+                    ]
+                    with m.If(self.o_host.ready):
+                        m.next = "ERROR"
+            # Stopped: every beat is discarded until the resynchronisation word or i_clear.
             with m.State("ERROR"):
-                with m.If(self.i_clear):
+                m.d.comb += self.i_host.ready.eq(1)
+                with m.If(self.i_clear | (self.i_host.valid & resync)):
                     m.d.sync += [status.error.eq(0), status.code.eq(ErrorCode.NONE),
                                  index.eq(0)]
                     m.next = "FETCH"
@@ -539,19 +580,26 @@ class Controller(wiring.Component):
             bump["weight_shift"].eq(self.mu_weight_shift),
         ]
 
-        # Array output rows into the accumulators.
-        m.d.comb += [
-            self.acc_w.valid.eq(self.mu_psum.valid & meta_b.r_rdy),
-            self.acc_w.payload.addr.eq(meta_b_out.acc),
-            self.acc_w.payload.accumulate.eq(meta_b_out.accumulate),
-            self.acc_w.payload.data.eq(self.mu_psum.payload),
-            self.mu_psum.ready.eq(self.acc_w.ready & meta_b.r_rdy),
-            meta_b.r_en.eq(self.acc_w.valid & self.acc_w.ready),
-        ]
+        # Array output rows into the accumulators (zero rows while scrubbing after reset).
+        with m.If(scrubbing):
+            m.d.comb += [
+                self.acc_w.valid.eq(scrub_addr < cfg.acc_depth),
+                self.acc_w.payload.addr.eq(scrub_addr),
+            ]
+        with m.Else():
+            m.d.comb += [
+                self.acc_w.valid.eq(self.mu_psum.valid & meta_b.r_rdy),
+                self.acc_w.payload.addr.eq(meta_b_out.acc),
+                self.acc_w.payload.accumulate.eq(meta_b_out.accumulate),
+                self.acc_w.payload.data.eq(self.mu_psum.payload),
+                self.mu_psum.ready.eq(self.acc_w.ready & meta_b.r_rdy),
+                meta_b.r_en.eq(self.acc_w.valid & self.acc_w.ready),
+            ]
 
         # Retire MATMULs as their last row is written.
         for i in range(MATMUL_SLOTS):
-            with m.If(self.acc_written & (mm_head == i)):
+            # (A scrub row's write is not a MATMUL's: the slot is not valid then.)
+            with m.If(self.acc_written & (mm_head == i) & mm_acc[i].valid):
                 m.d.sync += mm_pending[i].eq(mm_pending[i] - 1)
                 with m.If(mm_pending[i] == 1):
                     m.d.sync += [mm_ub[i].valid.eq(0), mm_acc[i].valid.eq(0),

@@ -9,7 +9,8 @@ The host stream carries one *beat* per instruction or data row: a beat is
 ``TPUConfig.host_width`` bits, wide enough for an instruction, a unified-buffer row, a weight
 row or a row of ``cols`` int32 values, each in the low bits of the beat. Instructions that move
 data (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) are followed in the stream by their data beats.
-The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS and HALT send.
+The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS and HALT send,
+and with an error beat when an instruction fails its checks.
 
 Semantics are written out in docs/isa.md (generated from this module by
 ``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.isa_sim`.
@@ -20,7 +21,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "COUNTER_BITS",
-    "DONE_MAGIC",
+    "DONE_MAGIC", "ERROR_MAGIC", "RESYNC_WORD", "DoneBeat", "ErrorBeat",
     "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost", "LoadWeights", "ReadWeights",
     "Matmul", "Activate", "LoadParams", "ReadCounters", "ClearCounters", "FORMATS", "Status",
 ]
@@ -91,6 +92,30 @@ COUNTER_BITS = 48
 
 #: Upper 32 bits of the beat HALT sends; the lower 32 bits count the program's instructions.
 DONE_MAGIC = 0x444F4E45   # "DONE"
+
+#: Upper 32 bits of the beat the core sends when an instruction fails its checks.
+ERROR_MAGIC = 0x4641494C  # "FAIL"
+
+#: The resynchronisation word (the low 64 bits of a beat; higher bits are ignored): after an
+#: error the core discards every beat until this one, which clears the error and restarts
+#: the program at instruction 0. Sent when no error is pending it only restarts the program.
+#: Its opcode, 15, is reserved, so no valid instruction equals it.
+RESYNC_WORD = 0x5253594E_0000000F   # "RSYN" << 32 | opcode 15
+
+
+class DoneBeat(data.Struct):
+    """The beat HALT sends (in the low 64 bits of a host beat)."""
+    instructions: 32     # instructions in the program, the HALT included
+    magic:        32     # DONE_MAGIC
+
+
+class ErrorBeat(data.Struct):
+    """The beat the core sends when an instruction fails its checks, after the output of
+    every earlier instruction (in the low 64 bits of a host beat)."""
+    instr_index: 24      # the failing instruction's index in its program
+    code:        4       # ErrorCode
+    _pad:        4
+    magic:       32      # ERROR_MAGIC
 
 
 class Instr(data.Struct):

@@ -18,16 +18,20 @@ above the row are ignored.
 - Parameter row (LOAD_PARAMS): ``cols`` int32 values, column ``j`` at bits ``[32j, 32j+32)``,
   two's complement.
 - Counter beat (READ_COUNTERS): the 48-bit counter value.
-- DONE beat (HALT): ``DONE_MAGIC << 32 | n``, ``n`` the number of instructions in the
-  program, the HALT included.
+- DONE beat (HALT, :class:`hdl.isa.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
+  of instructions in the program, the HALT included.
+- Error beat (an instruction failed its checks, :class:`hdl.isa.ErrorBeat`), see Errors.
 
-A *program* is the instructions from reset, from the last HALT or from the last error clear
-up to and including the next HALT; its instructions are indexed from 0. Memories, the weight
-queue, parameter slots and counters persist from one program to the next.
+A *program* is the instructions from reset, from the last HALT, the last error clear or the
+last resynchronisation word up to and including the next HALT; its instructions are indexed
+from 0. Memories, the weight queue, parameter slots and counters persist from one program to
+the next.
 
 State
 -----
-All zero at reset:
+All zero at reset (the core clears the unified buffer, the accumulators and the parameter
+slots row by row after a reset, before it takes the first beat; weight tiles are unreadable
+until written, as their written flags are cleared):
 
 - unified buffer: ``ub_depth x ub_row`` raw bytes;
 - accumulators: ``acc_depth x cols`` int32;
@@ -55,13 +59,30 @@ Instructions
   int8 if ``signed`` else uint8; ``psum = golden.matmul(x, W)`` with the active tile ``W``
   (int8 or uint8 per its flag), wrapped to int32; accumulator row ``acc_addr+i`` becomes
   ``wrap32(acc + psum)`` if ``accumulate`` else ``psum``.
-- ACTIVATE: ``window`` is 1, 2, 4 for ``pool`` NONE, MAX2, MAX4. For accumulator rows
-  ``acc_addr..acc_addr+count-1`` and parameter slot ``slot``:
-  ``q = golden.requantise(acc, bias, multiplier, shift, zero_point)``,
-  ``f = golden.activate(q, func, zero_point, clamp_hi)``,
-  ``y = golden.max_pool_rows(f, window)``; the ``count / window`` rows of ``y`` go to
-  unified-buffer rows ``ub_addr..``: elements ``0..cols-1`` the results as raw bytes,
-  elements ``cols..ub_row-1`` zero.
+- ACTIVATE: ``window`` is 1, 2, 4 for ``pool`` NONE, MAX2, MAX4. Parameter slot ``slot``
+  holds per column ``j`` an int32 ``bias[j]`` and ``multiplier[j]``, and ``shift``,
+  ``z = zero_point`` and ``clamp_hi``. For every accumulator value ``a`` of rows
+  ``acc_addr..acc_addr+count-1``, column ``j``, on exact integers
+  (``golden.requantise`` and ``golden.activate``):
+
+  1. ``t = wrap32(a + bias[j])``: the sum modulo 2**32 as a two's complement int32;
+  2. ``p = t * multiplier[j]``, exact (``|p| <= 2**62``);
+  3. ``r = floor((p + 2**(shift - 1)) / 2**shift)`` when ``shift >= 1`` (round to nearest,
+     ties towards +infinity; an arithmetic right shift), ``r = p`` when ``shift == 0``;
+  4. ``q = clamp(clamp(r, -2**31, 2**31 - 1) + z, -128, 127)``: the zero point is added
+     after the shift and before the function;
+  5. ``f = q`` (IDENTITY), ``max(q, z)`` (RELU), ``min(max(q, z), clamp_hi)`` (CLAMP),
+     ``SIGMOID_LUT[q + 128]`` (SIGMOID) or ``TANH_LUT[q + 128]`` (TANH): the table is looked
+     up with the zero point already added, so a program that wants the tables' input scale
+     1/16 centred on 0 uses ``z = 0``. With ``x = (k - 128) / 16`` for ``k`` in 0..255 and
+     ``round`` rounding halves away from zero,
+     ``SIGMOID_LUT[k] = clamp(round(256 / (1 + exp(-x))) - 128, -128, 127)`` and
+     ``TANH_LUT[k] = clamp(round(128 * tanh(x)), -128, 127)``;
+  6. ``y`` = the element-wise maximum of ``f`` over each group of ``window`` consecutive
+     rows (``golden.max_pool_rows``).
+
+  The ``count / window`` rows of ``y`` go to unified-buffer rows ``ub_addr..``: elements
+  ``0..cols-1`` the results as raw bytes, elements ``cols..ub_row-1`` zero.
 - LOAD_PARAMS: ``shift``, ``zero_point`` and ``clamp_hi`` of slot ``slot`` from the
   instruction, then two data beats: the bias row and the multiplier row.
 - READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
@@ -86,11 +107,19 @@ beats are consumed). The first failing check, in this order, sets the error:
 8. WEIGHT_OVERFLOW: READ_WEIGHTS that would make the queue longer than
    ``weight_fifo_depth + 1`` tiles.
 
-The status then holds the error code and the failing instruction's index; memories, queue,
-parameters and counters are as they were before that instruction. The core consumes no
-further beats until the error is cleared (:meth:`IsaSim.clear`, the out-of-band clear); the
-next beat after the clear is instruction 0 of a new program. Reserved (``_``-prefixed) fields
-are ignored.
+The status then holds the error code and the failing instruction's index (``halted`` is
+cleared); memories, queue, parameters and counters are as they were before that instruction.
+The core sends an *error beat* (:class:`hdl.isa.ErrorBeat`: ``ERROR_MAGIC << 32 | code << 24
+| index``) after the output of every earlier instruction, then discards every beat it
+receives until the error is cleared, in band by the resynchronisation word
+(:data:`hdl.isa.RESYNC_WORD`, consumed) or out of band by ``i_clear`` (:meth:`IsaSim.clear`);
+the next beat after either is instruction 0 of a new program. ``i_clear`` with no error
+pending does nothing; the resynchronisation word with no error pending restarts the program
+(the next instruction has index 0) and is not an instruction. Reserved (``_``-prefixed)
+fields are ignored.
+
+The instruction index moves on when an instruction issues (decodes without error), before
+its data beats; the ``instructions`` counter counts it once its data beats are in.
 
 Counters
 --------
@@ -125,7 +154,7 @@ from hdl.config import TPUConfig
 from sim import golden
 
 __all__ = ["IsaSim", "SimStatus", "ParamSlot", "DETERMINISTIC_COUNTERS", "POOL_WINDOW",
-           "beats_match"]
+           "beats_match", "error_beat"]
 
 #: Counters whose values the ISA level determines; the rest depend on timing.
 DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight_shift")
@@ -155,6 +184,13 @@ def _fields(layout: type[data.Struct], word: int) -> dict[str, object]:
         except ValueError:
             values[name] = (word >> field.offset) & ((1 << field.width) - 1)
     return values
+
+
+def error_beat(code: isa.ErrorCode, index: int) -> int:
+    """The beat the core sends when instruction ``index`` fails with ``code``."""
+    return data.Layout.cast(isa.ErrorBeat).const({
+        "instr_index": index & 0xFF_FFFF, "code": int(code.value), "magic": isa.ERROR_MAGIC,
+    }).as_bits()
 
 
 def beats_match(expected: Sequence[int | None], actual: Sequence[int]) -> bool:
@@ -248,8 +284,11 @@ class IsaSim:
         self._pending: list[Callable[[int], None]] = []
 
     def clear(self) -> None:
-        """Clear the error (and any instruction waiting for data beats): the next beat is
-        instruction 0 of a new program. Memories, queue, parameters and counters stay."""
+        """The out-of-band clear (``i_clear``): with an error pending, clear it; the next
+        beat is instruction 0 of a new program. Without an error it does nothing. Memories,
+        queue, parameters and counters stay."""
+        if self._error == isa.ErrorCode.NONE:
+            return
         self._error = isa.ErrorCode.NONE
         self._index = 0
         self._halted = False
@@ -279,24 +318,30 @@ class IsaSim:
     # Host stream ---------------------------------------------------------------------------
 
     def feed(self, beats: Iterable[int]) -> int:
-        """Process beats; returns how many were left unconsumed because of an error (0 when
-        every beat was consumed). While an error is set no beat is consumed."""
+        """Process beats; returns how many were discarded because an error was pending (the
+        core drops every beat after an error until :data:`hdl.isa.RESYNC_WORD`, which it
+        consumes to clear the error)."""
         beats = list(beats)
         limit = 1 << self.config.host_width
+        discarded = 0
         for position, beat in enumerate(beats):
-            if self._error != isa.ErrorCode.NONE:
-                return len(beats) - position
             beat = int(beat)
             if not 0 <= beat < limit:
                 raise ValueError(f"beat {position} = {beat:#x} does not fit in "
                                  f"host_width={self.config.host_width} bits")
+            if self._error != isa.ErrorCode.NONE:
+                if beat & _INSTR_MASK == isa.RESYNC_WORD:
+                    self.clear()
+                else:
+                    discarded += 1
+                continue
             if self._pending:
                 self._pending.pop(0)(beat)
                 if not self._pending:
                     self._complete()
             else:
                 self._instruction(beat)
-        return 0
+        return discarded
 
     def run(self, beats: Iterable[int]) -> list[int | None]:
         """Feed ``beats`` and return the output beats they produced; raises
@@ -312,11 +357,14 @@ class IsaSim:
 
     def _complete(self) -> None:
         self._counts["instructions"] += 1
-        self._index += 1
 
     def _instruction(self, beat: int) -> None:
-        self._halted = False
         word = beat & _INSTR_MASK
+        if word == isa.RESYNC_WORD:          # restart the program; not an instruction
+            self._index = 0
+            self._halted = False
+            return
+        self._halted = False
         opcode = word & _OPCODE_MASK
         try:
             if opcode not in _OPCODES:
@@ -328,9 +376,12 @@ class IsaSim:
         except _Error as error:
             self._error = error.code
             self._pending = []
+            self.output.append(error_beat(error.code, self._index))
             return
-        if not self._pending and opcode != isa.Opcode.HALT:
-            self._complete()
+        if opcode != isa.Opcode.HALT:
+            self._index += 1                 # the index moves on as the instruction issues
+            if not self._pending:
+                self._complete()
 
     def _check_count(self, count: int) -> None:
         if count == 0:

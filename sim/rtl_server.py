@@ -20,9 +20,10 @@ or ``("error", kind, beats_received, status_bits)``:
 ``("status",)``, ``("cycles",)``
     The core's status bits; rising clock edges so far.
 ``("clear",)``, ``("reset",)``
-    Pulse the core's ``i_clear`` (one cycle) or reset (three); both drop the queued input
-    beats, the reset also the output beats held. The bridge registers its inputs, so both
-    take effect at the second clock edge after the request.
+    Clear a pending error with ``i_clear`` (held until the core has sent its error beat and
+    left the error state) or hold the core in reset (three cycles); both drop the queued
+    input beats and the output beats not yet returned. The bridge registers its inputs, so
+    both take effect at the second clock edge after the request.
 ``("close",)``
     End the test (and with it the simulation).
 
@@ -39,10 +40,16 @@ from collections import deque
 from multiprocessing.connection import Client
 
 import cocotb
+from amaranth.lib import data
 from cocotb.clock import Clock
 from cocotb.handle import Immediate
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
+
+from hdl.isa import ERROR_MAGIC, ErrorBeat, Status
+
+STATUS = data.Layout.cast(Status)
+ERROR_BEAT = data.Layout.cast(ErrorBeat)
 
 #: Width of the bridge's output counters (:data:`sim.host_bridge.COUNT_BITS`).
 COUNT_BITS = 32
@@ -50,6 +57,8 @@ COUNT_BITS = 32
 TIMEOUT_BASE = 10_000
 TIMEOUT_PER_BEAT = 64
 RESET_CYCLES = 3
+#: Cycles the clear waits for the core to send its error beat and leave the error state.
+CLEAR_CYCLES = 100_000
 
 
 class Server:
@@ -123,6 +132,19 @@ class Server:
             self.out_rd += 1
         self.dut.i_out_rd.value = self.out_rd % (1 << COUNT_BITS)
 
+    def error_beat_position(self, status: int) -> int | None:
+        """Where the error beat for ``status`` is among the held beats, if it has come."""
+        code, index = STATUS["code"], STATUS["instr_index"]
+        beat = ERROR_BEAT.const({
+            "instr_index": (status >> index.offset) & ((1 << index.width) - 1),
+            "code": (status >> code.offset) & ((1 << code.width) - 1),
+            "magic": ERROR_MAGIC,
+        }).as_bits()
+        for position, held in enumerate(self.held):
+            if held & ((1 << 64) - 1) == beat:
+                return position
+        return None
+
     def status_bits(self) -> int:
         return int(self.dut.o_status.value.to_unsigned())
 
@@ -145,12 +167,16 @@ class Server:
         while True:
             self.drain()
             changed = self.refill()
+            status = self.status_bits()
+            if status & self.error_mask:
+                # Stopped: fail once the error beat is among the beats asked for (the beats
+                # before it stay for the next receive).
+                stop = self.error_beat_position(status)
+                if stop is not None and stop < count:
+                    return ("error", "error", stop, status)
             if len(self.held) >= count:
                 self.sent = 0
                 return ("ok", [self.held.popleft() for _ in range(count)])
-            status = self.status_bits()
-            if status & self.error_mask:
-                return ("error", "error", len(self.held), status)
             left = deadline - self.cycles()
             if left <= 0:
                 return ("error", "timeout", len(self.held), status)
@@ -175,8 +201,11 @@ class Server:
         return ("ok", self.cycles())
 
     async def clear(self) -> tuple:
-        """Pulse i_clear and drop the queued beats (both registered: the core sees them at
-        the second edge from now)."""
+        """Clear a pending error with i_clear and drop the queued beats and the output beats
+        not yet returned (the error beat among them). The core sends its error beat before it
+        takes a clear, so i_clear stays high until the error is gone (at most
+        CLEAR_CYCLES cycles); with no error pending it is one pulse and changes nothing in
+        the core."""
         dut = self.dut
         self.pending.clear()
         self.sent = 0
@@ -185,9 +214,16 @@ class Server:
         dut.i_clear.value = 1
         dut.i_in_drop.value = 1
         await FallingEdge(dut.clk)
-        dut.i_clear.value = 0
         dut.i_in_drop.value = 0
+        await FallingEdge(dut.clk)          # registered: the core has seen the clear now
+        for _ in range(CLEAR_CYCLES):
+            if not self.status_bits() & self.error_mask:
+                break
+            await FallingEdge(dut.clk)
+        dut.i_clear.value = 0
         await FallingEdge(dut.clk)
+        self.drain()
+        self.held.clear()
         return ("ok", None)
 
     async def reset(self) -> tuple:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl.config import TPUConfig
-from sim.isa_sim import IsaSim
+from sim.isa_sim import IsaSim, error_beat
 
 __all__ = ["IsaSimDevice"]
 
@@ -24,40 +23,34 @@ class IsaSimDevice:
             raise TypeError(f"the isa transport takes no options, got {', '.join(options)}")
         self.config = config
         self.sim = IsaSim(config)
-        self._queue: deque[int] = deque()      # beats not consumed because of an error
         self._out = 0                           # output beats already received
 
     def send(self, beats: Sequence[int]) -> None:
-        beats = [int(b) for b in beats]
-        if self._queue:
-            self._queue.extend(beats)
-            return
-        left = self.sim.feed(beats)
-        if left:
-            self._queue.extend(beats[len(beats) - left:])
+        # After an error the core discards beats until the resynchronisation word.
+        self.sim.feed([int(b) for b in beats])
 
     def receive(self, count: int, *, timeout_cycles: int | None = None) -> list[int]:
-        available = len(self.sim.output) - self._out
-        if available < count:
-            status = self.status()
-            if status.error:
-                raise DeviceError(f"the core stopped after {available} of {count} beats",
-                                  status)
-            raise DeviceTimeout(f"the core sent {available} of {count} beats and waits for "
-                                f"more input", status)
-        out = self.sim.output[self._out:self._out + count]
+        available = self.sim.output[self._out:]
+        status = self.status()
+        if status.error:
+            beat = error_beat(status.code, status.instr_index)
+            if beat in available[:count]:
+                stop = available.index(beat)
+                raise DeviceError(f"the core stopped after {stop} of {count} beats", status)
+        if len(available) < count:
+            raise DeviceTimeout(f"the core sent {len(available)} of {count} beats and waits "
+                                f"for more input", status)
         self._out += count
-        return out
+        return available[:count]
 
     def status(self) -> DeviceStatus:
         return DeviceStatus.from_bits(self.sim.status.as_bits())
 
     def clear(self) -> None:
-        self._queue.clear()
         self.sim.clear()
+        self._out = len(self.sim.output)        # beats not received are dropped
 
     def reset(self) -> None:
-        self._queue.clear()
         self._out = 0
         self.sim.reset()
 

@@ -176,11 +176,15 @@ def test_error_then_clear(device, case: str):
         assert info.value.status == DeviceStatus(
             error=True, code=isa.ErrorCode[case], instr_index=2, halted=False)
     assert rtl.status() == ref.status()
+    # The rows sent before the error can still be received; the error beat follows them.
+    _assert_beats(rtl.receive(2), ref.receive(2), "the rows sent before the error")
+    for dev in (ref, rtl):
+        with pytest.raises(DeviceError):
+            dev.receive(1)
     rtl.clear()
     ref.clear()
     assert rtl.status() == ref.status()
     assert not rtl.status().error
-    _assert_beats(rtl.receive(2), ref.receive(2), "the rows sent before the error")
     plan, expected = _gemm("tiny", 3, 2, 2, seed=11)
     out = _run_both(rtl, ref, plan.beats, plan.output_beats, f"after {case}")
     assert np.array_equal(plan.decode(out), expected)
@@ -205,8 +209,8 @@ def test_hang_times_out(device):
         rtl.receive(2, timeout_cycles=2000)
     status = info.value.status
     assert (status.error, status.code, status.halted) == (False, isa.ErrorCode.NONE, False)
-    # Not compared: the index while READ_HOST waits for its data, which the core counts at
-    # dispatch (3) and the ISA simulator once the data is in (2).
+    # The index moves on as READ_HOST issues, before its data, in both.
+    assert status == ref.status() and status.instr_index == 3
     start = rtl.cycles()
     with pytest.raises(DeviceTimeout, match="sent 1 of 2 beats within the default"):
         rtl.receive(2)                       # 10,000 + 64 per beat sent

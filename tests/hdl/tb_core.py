@@ -16,13 +16,13 @@ import cocotb
 import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data
-from cocotb.triggers import FallingEdge, ReadOnly
+from cocotb.triggers import FallingEdge
 from progen import random_bytes, random_program
 
 from firmware.asm import Program
 from firmware.gemm import gemm_program, gemm_reference
-from hdl.isa import ErrorCode, Func, Pool, Status
-from sim.isa_sim import IsaSim, beats_match
+from hdl.isa import RESYNC_WORD, ErrorCode, Func, Pool, Status
+from sim.isa_sim import IsaSim, beats_match, error_beat
 from sim.runner import config_from_env
 from sim.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
 
@@ -56,15 +56,18 @@ class Testbench:
         self.expected.extend(self.ref.run(beats))
         self.driver.extend(beats)
 
-    async def check(self, what: str, timeout_cycles: int = 500_000):
-        """Wait for every expected beat and compare them all."""
+    async def check(self, what: str, timeout_cycles: int = 500_000,
+                    fail_on_error: bool = True):
+        """Wait for every expected beat and compare them all (an error status fails the
+        check unless ``fail_on_error`` is off)."""
         for _ in range(timeout_cycles):
             if len(self.monitor.received) >= len(self.expected):
                 break
             await FallingEdge(self.dut.clk)
         got = self.monitor.received
         status = self.status()
-        assert not status["error"], f"seed {self.seed}: {what}: core stopped: {status}"
+        assert not (fail_on_error and status["error"]), \
+            f"seed {self.seed}: {what}: core stopped: {status}"
         assert len(got) == len(self.expected), \
             f"seed {self.seed}: {what}: got {len(got)} beats, expected {len(self.expected)}"
         if not beats_match(self.expected, got):
@@ -185,6 +188,7 @@ def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
     p.read_host(0, np.arange(4 * cfg.ub_row).reshape(4, cfg.ub_row) % 120)
     p.read_weights(0, 1)
     p.matmul(0, 0, 4, switch=True)
+    p.write_host(0, 4)               # in flight when the bad instruction arrives
     ok = p.instructions
     if case == "UNKNOWN_OPCODE":
         p.word(13)
@@ -213,40 +217,48 @@ ERROR_CASES = [code.name for code in ErrorCode if code != ErrorCode.NONE]
 
 
 @cocotb.test()
-@cocotb.parametrize(case=ERROR_CASES)
-async def test_error(dut, case: str):
-    """A bad instruction sets a sticky error with its index and has no effect; after
-    i_clear the core runs a new program against untouched state."""
+@cocotb.parametrize(case=ERROR_CASES, recover=["clear", "resync"])
+async def test_error(dut, case: str, recover: str):
+    """A bad instruction sets a sticky error with its index and has no effect; the core sends
+    an error beat after the output of the earlier instructions (still in flight), discards
+    every beat after it, and recovers through ``i_clear`` or the resynchronisation word in
+    the stream; then a new program sees exactly the ISA simulator's state."""
     tb = Testbench(dut, seed=ERROR_CASES.index(case))
     await tb.reset()
     cfg = tb.config
     program, code, index = _error_case(cfg, case)
-    left = tb.ref.feed(program.beats)
+    # Beats after the bad instruction (a READ_HOST that would overwrite row 0, a HALT): the
+    # core must discard them.
+    junk = Program(cfg)
+    junk.read_host(0, np.full((2, cfg.ub_row), 0x55))
+    junk.halt()
+    # (The bad instruction's own data beats, if any, are discarded too.)
+    assert tb.ref.feed(program.beats + junk.beats) >= len(junk.beats)
     assert tb.ref.error == code, f"reference did not stop with {code.name}"
-    # The data beats of a bad instruction are never taken; a host stops sending at the
-    # error, so they are not sent here either.
-    tb.driver.extend(program.beats[:len(program.beats) - left])
-    for _ in range(20_000):
-        await FallingEdge(dut.clk)
-        if tb.status()["error"]:
-            break
-    for _ in range(50):                      # stopped: nothing more is taken
+    tb.expected.extend(tb.ref.output)
+    tb.driver.extend(program.beats + junk.beats)
+    await tb.check(f"{case}: output up to the error beat", fail_on_error=False)
+    assert tb.monitor.received[-1] == error_beat(code, index), \
+        f"{case}: the last beat is not the error beat"
+    for _ in range(50):                      # the junk beats go in and change nothing
         await FallingEdge(dut.clk)
     status = tb.status()
     assert status["error"] == 1, f"{case}: no error after the bad instruction: {status}"
     assert status["code"] == code, f"{case}: status code {status['code'].name}"
     assert status["instr_index"] == index, \
         f"{case}: index {status['instr_index']}, the bad instruction is {index}"
-    await ReadOnly()
-    assert int(dut.i_host__ready.value) == 0, f"{case}: the core still takes beats"
-    await FallingEdge(dut.clk)
-    # Clear, then read everything back: memories must equal the reference's, which never
-    # executed the bad instruction.
-    dut.i_clear.value = 1
-    await FallingEdge(dut.clk)
-    dut.i_clear.value = 0
-    tb.ref.clear()
-    assert tb.status()["error"] == 0
+    assert status["halted"] == 0
+    assert tb.driver.pending() == 0, f"{case}: the core did not discard the beats after it"
+    if recover == "clear":
+        dut.i_clear.value = 1
+        await FallingEdge(dut.clk)
+        dut.i_clear.value = 0
+        tb.ref.clear()
+        assert tb.status()["error"] == 0
+    else:
+        tb.send([RESYNC_WORD])
+    # Read everything back: memories must equal the reference's, which never executed the
+    # bad instruction nor the discarded beats.
     p = Program(cfg)
     p.load_params(0, [0] * cfg.cols, [1] * cfg.cols)
     p.activate(0, 16, 4, slot=0)                     # accumulators -> buffer, unchanged
@@ -254,5 +266,111 @@ async def test_error(dut, case: str):
     p.read_counters()
     p.halt()
     tb.send(p.beats)
-    await tb.check(f"{case}: state after the error")
+    await tb.check(f"{case}: state after the error ({recover})")
     assert tb.status()["instr_index"] == 0
+
+
+async def _pulse_clear(dut) -> None:
+    dut.i_clear.value = 1
+    await FallingEdge(dut.clk)
+    dut.i_clear.value = 0
+
+
+@cocotb.test()
+async def test_error_clears_halted(dut):
+    """D1: nop, halt, then a reserved opcode: the status is 0x03 (error, UNKNOWN_OPCODE, not
+    halted), then 0x00 after i_clear, as the ISA simulator says."""
+    tb = Testbench(dut, seed=11)
+    await tb.reset()
+    p = Program(tb.config)
+    p.nop()
+    p.halt()
+    tb.send(p.beats)
+    await tb.check("nop, halt")
+    assert tb.status()["halted"] == 1
+    tb.ref.feed([12])
+    tb.expected.extend(tb.ref.output[len(tb.expected):])
+    tb.driver.extend([12])
+    await tb.check("the reserved opcode's error beat", fail_on_error=False)
+    bits = int(dut.o_status.value)
+    assert bits == tb.ref.status.as_bits() == 0x03, f"status {bits:#x}, ISA 0x03"
+    await _pulse_clear(dut)
+    tb.ref.clear()
+    bits = int(dut.o_status.value)
+    assert bits == tb.ref.status.as_bits() == 0x00, f"status {bits:#x} after the clear"
+
+
+@cocotb.test()
+async def test_clear_without_error_does_nothing(dut):
+    """D4: three NOPs, an i_clear pulse with no error pending, HALT: the DONE beat counts 4
+    instructions on the RTL and in the ISA simulator."""
+    tb = Testbench(dut, seed=12)
+    await tb.reset()
+    p = Program(tb.config)
+    for _ in range(3):
+        p.nop()
+    tb.send(p.beats)
+    for _ in range(20):
+        await FallingEdge(dut.clk)
+    await _pulse_clear(dut)
+    tb.ref.clear()
+    tb.send(Program(tb.config).halt())
+    await tb.check("halt after the clear")
+    assert tb.monitor.received[-1] == (0x444F4E45 << 32 | 4)
+
+
+@cocotb.test()
+async def test_reset_clears_memories(dut):
+    """D2: a reset in the middle of work clears the unified buffer, the accumulators and the
+    parameter slots (and forgets the weight tiles), as the ISA simulator's reset does."""
+    tb = Testbench(dut, seed=13)
+    await tb.reset()
+    cfg = tb.config
+    rng = np.random.default_rng(13)
+    p = Program(cfg)
+    p.load_weights(0, random_bytes(rng, (cfg.rows, cfg.cols), True))
+    p.read_host(0, random_bytes(rng, (cfg.ub_depth, cfg.ub_row), True))
+    p.read_weights(0, 1)
+    p.matmul(0, 0, cfg.acc_depth if cfg.acc_depth <= cfg.ub_depth else cfg.ub_depth,
+             switch=True)
+    p.load_params(1, [5] * cfg.cols, [7] * cfg.cols, shift=1, zp=3, clamp=9)
+    tb.driver.extend(p.beats)                # the reference runs only what follows the reset
+    await tb.driver.wait_idle()              # every beat taken; the MATMUL still running
+    await FallingEdge(dut.clk)
+    await reset(dut)
+    tb.ref.reset()
+    q = Program(cfg)
+    q.write_host(0, cfg.ub_depth)                           # every buffer row: zero
+    q.load_params(0, [0] * cfg.cols, [1] * cfg.cols)
+    q.activate(0, 0, min(cfg.acc_depth, cfg.ub_depth), slot=0)   # every accumulator: zero
+    q.activate(0, 1, 1, slot=1)                             # slot 1 cleared: zp 0, mult 0
+    q.write_host(0, 2)
+    q.halt()
+    tb.monitor.received.clear()
+    tb.expected = []
+    tb.send(q.beats)
+    await tb.check("read back after the reset")
+
+
+@cocotb.test()
+async def test_far_weight_tile(dut):
+    """LOAD_WEIGHTS into the last tile and into tile 0 with different values, then a MATMUL
+    with each: both equal the ISA simulator (the last tile's rows must not land on tile 0)."""
+    tb = Testbench(dut, seed=14)
+    await tb.reset()
+    cfg = tb.config
+    last = cfg.weight_mem_tiles - 1
+    p = Program(cfg)
+    p.load_weights(0, np.full((cfg.rows, cfg.cols), 3))
+    p.load_weights(last, np.arange(cfg.rows * cfg.cols).reshape(cfg.rows, cfg.cols) - 16)
+    p.read_host(0, np.arange(2 * cfg.ub_row).reshape(2, cfg.ub_row) % 50)
+    p.read_weights(last, 1)
+    p.read_weights(0, 1)
+    p.matmul(0, 0, 2, switch=True)
+    p.matmul(0, 2, 2, switch=True)
+    p.load_params(0, [0] * cfg.cols, [1] * cfg.cols, shift=4)
+    p.activate(0, 4, 4, slot=0)
+    p.write_host(4, 4)
+    p.halt()
+    tb.send(p.beats)
+    await tb.check("far weight tile", timeout_cycles=400_000)

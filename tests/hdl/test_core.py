@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
+from hdl.config import TPUConfig, get_config
 from hdl.core import Core
 from sim.runner import run
 
@@ -51,6 +51,22 @@ def test_directed(config_key: str):
 @pytest.mark.parametrize("config_key", ["tiny", "small"])
 def test_errors(config_key: str):
     run_core(config_key, "test_error")
+
+
+@pytest.mark.parametrize("config_key", ["tiny", "wide"])
+def test_status_clear_and_reset(config_key: str):
+    """D1 (halted cleared by an error), D4 (i_clear without an error), D2 (reset clears the
+    memories)."""
+    run_core(config_key, ["test_error_clears_halted", "test_clear_without_error_does_nothing",
+                          "test_reset_clears_memories"])
+
+
+def test_weight_address_past_16_bits():
+    """D3: 2049 tiles of 32 rows: LOAD_WEIGHTS to tile 2048 writes row 65536 and up, not
+    tile 0 (the front end's address register once held only 16 bits)."""
+    config = TPUConfig(rows=32, cols=1, ub_depth=16, acc_depth=16, weight_mem_tiles=2049)
+    run("core", lambda: Core(config), "d3-32x1-2049", "tb_core", HERE,
+        "test_far_weight_tile", config=config)
 
 
 def test_gemm_64x64_default():

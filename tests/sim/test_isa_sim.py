@@ -11,7 +11,7 @@ from firmware.asm import Program, encode
 from hdl import isa
 from hdl.config import TPUConfig
 from sim import golden
-from sim.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match
+from sim.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
 
 SEED = 20261201
 DEFAULT = TPUConfig()
@@ -312,7 +312,8 @@ def test_failed_instructions_are_not_counted():
     assert sim.status.code == isa.ErrorCode.BAD_FIELD
     sim.clear()
     sim.feed(Program(DEFAULT).read_counters())
-    assert sim.output == counter_beats(instructions=1)
+    assert sim.output == [error_beat(isa.ErrorCode.BAD_FIELD, 1)] + \
+        counter_beats(instructions=1)
 
 
 # Errors --------------------------------------------------------------------------------------
@@ -400,12 +401,71 @@ def test_error(case):
     status = sim.status
     assert (status.error, status.code, status.instr_index, status.halted) == \
         (True, code, index, False)
-    assert_same_state(before, snapshot(sim))
-    assert sim.feed(Program(TALL).halt()) == 1        # nothing consumed until cleared
+    after = snapshot(sim)
+    assert after.pop("output") == before.pop("output") + [error_beat(code, index)]
+    assert_same_state(before | {"output": []}, after | {"output": []})
+    assert sim.feed(Program(TALL).halt()) == 1        # discarded until cleared
     sim.clear()
     assert not sim.status.error and sim.status.instr_index == 0
     sim.feed(Program(TALL).halt())
-    assert sim.output == before["output"] + [done(1)]
+    assert sim.output[-1] == done(1)
+
+
+def test_resync_word_recovers_in_band():
+    """After an error every beat is discarded until the resynchronisation word, which is
+    consumed, clears the error and restarts the program; nothing in between has effect."""
+    sim = IsaSim(TALL)
+    p = Program(TALL)
+    p.nop()
+    p.word(13)                                               # UNKNOWN_OPCODE at index 1
+    junk = Program(TALL)
+    junk.read_host(0, np.full((3, TALL.ub_row), 5))
+    junk.halt()
+    assert sim.feed(p.beats + junk.beats + [isa.RESYNC_WORD]) == len(junk.beats)
+    assert not sim.status.error and sim.status.instr_index == 0
+    assert not sim.ub.any(), "a discarded READ_HOST must not write"
+    sim.feed(Program(TALL).halt())
+    assert sim.output == [error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 1), done(1)]
+
+
+def test_resync_word_without_error_restarts_the_program():
+    sim = IsaSim(TALL)
+    p = Program(TALL)
+    p.nop()
+    p.nop()
+    sim.feed(p.beats + [isa.RESYNC_WORD | (0xAB << 64)])     # bits above 64 are ignored
+    assert sim.status.instr_index == 0 and not sim.status.error
+    sim.feed(Program(TALL).halt())
+    assert sim.output == [done(1)]
+    assert sim.counters()["instructions"] == 3, "the resync word is not an instruction"
+
+
+def test_error_clears_halted():
+    """D1: nop, halt, a reserved opcode: status 0x03 (error, UNKNOWN_OPCODE, not halted),
+    then 0x00 after the clear."""
+    sim = IsaSim(TALL)
+    p = Program(TALL)
+    p.nop()
+    p.halt()
+    sim.feed(p.beats)
+    assert sim.status.halted
+    sim.feed([12])
+    assert sim.status.as_bits() == 0x03
+    sim.clear()
+    assert sim.status.as_bits() == 0x00
+
+
+def test_clear_without_error_does_nothing():
+    """D4: 3 x nop, an i_clear pulse with no error pending, halt: the DONE beat counts 4."""
+    sim = IsaSim(TALL)
+    p = Program(TALL)
+    for _ in range(3):
+        p.nop()
+    sim.feed(p.beats)
+    sim.clear()
+    assert sim.status.instr_index == 3
+    sim.feed(Program(TALL).halt())
+    assert sim.output == [done(4)]
 
 
 def test_status_bits():
