@@ -4,6 +4,7 @@ from amaranth.hdl import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .ports import MemReadSignature
 from .unified_buffer import serve_reads
 
 __all__ = ["Accumulators", "psum_write_layout"]
@@ -37,10 +38,9 @@ class Accumulators(wiring.Component):
         Rows to write or add; always ready.
     o_written : Out(1)
         Pulses when a row of ``i_psum`` has been written.
-    r_addr : In(stream.Signature(unsigned(addr_bits)))
-        Read requests (the activation unit).
-    r_data : Out(stream.Signature(ArrayLayout(signed(acc_width), cols)))
-        Read responses, in order.
+    r : In(MemReadSignature(addr_bits, ArrayLayout(signed(acc_width), cols)))
+        The read client (the activation unit): requests on ``r.addr``, responses on
+        ``r.data``, in order.
     """
 
     def __init__(self, *, depth: int, cols: int, acc_width: int = 32):
@@ -53,8 +53,7 @@ class Accumulators(wiring.Component):
             "i_psum":    In(stream.Signature(psum_write_layout(self.addr_bits, cols,
                                                                acc_width))),
             "o_written": Out(1),
-            "r_addr":    In(stream.Signature(unsigned(self.addr_bits))),
-            "r_data":    Out(stream.Signature(row)),
+            "r":         In(MemReadSignature(self.addr_bits, row)),
         })
 
     def elaborate(self, platform):
@@ -84,5 +83,5 @@ class Accumulators(wiring.Component):
         for c in range(self.cols):
             m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) + write_b.data[c])
 
-        serve_reads(m, rd, [self.r_addr], [self.r_data])
+        serve_reads(m, rd, [self.r.addr], [self.r.data])
         return m

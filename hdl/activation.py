@@ -7,6 +7,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import Func
+from .ports import requant_params_layout
 
 __all__ = ["ActivationUnit", "lut_table", "acc_row_layout"]
 
@@ -59,7 +60,8 @@ class ActivationUnit(wiring.Component):
     6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
        sent as one output row.
 
-    Parameters are held steady by the controller while a row is in flight.
+    ``bias``, ``multiplier``, ``shift``, ``zero_point``, ``clamp_hi`` and the function come
+    from ``i_params``, held steady by the controller while a row is in flight.
 
     Members
     -------
@@ -67,10 +69,8 @@ class ActivationUnit(wiring.Component):
         Sums, with ``last`` on the final row of each pooling window.
     o_row : Out(stream.Signature(ArrayLayout(signed(8), cols)))
         Activations, one row per pooling window.
-    i_bias, i_multiplier : In(ArrayLayout(signed(32), cols))
-    i_shift : In(unsigned(6))
-    i_zero_point, i_clamp_hi : In(signed(8))
-    i_func : In(Func)
+    i_params : In(requant_params_layout(cols))
+        The requantisation parameters and the function (``func``).
     o_busy : Out(1)
         A row is in the pipeline.
     """
@@ -80,17 +80,11 @@ class ActivationUnit(wiring.Component):
     def __init__(self, *, cols: int, acc_width: int = 32):
         self.cols = cols
         self.acc_width = acc_width
-        params = data.ArrayLayout(signed(32), cols)
         super().__init__({
-            "i_row":        In(stream.Signature(acc_row_layout(cols, acc_width))),
-            "o_row":        Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
-            "i_bias":       In(params),
-            "i_multiplier": In(params),
-            "i_shift":      In(unsigned(6)),
-            "i_zero_point": In(signed(8)),
-            "i_clamp_hi":   In(signed(8)),
-            "i_func":       In(Func),
-            "o_busy":       Out(1),
+            "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
+            "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
+            "i_params": In(requant_params_layout(cols)),
+            "o_busy":   Out(1),
         })
 
     def elaborate(self, platform):
@@ -114,7 +108,7 @@ class ActivationUnit(wiring.Component):
 
         # One table ROM per column: SIGMOID at 0..255, TANH at 256..511, index q + 128.
         rom_init = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
-        is_table = (self.i_func == Func.SIGMOID) | (self.i_func == Func.TANH)
+        is_table = (self.i_params.func == Func.SIGMOID) | (self.i_params.func == Func.TANH)
 
         pooled = Signal(data.ArrayLayout(signed(8), cols))
         window_open = Signal()
@@ -129,8 +123,8 @@ class ActivationUnit(wiring.Component):
             f = Signal(signed(8), name=f"f_{j}")
             with m.If(advance):
                 m.d.sync += [
-                    t.eq(self.i_row.payload.data[j] + self.i_bias[j]),
-                    p.eq(t * self.i_multiplier[j]),
+                    t.eq(self.i_row.payload.data[j] + self.i_params.bias[j]),
+                    p.eq(t * self.i_params.multiplier[j]),
                     q.eq(self._saturate(self._requant(p))),
                     f.eq(self._function(q)),
                 ]
@@ -140,7 +134,7 @@ class ActivationUnit(wiring.Component):
             rd = rom.read_port()
             m.d.comb += [
                 rd.en.eq(advance),
-                rd.addr.eq(Cat(q[:7], ~q[7], self.i_func == Func.TANH)),
+                rd.addr.eq(Cat(q[:7], ~q[7], self.i_params.func == Func.TANH)),
             ]
             result = Mux(is_table, rd.data.as_signed(), f)
 
@@ -159,18 +153,18 @@ class ActivationUnit(wiring.Component):
 
     def _requant(self, p):
         """``(p + 2**(shift-1)) >>> shift``, exact; ``p`` when ``shift == 0``."""
-        half = (Const(1, unsigned(65)) << self.i_shift) >> 1
-        return (p + half) >> self.i_shift
+        half = (Const(1, unsigned(65)) << self.i_params.shift) >> 1
+        return (p + half) >> self.i_params.shift
 
     def _saturate(self, r):
         """``saturate_int8(saturate_int32(r) + zero_point)``."""
         r32 = Mux(r < -(1 << 31), -(1 << 31), Mux(r > (1 << 31) - 1, (1 << 31) - 1, r))
-        v = r32 + self.i_zero_point
+        v = r32 + self.i_params.zero_point
         return Mux(v < -128, -128, Mux(v > 127, 127, v))
 
     def _function(self, q):
-        zp = self.i_zero_point
+        zp = self.i_params.zero_point
         relu = Mux(q > zp, q, zp)
-        clamp = Mux(relu > self.i_clamp_hi, self.i_clamp_hi, relu)
-        return Mux(self.i_func == Func.RELU, relu,
-                   Mux(self.i_func == Func.CLAMP, clamp, q))
+        clamp = Mux(relu > self.i_params.clamp_hi, self.i_params.clamp_hi, relu)
+        return Mux(self.i_params.func == Func.RELU, relu,
+                   Mux(self.i_params.func == Func.CLAMP, clamp, q))

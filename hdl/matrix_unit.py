@@ -5,6 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from .config import TPUConfig
+from .ports import MatrixStatusSignature
 from .systolic_array import SystolicArray
 from .weight_fifo import WeightFIFO
 
@@ -24,12 +25,10 @@ class MatrixUnit(wiring.Component):
         Activation rows; ``switch`` on the first row of each tile.
     o_psum : Out(stream.Signature(psum_row_layout))
         Output rows, in input order.
-    o_weight_stall, o_weight_shift : Out(1)
-        As :class:`SystolicArray`'s, for performance counters.
-    o_tiles : Out(range(weight_fifo_depth + 1))
-        Whole tiles waiting in the FIFO.
-    o_shadow_full : Out(1)
-        A whole tile waits in the array's shadow registers.
+    o_status : Out(MatrixStatusSignature(weight_fifo_depth))
+        ``weight_stall`` and ``weight_shift`` as :class:`SystolicArray`'s, for the
+        performance counters; ``shadow_full``: a whole tile waits in the array's shadow
+        registers; ``tiles``: whole tiles waiting in the FIFO.
     """
 
     def __init__(self, config: TPUConfig):
@@ -37,13 +36,10 @@ class MatrixUnit(wiring.Component):
         self._array = SystolicArray(config)
         sig = self._array.signature.members
         super().__init__({
-            "i_weight":       sig["i_weight"],
-            "i_act":          sig["i_act"],
-            "o_psum":         sig["o_psum"],
-            "o_weight_stall": Out(1),
-            "o_weight_shift": Out(1),
-            "o_tiles":        Out(range(config.weight_fifo_depth + 1)),
-            "o_shadow_full":  Out(1),
+            "i_weight": sig["i_weight"],
+            "i_act":    sig["i_act"],
+            "o_psum":   sig["o_psum"],
+            "o_status": Out(MatrixStatusSignature(config.weight_fifo_depth)),
         })
 
     def elaborate(self, platform):
@@ -59,9 +55,9 @@ class MatrixUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i_act), array.i_act)
         wiring.connect(m, array.o_psum, wiring.flipped(self.o_psum))
         m.d.comb += [
-            self.o_weight_stall.eq(array.o_weight_stall),
-            self.o_weight_shift.eq(array.o_weight_shift),
-            self.o_tiles.eq(wfifo.o_tiles),
-            self.o_shadow_full.eq(array.o_shadow_full),
+            self.o_status.weight_stall.eq(array.o_weight_stall),
+            self.o_status.weight_shift.eq(array.o_weight_shift),
+            self.o_status.shadow_full.eq(array.o_shadow_full),
+            self.o_status.tiles.eq(wfifo.o_tiles),
         ]
         return m

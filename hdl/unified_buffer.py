@@ -2,14 +2,13 @@
 activation unit."""
 
 from amaranth.hdl import Module, Signal, unsigned
-from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In
+
+# write_request_layout is re-exported for hdl/controller.py until it imports it from .ports.
+from .ports import MemReadSignature, MemWriteSignature, write_request_layout
 
 __all__ = ["UnifiedBuffer", "RowMemory", "write_request_layout", "serve_reads", "round_robin"]
-
-
-def write_request_layout(addr_bits: int, row_shape) -> data.StructLayout:
-    return data.StructLayout({"addr": unsigned(addr_bits), "data": row_shape})
 
 
 def round_robin(m: Module, requests, name: str):
@@ -63,7 +62,7 @@ class RowMemory(wiring.Component):
 
     Write clients send ``{addr, data}`` requests; they share the write port round-robin, one
     request a cycle, so no client starves and no request is lost or served twice. Read
-    clients send an address and receive the row on their response stream, in order; each
+    clients send an address on ``addr`` and receive the row on ``data``, in order; each
     has a read port of its own (FPGA block RAMs give two ports, or synthesis duplicates the
     memory), so the matrix unit is fed a row every cycle while the host reads too. A read and
     a write of the same row in one cycle return the old row (read-before-write); clients that
@@ -82,12 +81,11 @@ class RowMemory(wiring.Component):
 
     Members
     -------
-    w : In(stream.Signature(write_request_layout)).array(writers)
+    w : In(MemWriteSignature(addr_bits, row_shape)).array(writers)
         Write requests.
-    r_addr : In(stream.Signature(unsigned(addr_bits))).array(readers)
-        Read requests.
-    r_data : Out(stream.Signature(row_shape)).array(readers)
-        Read responses, one per request, in request order.
+    r : In(MemReadSignature(addr_bits, row_shape)).array(readers)
+        Read clients: requests on ``r[i].addr``, responses on ``r[i].data``, one per
+        request, in request order.
     """
 
     def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
@@ -97,10 +95,8 @@ class RowMemory(wiring.Component):
         self.addr_bits = max(1, (depth - 1).bit_length())
         self._init = init
         super().__init__({
-            "w":      In(stream.Signature(write_request_layout(self.addr_bits,
-                                                                row_shape))).array(writers),
-            "r_addr": In(stream.Signature(unsigned(self.addr_bits))).array(readers),
-            "r_data": Out(stream.Signature(row_shape)).array(readers),
+            "w": In(MemWriteSignature(self.addr_bits, row_shape)).array(writers),
+            "r": In(MemReadSignature(self.addr_bits, row_shape)).array(readers),
         })
 
     def elaborate(self, platform):
@@ -119,8 +115,8 @@ class RowMemory(wiring.Component):
         with m.If(any_w):
             m.d.sync += last_w.eq(grant)
 
-        for index, (addr, data_) in enumerate(zip(self.r_addr, self.r_data, strict=True)):
-            serve_reads(m, mem.read_port(), [addr], [data_], name=f"r{index}")
+        for index, r in enumerate(self.r):
+            serve_reads(m, mem.read_port(), [r.addr], [r.data], name=f"r{index}")
         return m
 
 

@@ -11,8 +11,9 @@ class WeightMemory(RowMemory):
     """``tiles`` weight tiles of ``rows`` rows, row ``r`` of tile ``t`` at address
     ``t * rows + r``; each row carries ``cols`` raw weights and the tile's signedness.
 
-    One write client (the host, LOAD_WEIGHTS) and one read client (the weight loader,
-    READ_WEIGHTS), each with its own port; see :class:`RowMemory` for the stream protocol.
+    One write client ``w[0]`` (the host, LOAD_WEIGHTS) and one read client ``r[0]`` (the
+    weight loader, READ_WEIGHTS), each with its own port; see :class:`RowMemory` for the
+    members and their protocol.
     """
 
     def __init__(self, *, tiles: int, rows: int, cols: int, data_width: int = 8):

@@ -73,8 +73,8 @@ class Testbench:
         start_clock(dut)
         clk = dut.clk
         self.psum = StreamDriver(dut, "i_psum", clk, self.psum_layout, psum_idle)
-        self.reader = StreamDriver(dut, "r_addr", clk, unsigned(self.addr_bits), read_idle)
-        self.monitor = StreamMonitor(dut, "r_data", clk, self.row_layout, backpressure,
+        self.reader = StreamDriver(dut, "r__addr", clk, unsigned(self.addr_bits), read_idle)
+        self.monitor = StreamMonitor(dut, "r__data", clk, self.row_layout, backpressure,
                                      callback=self.scoreboard.receive)
         self.memory = np.zeros((self.depth, self.cols), dtype=np.int64)
         self.queued: list[dict] = []
@@ -110,8 +110,8 @@ class Testbench:
                 self._fail("i_psum not ready")
             # A read sees the memory before this cycle's write.
             read_addr = None
-            if dut.r_addr__valid.value and dut.r_addr__ready.value:
-                read_addr = dut.r_addr__payload.value.to_unsigned()
+            if dut.r__addr__valid.value and dut.r__addr__ready.value:
+                read_addr = dut.r__addr__payload.value.to_unsigned()
                 self.scoreboard.expect(self.memory[read_addr].copy())
             written = bool(dut.o_written.value)
             if written != (pending is not None):

@@ -4,9 +4,9 @@ model.
 The DUT is ``ActivationUnit(cols=, acc_width=32)`` with ``cols`` from ``AMTPU_ACT`` (JSON,
 set by ``test_activation.py``). Every burst of rows is predicted with ``golden.requantise``,
 ``golden.activate`` and ``golden.max_pool_rows`` (``last`` closes each window) and compared
-with ``==``, in order, by a scoreboard. The parameters (``i_bias``, ``i_multiplier``,
-``i_shift``, ``i_zero_point``, ``i_clamp_hi``, ``i_func``) are held steady during a burst and
-changed only once ``o_row`` has delivered every expected row and ``o_busy`` is low.
+with ``==``, in order, by a scoreboard. The parameters (the ``i_params`` struct: bias,
+multiplier, shift, zero point, clamp_hi, function) are held steady during a burst and changed
+only once ``o_row`` has delivered every expected row and ``o_busy`` is low.
 
 Stimulus per burst: random "typical" scales, a sweep of every requantised value q in
 -128..127 (so the SIGMOID/TANH ROMs are read at all 256 indices), the int32 limits of
@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from amaranth.hdl import signed, unsigned
+from amaranth.hdl import signed
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
 from hdl.activation import ActivationUnit, acc_row_layout, lut_table
 from hdl.isa import Func
+from hdl.ports import requant_params_layout
 from sim.golden import (
     SIGMOID_LUT,
     TANH_LUT,
@@ -93,7 +94,7 @@ class Testbench:
         self.log.info("activation cols=%d: seed %d", cols, seed)
         self.rng = np.random.default_rng(seed)
         self.in_layout = acc_row_layout(cols, 32)
-        self.param_layout = data.ArrayLayout(signed(32), cols)
+        self.param_layout = requant_params_layout(cols)
         self.scoreboard = Scoreboard(f"activation cols={cols}", seed, self.log)
         start_clock(dut)
         self.source = StreamDriver(dut, "i_row", dut.clk, self.in_layout, idle)
@@ -113,13 +114,10 @@ class Testbench:
         """Change the parameters once everything in flight has come out."""
         await self.drain()
         await FallingEdge(self.dut.clk)
-        dut = self.dut
-        dut.i_bias.value = pack(self.param_layout, params.bias)
-        dut.i_multiplier.value = pack(self.param_layout, params.multiplier)
-        dut.i_shift.value = pack(unsigned(6), params.shift)
-        dut.i_zero_point.value = pack(signed(8), params.zero_point)
-        dut.i_clamp_hi.value = pack(signed(8), params.clamp_hi)
-        dut.i_func.value = params.func.value
+        self.dut.i_params.value = pack(self.param_layout, {
+            "bias": params.bias, "multiplier": params.multiplier, "shift": int(params.shift),
+            "zero_point": int(params.zero_point), "clamp_hi": int(params.clamp_hi),
+            "func": params.func})
         self.params = params
 
     def expected(self, acc: np.ndarray, windows: list[int]) -> np.ndarray:

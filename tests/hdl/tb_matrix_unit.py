@@ -81,7 +81,8 @@ async def test_prefetch(dut):
         f"unit took {taken} weight rows, expected {(depth + 1) * cfg.rows} "
         f"({depth} tiles in the FIFO and one in the shadow registers)")
     assert dut.i_weight__ready.value == 0
-    assert dut.o_tiles.value.to_unsigned() == depth
+    assert dut.o_status__tiles.value.to_unsigned() == depth
+    assert dut.o_status__shadow_full.value == 1
     await FallingEdge(dut.clk)
     for _ in range(depth + 2):
         tb.queue_acts(tb.operands((cfg.rows, cfg.rows), False), False)

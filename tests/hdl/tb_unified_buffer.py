@@ -27,7 +27,7 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
 
-from hdl.unified_buffer import write_request_layout
+from hdl.ports import write_request_layout
 from sim.scoreboard import Scoreboard
 from sim.streams import (
     StreamDriver,
@@ -69,11 +69,11 @@ class Testbench:
         clk = dut.clk
         self.writers = [StreamDriver(dut, f"w__{i}", clk, self.w_layout, w_idle[i])
                         for i in range(2)]
-        self.readers = [StreamDriver(dut, f"r_addr__{i}", clk, unsigned(self.addr_bits),
+        self.readers = [StreamDriver(dut, f"r__{i}__addr", clk, unsigned(self.addr_bits),
                                      r_idle[i]) for i in range(2)]
-        self.scoreboards = [Scoreboard(f"unified_buffer d{self.depth} r_data[{i}]", seed,
+        self.scoreboards = [Scoreboard(f"unified_buffer d{self.depth} r[{i}].data", seed,
                                        self.log) for i in range(2)]
-        self.monitors = [StreamMonitor(dut, f"r_data__{i}", clk, self.row_layout,
+        self.monitors = [StreamMonitor(dut, f"r__{i}__data", clk, self.row_layout,
                                        backpressure[i], callback=self.scoreboards[i].receive)
                          for i in range(2)]
         self.memory = np.zeros((self.depth, self.row_elems), dtype=np.int64)
@@ -102,9 +102,9 @@ class Testbench:
         w_valid = [dut.w__0__valid, dut.w__1__valid]
         w_ready = [dut.w__0__ready, dut.w__1__ready]
         w_payload = [dut.w__0__payload, dut.w__1__payload]
-        r_valid = [dut.r_addr__0__valid, dut.r_addr__1__valid]
-        r_ready = [dut.r_addr__0__ready, dut.r_addr__1__ready]
-        r_payload = [dut.r_addr__0__payload, dut.r_addr__1__payload]
+        r_valid = [dut.r__0__addr__valid, dut.r__1__addr__valid]
+        r_ready = [dut.r__0__addr__ready, dut.r__1__addr__ready]
+        r_payload = [dut.r__0__addr__payload, dut.r__1__addr__payload]
         while True:
             await FallingEdge(dut.clk)
             await ReadOnly()
@@ -189,7 +189,7 @@ class Testbench:
         for i in range(2):
             self.scoreboards[i].check_done()
             assert len(self.monitors[i].received) == self.reads_queued[i], (
-                f"r_data[{i}]: {len(self.monitors[i].received)} responses for "
+                f"r[{i}].data: {len(self.monitors[i].received)} responses for "
                 f"{self.reads_queued[i]} reads (seed {self.seed})")
             accepted, queued = self.accepted[i], self.queued[i]
             pairs = enumerate(zip(accepted, queued, strict=False))
@@ -325,8 +325,8 @@ async def test_throughput(dut):
     for i in range(2):
         sent = tb.readers[i].sent_cycles[-count:]
         assert sent == list(range(sent[0], sent[0] + count)), (
-            f"r_addr[{i}] stalled: took {count} addresses in {sent[-1] - sent[0] + 1} cycles "
+            f"r[{i}].addr stalled: took {count} addresses in {sent[-1] - sent[0] + 1} cycles "
             f"(seed {tb.seed})")
         got = tb.monitors[i].cycles[-count:]
         assert got == [c + 1 for c in sent], (
-            f"r_data[{i}] responses not one cycle after their addresses (seed {tb.seed})")
+            f"r[{i}].data responses not one cycle after their addresses (seed {tb.seed})")
