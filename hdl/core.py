@@ -1,4 +1,4 @@
-"""The accelerator core: controller, memories and units behind one host stream."""
+"""The accelerator core: the front end, the engines and the datapath behind one host stream."""
 
 from amaranth.hdl import Module, unsigned
 from amaranth.lib import stream, wiring
@@ -7,7 +7,13 @@ from amaranth.lib.wiring import In, Out
 from .accumulators import Accumulators
 from .activation import ActivationUnit
 from .config import TPUConfig
-from .controller import Controller
+from .control.activation_engine import ActivationEngine
+from .control.counters import PerfCounters
+from .control.front_end import FrontEnd
+from .control.hazards import HazardTracker
+from .control.host_writer import HostWriter
+from .control.matrix_engine import MatrixEngine
+from .control.weight_loader import WeightLoader
 from .isa import Status
 from .matrix_unit import MatrixUnit
 from .unified_buffer import UnifiedBuffer
@@ -21,23 +27,23 @@ class Core(wiring.Component):
 
     ::
 
-        i_host -> Controller -> unified buffer -> matrix unit (weight FIFO + array)
-                     |  ^           ^   |                 |
-                     |  |           |   v                 v
-                     |  +------ activation unit <---- accumulators
-                     v
-                weight memory -> weight FIFO
+        i_host -> FrontEnd --dispatch--> WeightLoader  -> weight memory -> matrix unit
+                    |   ^                MatrixEngine  -> unified buffer -> matrix unit
+                    |   |                                 -> accumulators
+                    |   HazardTracker    ActivationEngine -> accumulators -> activation
+                    |                                        unit -> unified buffer
+                    +--beats-->          HostWriter -> unified buffer -> o_host
 
     Members
     -------
     i_host : In(stream.Signature(unsigned(config.host_width)))
         Instructions (:mod:`hdl.isa`) and their data beats.
     o_host : Out(stream.Signature(unsigned(config.host_width)))
-        Rows for WRITE_HOST, counters for READ_COUNTERS, the DONE beat of HALT.
+        Rows for WRITE_HOST, counters for READ_COUNTERS, the DONE beat of HALT, error beats.
     o_status : Out(Status)
         Error flag, code and failing instruction index; readable at any time.
     i_clear : In(1)
-        Clears an error; the next beat starts a new program.
+        Clears a pending error; the next beat starts a new program.
     """
 
     def __init__(self, config: TPUConfig):
@@ -54,7 +60,13 @@ class Core(wiring.Component):
         cfg = self.config
         m = Module()
 
-        m.submodules.controller = ctrl = Controller(cfg)
+        m.submodules.front_end = fe = FrontEnd(cfg)
+        m.submodules.hazards = hz = HazardTracker()
+        m.submodules.weight_loader = wl = WeightLoader(cfg)
+        m.submodules.matrix_engine = me = MatrixEngine(cfg)
+        m.submodules.activation_engine = ae = ActivationEngine(cfg)
+        m.submodules.host_writer = hw = HostWriter(cfg)
+        m.submodules.counters = pc = PerfCounters(macs_per_row=cfg.rows * cfg.cols)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width)
         m.submodules.weight_memory = wm = WeightMemory(
@@ -64,44 +76,59 @@ class Core(wiring.Component):
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width)
         m.submodules.activation = au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
 
-        wiring.connect(m, wiring.flipped(self.i_host), ctrl.i_host)
-        wiring.connect(m, ctrl.o_host, wiring.flipped(self.o_host))
-        m.d.comb += [self.o_status.eq(ctrl.o_status), ctrl.i_clear.eq(self.i_clear)]
+        # Host side.
+        wiring.connect(m, wiring.flipped(self.i_host), fe.i_host)
+        wiring.connect(m, hw.o_host, wiring.flipped(self.o_host))
+        wiring.connect(m, fe.o_beat, hw.i_beat)
+        m.d.comb += [self.o_status.eq(fe.o_status), fe.i_clear.eq(self.i_clear)]
 
-        wiring.connect(m, ctrl.ub_host_w, ub.w[UnifiedBuffer.HOST_WRITE])
-        wiring.connect(m, ctrl.ub_act_w, ub.w[UnifiedBuffer.ACT_WRITE])
-        wiring.connect(m, ctrl.ub_mm_addr, ub.r_addr[UnifiedBuffer.MATMUL_READ])
-        wiring.connect(m, ub.r_data[UnifiedBuffer.MATMUL_READ], ctrl.ub_mm_data)
-        wiring.connect(m, ctrl.ub_host_addr, ub.r_addr[UnifiedBuffer.HOST_READ])
-        wiring.connect(m, ub.r_data[UnifiedBuffer.HOST_READ], ctrl.ub_host_data)
-
-        wiring.connect(m, ctrl.wm_w, wm.w[0])
-        wiring.connect(m, ctrl.wm_addr, wm.r_addr[0])
-        wiring.connect(m, wm.r_data[0], ctrl.wm_data)
-
-        wiring.connect(m, ctrl.mu_weight, mu.i_weight)
-        wiring.connect(m, ctrl.mu_act, mu.i_act)
-        wiring.connect(m, mu.o_psum, ctrl.mu_psum)
+        # Dispatch and hazards.
+        wiring.connect(m, fe.o_hazards, hz.i_query)
+        wiring.connect(m, fe.o_read_weights, wl.i_read_weights)
+        wiring.connect(m, fe.o_matmul, me.i_matmul)
+        wiring.connect(m, fe.o_activate, ae.i_activate)
+        wiring.connect(m, fe.o_write_host, hw.i_write_host)
+        wiring.connect(m, fe.o_param_write, ae.i_param_write)
         m.d.comb += [
-            ctrl.mu_weight_stall.eq(mu.o_weight_stall),
-            ctrl.mu_weight_shift.eq(mu.o_weight_shift),
-            ctrl.mu_shadow_full.eq(mu.o_shadow_full),
-            ctrl.mu_tiles.eq(mu.o_tiles),
+            hz.i_matmul_retire.eq(me.o_retire),
+            hz.i_activate_busy.eq(ae.o_busy),
+            hz.i_write_host_busy.eq(hw.o_busy),
+            hz.i_read_weights_busy.eq(wl.o_busy),
+            fe.i_idle.eq(me.o_idle & wl.o_idle & ~ae.o_busy & ~hw.o_busy),
+            fe.i_activate_busy.eq(ae.o_busy),
+            fe.i_write_host_busy.eq(hw.o_busy),
         ]
 
-        wiring.connect(m, ctrl.acc_w, acc.i_psum)
-        m.d.comb += ctrl.acc_written.eq(acc.o_written)
-        wiring.connect(m, ctrl.acc_addr, acc.r_addr)
-        wiring.connect(m, acc.r_data, ctrl.acc_data)
+        # Memories and datapath.
+        wiring.connect(m, fe.o_ub_write, ub.w[UnifiedBuffer.HOST_WRITE])
+        wiring.connect(m, ae.o_ub, ub.w[UnifiedBuffer.ACT_WRITE])
+        wiring.connect(m, me.o_ub, ub.r[UnifiedBuffer.MATMUL_READ])
+        wiring.connect(m, hw.o_ub, ub.r[UnifiedBuffer.HOST_READ])
+        wiring.connect(m, fe.o_wm_write, wm.w[0])
+        wiring.connect(m, wl.o_wm, wm.r[0])
+        wiring.connect(m, wl.o_weight, mu.i_weight)
+        wiring.connect(m, mu.o_status, wl.i_matrix)
+        wiring.connect(m, me.o_act, mu.i_act)
+        wiring.connect(m, mu.o_psum, me.i_psum)
+        wiring.connect(m, me.o_acc, acc.i_psum)
+        m.d.comb += me.i_acc_written.eq(acc.o_written)
+        wiring.connect(m, ae.o_acc, acc.r)
+        wiring.connect(m, ae.o_row, au.i_row)
+        wiring.connect(m, au.o_row, ae.i_out)
+        m.d.comb += au.i_params.eq(ae.o_params)
 
-        wiring.connect(m, ctrl.au_row, au.i_row)
-        wiring.connect(m, au.o_row, ctrl.au_out)
+        # Performance counters.
+        ev = pc.i_events
         m.d.comb += [
-            au.i_bias.eq(ctrl.au_bias),
-            au.i_multiplier.eq(ctrl.au_multiplier),
-            au.i_shift.eq(ctrl.au_shift),
-            au.i_zero_point.eq(ctrl.au_zero_point),
-            au.i_clamp_hi.eq(ctrl.au_clamp_hi),
-            au.i_func.eq(ctrl.au_func),
+            fe.i_counter_value.eq(pc.o_value),
+            pc.i_select.eq(fe.o_counter_select),
+            ev.instructions.eq(fe.o_instruction),
+            ev.raw_stall.eq(fe.o_raw_stall),
+            ev.host_stall.eq(fe.o_host_stall),
+            ev.clear.eq(fe.o_clear_counters),
+            ev.array_active.eq(me.o_array_active),
+            ev.weight_stall.eq(mu.o_status.weight_stall),
+            ev.weight_shift.eq(mu.o_status.weight_shift),
+            ev.other_work.eq(ae.o_busy | hw.o_busy | fe.o_host_work),
         ]
         return m

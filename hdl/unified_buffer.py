@@ -5,10 +5,9 @@ from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In
 
-# write_request_layout is re-exported for hdl/controller.py until it imports it from .ports.
-from .ports import MemReadSignature, MemWriteSignature, write_request_layout
+from .ports import MemReadSignature, MemWriteSignature
 
-__all__ = ["UnifiedBuffer", "RowMemory", "write_request_layout", "serve_reads", "round_robin"]
+__all__ = ["UnifiedBuffer", "RowMemory", "serve_reads", "round_robin"]
 
 
 def round_robin(m: Module, requests, name: str):

@@ -1,0 +1,201 @@
+"""The activation engine: ACTIVATE, accumulators -> activation unit -> unified buffer, and the
+requantisation parameter store LOAD_PARAMS fills."""
+
+from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..activation import acc_row_layout
+from ..config import TPUConfig
+from ..isa import Activate, Func, Instr, LoadParams, Pool
+from ..ports import MemReadSignature, MemWriteSignature, addr_bits, requant_params_layout
+
+__all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
+
+_COUNT = data.Layout.cast(Instr)["count"].width
+_LP = data.Layout.cast(LoadParams)
+
+
+class ParamKind(enum.Enum, shape=unsigned(2)):
+    """Which part of a parameter slot a write carries."""
+    SCALARS    = 0   # shift, zero point, clamp_hi (from the LOAD_PARAMS word)
+    BIAS       = 1   # the per-column bias row
+    MULTIPLIER = 2   # the per-column multiplier row
+
+
+def param_write_layout(cols: int, slots: int) -> data.StructLayout:
+    """One write into the parameter store."""
+    return data.StructLayout({
+        "slot":       unsigned(max(1, (slots - 1).bit_length())),
+        "kind":       ParamKind,
+        "row":        data.ArrayLayout(signed(32), cols),
+        "shift":      _LP["shift"].shape,
+        "zero_point": signed(_LP["zero_point"].width),
+        "clamp_hi":   signed(_LP["clamp_hi"].width),
+    })
+
+
+class ActivationEngine(wiring.Component):
+    """Runs ACTIVATE behind later instructions and holds the parameter slots.
+
+    Contract: takes an ACTIVATE on ``i_activate`` while idle; one cycle later (the
+    parameter store presents the slot) reads accumulator rows ``acc_addr..`` in order into
+    the activation unit, marking the last row of each pooling window, and writes each
+    result row to the next unified-buffer row from ``ub_addr`` (``cols`` results, the rest
+    of the row zero); ``o_busy`` is high from the cycle after it takes an instruction until
+    its last row is written. ``o_params`` is the slot of the running ACTIVATE and its
+    function. ``i_param_write`` is always ready and writes one part of a slot (the front
+    end sends them only while no ACTIVATE runs). After a reset it first zeroes every slot
+    (``o_busy`` high meanwhile).
+
+    Members
+    -------
+    i_activate : In(stream.Signature(Activate))
+        Instructions from the front end.
+    i_param_write : In(stream.Signature(param_write_layout))
+        LOAD_PARAMS' writes from the front end.
+    o_acc : Out(MemReadSignature(acc_bits, acc_row))
+        Accumulator read client.
+    o_row : Out(stream.Signature(acc_row_layout))
+        Rows into the activation unit.
+    i_out : In(stream.Signature(ArrayLayout(signed(8), cols)))
+        Result rows from the activation unit.
+    o_ub : Out(MemWriteSignature(ub_bits, ub_row))
+        Unified-buffer write client.
+    o_params : Out(requant_params_layout(cols))
+        Parameters for the activation unit.
+    o_busy : Out(1)
+    """
+
+    def __init__(self, config: TPUConfig):
+        cfg = self.config = config
+        self.ub_bits = addr_bits(cfg.ub_depth)
+        self.acc_bits = addr_bits(cfg.acc_depth)
+        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        acc_row = data.ArrayLayout(signed(cfg.acc_width), cfg.cols)
+        super().__init__({
+            "i_activate":    In(stream.Signature(Activate)),
+            "i_param_write": In(stream.Signature(param_write_layout(cfg.cols,
+                                                                    cfg.param_slots))),
+            "o_acc":         Out(MemReadSignature(self.acc_bits, acc_row)),
+            "o_row":         Out(stream.Signature(acc_row_layout(cfg.cols, cfg.acc_width))),
+            "i_out":         In(stream.Signature(data.ArrayLayout(signed(8), cfg.cols))),
+            "o_ub":          Out(MemWriteSignature(self.ub_bits, ub_row)),
+            "o_params":      Out(requant_params_layout(cfg.cols)),
+            "o_busy":        Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+
+        # Parameter store: per-slot bias and multiplier rows, and the scalars.
+        pw = self.i_param_write
+        scalars = data.StructLayout({"shift": pw.payload.shift.shape(),
+                                     "zero_point": pw.payload.zero_point.shape(),
+                                     "clamp_hi": pw.payload.clamp_hi.shape()})
+        row = data.ArrayLayout(signed(32), cfg.cols)
+        m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
+                                                         init=[])
+        m.submodules.mult_mem = mult_mem = memory.Memory(shape=row, depth=cfg.param_slots,
+                                                         init=[])
+        m.submodules.scalar_mem = scalar_mem = memory.Memory(shape=scalars,
+                                                             depth=cfg.param_slots, init=[])
+        bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
+                                    scalar_mem.write_port())
+        bias_r, mult_r, scalar_r = (bias_mem.read_port(), mult_mem.read_port(),
+                                    scalar_mem.read_port())
+
+        # After reset: zero every slot, one a cycle.
+        scrubbing = Signal(init=1)
+        scrub_slot = Signal(range(cfg.param_slots))
+        with m.If(scrubbing):
+            m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
+            for port in (bias_w, mult_w, scalar_w):
+                m.d.comb += port.addr.eq(scrub_slot)
+            m.d.sync += scrub_slot.eq(scrub_slot + 1)
+            with m.If(scrub_slot == cfg.param_slots - 1):
+                m.d.sync += scrubbing.eq(0)
+        with m.Else():
+            p = pw.payload
+            for port in (bias_w, mult_w, scalar_w):
+                m.d.comb += port.addr.eq(p.slot)
+            m.d.comb += [
+                pw.ready.eq(1),
+                bias_w.data.eq(p.row), mult_w.data.eq(p.row),
+                scalar_w.data.shift.eq(p.shift),
+                scalar_w.data.zero_point.eq(p.zero_point),
+                scalar_w.data.clamp_hi.eq(p.clamp_hi),
+                scalar_w.en.eq(pw.valid & (p.kind == ParamKind.SCALARS)),
+                bias_w.en.eq(pw.valid & (p.kind == ParamKind.BIAS)),
+                mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
+            ]
+
+        busy = Signal()
+        run = Signal()
+        acc_next = Signal(self.acc_bits)
+        req_left = Signal(_COUNT)
+        resp_index = Signal(2)
+        window_mask = Signal(2)
+        out_addr = Signal(self.ub_bits)
+        out_left = Signal(_COUNT)
+        func = Signal(Func)
+        slot = Signal(range(cfg.param_slots))
+
+        for port in (bias_r, mult_r, scalar_r):
+            m.d.comb += [port.addr.eq(slot), port.en.eq(1)]
+        m.d.comb += [
+            self.o_params.bias.eq(bias_r.data),
+            self.o_params.multiplier.eq(mult_r.data),
+            self.o_params.shift.eq(scalar_r.data.shift),
+            self.o_params.zero_point.eq(scalar_r.data.zero_point),
+            self.o_params.clamp_hi.eq(scalar_r.data.clamp_hi),
+            self.o_params.func.eq(func),
+            self.o_busy.eq(busy | scrubbing),
+        ]
+
+        cmd = self.i_activate
+        a = cmd.payload
+        log = Signal(2)
+        m.d.comb += [
+            log.eq(window_log2(a.pool)),
+            cmd.ready.eq(~busy & ~scrubbing),
+        ]
+        with m.If(cmd.valid & cmd.ready):
+            m.d.sync += [
+                busy.eq(1), run.eq(0),
+                acc_next.eq(a.acc_addr), req_left.eq(a.count), resp_index.eq(0),
+                window_mask.eq((1 << log) - 1), out_addr.eq(a.ub_addr),
+                out_left.eq(a.count >> log), func.eq(a.func), slot.eq(a.slot),
+            ]
+        with m.Elif(busy):
+            # The parameter memories need a cycle to present the new slot.
+            m.d.sync += run.eq(1)
+
+        m.d.comb += [
+            self.o_acc.addr.valid.eq(run & (req_left != 0)),
+            self.o_acc.addr.payload.eq(acc_next),
+            self.o_row.valid.eq(self.o_acc.data.valid),
+            self.o_row.payload.data.eq(self.o_acc.data.payload),
+            self.o_row.payload.last.eq((resp_index & window_mask) == window_mask),
+            self.o_acc.data.ready.eq(self.o_row.ready),
+            self.o_ub.valid.eq(self.i_out.valid),
+            self.o_ub.payload.addr.eq(out_addr),
+            self.i_out.ready.eq(self.o_ub.ready),
+        ]
+        for j in range(cfg.cols):
+            m.d.comb += self.o_ub.payload.data[j].eq(self.i_out.payload[j])
+        with m.If(self.o_acc.addr.valid & self.o_acc.addr.ready):
+            m.d.sync += [acc_next.eq(acc_next + 1), req_left.eq(req_left - 1)]
+        with m.If(self.o_row.valid & self.o_row.ready):
+            m.d.sync += resp_index.eq(resp_index + 1)
+        with m.If(self.o_ub.valid & self.o_ub.ready):
+            m.d.sync += [out_addr.eq(out_addr + 1), out_left.eq(out_left - 1)]
+            with m.If(out_left == 1):
+                m.d.sync += [busy.eq(0), run.eq(0)]
+        return m
+
+
+def window_log2(pool):
+    """log2 of the pooling window of ``pool`` (a :class:`~hdl.isa.Pool` value)."""
+    return Mux(pool == Pool.MAX4, 2, Mux(pool == Pool.MAX2, 1, 0))

@@ -1,0 +1,376 @@
+"""The front end: fetch, decode, error checks, dispatch, host transfers and status."""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import TPUConfig
+from ..isa import (
+    COUNTER_BITS,
+    COUNTERS,
+    DONE_MAGIC,
+    ERROR_MAGIC,
+    INSTR_BITS,
+    RESYNC_WORD,
+    Activate,
+    ErrorBeat,
+    ErrorCode,
+    Func,
+    Instr,
+    LoadParams,
+    LoadWeights,
+    Matmul,
+    Opcode,
+    ReadWeights,
+    Status,
+    WriteHost,
+)
+from ..ports import MemWriteSignature, addr_bits
+from ..systolic_array import weight_row_layout
+from .activation_engine import ParamKind, param_write_layout, window_log2
+from .hazards import ADDR_END_BITS, HazardQuerySignature
+
+__all__ = ["FrontEnd"]
+
+_INDEX = data.Layout.cast(Status)["instr_index"].width
+
+
+class FrontEnd(wiring.Component):
+    """Takes the host's beats one instruction at a time, checks each before it has any
+    effect, and either runs it (host transfers, which own the input stream: READ_HOST,
+    LOAD_WEIGHTS, LOAD_PARAMS; READ_COUNTERS, CLEAR_COUNTERS, HALT, SYNC, NOP) or hands it
+    to its engine on a dispatch stream (READ_WEIGHTS, MATMUL, ACTIVATE, WRITE_HOST).
+
+    Contract:
+
+    - an instruction issues (dispatch) when it passes every check, the hazard tracker
+      reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
+      CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
+      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict;
+    - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
+      conflict, and stays until the engine takes it;
+    - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
+      the sticky status before the instruction has any effect; the front end then sends an
+      error beat (:class:`~hdl.isa.ErrorBeat`) once no WRITE_HOST runs, and discards every
+      beat until :data:`~hdl.isa.RESYNC_WORD` or ``i_clear``, which restart the program.
+      While stopped it issues nothing and writes no memory;
+    - the resynchronisation word at instruction fetch restarts the program;
+    - after a reset it writes zeros to every unified-buffer row and waits until every
+      engine is idle (they clear their own memories) before it takes the first beat.
+
+    Members
+    -------
+    i_host : In(stream.Signature(unsigned(host_width)))
+        Instructions and data beats.
+    o_beat : Out(stream.Signature(unsigned(host_width)))
+        Counter, DONE and error beats (to the host writer).
+    o_status : Out(Status)
+    i_clear : In(1)
+        Clears a pending error (out of band).
+    o_hazards : Out(HazardQuerySignature())
+        The instruction at the front end, its dispatch, and the tracker's answer.
+    o_read_weights, o_matmul, o_activate, o_write_host : Out(stream.Signature(layout))
+        Dispatch to the engines (the instruction word in its opcode's layout).
+    o_ub_write : Out(MemWriteSignature(ub_bits, ub_row))
+        READ_HOST rows into the unified buffer.
+    o_wm_write : Out(MemWriteSignature(wm_bits, weight_row_layout))
+        LOAD_WEIGHTS rows into the weight memory.
+    o_param_write : Out(stream.Signature(param_write_layout))
+        LOAD_PARAMS into the activation engine's parameter store.
+    i_idle : In(1)
+        Every engine is idle.
+    i_activate_busy, i_write_host_busy : In(1)
+    o_counter_select : Out(range(len(COUNTERS)))
+    i_counter_value : In(COUNTER_BITS)
+    o_instruction, o_raw_stall, o_host_stall, o_clear_counters, o_host_work : Out(1)
+        Counter events: an instruction completed; waiting on a conflict; waiting for a beat;
+        CLEAR_COUNTERS; a host transfer moved a beat.
+    """
+
+    def __init__(self, config: TPUConfig):
+        cfg = self.config = config
+        self.ub_bits = addr_bits(cfg.ub_depth)
+        self.wm_bits = addr_bits(cfg.weight_mem_tiles * cfg.rows)
+        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        host = stream.Signature(unsigned(cfg.host_width))
+        super().__init__({
+            "i_host":            In(host),
+            "o_beat":            Out(host),
+            "o_status":          Out(Status),
+            "i_clear":           In(1),
+            "o_hazards":         Out(HazardQuerySignature()),
+            "o_read_weights":    Out(stream.Signature(ReadWeights)),
+            "o_matmul":          Out(stream.Signature(Matmul)),
+            "o_activate":        Out(stream.Signature(Activate)),
+            "o_write_host":      Out(stream.Signature(WriteHost)),
+            "o_ub_write":        Out(MemWriteSignature(self.ub_bits, ub_row)),
+            "o_wm_write":        Out(MemWriteSignature(
+                self.wm_bits, weight_row_layout(cfg.cols, cfg.data_width))),
+            "o_param_write":     Out(stream.Signature(param_write_layout(cfg.cols,
+                                                                         cfg.param_slots))),
+            "i_idle":            In(1),
+            "i_activate_busy":   In(1),
+            "i_write_host_busy": In(1),
+            "o_counter_select":  Out(range(len(COUNTERS))),
+            "i_counter_value":   In(COUNTER_BITS),
+            "o_instruction":     Out(1),
+            "o_raw_stall":       Out(1),
+            "o_host_stall":      Out(1),
+            "o_clear_counters":  Out(1),
+            "o_host_work":       Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        rows, cols = cfg.rows, cfg.cols
+        m = Module()
+
+        # Decode-level state (changes only as instructions issue).
+        written = Signal(cfg.weight_mem_tiles)     # tiles LOAD_WEIGHTS has written
+        queued = Signal(range(cfg.weight_fifo_depth + 2))  # tiles read, not switched in
+        have_active = Signal()                     # a tile has been switched in
+        index = Signal(_INDEX)                     # instruction index in the program
+        halted = Signal()
+        status = self.o_status
+        m.d.comb += [status.halted.eq(halted), status.instr_index.eq(index)]
+
+        # Decode.
+        beat = self.i_host.payload
+        word = beat[:INSTR_BITS]
+        instr = data.View(Instr, word)
+        op = instr.opcode
+        mm = data.View(Matmul, word)
+        av = data.View(Activate, word)
+        lw = data.View(LoadWeights, word)
+        lp = data.View(LoadParams, word)
+        a, b, count = instr.a, instr.b, instr.count
+        window_log = Signal(2)
+        a_end = Signal(ADDR_END_BITS)
+        b_end = Signal(ADDR_END_BITS)
+        m.d.comb += [
+            window_log.eq(window_log2(av.pool)),
+            a_end.eq(a + count),
+            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
+            self.o_hazards.instr.eq(word),
+        ]
+        is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
+        for o in Opcode:
+            m.d.comb += is_[o].eq(op == o)
+        unknown = ~Cat(*is_.values()).any()
+        needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
+                       is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
+                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
+        window_mask = Signal(2)
+        m.d.comb += window_mask.eq((1 << window_log) - 1)
+        bad_field = (
+            (needs_count & (count == 0)) |
+            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > Func.TANH.value) |
+                                     (av.pool.as_value() == 3) |
+                                     ((count & window_mask) != 0) |
+                                     (av.slot >= cfg.param_slots))) |
+            (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
+        # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
+        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
+                     (a_end > cfg.ub_depth)) |
+                    (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
+        acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
+                     (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
+        weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
+                        (a_end > cfg.weight_mem_tiles))
+        tile_mask = Signal(cfg.weight_mem_tiles)
+        for t in range(cfg.weight_mem_tiles):
+            m.d.comb += tile_mask[t].eq((t >= a) & (t < a_end))
+        weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~written) != 0)
+        weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~have_active)
+        weight_overflow = is_[Opcode.READ_WEIGHTS] & (queued + count >
+                                                       cfg.weight_fifo_depth + 1)
+        error_code = Signal(ErrorCode)
+        checks = [   # in priority order: the first that fails is reported
+            (unknown, ErrorCode.UNKNOWN_OPCODE),
+            (bad_field, ErrorCode.BAD_FIELD),
+            (ub_range, ErrorCode.UB_RANGE),
+            (acc_range, ErrorCode.ACC_RANGE),
+            (weight_range, ErrorCode.WEIGHT_RANGE),
+            (weight_unwritten, ErrorCode.WEIGHT_UNWRITTEN),
+            (weight_empty, ErrorCode.WEIGHT_EMPTY),
+            (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
+        ]
+        for failed, code in reversed(checks):    # later assignments win
+            with m.If(failed):
+                m.d.comb += error_code.eq(code)
+
+        resync = Signal()       # the beat at the front end is the resynchronisation word
+        m.d.comb += resync.eq(word == RESYNC_WORD)
+        hazard = self.o_hazards.hazard
+
+        # Dispatch streams: valid once the instruction may issue but for its engine.
+        engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
+                   Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
+        fetching = Signal()
+        may_issue = Signal()
+        m.d.comb += may_issue.eq(fetching & self.i_host.valid & ~resync &
+                                 (error_code == ErrorCode.NONE) & ~hazard)
+        for o, port in engines.items():
+            m.d.comb += [port.valid.eq(may_issue & is_[o]), port.payload.eq(word)]
+        busy = Signal()         # the engine (or the whole core) cannot take it yet
+        with m.Switch(op):
+            for o, port in engines.items():
+                with m.Case(o):
+                    m.d.comb += busy.eq(~port.ready)
+            with m.Case(Opcode.LOAD_PARAMS):
+                m.d.comb += busy.eq(self.i_activate_busy)
+            with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
+                m.d.comb += busy.eq(~self.i_idle)
+        dispatch = Signal()
+        m.d.comb += [dispatch.eq(may_issue & ~busy), self.o_hazards.dispatch.eq(dispatch)]
+
+        # Host transfers.
+        addr = Signal(max(self.ub_bits, self.wm_bits))   # a row, or tile * rows + row
+        left = Signal(range((1 << instr.count.shape().width) * rows + 1))
+        signed_ = Signal()
+        slot = Signal.like(self.o_param_write.payload.slot)
+        counter = Signal(range(len(COUNTERS)))
+        beat_out = self.o_beat
+        ub_row_bits = cfg.data_width * cfg.ub_row
+        scrubbing = Signal()
+        scrub_addr = Signal(range(cfg.ub_depth))
+        m.d.comb += [
+            self.o_ub_write.payload.addr.eq(Mux(scrubbing, scrub_addr, addr)),
+            self.o_ub_write.payload.data.eq(Mux(scrubbing, 0, beat[:ub_row_bits])),
+            self.o_wm_write.payload.addr.eq(addr),
+            self.o_wm_write.payload.data.data.eq(beat[:cfg.data_width * cols]),
+            self.o_wm_write.payload.data.signed.eq(signed_),
+            self.o_param_write.payload.row.eq(beat[:32 * cols]),
+            self.o_param_write.payload.shift.eq(lp.shift),
+            self.o_param_write.payload.zero_point.eq(lp.zero_point.as_signed()),
+            self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),
+            self.o_counter_select.eq(counter),
+            beat_out.payload.eq(self.i_counter_value),
+            self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid |
+                                beat_out.valid),
+        ]
+
+        host_wait = Signal()
+        with m.FSM(name="front_end"):
+            with m.State("SCRUB"):
+                m.d.comb += [scrubbing.eq(1), self.o_ub_write.valid.eq(1)]
+                with m.If(self.o_ub_write.ready):
+                    m.d.sync += scrub_addr.eq(scrub_addr + 1)
+                    with m.If(scrub_addr == cfg.ub_depth - 1):
+                        m.next = "SETTLE"
+            with m.State("SETTLE"):      # the engines clear their own memories meanwhile
+                with m.If(self.i_idle):
+                    m.next = "FETCH"
+            with m.State("FETCH"):
+                m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
+                with m.If(self.i_host.valid):
+                    with m.If(resync):
+                        # Restart the program; not an instruction.
+                        m.d.comb += self.i_host.ready.eq(1)
+                        m.d.sync += [halted.eq(0), index.eq(0)]
+                    with m.Elif(error_code != ErrorCode.NONE):
+                        m.d.comb += self.i_host.ready.eq(1)
+                        m.d.sync += [status.error.eq(1), status.code.eq(error_code),
+                                     halted.eq(0)]
+                        m.next = "ERROR_BEAT"
+                    with m.Elif(dispatch):
+                        m.d.comb += [
+                            self.i_host.ready.eq(1),
+                            self.o_instruction.eq(~is_[Opcode.READ_COUNTERS] &
+                                                  ~is_[Opcode.CLEAR_COUNTERS]),
+                        ]
+                        m.d.sync += [halted.eq(0), index.eq(index + 1)]
+                        with m.Switch(op):
+                            with m.Case(Opcode.READ_HOST):
+                                m.d.sync += [addr.eq(a), left.eq(count)]
+                                m.next = "HOST_ROWS"
+                            with m.Case(Opcode.LOAD_WEIGHTS):
+                                m.d.sync += [
+                                    addr.eq(a * rows), left.eq(count * rows),
+                                    signed_.eq(lw.signed),
+                                    written.eq(written | tile_mask),
+                                ]
+                                m.next = "WEIGHT_ROWS"
+                            with m.Case(Opcode.LOAD_PARAMS):
+                                m.d.comb += [
+                                    self.o_param_write.valid.eq(1),
+                                    self.o_param_write.payload.slot.eq(lp.slot),
+                                    self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
+                                ]
+                                m.d.sync += slot.eq(lp.slot)
+                                m.next = "PARAM_BIAS"
+                            with m.Case(Opcode.READ_COUNTERS):
+                                m.d.sync += counter.eq(0)
+                                m.next = "SEND_COUNTERS"
+                            with m.Case(Opcode.CLEAR_COUNTERS):
+                                m.d.comb += self.o_clear_counters.eq(1)
+                            with m.Case(Opcode.HALT):
+                                m.next = "SEND_DONE"
+                            with m.Case(Opcode.READ_WEIGHTS):
+                                m.d.sync += queued.eq(queued + count)
+                            with m.Case(Opcode.MATMUL):
+                                with m.If(mm.switch):
+                                    m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+                    with m.Else():
+                        m.d.comb += self.o_raw_stall.eq(hazard)
+            # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
+            for state, rows_out in (("HOST_ROWS", self.o_ub_write),
+                                    ("WEIGHT_ROWS", self.o_wm_write)):
+                with m.State(state):
+                    m.d.comb += [
+                        host_wait.eq(~self.i_host.valid),
+                        rows_out.valid.eq(self.i_host.valid),
+                        self.i_host.ready.eq(rows_out.ready),
+                    ]
+                    with m.If(self.i_host.valid & rows_out.ready):
+                        m.d.sync += [addr.eq(addr + 1), left.eq(left - 1)]
+                        with m.If(left == 1):
+                            m.next = "FETCH"
+            for state, kind, after in (("PARAM_BIAS", ParamKind.BIAS, "PARAM_MULT"),
+                                       ("PARAM_MULT", ParamKind.MULTIPLIER, "FETCH")):
+                with m.State(state):
+                    m.d.comb += [
+                        host_wait.eq(~self.i_host.valid),
+                        self.o_param_write.valid.eq(self.i_host.valid),
+                        self.o_param_write.payload.slot.eq(slot),
+                        self.o_param_write.payload.kind.eq(kind),
+                        self.i_host.ready.eq(self.o_param_write.ready),
+                    ]
+                    with m.If(self.i_host.valid & self.o_param_write.ready):
+                        m.next = after
+            with m.State("SEND_COUNTERS"):
+                m.d.comb += beat_out.valid.eq(1)
+                with m.If(beat_out.ready):
+                    m.d.sync += counter.eq(counter + 1)
+                    with m.If(counter == len(COUNTERS) - 1):
+                        m.d.comb += self.o_instruction.eq(1)
+                        m.next = "FETCH"
+            with m.State("SEND_DONE"):
+                m.d.comb += [
+                    beat_out.valid.eq(1),
+                    beat_out.payload.eq(Cat(index, Const(0, 32 - _INDEX),
+                                            Const(DONE_MAGIC, 32))),
+                ]
+                with m.If(beat_out.ready):
+                    m.d.sync += [halted.eq(1), index.eq(0)]
+                    m.next = "FETCH"
+            # The error beat follows the output of every earlier instruction.
+            with m.State("ERROR_BEAT"):
+                with m.If(~self.i_write_host_busy):
+                    m.d.comb += [
+                        beat_out.valid.eq(1),
+                        beat_out.payload.eq(data.Layout.cast(ErrorBeat).const({
+                            "magic": ERROR_MAGIC}).as_value() |
+                            Cat(index, status.code.as_value())),
+                    ]
+                    with m.If(beat_out.ready):
+                        m.next = "ERROR"
+            # Stopped: every beat is discarded until the resynchronisation word or i_clear.
+            with m.State("ERROR"):
+                m.d.comb += self.i_host.ready.eq(1)
+                with m.If(self.i_clear | (self.i_host.valid & resync)):
+                    m.d.sync += [status.error.eq(0), status.code.eq(ErrorCode.NONE),
+                                 index.eq(0)]
+                    m.next = "FETCH"
+        m.d.comb += self.o_host_stall.eq(host_wait)
+        return m

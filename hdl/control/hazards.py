@@ -1,0 +1,168 @@
+"""The hazard tracker: which unfinished instruction a new one must wait for."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import Activate, Instr, Opcode, Pool
+
+__all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS"]
+
+#: MATMULs that may be in flight at once (issuing, in the array, or being accumulated).
+MATMUL_SLOTS = 4
+
+#: Width of an exclusive range end: an address field plus a count field can carry.
+ADDR_END_BITS = max(data.Layout.cast(Instr)[f].width for f in ("a", "b", "count")) + 1
+
+
+class HazardQuerySignature(wiring.Signature):
+    """The front end asks whether the instruction it holds may issue, and says when it does.
+
+    Members
+    -------
+    instr : Out(Instr)
+        The instruction word at the front end.
+    dispatch : Out(1)
+        The instruction issues this cycle (the tracker records its ranges).
+    hazard : In(1)
+        The instruction conflicts with an unfinished one and must wait.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "instr":    Out(Instr),
+            "dispatch": Out(1),
+            "hazard":   In(1),
+        })
+
+
+class _Range:
+    """A tracked half-open range ``[lo, hi)``."""
+
+    def __init__(self, name: str):
+        self.valid = Signal(name=f"{name}_valid")
+        self.lo = Signal(ADDR_END_BITS, name=f"{name}_lo")
+        self.hi = Signal(ADDR_END_BITS, name=f"{name}_hi")
+
+    def hits(self, lo, hi):
+        return self.valid & (self.lo < hi) & (lo < self.hi)
+
+    def record(self, lo, hi):
+        return [self.lo.eq(lo), self.hi.eq(hi)]
+
+
+class HazardTracker(wiring.Component):
+    """Records the unified-buffer, accumulator and weight-tile ranges of every unfinished
+    instruction and tells the front end when its instruction must wait.
+
+    Tracked (recorded at dispatch): each in-flight MATMUL (up to :data:`MATMUL_SLOTS`, its
+    buffer rows read and accumulator rows written, until ``i_matmul_retire`` retires the
+    oldest), the running ACTIVATE (accumulator rows read, buffer rows written, while
+    ``i_activate_busy``), the running WRITE_HOST (buffer rows read, while
+    ``i_write_host_busy``) and the running READ_WEIGHTS (tiles read, while
+    ``i_read_weights_busy``).
+
+    Rules (``hazard``), for the instruction at the front end:
+
+    - READ_HOST writes buffer rows: waits while a MATMUL or WRITE_HOST reads, or an ACTIVATE
+      writes, any of them (write after read, write after write);
+    - WRITE_HOST reads buffer rows: waits while an ACTIVATE writes any (read after write);
+    - LOAD_WEIGHTS writes tiles: waits while a READ_WEIGHTS reads any (write after read);
+    - MATMUL reads buffer rows and writes accumulator rows: waits while an ACTIVATE writes
+      those buffer rows (read after write) or reads those accumulator rows (write after
+      read);
+    - ACTIVATE reads accumulator rows and writes buffer rows: waits while a MATMUL writes
+      those accumulator rows (read after write) or reads those buffer rows (write after
+      read), or a WRITE_HOST reads them (write after read).
+
+    Two MATMULs never wait for each other (their accumulator writes land in order) and the
+    engines run one ACTIVATE, one WRITE_HOST and one READ_WEIGHTS at a time; the unified
+    buffer returns the old row when a read and a write of one row meet in a cycle, which
+    the rules above rely on.
+
+    Members
+    -------
+    i_query : In(HazardQuerySignature())
+        The front end's instruction, its dispatch, and the answer.
+    i_matmul_retire : In(1)
+        The oldest in-flight MATMUL has written its last accumulator row.
+    i_activate_busy, i_write_host_busy, i_read_weights_busy : In(1)
+        The engine still runs the instruction it took last.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "i_query":             In(HazardQuerySignature()),
+            "i_matmul_retire":     In(1),
+            "i_activate_busy":     In(1),
+            "i_write_host_busy":   In(1),
+            "i_read_weights_busy": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        q = self.i_query
+        instr = q.instr
+        op = instr.opcode
+        a, b, count = instr.a, instr.b, instr.count
+        av = data.View(Activate, instr.as_value())
+        # ACTIVATE writes count / window buffer rows.
+        window_log = Mux(av.pool == Pool.MAX4, 2, Mux(av.pool == Pool.MAX2, 1, 0))
+        a_end = Signal(ADDR_END_BITS)
+        b_end = Signal(ADDR_END_BITS)
+        m.d.comb += [
+            a_end.eq(a + count),
+            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
+        ]
+
+        mm_ub = [_Range(f"mm{i}_ub") for i in range(MATMUL_SLOTS)]
+        mm_acc = [_Range(f"mm{i}_acc") for i in range(MATMUL_SLOTS)]
+        act_acc, act_ub = _Range("act_acc"), _Range("act_ub")
+        ho_ub, rw_tiles = _Range("ho_ub"), _Range("rw_tiles")
+        m.d.comb += [
+            act_acc.valid.eq(self.i_activate_busy),
+            act_ub.valid.eq(self.i_activate_busy),
+            ho_ub.valid.eq(self.i_write_host_busy),
+            rw_tiles.valid.eq(self.i_read_weights_busy),
+        ]
+
+        # Record at dispatch.
+        head = Signal(range(MATMUL_SLOTS))
+        tail = Signal(range(MATMUL_SLOTS))
+        with m.If(q.dispatch):
+            with m.Switch(op):
+                with m.Case(Opcode.MATMUL):
+                    for i in range(MATMUL_SLOTS):
+                        with m.If(tail == i):
+                            m.d.sync += [mm_ub[i].valid.eq(1), *mm_ub[i].record(a, a_end),
+                                         mm_acc[i].valid.eq(1), *mm_acc[i].record(b, b_end)]
+                    m.d.sync += tail.eq(Mux(tail == MATMUL_SLOTS - 1, 0, tail + 1))
+                with m.Case(Opcode.ACTIVATE):
+                    m.d.sync += [*act_acc.record(a, a_end), *act_ub.record(b, b_end)]
+                with m.Case(Opcode.WRITE_HOST):
+                    m.d.sync += ho_ub.record(a, a_end)
+                with m.Case(Opcode.READ_WEIGHTS):
+                    m.d.sync += rw_tiles.record(a, a_end)
+        with m.If(self.i_matmul_retire):
+            for i in range(MATMUL_SLOTS):
+                with m.If(head == i):
+                    m.d.sync += [mm_ub[i].valid.eq(0), mm_acc[i].valid.eq(0)]
+            m.d.sync += head.eq(Mux(head == MATMUL_SLOTS - 1, 0, head + 1))
+
+        # The rules.
+        mm_ub_hit_a = Cat(*(r.hits(a, a_end) for r in mm_ub)).any()
+        mm_ub_hit_b = Cat(*(r.hits(b, b_end) for r in mm_ub)).any()
+        mm_acc_hit_a = Cat(*(r.hits(a, a_end) for r in mm_acc)).any()
+        with m.Switch(op):
+            with m.Case(Opcode.READ_HOST):
+                m.d.comb += q.hazard.eq(mm_ub_hit_a | act_ub.hits(a, a_end) |
+                                        ho_ub.hits(a, a_end))
+            with m.Case(Opcode.WRITE_HOST):
+                m.d.comb += q.hazard.eq(act_ub.hits(a, a_end))
+            with m.Case(Opcode.LOAD_WEIGHTS):
+                m.d.comb += q.hazard.eq(rw_tiles.hits(a, a_end))
+            with m.Case(Opcode.MATMUL):
+                m.d.comb += q.hazard.eq(act_ub.hits(a, a_end) | act_acc.hits(b, b_end))
+            with m.Case(Opcode.ACTIVATE):
+                m.d.comb += q.hazard.eq(mm_acc_hit_a | mm_ub_hit_b | ho_ub.hits(b, b_end))
+        return m

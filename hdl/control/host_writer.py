@@ -1,0 +1,87 @@
+"""The host writer: WRITE_HOST, and the one place beats leave for the host."""
+
+from amaranth.hdl import Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import TPUConfig
+from ..isa import Instr, WriteHost
+from ..ports import MemReadSignature, addr_bits
+
+__all__ = ["HostWriter"]
+
+_COUNT = data.Layout.cast(Instr)["count"].width
+
+
+class HostWriter(wiring.Component):
+    """Runs WRITE_HOST behind later instructions and owns the output stream.
+
+    Contract: takes a WRITE_HOST on ``i_write_host`` while idle; reads buffer rows
+    ``ub_addr..`` in order as the host takes them and sends each as one beat (the row in the
+    low bits); ``o_busy`` is high from the cycle after it takes an instruction until its last
+    beat has been taken. A beat on ``i_beat`` (the front end's counters, DONE and error
+    beats) goes out before any row; the front end offers one only while no WRITE_HOST
+    runs, so the host sees beats in program order.
+
+    Members
+    -------
+    i_write_host : In(stream.Signature(WriteHost))
+        Instructions from the front end.
+    o_ub : Out(MemReadSignature(ub_bits, ub_row))
+        Unified-buffer read client.
+    i_beat : In(stream.Signature(unsigned(host_width)))
+        Beats from the front end.
+    o_host : Out(stream.Signature(unsigned(host_width)))
+        The core's output stream.
+    o_busy : Out(1)
+    """
+
+    def __init__(self, config: TPUConfig):
+        cfg = self.config = config
+        self.ub_bits = addr_bits(cfg.ub_depth)
+        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        host = stream.Signature(unsigned(cfg.host_width))
+        super().__init__({
+            "i_write_host": In(stream.Signature(WriteHost)),
+            "o_ub":         Out(MemReadSignature(self.ub_bits, ub_row)),
+            "i_beat":       In(host),
+            "o_host":       Out(host),
+            "o_busy":       Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        busy = Signal()
+        addr = Signal(self.ub_bits)
+        req_left = Signal(_COUNT)
+        resp_left = Signal(_COUNT)
+        cmd = self.i_write_host
+        m.d.comb += [
+            cmd.ready.eq(~busy),
+            self.o_busy.eq(busy),
+            self.o_ub.addr.valid.eq(req_left != 0),
+            self.o_ub.addr.payload.eq(addr),
+        ]
+        with m.If(cmd.valid & cmd.ready):
+            m.d.sync += [busy.eq(1), addr.eq(cmd.payload.ub_addr),
+                         req_left.eq(cmd.payload.count), resp_left.eq(cmd.payload.count)]
+        with m.If(self.o_ub.addr.valid & self.o_ub.addr.ready):
+            m.d.sync += [addr.eq(addr + 1), req_left.eq(req_left - 1)]
+
+        with m.If(self.i_beat.valid):
+            m.d.comb += [
+                self.o_host.valid.eq(1),
+                self.o_host.payload.eq(self.i_beat.payload),
+                self.i_beat.ready.eq(self.o_host.ready),
+            ]
+        with m.Else():
+            m.d.comb += [
+                self.o_host.valid.eq(self.o_ub.data.valid),
+                self.o_host.payload.eq(self.o_ub.data.payload.as_value()),
+                self.o_ub.data.ready.eq(self.o_host.ready),
+            ]
+        with m.If(self.o_ub.data.valid & self.o_ub.data.ready):
+            m.d.sync += resp_left.eq(resp_left - 1)
+            with m.If(resp_left == 1):
+                m.d.sync += busy.eq(0)
+        return m

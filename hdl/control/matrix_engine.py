@@ -1,0 +1,178 @@
+"""The matrix engine: MATMUL, unified buffer -> systolic array -> accumulators."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..accumulators import psum_write_layout
+from ..config import TPUConfig
+from ..isa import Instr, Matmul
+from ..ports import MemReadSignature, addr_bits
+from ..systolic_array import act_row_layout, psum_row_layout
+from .hazards import MATMUL_SLOTS
+
+__all__ = ["MatrixEngine"]
+
+_COUNT = data.Layout.cast(Instr)["count"].width
+
+
+class MatrixEngine(wiring.Component):
+    """Runs MATMULs behind later instructions, up to :data:`~hdl.control.hazards.MATMUL_SLOTS`
+    in flight, rows back to back.
+
+    Contract: takes a MATMUL on ``i_matmul`` while a slot is free and the previous MATMUL's
+    last row is being (or has been) issued, so rows of consecutive MATMULs enter the array
+    with no gap; reads buffer rows ``ub_addr..`` in order, one a cycle, and sends each with
+    its instruction's ``switch`` (first row only) and ``signed`` flags to the array; writes
+    each output row to accumulator row ``acc_addr + i`` (added if ``accumulate``), in
+    order; pulses ``o_retire`` in the cycle after the last row of the oldest MATMUL has been
+    written (``i_acc_written``). After a reset it first writes zeros to every accumulator
+    row (``o_idle`` low meanwhile). ``o_array_active`` is high in each cycle a row enters
+    the array.
+
+    Members
+    -------
+    i_matmul : In(stream.Signature(Matmul))
+        Instructions from the front end.
+    o_ub : Out(MemReadSignature(ub_bits, ub_row))
+        Unified-buffer read client.
+    o_act : Out(stream.Signature(act_row_layout))
+        Activation rows into the matrix unit.
+    i_psum : In(stream.Signature(psum_row_layout))
+        Output rows from the matrix unit.
+    o_acc : Out(stream.Signature(psum_write_layout))
+        Accumulator writes.
+    i_acc_written : In(1)
+        The accumulators wrote a row (one pulse per row, in order).
+    o_retire, o_idle, o_array_active : Out(1)
+    """
+
+    def __init__(self, config: TPUConfig):
+        cfg = self.config = config
+        self.ub_bits = addr_bits(cfg.ub_depth)
+        self.acc_bits = addr_bits(cfg.acc_depth)
+        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        super().__init__({
+            "i_matmul":       In(stream.Signature(Matmul)),
+            "o_ub":           Out(MemReadSignature(self.ub_bits, ub_row)),
+            "o_act":          Out(stream.Signature(act_row_layout(cfg.rows, cfg.data_width))),
+            "i_psum":         In(stream.Signature(psum_row_layout(cfg.cols, cfg.acc_width))),
+            "o_acc":          Out(stream.Signature(psum_write_layout(self.acc_bits, cfg.cols,
+                                                                     cfg.acc_width))),
+            "i_acc_written":  In(1),
+            "o_retire":       Out(1),
+            "o_idle":         Out(1),
+            "o_array_active": Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        cmd = self.i_matmul
+
+        # After reset: zero every accumulator row, one a cycle.
+        scrubbing = Signal(init=1)
+        scrub_addr = Signal(range(cfg.acc_depth))
+        with m.If(scrubbing):
+            m.d.sync += scrub_addr.eq(scrub_addr + 1)
+            with m.If(scrub_addr == cfg.acc_depth - 1):
+                m.d.sync += scrubbing.eq(0)
+
+        busy = Signal()             # still issuing rows of the newest MATMUL
+        ub_next = Signal(self.ub_bits)
+        acc_next = Signal(self.acc_bits)
+        left = Signal(_COUNT)
+        switch = Signal()
+        signed_ = Signal()
+        accumulate = Signal()
+        head = Signal(range(MATMUL_SLOTS))
+        tail = Signal(range(MATMUL_SLOTS))
+        in_flight = [Signal(name=f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
+        pending = [Signal(_COUNT, name=f"slot{i}_pending") for i in range(MATMUL_SLOTS)]
+
+        meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
+                                           "acc": unsigned(self.acc_bits)})
+        meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
+        # Unbuffered: a row's metadata must be readable the cycle after its UB read was
+        # issued, when the row arrives, or the read port would idle every other cycle.
+        m.submodules.meta_a = meta_a = fifo.SyncFIFO(width=meta_a_layout.size, depth=4)
+        m.submodules.meta_b = meta_b = fifo.SyncFIFOBuffered(
+            width=meta_b_layout.size, depth=cfg.array_latency + 2)
+        meta_a_in = data.View(meta_a_layout, meta_a.w_data)
+        meta_a_out = data.View(meta_a_layout, meta_a.r_data)
+        meta_b_in = data.View(meta_b_layout, meta_b.w_data)
+        meta_b_out = data.View(meta_b_layout, meta_b.r_data)
+
+        # Issue buffer reads.
+        ub = self.o_ub
+        m.d.comb += [
+            ub.addr.valid.eq(busy & meta_a.w_rdy),
+            ub.addr.payload.eq(ub_next),
+            meta_a.w_en.eq(ub.addr.valid & ub.addr.ready),
+            meta_a_in.switch.eq(switch),
+            meta_a_in.signed.eq(signed_),
+            meta_a_in.accumulate.eq(accumulate),
+            meta_a_in.acc.eq(acc_next),
+        ]
+        # The next MATMUL may follow in the cycle the last row of the current one is issued.
+        last_row = meta_a.w_en & (left == 1)
+        m.d.comb += [
+            cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),
+            self.o_idle.eq(~scrubbing & ~busy & ~Cat(*in_flight).any()),
+        ]
+        with m.If(cmd.valid & cmd.ready):
+            p = cmd.payload
+            m.d.sync += [
+                busy.eq(1),
+                ub_next.eq(p.ub_addr), acc_next.eq(p.acc_addr), left.eq(p.count),
+                switch.eq(p.switch), signed_.eq(p.signed), accumulate.eq(p.accumulate),
+            ]
+            for i in range(MATMUL_SLOTS):
+                with m.If(tail == i):
+                    m.d.sync += [in_flight[i].eq(1), pending[i].eq(p.count)]
+            m.d.sync += tail.eq(Mux(tail == MATMUL_SLOTS - 1, 0, tail + 1))
+        with m.Elif(meta_a.w_en):
+            m.d.sync += [ub_next.eq(ub_next + 1), acc_next.eq(acc_next + 1),
+                         left.eq(left - 1), switch.eq(0)]
+            with m.If(left == 1):
+                m.d.sync += busy.eq(0)
+
+        # Buffer rows (with their metadata) into the array.
+        act = self.o_act
+        m.d.comb += [
+            act.valid.eq(ub.data.valid & meta_a.r_rdy),
+            act.payload.signed.eq(meta_a_out.signed),
+            act.payload.switch.eq(meta_a_out.switch),
+            ub.data.ready.eq(act.ready & meta_a.r_rdy),
+            meta_a.r_en.eq(act.valid & act.ready),
+            meta_b.w_en.eq(act.valid & act.ready),
+            meta_b_in.accumulate.eq(meta_a_out.accumulate),
+            meta_b_in.acc.eq(meta_a_out.acc),
+            self.o_array_active.eq(act.valid & act.ready),
+        ]
+        for r in range(cfg.rows):
+            m.d.comb += act.payload.data[r].eq(ub.data.payload[r])
+
+        # Array output rows into the accumulators (zero rows while scrubbing).
+        with m.If(scrubbing):
+            m.d.comb += [self.o_acc.valid.eq(1), self.o_acc.payload.addr.eq(scrub_addr)]
+        with m.Else():
+            m.d.comb += [
+                self.o_acc.valid.eq(self.i_psum.valid & meta_b.r_rdy),
+                self.o_acc.payload.addr.eq(meta_b_out.acc),
+                self.o_acc.payload.accumulate.eq(meta_b_out.accumulate),
+                self.o_acc.payload.data.eq(self.i_psum.payload),
+                self.i_psum.ready.eq(self.o_acc.ready & meta_b.r_rdy),
+                meta_b.r_en.eq(self.o_acc.valid & self.o_acc.ready),
+            ]
+
+        # Retire MATMULs as their last row is written (a scrub row's write is no MATMUL's:
+        # its slot is not in flight).
+        for i in range(MATMUL_SLOTS):
+            with m.If(self.i_acc_written & (head == i) & in_flight[i]):
+                m.d.sync += pending[i].eq(pending[i] - 1)
+                with m.If(pending[i] == 1):
+                    m.d.comb += self.o_retire.eq(1)
+                    m.d.sync += [in_flight[i].eq(0),
+                                 head.eq(Mux(head == MATMUL_SLOTS - 1, 0, head + 1))]
+        return m
