@@ -1,0 +1,103 @@
+"""Proof of the processing element (:class:`hdl.pe.PE`) against a shadow model.
+
+Contract, from the PE's docstring, checked on the ports every cycle:
+
+- ``o_psum(t) == i_psum(t-1) + a(t-3) * w(t-3)``, truncated to ``acc_width`` bits (wrap
+  modulo ``2**acc_width``), where ``a(t-3)`` is the activation that arrived three cycles
+  earlier and ``w(t-3)`` the weight it met: the shadow weight if ``i_switch`` marked it,
+  else the active weight (operands registered, product registered, sum the cycle after);
+- the active weight becomes the shadow weight on a marked activation and never changes
+  otherwise; the shadow weight is the last bus weight tagged with the cell's row;
+- ``o_act``, ``o_switch``, ``o_wbus`` are the inputs one cycle later.
+
+The model keeps its own active and shadow weights; auxiliary invariants tie them (and the
+multiplier's weight operand) to the PE's registers so that k-induction closes. The reset is
+free (``reset="any"``): the properties hold across a reset at any time.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Assert, Module, Mux, Signal, Value, signed
+
+from hdl.pe import PE
+
+from ..formal import Harness, Inside
+
+__all__ = ["pe_harness"]
+
+
+def _past(m: Module, value, cycles: int, *, name: str, reset_less: bool) -> list[Value]:
+    """*value* as it was 1, 2, ... *cycles* cycles ago (registers added to *m*)."""
+    past = []
+    for index in range(cycles):
+        reg = Signal.like(value, name=f"{name}_{index + 1}", reset_less=reset_less)
+        m.d.sync += reg.eq(value)
+        past.append(value := reg)
+    return past
+
+
+def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True,
+               row: int = 1, row_bits: int = 2, model_bug: bool = False,
+               invariants: bool = True) -> Harness:
+    """Harness proving :class:`PE` (see the module docstring).
+
+    Parameters
+    ----------
+    data_width, acc_width, use_dsp, row, row_bits
+        The PE's parameters.
+    model_bug : bool
+        Deliberately wrong model (adds 1 to the sum): the proof must fail. For the tests.
+    invariants : bool
+        ``False`` leaves out the invariants on the internal state: the contract still holds,
+        but k-induction cannot close (the active weight can hide for any number of cycles).
+        For the tests.
+    """
+    dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits,
+             use_dsp=use_dsp)
+    operand = signed(data_width + 1)
+
+    def properties(m: Module, pe: PE, inside: Inside) -> None:
+        # Shadow model of the two weight registers (no reset, like the PE's).
+        active = Signal(operand, name="model_active", reset_less=True)
+        shadow = Signal(operand, name="model_shadow", reset_less=True)
+        weight = Signal(operand, name="model_weight")     # what the arriving activation meets
+        m.d.comb += weight.eq(Mux(pe.i_switch, shadow, active))
+        with m.If(pe.i_switch):
+            m.d.sync += active.eq(shadow)
+        with m.If(pe.i_wbus.valid & (pe.i_wbus.row == row)):
+            m.d.sync += shadow.eq(pe.i_wbus.data)
+
+        # Contract on the ports.
+        act_1, act_2, act_3 = _past(m, pe.i_act, 3, name="past_act", reset_less=True)
+        weight_1, weight_2, weight_3 = _past(m, weight, 3, name="past_weight", reset_less=True)
+        [psum_1] = _past(m, pe.i_psum, 1, name="past_psum", reset_less=True)
+        expected = Signal(signed(acc_width), name="expected_psum")
+        # Assigning to acc_width bits truncates: the wrap modulo 2**acc_width.
+        m.d.comb += expected.eq(psum_1 + act_3 * weight_3 + (1 if model_bug else 0))
+        m.d.comb += Assert(pe.o_psum == expected, "o_psum = i_psum + a * w, 3-cycle timing")
+        # o_switch and o_wbus reset with the PE, so their past copies do too.
+        [switch_1] = _past(m, pe.i_switch, 1, name="past_switch", reset_less=False)
+        [wbus_1] = _past(m, pe.i_wbus.as_value(), 1, name="past_wbus", reset_less=False)
+        m.d.comb += [
+            Assert(pe.o_act == act_1, "o_act is i_act one cycle later"),
+            Assert(pe.o_switch == switch_1, "o_switch is i_switch one cycle later"),
+            Assert(pe.o_wbus.as_value() == wbus_1, "o_wbus is i_wbus one cycle later"),
+        ]
+
+        # Invariants on the internal state, for induction: the model's weights are the PE's,
+        # the multiplier's operands are the activation and the weight the model chose, the
+        # product register holds their product (for use_dsp=False this is where the
+        # shift-and-add multiplier is proved equal to `*`).
+        if not invariants:
+            return
+        m.d.comb += [
+            Assert(inside.signal("active") == active,
+                   "active weight changes only on a switch, to the shadow weight"),
+            Assert(inside.signal("shadow") == shadow, "shadow weight is the last for this row"),
+            Assert(inside.signal("a") == act_1, "the activation operand is i_act"),
+            Assert(inside.signal("w") == weight_1,
+                   "the weight operand is shadow on a switch, else active"),
+            Assert(inside.signal("product") == act_2 * weight_2, "the product register"),
+        ]
+
+    return Harness(dut, properties, reset="any")
