@@ -1,0 +1,168 @@
+"""The formal proofs stay alive (each as a short BMC) and have teeth: deliberately broken
+models, harnesses and designs must come back FAILED with a counterexample, and a proof whose
+induction cannot close must not pass."""
+
+from pathlib import Path
+
+import pytest
+from amaranth.hdl import Fragment, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl.pe import PE
+from hdl.weight_fifo import WeightFIFO
+from sim import formal
+from sim.formal import Harness, Result, run
+from sim.proofs import FAST_DEPTH, PROOFS, run_proof
+from sim.proofs.pe import pe_harness
+from sim.proofs.weight_fifo import weight_fifo_harness
+
+
+def _assert_counterexample(result: Result, source: str) -> None:
+    """FAILED, with a VCD trace, a .gtkw beside it naming the trace's signals, and the failed
+    assertion located in *source*."""
+    assert result.status == "FAILED", result.report()
+    assert not result.ok
+    assert result.trace is not None and result.trace.is_file()
+    assert result.trace.parent.name == "engine_0"
+    assert result.gtkw is not None and result.gtkw.parent == result.trace.parent
+    text = result.gtkw.read_text()
+    assert f'[dumpfile] "{result.trace.resolve()}"' in text
+    traces = [line for line in text.splitlines() if line and line[0] not in "[@-*"]
+    assert traces and set(traces) <= set(formal.vcd_signals(result.trace).values())
+    assert any(source in where for where in result.failed), result.failed
+    assert "FAILED" in result.report() and str(result.gtkw.name) in result.report()
+
+
+@pytest.mark.parametrize("name", sorted(PROOFS))
+def test_fast_form(name: str, tmp_path: Path):
+    """Every registered proof, as a BMC of FAST_DEPTH cycles, finds no counterexample."""
+    result = run_proof(PROOFS[name], fast=True, build_root=tmp_path)
+    assert result.status == "bounded", result.report()
+    assert result.ok and result.depth == FAST_DEPTH and result.trace is None
+
+
+def test_pe_model_bug_fails(tmp_path: Path):
+    result = run("pe_bug", pe_harness(data_width=4, acc_width=8, model_bug=True),
+                 mode="bmc", depth=4, build_root=tmp_path)
+    _assert_counterexample(result, "sim/proofs/pe.py")
+
+
+def test_fifo_count_bug_fails(tmp_path: Path):
+    result = run("fifo_bug", weight_fifo_harness(rows=2, depth=2, count_bug=True),
+                 mode="prove", depth=4, build_root=tmp_path)
+    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+
+
+class _CorruptingFIFO(WeightFIFO):
+    """A broken weight FIFO: every row leaves with its signedness cleared."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.comb += self.o_row.payload.signed.eq(0)
+        return m
+
+
+def test_fifo_corrupting_design_fails(tmp_path: Path):
+    """The picked-row argument catches a design that damages data (counts stay right)."""
+    result = run("fifo_corrupt", weight_fifo_harness(rows=2, depth=2,
+                                                     dut_class=_CorruptingFIFO),
+                 mode="bmc", depth=6, build_root=tmp_path)
+    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+
+
+def test_unclosed_induction_is_not_a_pass(tmp_path: Path):
+    """Without the invariants on the PE's weights, the base case holds but induction cannot
+    close: UNKNOWN, not proved."""
+    result = run("pe_weak", pe_harness(data_width=4, acc_width=8, invariants=False),
+                 mode="prove", depth=4, build_root=tmp_path)
+    assert result.status == "UNKNOWN", result.report()
+    assert not result.ok and result.k is None
+    assert result.trace is not None and result.trace.name == "trace_induct.vcd"
+
+
+def test_pe_proof_closes(tmp_path: Path):
+    """The small PE closes by k-induction (what `make formal` runs at 8/32)."""
+    result = run("pe_small", pe_harness(data_width=4, acc_width=8), mode="prove", depth=3,
+                 build_root=tmp_path)
+    assert result.status == "proved", result.report()
+    assert result.k is not None and 0 <= result.k <= 3
+
+
+# The stream-rule helper on toy components --------------------------------------------------
+
+class _Source(wiring.Component):
+    """Offers a counter; ``lawful=False`` counts on while its beat waits for ready."""
+
+    o_stream: Out(stream.Signature(4))
+
+    def __init__(self, *, lawful: bool):
+        self.lawful = lawful
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(4)
+        with m.If(self.o_stream.ready | ~self.o_stream.valid | (not self.lawful)):
+            m.d.sync += count.eq(count + 1)
+        m.d.comb += [self.o_stream.payload.eq(count), self.o_stream.valid.eq(count[0])]
+        return m
+
+
+class _Wire(wiring.Component):
+    """A stream passed straight through: its output is lawful exactly when its input is."""
+
+    i_stream: In(stream.Signature(4))
+    o_stream: Out(stream.Signature(4))
+
+    def elaborate(self, platform):
+        m = Module()
+        wiring.connect(m, wiring.flipped(self.i_stream), wiring.flipped(self.o_stream))
+        return m
+
+
+def _rules(m, dut, inside):
+    formal.all_stream_rules(m, dut)
+
+
+def test_stream_ports_sides():
+    wire = _Wire()
+    assert [(name, port, side) for name, port, side in formal.stream_ports(wire)] == [
+        ("i_stream", wire.i_stream, "env"), ("o_stream", wire.o_stream, "dut")]
+    Fragment.get(wire, None)  # used, so Amaranth does not warn about it
+
+
+def test_stream_rules_catch_a_withdrawn_beat(tmp_path: Path):
+    result = run("source_bad", Harness(_Source(lawful=False), _rules), mode="bmc", depth=4,
+                 build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal.py")
+
+
+def test_stream_rules_prove_a_lawful_source(tmp_path: Path):
+    result = run("source_good", Harness(_Source(lawful=True), _rules), mode="prove",
+                 depth=3, build_root=tmp_path)
+    assert result.status == "proved", result.report()
+
+
+def test_stream_rules_assume_the_environment(tmp_path: Path):
+    """The wire's output is lawful because its input is assumed lawful; without that
+    assumption (a free input may withdraw a beat), the output check fails."""
+    proved = run("wire", Harness(_Wire(), _rules), mode="prove", depth=3,
+                 build_root=tmp_path)
+    assert proved.status == "proved", proved.report()
+
+    def output_only(m, dut, inside):
+        formal.stream_rules(m, dut.o_stream, side="dut")
+
+    failed = run("wire_free", Harness(_Wire(), output_only), mode="bmc", depth=4,
+                 build_root=tmp_path)
+    _assert_counterexample(failed, "sim/formal.py")
+
+
+def test_inside_finds_internal_state_by_name():
+    inside = formal.Inside(Fragment.get(PE(data_width=4, acc_width=8), None))
+    assert inside.signal("active").name == "active"
+    with pytest.raises(KeyError, match="active"):    # the message lists what exists
+        inside.signal("no_such_signal")
+    with pytest.raises(KeyError, match="no submodule"):
+        inside.signal("rows.level")
