@@ -47,6 +47,7 @@ help:
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
+	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
@@ -116,6 +117,10 @@ demo:
 
 synth:
 	$(RUN) $(PY) -m bench.synth
+
+.PHONY: formal
+formal:
+	$(RUN) $(PY) -m sim.proofs $(ARGS)
 
 bench:
 	$(RUN) $(PY) -m bench.utilisation
