@@ -78,9 +78,7 @@ ALIASES = {"ub_addr": "ub", "acc_addr": "acc", "zero_point": "zp", "clamp_hi": "
 INT8_FIELDS = frozenset({"zero_point", "clamp_hi"})
 
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
-_OPCODE_WIDTH = Shape.cast(isa.Opcode).width
 _MNEMONICS = {op.name.lower(): op for op in isa.Opcode}
-_OPCODE_VALUES = frozenset(op.value for op in isa.Opcode)
 
 
 class AsmError(ValueError):
@@ -193,30 +191,13 @@ def encode(opcode: isa.Opcode, **fields) -> int:
 
 
 def decode(word: int) -> tuple[isa.Opcode | int, dict[str, int]]:
-    """``(opcode, fields)`` of an instruction word (its low 64 bits). ``fields`` maps layout
+    """``(opcode, fields)`` of an instruction word (its low 64 bits), with
+    :func:`hdl.isa.decode` (the decoder the ISA simulator uses too). ``fields`` maps layout
     names to ints (int8 fields sign-extended, enums to their value) and is empty for an
     unknown opcode, which is returned as an int."""
-    word &= _INSTR_MASK
-    raw_opcode = word & ((1 << _OPCODE_WIDTH) - 1)
-    if raw_opcode not in _OPCODE_VALUES:
-        return raw_opcode, {}
-    opcode = isa.Opcode(raw_opcode)
-    layout = data.Layout.cast(isa.FORMATS[opcode])
-    view = layout.from_bits(word)
-    fields = {}
-    for spec in _SPECS[opcode]:
-        try:
-            value = view[spec.name]
-        except ValueError:          # an enum field holding no member
-            value = (word >> spec.offset) & ((1 << spec.width) - 1)
-        if isinstance(value, enum.Enum):
-            value = value.value
-        value = int(value)
-        if spec.kind == "int8":
-            value = ((value + (1 << (spec.width - 1))) & ((1 << spec.width) - 1)) \
-                - (1 << (spec.width - 1))
-        fields[spec.name] = value
-    return opcode, fields
+    opcode, fields = isa.decode(word)
+    return opcode, {name: value.value if isinstance(value, enum.Enum) else value
+                    for name, value in fields.items()}
 
 
 # Data beats ----------------------------------------------------------------------------------
@@ -228,12 +209,14 @@ class _Data:
     signed: bool = True
 
     def size(self, config: TPUConfig) -> tuple[int, int]:
-        """(elements, bits per element)."""
+        """(elements, bits per element), from the beat layouts of :mod:`hdl.isa`."""
         if self.kind == "ub":
-            return config.ub_row, 8
-        if self.kind == "weight":
-            return config.cols, 8
-        return config.cols, 32
+            layout = isa.ub_row_beat(config.ub_row)
+        elif self.kind == "weight":
+            layout = isa.weight_row_beat(config.cols)
+        else:
+            layout = isa.param_row_beat(config.cols)
+        return layout.length, Shape.cast(layout.elem_shape).width
 
     @property
     def directives(self) -> tuple[str, ...]:

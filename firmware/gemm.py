@@ -123,7 +123,7 @@ class GemmProgram:
         output = [int(b) for b in output]
         if len(output) != self.output_beats:
             raise ValueError(f"expected {self.output_beats} output beats, got {len(output)}")
-        done = isa.DONE_MAGIC << 32 | self.instructions
+        done = isa.done_beat(self.instructions)
         if output[-1] != done:
             raise ValueError(f"last beat {output[-1]:#x} is not the DONE beat {done:#x}")
         cols = self.config.cols

@@ -132,7 +132,7 @@ def open_device(transport: str, config: TPUConfig, **options) -> Device:
 
 def done_beat(instructions: int) -> int:
     """The beat HALT sends for a program of ``instructions`` instructions."""
-    return isa.DONE_MAGIC << 32 | (instructions & 0xFFFF_FFFF)
+    return isa.done_beat(instructions)
 
 
 def run_program(device: Device, beats: Sequence[int], output_beats: int, *,

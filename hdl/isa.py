@@ -24,6 +24,8 @@ __all__ = [
     "DONE_MAGIC", "ERROR_MAGIC", "RESYNC_WORD", "DoneBeat", "ErrorBeat",
     "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost", "LoadWeights", "ReadWeights",
     "Matmul", "Activate", "LoadParams", "ReadCounters", "ClearCounters", "FORMATS", "Status",
+    "DATA_BITS", "ub_row_beat", "weight_row_beat", "param_row_beat", "COUNTER_BEAT", "decode",
+    "done_beat", "error_beat",
 ]
 
 INSTR_BITS = 64
@@ -289,3 +291,72 @@ class Status(data.Struct):
     halted:      1    # the core has finished a HALT and is waiting for more instructions
     _pad:        2
     instr_index: 24   # the failing instruction's index in its program, else the next one's
+
+
+# Data beats ----------------------------------------------------------------------------------
+# Each sits in the low bits of a host beat; bits above it are ignored on input and zero on
+# output. Their sizes depend on the configuration (``ub_row = max(rows, cols)``).
+
+#: Bits of one activation or weight element (int8 or uint8: the same raw bits).
+DATA_BITS = 8
+
+
+def ub_row_beat(ub_row: int) -> data.ArrayLayout:
+    """A unified-buffer row (READ_HOST in, WRITE_HOST out): ``ub_row`` raw bytes, element 0
+    in the low bits."""
+    return data.ArrayLayout(unsigned(DATA_BITS), ub_row)
+
+
+def weight_row_beat(cols: int) -> data.ArrayLayout:
+    """A weight row (LOAD_WEIGHTS): ``cols`` raw bytes, column 0 in the low bits."""
+    return data.ArrayLayout(unsigned(DATA_BITS), cols)
+
+
+def param_row_beat(cols: int) -> data.ArrayLayout:
+    """A parameter row (LOAD_PARAMS: the bias row, then the multiplier row): ``cols`` int32,
+    column 0 in the low bits."""
+    return data.ArrayLayout(signed(32), cols)
+
+
+#: A counter beat (READ_COUNTERS), one per counter in :data:`COUNTERS` order.
+COUNTER_BEAT = unsigned(COUNTER_BITS)
+
+
+def done_beat(instructions: int) -> int:
+    """The beat HALT sends for a program of ``instructions`` instructions."""
+    return data.Layout.cast(DoneBeat).const({
+        "instructions": instructions & 0xFFFF_FFFF, "magic": DONE_MAGIC}).as_bits()
+
+
+def error_beat(code: ErrorCode | int, index: int) -> int:
+    """The beat the core sends when instruction ``index`` fails with ``code``."""
+    return data.Layout.cast(ErrorBeat).const({
+        "instr_index": index & 0xFF_FFFF, "code": int(getattr(code, "value", code)),
+        "magic": ERROR_MAGIC}).as_bits()
+
+
+# The one instruction decoder (the assembler, the disassembler and the ISA simulator use it).
+
+def decode(word: int) -> tuple[Opcode | int, dict[str, object]]:
+    """The opcode and every field after it of instruction word ``word`` (its low
+    :data:`INSTR_BITS` bits), in layout order: enum fields as members (an int when the value
+    names none), signed fields as negative ints, reserved fields too. An unknown opcode comes
+    back as an int, with no fields."""
+    word = int(word) & ((1 << INSTR_BITS) - 1)
+    raw = word & ((1 << Opcode.as_shape().width) - 1)
+    try:
+        opcode = Opcode(raw)
+    except ValueError:
+        return raw, {}
+    layout = data.Layout.cast(FORMATS[opcode])
+    view = layout.from_bits(word)
+    fields: dict[str, object] = {}
+    for name, field in layout:
+        if name == "opcode":
+            continue
+        try:
+            value = view[name]
+        except ValueError:                    # an enum field holding no member
+            value = (word >> field.offset) & ((1 << field.width) - 1)
+        fields[name] = value if isinstance(value, enum.Enum) else int(value)
+    return opcode, fields

@@ -10,7 +10,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .isa import COUNTERS, Func
+from .isa import COUNTERS, Func, param_row_beat
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
            "requant_params_layout", "MatrixStatusSignature", "CounterEventsSignature",
@@ -56,8 +56,8 @@ def requant_params_layout(cols: int) -> data.StructLayout:
     """What the activation unit applies to a row: per-column int32 bias and multiplier, the
     rounding shift, the zero point, CLAMP's upper bound and the function."""
     return data.StructLayout({
-        "bias":       data.ArrayLayout(signed(32), cols),
-        "multiplier": data.ArrayLayout(signed(32), cols),
+        "bias":       param_row_beat(cols),
+        "multiplier": param_row_beat(cols),
         "shift":      unsigned(6),
         "zero_point": signed(8),
         "clamp_hi":   signed(8),

@@ -164,8 +164,6 @@ POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
 
 _COUNTER_MASK = (1 << isa.COUNTER_BITS) - 1
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
-_OPCODE_MASK = (1 << isa.Opcode.as_shape().width) - 1
-_OPCODES = frozenset(op.value for op in isa.Opcode)
 
 
 def _int8(value: int) -> int:
@@ -173,24 +171,15 @@ def _int8(value: int) -> int:
     return ((int(value) + 128) & 0xFF) - 128
 
 
-def _fields(layout: type[data.Struct], word: int) -> dict[str, object]:
-    """Every field of ``layout`` in ``word``; enum fields holding no member stay ints."""
-    shape = data.Layout.cast(layout)
-    view = shape.from_bits(word)
-    values = {}
-    for name, field in shape:
-        try:
-            values[name] = view[name]
-        except ValueError:
-            values[name] = (word >> field.offset) & ((1 << field.width) - 1)
-    return values
+def _row(beat: int, size: int, dtype) -> np.ndarray:
+    """The data row in the low ``size`` bits of ``beat`` (a layout of :mod:`hdl.isa`:
+    elements of ``dtype``, element 0 lowest)."""
+    raw = (beat & ((1 << size) - 1)).to_bytes(size // 8, "little")
+    return np.frombuffer(raw, dtype=dtype).copy()
 
 
-def error_beat(code: isa.ErrorCode, index: int) -> int:
-    """The beat the core sends when instruction ``index`` fails with ``code``."""
-    return data.Layout.cast(isa.ErrorBeat).const({
-        "instr_index": index & 0xFF_FFFF, "code": int(code.value), "magic": isa.ERROR_MAGIC,
-    }).as_bits()
+#: The beat the core sends when an instruction fails (:func:`hdl.isa.error_beat`).
+error_beat = isa.error_beat
 
 
 def beats_match(expected: Sequence[int | None], actual: Sequence[int]) -> bool:
@@ -365,12 +354,10 @@ class IsaSim:
             self._halted = False
             return
         self._halted = False
-        opcode = word & _OPCODE_MASK
+        opcode, fields = isa.decode(word)       # the decoder the assembler uses too
         try:
-            if opcode not in _OPCODES:
+            if not isinstance(opcode, isa.Opcode):
                 raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)
-            opcode = isa.Opcode(opcode)
-            fields = _fields(isa.FORMATS[opcode], word)
             execute = getattr(self, f"_op_{opcode.name.lower()}")
             execute(fields)
         except _Error as error:
@@ -406,18 +393,17 @@ class IsaSim:
 
     def _op_halt(self, f) -> None:
         self._counts["instructions"] += 1
-        self.output.append(isa.DONE_MAGIC << 32 | (self._index + 1) & 0xFFFF_FFFF)
+        self.output.append(isa.done_beat(self._index + 1))
         self._index = 0
         self._halted = True
 
     def _op_read_host(self, f) -> None:
         self._check_count(f["count"])
         self._check_ub(f["ub_addr"], f["count"])
-        n = self.config.ub_row
-        mask = (1 << 8 * n) - 1
+        size = data.Layout.cast(isa.ub_row_beat(self.config.ub_row)).size
 
         def write(row: int, beat: int) -> None:
-            self.ub[row] = np.frombuffer((beat & mask).to_bytes(n, "little"), dtype=np.uint8)
+            self.ub[row] = _row(beat, size, np.uint8)
 
         self._pending = [lambda beat, row=f["ub_addr"] + i: write(row, beat)
                          for i in range(f["count"])]
@@ -432,12 +418,11 @@ class IsaSim:
         self._check_count(f["count"])
         self._check_tiles(f["tile"], f["count"])
         rows, cols = self.config.rows, self.config.cols
-        mask = (1 << 8 * cols) - 1
+        size = data.Layout.cast(isa.weight_row_beat(cols)).size
         signed = bool(f["signed"])
 
         def write(tile: int, row: int, beat: int) -> None:
-            self.weights[tile, row] = np.frombuffer((beat & mask).to_bytes(cols, "little"),
-                                                    dtype=np.uint8)
+            self.weights[tile, row] = _row(beat, size, np.uint8)
             if row == rows - 1:
                 self.weight_written[tile] = True
                 self.weight_signed[tile] = signed
@@ -505,17 +490,13 @@ class IsaSim:
         p.shift = int(f["shift"])
         p.zero_point = _int8(f["zero_point"])
         p.clamp_hi = _int8(f["clamp_hi"])
-        cols = self.config.cols
-
-        def row(beat: int) -> np.ndarray:
-            raw = (beat & ((1 << 32 * cols) - 1)).to_bytes(4 * cols, "little")
-            return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+        size = data.Layout.cast(isa.param_row_beat(self.config.cols)).size
 
         def bias(beat: int) -> None:
-            p.bias = row(beat)
+            p.bias = _row(beat, size, np.dtype("<i4")).astype(np.int64)
 
         def multiplier(beat: int) -> None:
-            p.multiplier = row(beat)
+            p.multiplier = _row(beat, size, np.dtype("<i4")).astype(np.int64)
 
         self._pending = [bias, multiplier]
 

@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..activation import acc_row_layout
 from ..config import TPUConfig
-from ..isa import Activate, Func, Instr, LoadParams, Pool
+from ..isa import Activate, Func, Instr, LoadParams, Pool, param_row_beat, ub_row_beat
 from ..ports import MemReadSignature, MemWriteSignature, addr_bits, requant_params_layout
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
@@ -28,7 +28,7 @@ def param_write_layout(cols: int, slots: int) -> data.StructLayout:
     return data.StructLayout({
         "slot":       unsigned(max(1, (slots - 1).bit_length())),
         "kind":       ParamKind,
-        "row":        data.ArrayLayout(signed(32), cols),
+        "row":        param_row_beat(cols),
         "shift":      _LP["shift"].shape,
         "zero_point": signed(_LP["zero_point"].width),
         "clamp_hi":   signed(_LP["clamp_hi"].width),
@@ -71,7 +71,7 @@ class ActivationEngine(wiring.Component):
         cfg = self.config = config
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.acc_bits = addr_bits(cfg.acc_depth)
-        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        ub_row = ub_row_beat(cfg.ub_row)
         acc_row = data.ArrayLayout(signed(cfg.acc_width), cfg.cols)
         super().__init__({
             "i_activate":    In(stream.Signature(Activate)),
@@ -94,7 +94,7 @@ class ActivationEngine(wiring.Component):
         scalars = data.StructLayout({"shift": pw.payload.shift.shape(),
                                      "zero_point": pw.payload.zero_point.shape(),
                                      "clamp_hi": pw.payload.clamp_hi.shape()})
-        row = data.ArrayLayout(signed(32), cfg.cols)
+        row = param_row_beat(cfg.cols)
         m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
                                                          init=[])
         m.submodules.mult_mem = mult_mem = memory.Memory(shape=row, depth=cfg.param_slots,

@@ -24,6 +24,9 @@ from ..isa import (
     ReadWeights,
     Status,
     WriteHost,
+    param_row_beat,
+    ub_row_beat,
+    weight_row_beat,
 )
 from ..ports import MemWriteSignature, addr_bits
 from ..systolic_array import weight_row_layout
@@ -91,7 +94,7 @@ class FrontEnd(wiring.Component):
         cfg = self.config = config
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.wm_bits = addr_bits(cfg.weight_mem_tiles * cfg.rows)
-        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        ub_row = ub_row_beat(cfg.ub_row)
         host = stream.Signature(unsigned(cfg.host_width))
         super().__init__({
             "i_host":            In(host),
@@ -137,6 +140,13 @@ class FrontEnd(wiring.Component):
         # Decode.
         beat = self.i_host.payload
         word = beat[:INSTR_BITS]
+        # The data beats, each in the low bits of the beat.
+        ub_beat = data.View(ub_row_beat(cfg.ub_row),
+                            beat[:data.Layout.cast(ub_row_beat(cfg.ub_row)).size])
+        weight_beat = data.View(weight_row_beat(cols),
+                                beat[:data.Layout.cast(weight_row_beat(cols)).size])
+        param_beat = data.View(param_row_beat(cols),
+                               beat[:data.Layout.cast(param_row_beat(cols)).size])
         instr = data.View(Instr, word)
         op = instr.opcode
         mm = data.View(Matmul, word)
@@ -231,16 +241,15 @@ class FrontEnd(wiring.Component):
         slot = Signal.like(self.o_param_write.payload.slot)
         counter = Signal(range(len(COUNTERS)))
         beat_out = self.o_beat
-        ub_row_bits = cfg.data_width * cfg.ub_row
         scrubbing = Signal()
         scrub_addr = Signal(range(cfg.ub_depth))
         m.d.comb += [
             self.o_ub_write.payload.addr.eq(Mux(scrubbing, scrub_addr, addr)),
-            self.o_ub_write.payload.data.eq(Mux(scrubbing, 0, beat[:ub_row_bits])),
+            self.o_ub_write.payload.data.eq(Mux(scrubbing, 0, ub_beat.as_value())),
             self.o_wm_write.payload.addr.eq(addr),
-            self.o_wm_write.payload.data.data.eq(beat[:cfg.data_width * cols]),
+            self.o_wm_write.payload.data.data.eq(weight_beat),
             self.o_wm_write.payload.data.signed.eq(signed_),
-            self.o_param_write.payload.row.eq(beat[:32 * cols]),
+            self.o_param_write.payload.row.eq(param_beat),
             self.o_param_write.payload.shift.eq(lp.shift),
             self.o_param_write.payload.zero_point.eq(lp.zero_point.as_signed()),
             self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),

@@ -5,7 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import TPUConfig
-from ..isa import Instr, WriteHost
+from ..isa import Instr, WriteHost, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
 
 __all__ = ["HostWriter"]
@@ -39,7 +39,7 @@ class HostWriter(wiring.Component):
     def __init__(self, config: TPUConfig):
         cfg = self.config = config
         self.ub_bits = addr_bits(cfg.ub_depth)
-        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        ub_row = ub_row_beat(cfg.ub_row)
         host = stream.Signature(unsigned(cfg.host_width))
         super().__init__({
             "i_write_host": In(stream.Signature(WriteHost)),

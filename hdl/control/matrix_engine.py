@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..accumulators import psum_write_layout
 from ..config import TPUConfig
-from ..isa import Instr, Matmul
+from ..isa import Instr, Matmul, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
 from ..systolic_array import act_row_layout, psum_row_layout
 from .hazards import MATMUL_SLOTS
@@ -51,7 +51,7 @@ class MatrixEngine(wiring.Component):
         cfg = self.config = config
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.acc_bits = addr_bits(cfg.acc_depth)
-        ub_row = data.ArrayLayout(unsigned(cfg.data_width), cfg.ub_row)
+        ub_row = ub_row_beat(cfg.ub_row)
         super().__init__({
             "i_matmul":       In(stream.Signature(Matmul)),
             "o_ub":           Out(MemReadSignature(self.ub_bits, ub_row)),
