@@ -8,7 +8,9 @@ checks, every cycle, on the ports:
   when one is stored;
 - ``o_tiles`` is the number of whole tiles stored (``o_tiles * rows == stored + out_phase
   - in_phase``), so a tile is offered only once all its rows are in;
-- within a tile, rows leave without gaps (``o_row.valid`` while a tile is partly read);
+- within a tile, rows leave without gaps (``o_row.valid`` while a tile is partly read), and
+  with ``rows >= 2`` a counted tile is offered at once (``o_tiles != 0`` implies
+  ``o_row.valid``; one-row tiles are offered a cycle after they are counted);
 - order: one row, picked by the solver at any time (a free ``pick`` input) among all rows
   ever written, leaves with its payload unchanged, after exactly the rows that were stored
   ahead of it, and at the same position in its tile. Since the pick is free and the payload
@@ -83,6 +85,11 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
             Assert(fifo.o_tiles * rows == whole, "o_tiles counts the whole tiles stored"),
             Assert((out_phase == 0) | fifo.o_row.valid, "no gap within a tile"),
         ]
+        if rows >= 2:
+            # With one-row tiles, o_tiles counts a tile a cycle before SyncFIFOBuffered
+            # offers it (its read latency); with more rows, the first row is there in time.
+            m.d.comb += Assert((fifo.o_tiles == 0) | fifo.o_row.valid,
+                               "a counted tile is offered")
 
         # Order: follow one picked row through the FIFO.
         pick = Signal(name="pick")
