@@ -310,6 +310,7 @@ class Result:
     trace: Path | None = None
     gtkw: Path | None = None
     failed: tuple[str, ...] = ()
+    verdict: str = ""          # SymbiYosys's own: PASS, FAIL, UNKNOWN, TIMEOUT, ERROR
 
     @property
     def ok(self) -> bool:
@@ -317,7 +318,9 @@ class Result:
 
     @property
     def log(self) -> Path:
-        return self.workdir / "logfile.txt"
+        """SymbiYosys's log, or its console output when it stopped before writing one."""
+        log = self.workdir / "logfile.txt"
+        return log if log.is_file() else self.workdir.parent / "sby.out"
 
     def describe(self) -> str:
         if self.status == "proved":
@@ -328,7 +331,7 @@ class Result:
             return f"UNKNOWN: base case holds to depth {self.depth}, induction did not close"
         if self.status == "FAILED":
             return "FAILED"
-        return f"ERROR (see {_rel(self.log)})"
+        return f"ERROR: SymbiYosys said {self.verdict or 'nothing'} (see {_rel(self.log)})"
 
     def report(self) -> str:
         """Lines for the console: the verdict and, on failure, where to look."""
@@ -413,15 +416,17 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
         proc = subprocess.run(command, cwd=folder, env=env, text=True,
                               stdout=None if not quiet else out, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start
-    return _result(name, mode, depth, seconds, workdir, proc.returncode)
+    if proc.returncode != 0 and not (workdir / "status").is_file():
+        (workdir / "status").parent.mkdir(parents=True, exist_ok=True)
+        (workdir / "status").write_text(f"ERROR (yowasp-sby exit status {proc.returncode})\n")
+    return _result(name, mode, depth, seconds, workdir)
 
 
 _FAILED_AT = re.compile(r"failed assertion (\S+) at (\S+)(.*)$", re.MULTILINE)
 _TRYING = re.compile(r"Trying induction in step (\d+)")
 
 
-def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path,
-            returncode: int) -> Result:
+def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path) -> Result:
     status_file = workdir / "status"
     verdict = status_file.read_text().split()[0] if status_file.is_file() else "ERROR"
     log = (workdir / "logfile.txt").read_text(errors="replace") if (
@@ -449,7 +454,7 @@ def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path,
             gtkw = trace.with_name(f"{name}.gtkw")
             write_gtkw(trace, gtkw, comment=f"{name}: {status} counterexample")
     return Result(name=name, mode=mode, status=status, depth=depth, k=k, seconds=seconds,
-                  workdir=workdir, trace=trace, gtkw=gtkw, failed=failed)
+                  workdir=workdir, trace=trace, gtkw=gtkw, failed=failed, verdict=verdict)
 
 
 _CELL = re.compile(r'^\s*attribute \\src "(?P<src>[^"]*)"\n'
