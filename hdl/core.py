@@ -1,7 +1,7 @@
 """The accelerator core: the front end, the engines and the datapath behind one host stream."""
 
-from amaranth.hdl import Module, unsigned
-from amaranth.lib import stream, wiring
+from amaranth.hdl import Cat, Module, unsigned
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accumulators import Accumulators
@@ -10,7 +10,7 @@ from .config import TPUConfig
 from .control.activation_engine import ActivationEngine
 from .control.counters import PerfCounters
 from .control.front_end import FrontEnd
-from .control.hazards import HazardTracker
+from .control.hazards import HAZARD_RULES, HazardTracker
 from .control.host_writer import HostWriter
 from .control.matrix_engine import MatrixEngine
 from .control.weight_loader import WeightLoader
@@ -19,7 +19,16 @@ from .matrix_unit import MatrixUnit
 from .unified_buffer import UnifiedBuffer
 from .weight_memory import WeightMemory
 
-__all__ = ["Core"]
+__all__ = ["Core", "ACTIVITY", "activity_layout"]
+
+#: Engines whose activity ``o_activity`` reports, one bit each.
+ACTIVITY = ("front_end", "weight_loader", "matrix", "activation", "host_writer")
+
+
+def activity_layout() -> data.StructLayout:
+    """``o_activity``: the hazard rule the front end waits on (if any) and which engines
+    are busy, for coverage in simulation (unconnected on a board, so synthesis drops it)."""
+    return data.StructLayout({"stall_rules": len(HAZARD_RULES), "busy": len(ACTIVITY)})
 
 
 class Core(wiring.Component):
@@ -44,6 +53,10 @@ class Core(wiring.Component):
         Error flag, code and failing instruction index; readable at any time.
     i_clear : In(1)
         Clears a pending error; the next beat starts a new program.
+    o_activity : Out(activity_layout())
+        Coverage taps: the rules the front end is stalled on this cycle and the engines that
+        are busy (:data:`ACTIVITY` order: a host transfer, READ_WEIGHTS, MATMUL, ACTIVATE,
+        WRITE_HOST).
     """
 
     def __init__(self, config: TPUConfig):
@@ -54,6 +67,7 @@ class Core(wiring.Component):
             "o_host":   Out(host),
             "o_status": Out(Status),
             "i_clear":  In(1),
+            "o_activity": Out(activity_layout()),
         })
 
     def elaborate(self, platform):
@@ -116,6 +130,14 @@ class Core(wiring.Component):
         wiring.connect(m, ae.o_row, au.i_row)
         wiring.connect(m, au.o_row, ae.i_out)
         m.d.comb += au.i_params.eq(ae.o_params)
+
+        # Coverage taps.
+        m.d.comb += [
+            self.o_activity.stall_rules.eq(hz.o_rules &
+                                           fe.o_raw_stall.replicate(len(HAZARD_RULES))),
+            self.o_activity.busy.eq(Cat(fe.o_host_work, ~wl.o_idle, ~me.o_idle, ae.o_busy,
+                                        hw.o_busy)),
+        ]
 
         # Performance counters.
         ev = pc.i_events

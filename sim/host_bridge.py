@@ -15,15 +15,24 @@ full ring (``depth`` beats) differs from an empty one; the output counters are
 
 from __future__ import annotations
 
+import itertools
+
 from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal, unsigned
-from amaranth.lib import memory, wiring
+from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.core import Core
+from hdl.control.hazards import HAZARD_RULES
+from hdl.core import ACTIVITY, Core
 from hdl.isa import Status
 
-__all__ = ["HostBridge", "DEFAULT_IN_DEPTH", "DEFAULT_OUT_DEPTH", "COUNT_BITS"]
+__all__ = ["HostBridge", "DEFAULT_IN_DEPTH", "DEFAULT_OUT_DEPTH", "COUNT_BITS",
+           "OVERLAPS", "COVERAGE_BITS"]
+
+#: Pairs of :data:`hdl.core.ACTIVITY` whose overlap the bridge counts.
+OVERLAPS = tuple(itertools.combinations(ACTIVITY, 2))
+#: Width of the coverage counters (they saturate).
+COVERAGE_BITS = 32
 
 DEFAULT_IN_DEPTH = 4096
 DEFAULT_OUT_DEPTH = 4096
@@ -142,6 +151,9 @@ class HostBridge(wiring.Component):
             "o_event":      Out(1),
             "o_status":     Out(Status),
             "i_clear":      In(1),
+            "o_stall_cycles":   Out(data.ArrayLayout(unsigned(COVERAGE_BITS),
+                                                     len(HAZARD_RULES))),
+            "o_overlap_cycles": Out(data.ArrayLayout(unsigned(COVERAGE_BITS), len(OVERLAPS))),
         })
 
     def elaborate(self, platform):
@@ -225,4 +237,18 @@ class HostBridge(wiring.Component):
             self.o_status.eq(core.o_status),
             core.i_clear.eq(inputs["i_clear"]),
         ]
+
+        # Coverage: cycles the core stalled on each hazard rule, cycles each pair of engines
+        # worked at once (saturating counters, cleared by the reset).
+        top = (1 << COVERAGE_BITS) - 1
+        busy = dict(zip(ACTIVITY, core.o_activity.busy, strict=True))
+        events = ([core.o_activity.stall_rules[i] for i in range(len(HAZARD_RULES))] +
+                  [busy[x] & busy[y] for x, y in OVERLAPS])
+        counters = ([self.o_stall_cycles[i] for i in range(len(HAZARD_RULES))] +
+                    [self.o_overlap_cycles[i] for i in range(len(OVERLAPS))])
+        for event, counter in zip(events, counters, strict=True):
+            count = Signal(COVERAGE_BITS)
+            with m.If(event & (count != top)):
+                m.d.sync += count.eq(count + 1)
+            m.d.comb += counter.eq(count)
         return m

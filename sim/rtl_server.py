@@ -17,6 +17,8 @@ or ``("error", kind, beats_received, status_bits)``:
     kind ``"error"`` when the core's status shows an error first, ``"timeout"`` when
     ``timeout_cycles`` core cycles pass first (``None``: 10,000 + 64 per beat sent); the
     beats that did arrive stay for the next receive.
+``("coverage",)``
+    The bridge's coverage counters (hazard rules stalled on, engine pairs that overlapped).
 ``("status",)``, ``("cycles",)``
     The core's status bits; rising clock edges so far.
 ``("clear",)``, ``("reset",)``
@@ -46,7 +48,9 @@ from cocotb.handle import Immediate
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
+from hdl.control.hazards import HAZARD_RULES
 from hdl.isa import ERROR_MAGIC, ErrorBeat, Status
+from sim.host_bridge import COVERAGE_BITS, OVERLAPS
 
 STATUS = data.Layout.cast(Status)
 ERROR_BEAT = data.Layout.cast(ErrorBeat)
@@ -197,6 +201,19 @@ class Server:
     async def status(self) -> tuple:
         return ("ok", self.status_bits())
 
+    async def coverage(self) -> tuple:
+        """The bridge's coverage counters: cycles stalled on each hazard rule, cycles each
+        pair of engines worked at once (since the last reset)."""
+        def split(value, n: int) -> list[int]:
+            bits = int(value.to_unsigned())
+            mask = (1 << COVERAGE_BITS) - 1
+            return [(bits >> (COVERAGE_BITS * i)) & mask for i in range(n)]
+        stalls = split(self.dut.o_stall_cycles.value, len(HAZARD_RULES))
+        overlaps = split(self.dut.o_overlap_cycles.value, len(OVERLAPS))
+        return ("ok", {"stalls": dict(zip(HAZARD_RULES, stalls, strict=True)),
+                       "overlaps": {f"{a}+{b}": n
+                                    for (a, b), n in zip(OVERLAPS, overlaps, strict=True)}})
+
     async def cycles_request(self) -> tuple:
         return ("ok", self.cycles())
 
@@ -258,6 +275,7 @@ async def serve(dut):
     handlers = {
         "send": server.send, "receive": server.receive, "status": server.status,
         "cycles": server.cycles_request, "clear": server.clear, "reset": server.reset,
+        "coverage": server.coverage,
     }
     try:
         while True:

@@ -285,6 +285,12 @@ class RtlDevice:
     def cycles(self) -> int | None:
         return self._request("cycles")
 
+    def coverage(self) -> dict[str, dict[str, int]]:
+        """Since the last reset: cycles the core stalled on each hazard rule
+        (``"stalls"``, :data:`hdl.control.hazards.HAZARD_RULES`) and cycles each pair of
+        engines worked at once (``"overlaps"``, :data:`sim.host_bridge.OVERLAPS`)."""
+        return self._request("coverage")
+
     def close(self) -> None:
         """Stop the simulator (waiting for it to finish its files) and, with ``waves``,
         move the waveform to ``build/waves/``. Safe to call twice."""

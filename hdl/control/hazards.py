@@ -6,13 +6,31 @@ from amaranth.lib.wiring import In, Out
 
 from ..isa import Activate, Instr, Opcode, Pool
 
-__all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS"]
+__all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS",
+           "HAZARD_RULES"]
 
 #: MATMULs that may be in flight at once (issuing, in the array, or being accumulated).
 MATMUL_SLOTS = 4
 
 #: Width of an exclusive range end: an address field plus a count field can carry.
 ADDR_END_BITS = max(data.Layout.cast(Instr)[f].width for f in ("a", "b", "count")) + 1
+
+
+#: The rules, one bit each of ``o_rules``: ``<waiting instruction>_<kind>_<unfinished one>``
+#: (kind: raw = read after write, war = write after read, waw = write after write; the
+#: memory is the unified buffer unless named).
+HAZARD_RULES = (
+    "read_host_war_matmul",         # READ_HOST writes buffer rows a MATMUL reads
+    "read_host_waw_activate",       # ... an ACTIVATE writes
+    "read_host_war_write_host",     # ... a WRITE_HOST reads
+    "write_host_raw_activate",      # WRITE_HOST reads buffer rows an ACTIVATE writes
+    "load_weights_war_read_weights",  # LOAD_WEIGHTS writes tiles a READ_WEIGHTS reads
+    "matmul_raw_activate",          # MATMUL reads buffer rows an ACTIVATE writes
+    "matmul_war_activate_acc",      # MATMUL writes accumulator rows an ACTIVATE reads
+    "activate_raw_matmul_acc",      # ACTIVATE reads accumulator rows a MATMUL writes
+    "activate_war_matmul",          # ACTIVATE writes buffer rows a MATMUL reads
+    "activate_war_write_host",      # ... a WRITE_HOST reads
+)
 
 
 class HazardQuerySignature(wiring.Signature):
@@ -88,6 +106,9 @@ class HazardTracker(wiring.Component):
         The oldest in-flight MATMUL has written its last accumulator row.
     i_activate_busy, i_write_host_busy, i_read_weights_busy : In(1)
         The engine still runs the instruction it took last.
+    o_rules : Out(len(HAZARD_RULES))
+        Which rules hold for the instruction at the front end (:data:`HAZARD_RULES` order;
+        for coverage: ``hazard`` is their OR).
     """
 
     def __init__(self):
@@ -97,6 +118,7 @@ class HazardTracker(wiring.Component):
             "i_activate_busy":     In(1),
             "i_write_host_busy":   In(1),
             "i_read_weights_busy": In(1),
+            "o_rules":             Out(len(HAZARD_RULES)),
         })
 
     def elaborate(self, platform):
@@ -153,16 +175,20 @@ class HazardTracker(wiring.Component):
         mm_ub_hit_a = Cat(*(r.hits(a, a_end) for r in mm_ub)).any()
         mm_ub_hit_b = Cat(*(r.hits(b, b_end) for r in mm_ub)).any()
         mm_acc_hit_a = Cat(*(r.hits(a, a_end) for r in mm_acc)).any()
-        with m.Switch(op):
-            with m.Case(Opcode.READ_HOST):
-                m.d.comb += q.hazard.eq(mm_ub_hit_a | act_ub.hits(a, a_end) |
-                                        ho_ub.hits(a, a_end))
-            with m.Case(Opcode.WRITE_HOST):
-                m.d.comb += q.hazard.eq(act_ub.hits(a, a_end))
-            with m.Case(Opcode.LOAD_WEIGHTS):
-                m.d.comb += q.hazard.eq(rw_tiles.hits(a, a_end))
-            with m.Case(Opcode.MATMUL):
-                m.d.comb += q.hazard.eq(act_ub.hits(a, a_end) | act_acc.hits(b, b_end))
-            with m.Case(Opcode.ACTIVATE):
-                m.d.comb += q.hazard.eq(mm_acc_hit_a | mm_ub_hit_b | ho_ub.hits(b, b_end))
+        rules = {
+            "read_host_war_matmul":          (Opcode.READ_HOST, mm_ub_hit_a),
+            "read_host_waw_activate":        (Opcode.READ_HOST, act_ub.hits(a, a_end)),
+            "read_host_war_write_host":      (Opcode.READ_HOST, ho_ub.hits(a, a_end)),
+            "write_host_raw_activate":       (Opcode.WRITE_HOST, act_ub.hits(a, a_end)),
+            "load_weights_war_read_weights": (Opcode.LOAD_WEIGHTS, rw_tiles.hits(a, a_end)),
+            "matmul_raw_activate":           (Opcode.MATMUL, act_ub.hits(a, a_end)),
+            "matmul_war_activate_acc":       (Opcode.MATMUL, act_acc.hits(b, b_end)),
+            "activate_raw_matmul_acc":       (Opcode.ACTIVATE, mm_acc_hit_a),
+            "activate_war_matmul":           (Opcode.ACTIVATE, mm_ub_hit_b),
+            "activate_war_write_host":       (Opcode.ACTIVATE, ho_ub.hits(b, b_end)),
+        }
+        assert tuple(rules) == HAZARD_RULES
+        for i, (opcode, hit) in enumerate(rules.values()):
+            m.d.comb += self.o_rules[i].eq((op == opcode) & hit)
+        m.d.comb += q.hazard.eq(self.o_rules.any())
         return m
