@@ -79,40 +79,37 @@ class Conv2D:
 
 
 @dataclass(eq=False)
-class ReLU:
+class _Named:
+    """A layer with no parameters, only a name."""
     name: str = ""
 
 
-@dataclass(eq=False)
-class ReLU6:
-    name: str = ""
+class ReLU(_Named):
+    """``max(x, 0)``."""
 
 
-@dataclass(eq=False)
-class Identity:
-    name: str = ""
+class ReLU6(_Named):
+    """``min(max(x, 0), 6)``."""
 
 
-@dataclass(eq=False)
-class Sigmoid:
-    name: str = ""
+class Identity(_Named):
+    """``x``."""
 
 
-@dataclass(eq=False)
-class Tanh:
-    name: str = ""
+class Sigmoid(_Named):
+    """``1 / (1 + exp(-x))``."""
 
 
-@dataclass(eq=False)
-class MaxPool2D:
+class Tanh(_Named):
+    """``tanh(x)``."""
+
+
+class MaxPool2D(_Named):
     """2x2 max-pooling, stride 2."""
-    name: str = ""
 
 
-@dataclass(eq=False)
-class Flatten:
+class Flatten(_Named):
     """NHWC to (batch, H*W*C) in HWC order."""
-    name: str = ""
 
 
 Layer = Dense | Conv2D | ReLU | ReLU6 | Identity | Sigmoid | Tanh | MaxPool2D | Flatten

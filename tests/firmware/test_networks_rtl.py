@@ -19,26 +19,11 @@ from firmware.models import digits as models
 from firmware.quant import quantise, reference_forward
 from firmware.runtime import run
 from firmware.transports.isa import IsaSimDevice
-from firmware.transports.rtl import RtlDevice
-from hdl.config import get_config
-from sim.runner import simulator
-
-_DEVICES: dict[str, RtlDevice] = {}
 
 
 @pytest.fixture(scope="module")
-def device():
-    """An RTL device per configuration, started on first use, closed with the module."""
-    def get(config_key: str) -> RtlDevice:
-        if config_key not in _DEVICES:
-            _DEVICES[config_key] = RtlDevice(get_config(config_key), sim=simulator())
-        dev = _DEVICES[config_key]
-        dev.reset()
-        return dev
-    yield get
-    for dev in _DEVICES.values():
-        dev.close()
-    _DEVICES.clear()
+def device(rtl_device):
+    return rtl_device
 
 
 def _check(dev, qnet, x, what: str, batch_size: int | None = None):

@@ -26,7 +26,6 @@ from firmware.runtime import (
     DeviceStatus,
     DeviceTimeout,
     done_beat,
-    open_device,
     run_program,
 )
 from firmware.transports.isa import IsaSimDevice
@@ -35,23 +34,10 @@ from hdl import isa
 from hdl.config import get_config
 from sim.runner import simulator
 
-_DEVICES: dict[str, RtlDevice] = {}
-
 
 @pytest.fixture(scope="module")
-def device():
-    """An RTL device per configuration, started on first use and reset for each test."""
-    def get(config_key: str) -> RtlDevice:
-        if config_key not in _DEVICES:
-            _DEVICES[config_key] = open_device("rtl", get_config(config_key),
-                                               sim=simulator())
-        dev = _DEVICES[config_key]
-        dev.reset()
-        return dev
-    yield get
-    for dev in _DEVICES.values():
-        dev.close()
-    _DEVICES.clear()
+def device(rtl_device):
+    return rtl_device
 
 
 def _gemm(config_key: str, m: int, k: int, n: int, seed: int,
