@@ -1,0 +1,212 @@
+"""The RTL core and the ISA simulator side by side, for tests that drive both with the same
+host beats (:mod:`test_interlocks`, :mod:`test_fuzz`).
+
+:class:`Pair` sends every beat to an :class:`~firmware.transports.rtl.RtlDevice` and an
+:class:`~firmware.transports.isa.IsaSimDevice` and compares what comes back, beat for beat
+(``==``; a timing-dependent counter, ``None`` from the ISA simulator, matches anything), and
+the status after it. When the ISA simulator stops on an error, the RTL must stop on the same
+one: the same beats before the error beat, the error beat itself (the RTL transport raises
+:class:`~firmware.runtime.DeviceError` only once it holds the error beat its status names),
+and the same status. A :class:`~firmware.runtime.DeviceTimeout` (a hang) is always a failure.
+
+:func:`dump_program` reads back every piece of state the core keeps (unified buffer,
+accumulators through every parameter slot and through known parameters, counters, the
+active tile, the queued tiles and every written weight tile), so a test can prove that an
+error or an interlock left nothing behind that the ISA simulator does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from firmware.asm import Program, disassemble
+from firmware.runtime import DeviceError, DeviceTimeout
+from firmware.transports.isa import IsaSimDevice
+from firmware.transports.rtl import RtlDevice
+from hdl.config import TPUConfig, get_config
+from hdl.control.hazards import HAZARD_RULES
+from sim.isa_sim import IsaSim, beats_match, error_beat
+from sim.runner import simulator
+
+__all__ = ["Pair", "pairs", "dump_program", "load_weight_set"]
+
+
+class Pair:
+    """An RTL device and the ISA simulator, fed the same beats.
+
+    ``what`` strings name the test's seed and program in every failure message.
+    """
+
+    def __init__(self, rtl: RtlDevice):
+        self.rtl = rtl
+        self.config = rtl.config
+        self.ref = IsaSimDevice(rtl.config)
+        self._seen = 0               # ISA simulator output beats already compared
+
+    @property
+    def sim(self) -> IsaSim:
+        return self.ref.sim
+
+    def reset(self) -> None:
+        self.rtl.reset()
+        self.ref.reset()
+        self._seen = 0
+
+    def run(self, beats: Sequence[int], what: str) -> list[int]:
+        """Send ``beats`` to both and compare every beat the ISA simulator sends for them
+        (the error beat included when it stops). Returns the RTL's beats (without the error
+        beat)."""
+        beats = [int(b) for b in beats]
+        self.ref.send(beats)
+        expected = self.sim.output[self._seen:]
+        self._seen = len(self.sim.output)
+        status = self.ref.status()
+        self.rtl.send(beats)
+        if status.error:
+            stop = error_beat(status.code, status.instr_index)
+            assert expected and expected[-1] == stop, \
+                f"{what}: the ISA simulator's last beat is not its error beat"
+            expected = expected[:-1]
+            try:
+                got = self.rtl.receive(len(expected) + 1)
+            except DeviceTimeout as exc:
+                raise AssertionError(f"{what}: the RTL did not stop with {status} after "
+                                     f"{len(expected)} beats (a hang, or other beats): "
+                                     f"{exc}") from None
+            except DeviceError as exc:
+                assert exc.status == status, \
+                    f"{what}: the RTL stopped with {exc.status}, the ISA simulator {status}"
+            else:
+                raise AssertionError(f"{what}: the RTL sent {len(got)} beats and no error "
+                                     f"beat; the ISA simulator stopped with {status}")
+            got = self.rtl.receive(len(expected))
+            _compare(got, expected, what)
+            with pytest.raises(DeviceError) as info:      # the error beat comes next
+                self.rtl.receive(1)
+            assert not isinstance(info.value, DeviceTimeout), \
+                f"{what}: the error beat does not follow the beats before it"
+        else:
+            # The RTL runs while it receives: a program must answer something (a HALT).
+            assert expected, f"{what}: the program sends nothing back, so the RTL never runs it"
+            try:
+                got = self.rtl.receive(len(expected))
+            except DeviceError as exc:
+                raise AssertionError(f"{what}: the RTL failed where the ISA simulator "
+                                     f"sent {len(expected)} beats: {exc}") from None
+            _compare(got, expected, what)
+        rtl_status = self.rtl.status()
+        assert rtl_status == status, f"{what}: RTL status {rtl_status}, ISA {status}"
+        return got
+
+    def stalls(self) -> dict[str, int]:
+        """Cycles the RTL core stalled on each hazard rule since its last reset."""
+        stalls = self.rtl.coverage()["stalls"]
+        assert tuple(stalls) == HAZARD_RULES
+        return stalls
+
+    def clear(self) -> None:
+        """The out-of-band clear on both (the RTL transport cannot recover in band after it
+        has reported an error: see ``test_fuzz.test_resync_through_the_rtl_transport``)."""
+        self.rtl.clear()
+        self.ref.clear()
+        self._seen = len(self.sim.output)
+
+    def check_state(self, what: str) -> None:
+        """Read back every memory, the counters and the weight queue on both and compare
+        (no error may be pending)."""
+        assert not self.ref.status().error, f"{what}: the ISA simulator has an error pending"
+        self.run(dump_program(self.sim).beats, f"{what}: read-back of the state")
+
+
+def _compare(got: Sequence[int], expected: Sequence[int | None], what: str) -> None:
+    assert len(got) == len(expected), f"{what}: {len(got)} beats, expected {len(expected)}"
+    if not beats_match(expected, got):
+        first = next(i for i, (e, g) in enumerate(zip(expected, got, strict=True))
+                     if e is not None and e != g)
+        raise AssertionError(f"{what}: beat {first} is {got[first]:#x}, the ISA simulator "
+                             f"sent {expected[first]:#x}")
+
+
+def pairs():
+    """A module-scoped fixture body: ``get(config_key)`` returns a reset :class:`Pair`, one
+    simulator process per configuration, closed when the module ends."""
+    devices: dict[str, RtlDevice] = {}
+
+    def get(config_key: str) -> Pair:
+        if config_key not in devices:
+            devices[config_key] = RtlDevice(get_config(config_key), sim=simulator())
+        pair = Pair(devices[config_key])
+        pair.reset()
+        return pair
+    yield get
+    for dev in devices.values():
+        dev.close()
+
+
+def load_weight_set(p: Program, rng: np.random.Generator, tiles: int | None = None) -> None:
+    """LOAD_WEIGHTS of random tiles ``0..tiles-1`` (all by default), alternately int8 and
+    uint8."""
+    cfg = p.config
+    for t in range(cfg.weight_mem_tiles if tiles is None else tiles):
+        signed = t % 2 == 0
+        lo, hi = (-128, 128) if signed else (0, 256)
+        p.load_weights(t, rng.integers(lo, hi, (cfg.rows, cfg.cols)), signed=signed)
+
+
+def dump_program(sim: IsaSim) -> Program:
+    """A program that makes the core send everything it holds, for the state ``sim`` is in
+    (so it never fails): the unified buffer; every accumulator row through each parameter
+    slot as it is, then through known parameters at shifts 0, 8, 16 and 24 (bias 0,
+    multiplier 1); the counters; the active tile, each queued tile and each written tile,
+    multiplied by unit vectors and sent twice (bias 0 and bias -128, so that int8 and uint8
+    weights both come back exactly). It overwrites the state as it goes."""
+    cfg: TPUConfig = sim.config
+    rows, cols = cfg.rows, cfg.cols
+    assert cfg.ub_depth >= 3 * rows
+    p = Program(cfg)
+    p.write_host(0, cfg.ub_depth)
+    chunk = min(cfg.acc_depth, cfg.ub_depth)
+
+    def activations(slot: int) -> None:
+        for base in range(0, cfg.acc_depth, chunk):
+            n = min(chunk, cfg.acc_depth - base)
+            p.activate(base, 0, n, slot=slot)
+            p.write_host(0, n)
+
+    for slot in range(cfg.param_slots):
+        activations(slot)
+    for slot in range(cfg.param_slots):
+        p.load_params(slot, [0] * cols, [1] * cols, shift=(8 * slot) % 64)
+        activations(slot)
+    p.read_counters()
+    # Weights: unit vectors in rows 0..rows-1, products in accumulator rows 0..rows-1.
+    p.read_host(0, np.eye(rows, cfg.ub_row, dtype=np.int64))
+    p.load_params(0, [0] * cols, [1] * cols)
+    p.load_params(1, [-128] * cols, [1] * cols)
+
+    def show(switch: bool) -> None:
+        p.matmul(0, 0, rows, switch=switch)
+        p.activate(0, rows, rows, slot=0)
+        p.activate(0, 2 * rows, rows, slot=1)
+        p.write_host(rows, 2 * rows)
+
+    if sim.active is not None:
+        show(switch=False)
+    for _ in sim.queue:
+        show(switch=True)
+    for tile in np.flatnonzero(sim.weight_written):
+        p.read_weights(int(tile), 1)
+        show(switch=True)
+    p.halt()
+    return p
+
+
+def describe(beats: Sequence[int], config: TPUConfig) -> str:
+    """Assembly text of a stream for a failure message (raw words if it ends mid-data)."""
+    try:
+        return disassemble(beats, config)
+    except ValueError:
+        return "".join(f".word {b:#x}\n" for b in beats)
