@@ -26,12 +26,11 @@ from firmware.asm import Program, disassemble
 from firmware.runtime import DeviceError, DeviceTimeout
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.isa_sim import IsaSim, beats_match, error_beat
-from sim.runner import simulator
 
-__all__ = ["Pair", "pairs", "dump_program", "load_weight_set"]
+__all__ = ["Pair", "dump_program", "load_weight_set", "describe"]
 
 
 class Pair:
@@ -41,6 +40,7 @@ class Pair:
     """
 
     def __init__(self, rtl: RtlDevice):
+        """``rtl`` fresh from a reset (the ``rtl_device`` fixture resets it)."""
         self.rtl = rtl
         self.config = rtl.config
         self.ref = IsaSimDevice(rtl.config)
@@ -128,22 +128,6 @@ def _compare(got: Sequence[int], expected: Sequence[int | None], what: str) -> N
                      if e is not None and e != g)
         raise AssertionError(f"{what}: beat {first} is {got[first]:#x}, the ISA simulator "
                              f"sent {expected[first]:#x}")
-
-
-def pairs():
-    """A module-scoped fixture body: ``get(config_key)`` returns a reset :class:`Pair`, one
-    simulator process per configuration, closed when the module ends."""
-    devices: dict[str, RtlDevice] = {}
-
-    def get(config_key: str) -> Pair:
-        if config_key not in devices:
-            devices[config_key] = RtlDevice(get_config(config_key), sim=simulator())
-        pair = Pair(devices[config_key])
-        pair.reset()
-        return pair
-    yield get
-    for dev in devices.values():
-        dev.close()
 
 
 def load_weight_set(p: Program, rng: np.random.Generator, tiles: int | None = None) -> None:

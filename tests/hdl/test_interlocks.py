@@ -13,7 +13,8 @@ and of the accumulators, the last weight tile and the last parameter slot, with 
 transfers and ranges that end exactly at the end (no error), and ranges one past the end,
 which must fail with the ISA simulator's code and index and change nothing.
 
-The simulator is ``SIM`` (Icarus by default); one simulator process per configuration.
+The simulator is ``SIM`` (Icarus by default); one simulator process per configuration
+(the ``rtl_device`` fixture).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, load_weight_set, pairs
+from rtl_pair import Pair, describe, load_weight_set
 
 from firmware.asm import Program
 from hdl import isa
@@ -33,9 +34,10 @@ from hdl.isa import Pool
 SEED = 4242
 
 
-@pytest.fixture(scope="module")
-def pair():
-    yield from pairs()
+@pytest.fixture
+def pair(rtl_device):
+    """``get(config_key)``: the RTL core of that configuration, reset, and an ISA simulator."""
+    return lambda config_key: Pair(rtl_device(config_key))
 
 
 def _setup(cfg: TPUConfig, rng: np.random.Generator) -> Program:
