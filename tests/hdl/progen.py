@@ -1,31 +1,53 @@
-"""Constrained-random programs for the core.
+"""Coverage-driven constrained-random programs for the core.
 
-:func:`random_program` writes a valid program (no instruction raises an error) that leans on
-the interlocks: addresses come from small windows so that instructions overlap in the unified
-buffer and accumulators, weight tiles are queued up to the FIFO's capacity, and operands
-include the extremes (-128, 127, 255, sums near the int32 limits, saturation). It ends by
-reading back every unified-buffer row it may have touched, the counters and a HALT, so the
-host sees everything the program computed.
+:func:`random_program` writes a valid program (no instruction raises an error), deterministic
+from its random generator, that
 
+- draws every length, address and flag over its whole legal range for the configuration,
+  with the edges over-represented: single rows, the first and the last row (or tile, or
+  parameter slot) of every memory, transfers of the whole memory, ACTIVATEs longer than a
+  MATMUL's latency;
+- sets up overlaps between in-flight instructions on purpose: about half of its steps are
+  *motifs*, a long instruction followed by one whose rows meet its rows (one motif per rule
+  of :data:`hdl.control.hazards.HAZARD_RULES`: a short MATMUL into the last accumulator rows
+  of a long ACTIVATE, a READ_HOST into rows a WRITE_HOST still sends, a LOAD_WEIGHTS into a
+  tile a READ_WEIGHTS still reads, ...), the target row being the producer's first, its last
+  or any; or two long instructions for two different engines; or bursts of MATMULs, a weight
+  queue filled and drained, a LOAD_PARAMS behind an ACTIVATE of the same slot;
+- sometimes sets bits the core must ignore: reserved instruction fields, instruction bits
+  above 64, data bits above the row; and sends the resynchronisation word mid-program;
+- ends by reading back what it touched: the unified-buffer rows it wrote, the accumulator
+  rows it wrote (through an ACTIVATE with an identity requantisation and a random shift),
+  the counters, and a HALT.
+
+Lengths span the whole legal range with ``max_count=None`` (:func:`program_block`, the volume
+test through the fast transport); by default they stop at :func:`short_counts`, a little over
+a MATMUL's latency, so that the per-cycle bench (``tb_core.py``) stays quick. Addresses span
+every memory either way.
+
+Operands include the extremes (-128, 127, 255, sums near the int32 limits, saturation).
 The generator keeps its own model of the state that decides validity (written tiles, queued
 tiles, whether a tile is active); :class:`sim.isa_sim.IsaSim` computes the expected output.
+:class:`funcov.ProgramObserver` measures what the programs contain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+from funcov import RESERVED_BITS
 
 from firmware.asm import Program
+from hdl import isa
 from hdl.config import TPUConfig
+from hdl.control.hazards import HAZARD_RULES, MATMUL_SLOTS
+from hdl.core import ACTIVITY
 from hdl.isa import Func, Pool
-from sim.isa_sim import IsaSim
+from sim.isa_sim import POOL_WINDOW, IsaSim
 
-__all__ = ["random_program", "random_bytes", "random_params"]
-
-# Windows the random addresses fall in: small, so that ranges overlap often.
-UB_WINDOW = 24
-ACC_WINDOW = 16
-TILE_WINDOW = 6
+__all__ = ["random_program", "random_bytes", "random_params", "program_block", "short_counts",
+           "MOTIFS"]
 
 
 def random_bytes(rng: np.random.Generator, shape, signed: bool) -> np.ndarray:
@@ -57,96 +79,488 @@ def random_params(rng: np.random.Generator, cols: int):
     return bias, multiplier, shift, zero_point, clamp
 
 
-def random_program(config: TPUConfig, rng: np.random.Generator, length: int = 30,
-                   after: IsaSim | None = None) -> Program:
-    """A valid random program of about ``length`` instructions plus its read-back tail.
+Ranges = dict[str, tuple[int, int]]     # memory ("ub", "acc", "tile") -> (first, count)
+
+
+class _Generator:
+    """One program: the validity model, the instruction emitters and the motifs."""
+
+    def __init__(self, config: TPUConfig, rng: np.random.Generator, after: IsaSim | None,
+                 max_count: int | None):
+        cfg = self.cfg = config
+        self.rng = rng
+        self.max_count = max_count
+        self.prog = Program(cfg)
+        self.capacity = cfg.weight_fifo_depth + 1
+        self.written: set[int] = set()
+        self.queued = 0
+        self.have_active = False
+        if after is not None:
+            self.written = {int(t) for t in np.flatnonzero(after.weight_written)}
+            self.queued = len(after.queue)
+            self.have_active = after.active is not None
+        self.touched = {"ub": np.zeros(cfg.ub_depth, bool), "acc": np.zeros(cfg.acc_depth, bool)}
+        # A third of the programs set bits the core must ignore, now and then.
+        self.junk = rng.random() < 1 / 3
+        self.latency = cfg.rows + cfg.cols + 4      # a MATMUL row's, buffer to accumulator
+
+    # Drawing numbers -----------------------------------------------------------------------
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def integer(self, lo: int, hi: int) -> int:
+        """Uniform in ``lo..hi`` (inclusive)."""
+        return int(self.rng.integers(lo, hi + 1))
+
+    def count(self, most: int, long: bool = False) -> int:
+        """A length in ``1..most``: single rows, short runs, anything, all of them; ``long``:
+        at least a MATMUL's latency where possible."""
+        if self.max_count is not None:
+            most = min(most, self.max_count)
+        r = self.rng.random()
+        if long:
+            return most if r < 0.3 else self.integer(min(most, self.latency + 1), most)
+        if r < 0.2:
+            return 1
+        if r < 0.5:
+            return self.integer(1, min(most, 2 * self.cfg.rows + 2))
+        if r < 0.85:
+            return self.integer(1, most)
+        return most
+
+    def start(self, depth: int, count: int) -> int:
+        """A first row for ``count`` rows of ``depth``: the first, the last possible, any."""
+        r = self.rng.random()
+        if r < 0.2:
+            return 0
+        if r < 0.4:
+            return depth - count
+        return self.integer(0, depth - count)
+
+    def around(self, row: int, count: int, depth: int) -> int:
+        """A first row for ``count`` rows of ``depth`` that include ``row``: starting there,
+        ending there, or anywhere around it."""
+        lo, hi = max(0, row - count + 1), min(row, depth - count)
+        r = self.rng.random()
+        if r < 0.35:
+            return hi
+        if r < 0.7:
+            return lo
+        return self.integer(lo, hi)
+
+    def target(self, first: int, count: int) -> int:
+        """A row of a producer's range for a consumer to meet: its last, its first, any."""
+        r = self.rng.random()
+        if r < 0.4:
+            return first + count - 1
+        if r < 0.7:
+            return first
+        return self.integer(first, first + count - 1)
+
+    def _random_bits(self, width: int) -> int:
+        return int.from_bytes(self.rng.bytes((width + 7) // 8), "little") & ((1 << width) - 1)
+
+    # Emitting ------------------------------------------------------------------------------
+
+    def _emit(self, emit: Callable[[], list[int]], opcode: isa.Opcode,
+              row_bits: int | None = None) -> None:
+        """Append an instruction (and its data beats), sometimes with bits set that the core
+        ignores."""
+        beats = self.prog.beats
+        at = len(beats)
+        emit()
+        if not self.junk:
+            return
+        width = self.cfg.host_width
+        if RESERVED_BITS[opcode] and self.chance(0.3):
+            beats[at] |= self._random_bits(isa.INSTR_BITS) & RESERVED_BITS[opcode]
+        if width > isa.INSTR_BITS and self.chance(0.2):
+            beats[at] |= self._random_bits(width - isa.INSTR_BITS) << isa.INSTR_BITS
+        if row_bits is not None and row_bits < width and self.chance(0.3):
+            for i in range(at + 1, len(beats)):
+                beats[i] |= self._random_bits(width - row_bits) << row_bits
+
+    def _touch(self, memory: str, first: int, count: int) -> None:
+        self.touched[memory][first:first + count] = True
+
+    def read_host(self, ub: int | None = None, count: int | None = None,
+                  long: bool = False) -> Ranges:
+        cfg = self.cfg
+        count = count or self.count(cfg.ub_depth, long)
+        ub = self.start(cfg.ub_depth, count) if ub is None else ub
+        rows = random_bytes(self.rng, (count, cfg.ub_row), self.chance(0.5))
+        self._emit(lambda: self.prog.read_host(ub, rows), isa.Opcode.READ_HOST, 8 * cfg.ub_row)
+        self._touch("ub", ub, count)
+        return {"ub": (ub, count)}
+
+    def write_host(self, ub: int | None = None, count: int | None = None,
+                   long: bool = False) -> Ranges:
+        count = count or self.count(self.cfg.ub_depth, long)
+        ub = self.start(self.cfg.ub_depth, count) if ub is None else ub
+        self._emit(lambda: self.prog.write_host(ub, count), isa.Opcode.WRITE_HOST)
+        return {"ub": (ub, count)}
+
+    def load_weights(self, tile: int | None = None, count: int | None = None) -> Ranges:
+        cfg = self.cfg
+        count = count or self.count(cfg.weight_mem_tiles)
+        tile = self.start(cfg.weight_mem_tiles, count) if tile is None else tile
+        signed = self.chance(0.5)
+        tiles = random_bytes(self.rng, (count, cfg.rows, cfg.cols), signed)
+        self._emit(lambda: self.prog.load_weights(tile, tiles, signed=signed),
+                   isa.Opcode.LOAD_WEIGHTS, 8 * cfg.cols)
+        self.written.update(range(tile, tile + count))
+        return {"tile": (tile, count)}
+
+    def read_weights(self, most: bool = False) -> Ranges | None:
+        """READ_WEIGHTS of written tiles that fit in the queue (None if none can); ``most``:
+        as many as fit."""
+        room = self.capacity - self.queued
+        if room <= 0 or not self.written:
+            return None
+        last = self.cfg.weight_mem_tiles - 1
+        r = self.rng.random()
+        if r < 0.25 and last in self.written:        # a run ending at the last tile
+            count = 1
+            while count < room and last - count in self.written:
+                count += 1
+            count = count if most else self.count(count)
+            tile = last + 1 - count
+        else:
+            if r < 0.5 and 0 in self.written:
+                tile = 0
+            else:
+                tile = int(self.rng.choice(sorted(self.written)))
+            count = 1
+            while count < room and tile + count in self.written:
+                count += 1
+            count = count if most else self.count(count)
+        self._emit(lambda: self.prog.read_weights(tile, count), isa.Opcode.READ_WEIGHTS)
+        self.queued += count
+        return {"tile": (tile, count)}
+
+    def prime_weights(self) -> None:
+        """Make a MATMUL possible: a tile queued or active."""
+        if self.have_active or self.queued:
+            return
+        if not self.written:
+            self.load_weights()
+        self.read_weights()
+
+    def matmul(self, ub: int | None = None, acc: int | None = None, count: int | None = None,
+               long: bool = False, switch: bool | None = None) -> Ranges:
+        """A MATMUL; ``ub``/``acc`` given with ``count``."""
+        cfg = self.cfg
+        self.prime_weights()
+        if switch is None or (switch and not self.queued):
+            switch = self.queued > 0 and (not self.have_active or self.chance(0.5))
+        if not switch and not self.have_active:
+            switch = True
+        count = count or self.count(min(cfg.ub_depth, cfg.acc_depth), long)
+        ub = self.start(cfg.ub_depth, count) if ub is None else ub
+        acc = self.start(cfg.acc_depth, count) if acc is None else acc
+        self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
+                                            accumulate=self.chance(0.5),
+                                            signed=self.chance(0.5)), isa.Opcode.MATMUL)
+        if switch:
+            self.queued -= 1
+            self.have_active = True
+        self._touch("acc", acc, count)
+        return {"ub": (ub, count), "acc": (acc, count)}
+
+    def activate(self, acc: int | None = None, ub: int | None = None,
+                 blocks: int | None = None, pool: Pool | None = None,
+                 long: bool = False, slot: int | None = None) -> Ranges:
+        """An ACTIVATE of ``blocks`` pooling windows (``count = blocks * window``)."""
+        cfg = self.cfg
+        pool = Pool(self.integer(0, 2)) if pool is None else pool
+        window = POOL_WINDOW[pool]
+        most = min(cfg.acc_depth // window, cfg.ub_depth)
+        if self.max_count is not None:
+            most = min(most, max(1, self.max_count // window))
+        if blocks is None:
+            if long:
+                blocks = most if self.chance(0.3) else self.integer(
+                    min(most, -(-(self.latency + 1) // window)), most)
+            else:
+                blocks = self.count(most)
+        count = blocks * window
+        acc = self.start(cfg.acc_depth, count) if acc is None else acc
+        ub = self.start(cfg.ub_depth, blocks) if ub is None else ub
+        slot = self.slot() if slot is None else slot
+        func = Func(self.integer(0, len(Func) - 1))
+        self._emit(lambda: self.prog.activate(acc, ub, count, func=func, pool=pool, slot=slot),
+                   isa.Opcode.ACTIVATE)
+        self._touch("ub", ub, blocks)
+        return {"acc": (acc, count), "ub": (ub, blocks)}
+
+    def slot(self) -> int:
+        r = self.rng.random()
+        if r < 0.3:
+            return 0
+        if r < 0.6:
+            return self.cfg.param_slots - 1
+        return self.integer(0, self.cfg.param_slots - 1)
+
+    def load_params(self, slot: int | None = None) -> None:
+        slot = self.slot() if slot is None else slot
+        bias, mult, shift, zp, clamp = random_params(self.rng, self.cfg.cols)
+        if self.chance(0.15):
+            shift = int(self.rng.choice([0, 63]))
+        self._emit(lambda: self.prog.load_params(slot, bias, mult, shift=shift, zp=zp,
+                                                 clamp=clamp),
+                   isa.Opcode.LOAD_PARAMS, 32 * self.cfg.cols)
+
+    def simple(self, opcode: isa.Opcode) -> None:
+        self._emit(lambda: self.prog.instr(opcode), opcode)
+
+    def resync(self) -> None:
+        """The resynchronisation word with no error pending: restarts the instruction index."""
+        word = isa.RESYNC_WORD
+        if self.junk and self.cfg.host_width > isa.INSTR_BITS:
+            word |= self._random_bits(self.cfg.host_width - isa.INSTR_BITS) << isa.INSTR_BITS
+        self.prog.word(word)
+
+    # Single instructions -------------------------------------------------------------------
+
+    def random_instruction(self) -> None:
+        kind = self.rng.choice(["read_host", "load_weights", "read_weights", "matmul",
+                                "matmul", "matmul", "activate", "activate", "load_params",
+                                "write_host", "write_host", "nop", "sync", "read_counters",
+                                "clear_counters", "resync"],
+                               p=[0.1, 0.06, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.07,
+                                  0.05, 0.02, 0.02, 0.02, 0.02, 0.01])
+        if kind == "read_weights":
+            if self.read_weights() is None:
+                self.load_weights()
+        elif kind in ("nop", "sync", "read_counters", "clear_counters"):
+            self.simple(isa.Opcode[kind.upper()])
+        else:
+            getattr(self, kind)()
+
+    # Motifs --------------------------------------------------------------------------------
+
+    def hazard(self, rule: str) -> None:
+        """A long producer, then a consumer whose rows meet the producer's (first, last or
+        any row), as ``rule`` names them: the consumer must wait for the producer."""
+        cfg = self.cfg
+        ub_most = cfg.ub_depth
+        pair_most = min(cfg.ub_depth, cfg.acc_depth)
+
+        def ub_row(ranges: Ranges) -> int:
+            return self.target(*ranges["ub"])
+
+        if rule == "read_host_war_matmul":
+            t = ub_row(self.matmul(long=True))
+            count = self.count(ub_most)
+            self.read_host(self.around(t, count, ub_most), count)
+        elif rule == "read_host_waw_activate":
+            t = ub_row(self.activate(long=True))
+            count = self.count(ub_most)
+            self.read_host(self.around(t, count, ub_most), count)
+        elif rule == "read_host_war_write_host":
+            t = ub_row(self.write_host(long=True))
+            count = self.count(ub_most)
+            self.read_host(self.around(t, count, ub_most), count)
+        elif rule == "write_host_raw_activate":
+            t = ub_row(self.activate(long=True))
+            count = self.count(ub_most)
+            self.write_host(self.around(t, count, ub_most), count)
+        elif rule == "load_weights_war_read_weights":
+            if self.queued == self.capacity:
+                self.matmul(switch=True)             # room for the READ_WEIGHTS
+            if not self.written:
+                self.load_weights()
+            ranges = self.read_weights(most=self.chance(0.5))
+            assert ranges is not None
+            t = self.target(*ranges["tile"])
+            count = self.count(cfg.weight_mem_tiles)
+            self.load_weights(self.around(t, count, cfg.weight_mem_tiles), count)
+        elif rule == "matmul_raw_activate":
+            t = ub_row(self.activate(long=True))
+            count = self.count(pair_most)
+            self.matmul(ub=self.around(t, count, cfg.ub_depth), count=count)
+        elif rule == "matmul_war_activate_acc":
+            t = self.target(*self.activate(long=True)["acc"])
+            count = self.count(pair_most)
+            self.matmul(acc=self.around(t, count, cfg.acc_depth), count=count)
+        elif rule == "activate_raw_matmul_acc":
+            t = self.target(*self.matmul(long=True)["acc"])
+            pool = Pool(self.integer(0, 2))
+            window = POOL_WINDOW[pool]
+            blocks = self.count(min(cfg.acc_depth // window, cfg.ub_depth))
+            self.activate(acc=self.around(t, blocks * window, cfg.acc_depth), blocks=blocks,
+                          pool=pool)
+        elif rule == "activate_war_matmul":
+            t = ub_row(self.matmul(long=True))
+            self._activate_into(t)
+        elif rule == "activate_war_write_host":
+            t = ub_row(self.write_host(long=True))
+            self._activate_into(t)
+        else:
+            raise ValueError(rule)
+
+    def _activate_into(self, row: int) -> None:
+        """An ACTIVATE whose output rows include unified-buffer row ``row``."""
+        cfg = self.cfg
+        pool = Pool(self.integer(0, 2))
+        window = POOL_WINDOW[pool]
+        blocks = self.count(min(cfg.acc_depth // window, cfg.ub_depth))
+        self.activate(ub=self.around(row, blocks, cfg.ub_depth), blocks=blocks, pool=pool)
+
+    def overlap(self, engines: tuple[str, str]) -> None:
+        """Long work for two engines, one after the other, in different halves of the
+        memories where they share one (so that they run at once)."""
+        cfg = self.cfg
+        half = cfg.ub_depth // 2
+        low = self.chance(0.5)
+        for engine in engines:
+            count = self.count(half, long=True)
+            ub = (0 if low else half) + self.integer(0, half - count)
+            low = not low
+            if engine == "front_end":
+                choice = self.integer(0, 2)
+                if choice == 0:
+                    self.read_host(ub, count)
+                elif choice == 1:
+                    self.load_weights()
+                else:
+                    self.load_params()
+            elif engine == "weight_loader":
+                if self.read_weights(most=True) is None:
+                    self.load_weights()
+            elif engine == "matrix":
+                count = min(count, cfg.acc_depth)
+                self.matmul(ub=ub, count=count, acc=self.start(cfg.acc_depth, count))
+            elif engine == "activation":
+                self.activate(long=True)
+            else:
+                self.write_host(ub, count)
+
+    def matmul_run(self) -> None:
+        """More MATMULs in a row than the engine has slots, short ones, some switching
+        tiles, then an ACTIVATE of the first one's rows (it waits for the oldest slot)."""
+        first = None
+        short = min(2 * self.cfg.rows, self.cfg.ub_depth, self.cfg.acc_depth)
+        for _ in range(self.integer(MATMUL_SLOTS + 1, MATMUL_SLOTS + 3)):
+            if self.queued and self.chance(0.3):
+                ranges = self.matmul(count=self.count(short), switch=True)
+            else:
+                if self.chance(0.3):
+                    self.read_weights()
+                ranges = self.matmul(count=self.count(short), switch=False)
+            first = first or ranges
+        acc, count = first["acc"]
+        self.activate(acc=acc, blocks=count, pool=Pool.NONE)
+
+    def weight_queue(self) -> None:
+        """Fill the weight queue, then drain it with short switching MATMULs (weight stalls:
+        the next tile is still shifting in)."""
+        if not self.written:
+            self.load_weights()
+        while self.queued < self.capacity and self.read_weights(most=True):
+            pass
+        while self.queued:
+            self.matmul(count=self.count(min(self.cfg.rows, self.cfg.acc_depth)), switch=True)
+
+    def params_behind_activate(self) -> None:
+        """LOAD_PARAMS into the slot a long ACTIVATE uses (it waits for the ACTIVATE)."""
+        slot = self.slot()
+        self.activate(long=True, slot=slot)
+        self.load_params(slot)
+
+    def step(self) -> None:
+        r = self.rng.random()
+        if r < 0.45:
+            self.hazard(HAZARD_RULES[self.integer(0, len(HAZARD_RULES) - 1)])
+        elif r < 0.55:
+            a, b = self.rng.choice(len(ACTIVITY), 2, replace=False)
+            self.overlap((ACTIVITY[a], ACTIVITY[b]))
+        elif r < 0.6:
+            [self.matmul_run, self.weight_queue, self.params_behind_activate][
+                self.integer(0, 2)]()
+        else:
+            self.random_instruction()
+
+    # Whole programs ------------------------------------------------------------------------
+
+    def program(self, length: int) -> Program:
+        if self.chance(0.7):
+            self.read_host()
+        if self.chance(0.7):
+            self.load_weights()
+        for _ in range(length):
+            self.step()
+        self.read_back()
+        return self.prog
+
+    def read_back(self) -> None:
+        """Every unified-buffer row written, then every accumulator row written (through an
+        identity ACTIVATE with a random shift, into buffer rows 0..), the counters, HALT."""
+        cfg = self.cfg
+        for first, count in _runs(self.touched["ub"]):
+            self.prog.write_host(first, count)
+        acc_runs = _runs(self.touched["acc"])
+        if acc_runs:
+            slot = self.integer(0, cfg.param_slots - 1)
+            shift = int(self.rng.choice([0, 4, 8, 12, 16, 20, 24]))
+            self.prog.load_params(slot, [0] * cfg.cols, [1] * cfg.cols, shift=shift,
+                                  zp=0, clamp=127)
+        for run_first, run_count in acc_runs:
+            for first in range(run_first, run_first + run_count, cfg.ub_depth):
+                count = min(cfg.ub_depth, run_first + run_count - first)
+                self.prog.activate(first, 0, count, func=Func.IDENTITY, slot=slot)
+                self.prog.write_host(0, count)
+        self.prog.read_counters()
+        self.prog.halt()
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``(first, count)`` of each run of set entries."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+#: Motif names, for documentation and coverage tables.
+MOTIFS = (*(f"hazard.{rule}" for rule in HAZARD_RULES), "overlap", "matmul_run",
+          "weight_queue", "params_behind_activate")
+
+
+def short_counts(config: TPUConfig) -> int:
+    """The longest transfer :func:`random_program` draws by default: a little over a
+    MATMUL's latency (so that an ACTIVATE can outlast one), and at least ``2 * rows + 2``."""
+    return max(config.rows + config.cols + 6, 2 * config.rows + 2)
+
+
+def random_program(config: TPUConfig, rng: np.random.Generator, length: int = 12,
+                   after: IsaSim | None = None, max_count: int | None | str = "short"
+                   ) -> Program:
+    """A valid random program of ``length`` steps (an instruction or a motif of a few) plus
+    its read-back tail; see the module documentation.
 
     ``after``: the reference model as it stands before the program runs (programs that run
-    back to back inherit queued weight tiles and the active tile); a fresh core if ``None``.
+    back to back inherit written tiles, queued weight tiles and the active tile); a fresh
+    core if ``None``.
+
+    ``max_count``: the longest transfer drawn (rows, or tiles). ``None``: the whole legal
+    range, up to all of a memory (the volume test through the fast transport). The default,
+    ``"short"``, is :func:`short_counts`, which keeps programs short enough for the per-cycle
+    bench (``tb_core.py``); addresses still span every memory, first and last rows included.
     """
-    cfg = config
-    prog = Program(cfg)
-    ub_window = min(UB_WINDOW, cfg.ub_depth)
-    acc_window = min(ACC_WINDOW, cfg.acc_depth)
-    tile_window = min(TILE_WINDOW, cfg.weight_mem_tiles)
-    max_rows = 2 * cfg.rows + 2
-    written: set[int] = set()
-    queued = 0
-    have_active = False
-    if after is not None:
-        written = {int(t) for t in np.flatnonzero(after.weight_written)}
-        queued = len(after.queue)
-        have_active = after.active is not None
-    capacity = cfg.weight_fifo_depth + 1
+    if max_count == "short":
+        max_count = short_counts(config)
+    return _Generator(config, rng, after, max_count).program(length)
 
-    def span(window: int, most: int) -> tuple[int, int]:
-        count = int(rng.integers(1, min(most, window) + 1))
-        return int(rng.integers(0, window - count + 1)), count
 
-    # Start with something to multiply: a tile loaded and queued, rows in the buffer.
-    prog.load_weights(0, random_bytes(rng, (1, cfg.rows, cfg.cols), True), signed=True)
-    written.add(0)
-    prog.read_host(0, random_bytes(rng, (ub_window, cfg.ub_row), True))
-
-    for _ in range(length):
-        kind = rng.choice(["read_host", "load_weights", "read_weights", "matmul", "matmul",
-                           "matmul", "activate", "activate", "load_params", "write_host",
-                           "nop", "sync"])
-        if kind == "read_host":
-            ub, count = span(ub_window, max_rows)
-            prog.read_host(ub, random_bytes(rng, (count, cfg.ub_row), bool(rng.integers(2))))
-        elif kind == "load_weights":
-            tile, count = span(tile_window, 2)
-            signed = bool(rng.integers(2))
-            prog.load_weights(tile, random_bytes(rng, (count, cfg.rows, cfg.cols), signed),
-                              signed=signed)
-            written.update(range(tile, tile + count))
-        elif kind == "read_weights":
-            room = capacity - queued
-            runs = [t for t in range(tile_window) if t in written]
-            if room <= 0 or not runs:
-                continue
-            tile = int(rng.choice(runs))
-            count = 1
-            while count < room and tile + count in written and rng.random() < 0.5:
-                count += 1
-            prog.read_weights(tile, count)
-            queued += count
-        elif kind == "matmul":
-            switch = queued > 0 and (not have_active or rng.random() < 0.6)
-            if not switch and not have_active:
-                continue
-            ub, count = span(ub_window, max_rows)
-            acc = int(rng.integers(0, acc_window - count + 1)) if count <= acc_window else 0
-            count = min(count, acc_window)
-            prog.matmul(ub, acc, count, switch=switch, accumulate=bool(rng.integers(2)),
-                        signed=bool(rng.integers(2)))
-            if switch:
-                queued -= 1
-                have_active = True
-        elif kind == "activate":
-            pool = Pool(int(rng.integers(0, 3)))
-            window = 1 << pool.value
-            blocks = int(rng.integers(1, max(1, acc_window // window // 2) + 1))
-            count = blocks * window
-            acc = int(rng.integers(0, acc_window - count + 1))
-            ub = int(rng.integers(0, ub_window - blocks + 1))
-            prog.activate(acc, ub, count, func=Func(int(rng.integers(0, 5))), pool=pool,
-                          slot=int(rng.integers(0, cfg.param_slots)))
-        elif kind == "load_params":
-            bias, mult, shift, zp, clamp = random_params(rng, cfg.cols)
-            prog.load_params(int(rng.integers(0, cfg.param_slots)), bias, mult, shift=shift,
-                             zp=zp, clamp=clamp)
-        elif kind == "write_host":
-            ub, count = span(ub_window, max_rows)
-            prog.write_host(ub, count)
-        elif kind == "nop":
-            prog.nop()
-        else:
-            prog.sync()
-
-    # Read back the buffer window (every ACTIVATE result lands there) and the counters.
-    prog.write_host(0, ub_window)
-    prog.read_counters()
-    prog.halt()
-    return prog
+def program_block(config: TPUConfig, seeds, ref: IsaSim | None = None,
+                  lengths: tuple[int, int] = (5, 40), max_count: int | None | str = None):
+    """Programs back to back from a reset (or from ``ref``'s state): yields ``(seed, program,
+    expected output beats)`` and runs each on ``ref`` (a fresh :class:`IsaSim` if ``None``)
+    before the next is drawn. Each program's length is drawn from ``lengths`` with its seed,
+    so a block replays exactly from its seeds."""
+    ref = IsaSim(config) if ref is None else ref
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        length = int(rng.integers(lengths[0], lengths[1] + 1))
+        program = random_program(config, rng, length=length, after=ref, max_count=max_count)
+        yield seed, program, ref.run(program.beats)

@@ -1,0 +1,338 @@
+"""Functional coverage of random programs: named points, their counts, and what was promised.
+
+Two sources fill a :class:`Coverage`:
+
+- the programs themselves (:class:`ProgramObserver` decodes the host stream the generator
+  wrote, so it counts what is in the programs, not what the generator meant to write): which
+  instructions, flags and functions appeared, which boundaries of each memory were touched
+  (first row, last row, a single-row transfer, a transfer of the whole memory), and which
+  hazard rules the programs set up (an instruction whose rows meet those of the nearest
+  earlier instruction the rule names, with no fence between them);
+- the RTL (:func:`observe_rtl`, from :meth:`firmware.transports.rtl.RtlDevice.coverage`):
+  cycles the core stalled on each rule of :data:`hdl.control.hazards.HAZARD_RULES` and
+  cycles each pair of engines (:data:`sim.host_bridge.OVERLAPS`) worked at once.
+
+:func:`promised_points` lists the points a configuration can reach (a MATMUL cannot cover the
+whole unified buffer when it is deeper than the accumulators, say); a test fails when one of
+them was never hit. (Not ``coverage.py``: that name belongs to the package cocotb imports
+when ``COVERAGE=1``, and this folder is on the testbench's import path.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+from firmware.asm import field_specs
+from hdl import isa
+from hdl.config import TPUConfig
+from hdl.control.hazards import HAZARD_RULES, MATMUL_SLOTS
+from sim.host_bridge import OVERLAPS
+from sim.isa_sim import POOL_WINDOW
+
+__all__ = ["Coverage", "ProgramObserver", "promised_points", "observe_rtl", "MEMORY_ACCESSES",
+           "RULE_ACCESSES", "RESERVED_BITS", "format_table"]
+
+_INSTR_MASK = (1 << isa.INSTR_BITS) - 1
+
+#: Instructions that wait until every unit is idle: no hazard reaches across them.
+FENCES = frozenset({isa.Opcode.SYNC, isa.Opcode.HALT, isa.Opcode.READ_COUNTERS,
+                    isa.Opcode.CLEAR_COUNTERS})
+
+#: (instruction, memory) pairs whose boundaries are counted; memory ``ub`` (unified-buffer
+#: rows), ``acc`` (accumulator rows) or ``tile`` (weight tiles).
+MEMORY_ACCESSES = (("read_host", "ub"), ("write_host", "ub"), ("matmul", "ub"),
+                   ("matmul", "acc"), ("activate", "acc"), ("activate", "ub"),
+                   ("load_weights", "tile"), ("read_weights", "tile"))
+
+#: Per rule of HAZARD_RULES: (waiting instruction, its memory, unfinished instruction, its
+#: memory), ``ub``, ``acc`` or ``tile``; the rows of each that meet.
+RULE_ACCESSES = {
+    "read_host_war_matmul":          ("read_host", "ub", "matmul", "ub"),
+    "read_host_waw_activate":        ("read_host", "ub", "activate", "ub"),
+    "read_host_war_write_host":      ("read_host", "ub", "write_host", "ub"),
+    "write_host_raw_activate":       ("write_host", "ub", "activate", "ub"),
+    "load_weights_war_read_weights": ("load_weights", "tile", "read_weights", "tile"),
+    "matmul_raw_activate":           ("matmul", "ub", "activate", "ub"),
+    "matmul_war_activate_acc":       ("matmul", "acc", "activate", "acc"),
+    "activate_raw_matmul_acc":       ("activate", "acc", "matmul", "acc"),
+    "activate_war_matmul":           ("activate", "ub", "matmul", "ub"),
+    "activate_war_write_host":       ("activate", "ub", "write_host", "ub"),
+}
+assert tuple(RULE_ACCESSES) == HAZARD_RULES
+
+
+class Coverage:
+    """Named coverage points with hit counts, some of them promised.
+
+    Points keep the order they were first promised or hit in; :meth:`table` prints them.
+    """
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+        self.promised: list[str] = []
+
+    def promise(self, names: Iterable[str]) -> None:
+        """Points that must be hit (each listed with 0 hits until it is)."""
+        for name in names:
+            self.counts.setdefault(name, 0)
+            if name not in self.promised:
+                self.promised.append(name)
+
+    def hit(self, name: str, count: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + int(count)
+
+    def merge(self, other: Coverage) -> None:
+        self.promise(other.promised)
+        for name, count in other.counts.items():
+            self.hit(name, count)
+
+    def missing(self) -> list[str]:
+        """Promised points never hit."""
+        return [name for name in self.promised if not self.counts.get(name)]
+
+    def table(self, title: str = "coverage point") -> str:
+        return format_table({"hits": self.counts}, title=title, promised=self.promised)
+
+    def to_json(self) -> str:
+        return json.dumps({"counts": self.counts, "promised": self.promised})
+
+    @classmethod
+    def from_json(cls, text: str) -> Coverage:
+        raw = json.loads(text)
+        cov = cls()
+        cov.promise(raw["promised"])
+        for name, count in raw["counts"].items():
+            cov.hit(name, count)
+        return cov
+
+
+def format_table(columns: Mapping[str, Mapping[str, int]], title: str = "coverage point",
+                 promised: Sequence[str] = ()) -> str:
+    """Points down, one column of hits per entry of ``columns``; ``-`` where a column has no
+    such point, and ``MISSED`` after a promised point some column never hit."""
+    names: list[str] = []
+    for counts in columns.values():
+        names += [n for n in counts if n not in names]
+    width = max([len(title), *(len(n) for n in names)])
+    heads = list(columns)
+    cell = max([9, *(len(h) for h in heads)])
+    lines = [f"{title:<{width}}  " + "  ".join(f"{h:>{cell}}" for h in heads),
+             "-" * (width + (cell + 2) * len(heads))]
+    promised = set(promised)
+    for name in names:
+        cells = []
+        missed = False
+        for counts in columns.values():
+            if name in counts:
+                cells.append(f"{counts[name]:>{cell}}")
+                missed |= name in promised and not counts[name]
+            else:
+                cells.append(f"{'-':>{cell}}")
+        lines.append(f"{name:<{width}}  " + "  ".join(cells) + ("  MISSED" if missed else ""))
+    return "\n".join(lines)
+
+
+def _reachable_full(config: TPUConfig, op: str, memory: str) -> bool:
+    """Whether one instruction ``op`` can cover all of ``memory`` on ``config``."""
+    ub, acc, tiles = config.ub_depth, config.acc_depth, config.weight_mem_tiles
+    if op in ("read_host", "write_host", "load_weights"):
+        return True
+    if op == "matmul":
+        return (ub <= acc) if memory == "ub" else (acc <= ub)
+    if op == "activate":
+        windows = POOL_WINDOW.values()
+        if memory == "acc":
+            return any(acc % w == 0 and acc // w <= ub for w in windows)
+        return any(ub * w <= acc for w in windows)
+    if op == "read_weights":
+        return tiles <= config.weight_fifo_depth + 1
+    raise ValueError(op)
+
+
+def promised_points(config: TPUConfig, rtl: bool = True,
+                    max_count: int | None = None) -> list[str]:
+    """The points the generator promises to hit on ``config`` (with ``rtl``, the RTL's
+    stall and overlap points too); ``max_count``: the longest transfer it draws, if not the
+    whole memory (then a transfer of all of a deeper memory is not promised)."""
+    depths = {"ub": config.ub_depth, "acc": config.acc_depth, "tile": config.weight_mem_tiles}
+    points = [f"op.{op.name.lower()}" for op in isa.Opcode] + ["resync_word"]
+    points += [f"matmul.{flag}={v}" for flag in ("switch", "accumulate", "signed")
+               for v in (0, 1)]
+    points += [f"load_weights.signed={v}" for v in (0, 1)]
+    points += [f"activate.func={f.name.lower()}" for f in isa.Func]
+    points += [f"activate.pool={p.name.lower()}" for p in isa.Pool]
+    points += ["activate.longer_than_matmul_latency"]
+    points += [f"{op}.slot.{end}" for op in ("activate", "load_params") for end in
+               ("first", "last")]
+    points += ["load_params.shift=0", "load_params.shift=63"]
+    for op, memory in MEMORY_ACCESSES:
+        for point in ("first", "last", "single", "full"):
+            if point != "full" or (_reachable_full(config, op, memory) and (
+                    max_count is None or depths[memory] <= max_count)):
+                points.append(f"{op}.{memory}.{point}")
+    points += ["weight_queue.full", "weight_queue.drained",
+               f"matmul.run_of_{MATMUL_SLOTS + 1}"]
+    points += ["reserved_fields_set"]
+    if config.host_width > isa.INSTR_BITS:
+        points += ["instr_bits_above_64"]
+    points += ["data_bits_above_row"]
+    points += [f"setup.{rule}" for rule in HAZARD_RULES]
+    points += ["setup.one_row_overlap", "setup.adjacent_no_overlap"]
+    if rtl:
+        points += [f"rtl.stall.{rule}" for rule in HAZARD_RULES]
+        points += [f"rtl.overlap.{a}+{b}" for a, b in OVERLAPS]
+    return points
+
+
+def observe_rtl(coverage: Coverage, counts: Mapping[str, Mapping[str, int]]) -> None:
+    """Add what :meth:`~firmware.transports.rtl.RtlDevice.coverage` returned (cycles since
+    the device's last reset)."""
+    for rule, cycles in counts["stalls"].items():
+        coverage.hit(f"rtl.stall.{rule}", cycles)
+    for pair, cycles in counts["overlaps"].items():
+        coverage.hit(f"rtl.overlap.{pair}", cycles)
+
+
+def _reserved_mask(opcode: isa.Opcode) -> int:
+    """The bits of ``opcode``'s reserved fields (the core ignores them)."""
+    mask = 0
+    for spec in field_specs(opcode):
+        if spec.kind == "reserved":
+            mask |= ((1 << spec.width) - 1) << spec.offset
+    return mask
+
+
+#: Per opcode, the bits of its instruction word's reserved fields.
+RESERVED_BITS = {op: _reserved_mask(op) for op in isa.Opcode}
+
+
+class ProgramObserver:
+    """Counts the coverage points of host streams as the core would execute them.
+
+    Stateful across programs, like the core: it follows the weight queue's length (for the
+    queue points) from one program to the next; :meth:`reset` forgets it with the device's
+    reset.
+    """
+
+    def __init__(self, config: TPUConfig, coverage: Coverage):
+        self.config = config
+        self.coverage = coverage
+        self.reset()
+
+    def reset(self) -> None:
+        self.queued = 0
+        self._recent: dict[str, dict[str, tuple[int, int]]] = {}
+        self._run = 0
+
+    def _boundaries(self, op: str, memory: str, lo: int, count: int) -> None:
+        depth = {"ub": self.config.ub_depth, "acc": self.config.acc_depth,
+                 "tile": self.config.weight_mem_tiles}[memory]
+        hit = self.coverage.hit
+        if lo == 0:
+            hit(f"{op}.{memory}.first")
+        if lo + count == depth:
+            hit(f"{op}.{memory}.last")
+        if count == 1:
+            hit(f"{op}.{memory}.single")
+        if count == depth:
+            hit(f"{op}.{memory}.full")
+
+    def _setups(self, op: str, ranges: dict[str, tuple[int, int]]) -> None:
+        """Hazards this instruction sets up with the nearest earlier instruction of each kind
+        (since the last fence)."""
+        for rule, (waiter, w_mem, earlier, e_mem) in RULE_ACCESSES.items():
+            if waiter != op or earlier not in self._recent:
+                continue
+            lo, hi = ranges[w_mem]
+            e_lo, e_hi = self._recent[earlier][e_mem]
+            if lo < e_hi and e_lo < hi:
+                self.coverage.hit(f"setup.{rule}")
+                if min(hi, e_hi) - max(lo, e_lo) == 1:
+                    self.coverage.hit("setup.one_row_overlap")
+            elif lo == e_hi or hi == e_lo:
+                self.coverage.hit("setup.adjacent_no_overlap")
+
+    def observe(self, beats: Sequence[int]) -> None:
+        """Count the points of a valid host stream (whole instructions and their data)."""
+        cfg = self.config
+        hit = self.coverage.hit
+        i = 0
+        rows_bits = {"ub": 8 * cfg.ub_row, "tile": 8 * cfg.cols, "param": 32 * cfg.cols}
+        while i < len(beats):
+            beat = int(beats[i])
+            word = beat & _INSTR_MASK
+            i += 1
+            if word == isa.RESYNC_WORD:
+                hit("resync_word")
+                continue
+            opcode, f = isa.decode(word)
+            assert isinstance(opcode, isa.Opcode), f"beat {i - 1}: not an instruction"
+            name = opcode.name.lower()
+            hit(f"op.{name}")
+            if word & RESERVED_BITS[opcode]:
+                hit("reserved_fields_set")
+            if beat >> isa.INSTR_BITS:
+                hit("instr_bits_above_64")
+            data_beats, row = 0, None
+            ranges: dict[str, tuple[int, int]] = {}
+            count = f.get("count", 0)
+            if opcode in (isa.Opcode.READ_HOST, isa.Opcode.WRITE_HOST):
+                ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count)
+                if opcode == isa.Opcode.READ_HOST:
+                    data_beats, row = count, "ub"
+            elif opcode == isa.Opcode.LOAD_WEIGHTS:
+                ranges["tile"] = (f["tile"], f["tile"] + count)
+                data_beats, row = count * cfg.rows, "tile"
+                hit(f"load_weights.signed={int(f['signed'])}")
+            elif opcode == isa.Opcode.READ_WEIGHTS:
+                ranges["tile"] = (f["tile"], f["tile"] + count)
+                self.queued += count
+                if self.queued == cfg.weight_fifo_depth + 1:
+                    hit("weight_queue.full")
+            elif opcode == isa.Opcode.MATMUL:
+                ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count)
+                ranges["acc"] = (f["acc_addr"], f["acc_addr"] + count)
+                for flag in ("switch", "accumulate", "signed"):
+                    hit(f"matmul.{flag}={int(f[flag])}")
+                if f["switch"]:
+                    self.queued -= 1
+                    if self.queued == 0:
+                        hit("weight_queue.drained")
+            elif opcode == isa.Opcode.ACTIVATE:
+                window = POOL_WINDOW[f["pool"]]
+                ranges["acc"] = (f["acc_addr"], f["acc_addr"] + count)
+                ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count // window)
+                hit(f"activate.func={f['func'].name.lower()}")
+                hit(f"activate.pool={f['pool'].name.lower()}")
+                if count > cfg.rows + cfg.cols + 4:
+                    hit("activate.longer_than_matmul_latency")
+                self._slot("activate", f["slot"])
+            elif opcode == isa.Opcode.LOAD_PARAMS:
+                data_beats, row = 2, "param"
+                self._slot("load_params", f["slot"])
+                if f["shift"] in (0, 63):
+                    hit(f"load_params.shift={f['shift']}")
+            for memory, (lo, hi) in ranges.items():
+                if (name, memory) in MEMORY_ACCESSES:
+                    self._boundaries(name, memory, lo, hi - lo)
+            # Hazards set up with earlier instructions, then this one becomes the latest of
+            # its kind (a fence forgets them all).
+            if opcode in FENCES:
+                self._recent.clear()
+            elif ranges:
+                self._setups(name, ranges)
+                self._recent[name] = ranges
+            self._run = self._run + 1 if opcode == isa.Opcode.MATMUL else 0
+            if self._run == MATMUL_SLOTS + 1:
+                hit(f"matmul.run_of_{MATMUL_SLOTS + 1}")
+            for data in beats[i:i + data_beats]:
+                if int(data) >> rows_bits[row]:
+                    hit("data_bits_above_row")
+            i += data_beats
+
+    def _slot(self, op: str, slot: int) -> None:
+        if slot == 0:
+            self.coverage.hit(f"{op}.slot.first")
+        if slot == self.config.param_slots - 1:
+            self.coverage.hit(f"{op}.slot.last")
