@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -35,3 +36,31 @@ def rtl_device():
     yield get
     for device in devices.values():
         device.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Coverage tables tests attach with ``record_property("coverage_table", json)`` (keys
+    ``title``, ``column``, ``counts``, ``missed``): one table per title, a column per test,
+    printed after the run (they come back from pytest-xdist workers in the reports)."""
+    tables: dict[str, dict[str, dict]] = {}
+    reports = sorted((report for kind in ("passed", "failed")
+                      for report in terminalreporter.getreports(kind)), key=lambda r: r.nodeid)
+    for report in reports:
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "coverage_table" and report.when == "call":
+                table = json.loads(value)
+                tables.setdefault(table["title"], {})[table["column"]] = table
+    for title, columns in tables.items():
+        names: list[str] = []
+        for column in columns.values():
+            names += [n for n in column["counts"] if n not in names]
+        width = max(len(title), *(len(n) for n in names))
+        cell = max(9, *(len(c) for c in columns))
+        write = terminalreporter.write_line
+        terminalreporter.section(title.split(":")[0])
+        write(f"{title:<{width}}  " + "  ".join(f"{c:>{cell}}" for c in columns))
+        for n in names:
+            cells = [f"{c['counts'][n]:>{cell}}" if n in c["counts"] else f"{'-':>{cell}}"
+                     for c in columns.values()]
+            missed = any(n in c["missed"] for c in columns.values())
+            write(f"{n:<{width}}  " + "  ".join(cells) + ("  MISSED" if missed else ""))

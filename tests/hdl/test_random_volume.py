@@ -1,0 +1,207 @@
+"""Coverage-driven random programs in volume: the RTL core (:class:`RtlDevice`, through the
+fast transport) against the ISA simulator, every output beat compared with ``==`` (the
+timing-dependent counters, ``None`` on the ISA side, match anything: ``beats_match``).
+
+Programs come from :func:`progen.program_block`: blocks of :data:`BLOCK` programs back to back
+from a reset (so a program inherits the weight queue, the active tile and the memories of
+the ones before it), each drawn from its own seed. Every program must end halted with no
+error, as the ISA simulator's does. :mod:`funcov` counts what the programs contain and, from
+the RTL's coverage counters, which hazard rules stalled the core and which engines overlapped;
+each test prints its table and fails if a point the generator promises for its configuration
+was never hit. The tables also appear at the end of the pytest run.
+
+CI (``make test``) runs :data:`FAST` (1,100 programs on four configurations, a non-square one
+and one so small that the ends of every memory come up in most programs); ``make test-all``
+adds :data:`SLOW` (8,000 more, on three more configurations: one-row tiles, a tall array and
+the default 8x8 core). The simulator is Verilator
+(one build per configuration, then about 10x Icarus's speed); ``AMTPU_VOLUME_SIM=icarus``
+overrides it.
+
+A failure names the configuration, the seed, the block it ran in (replay: the block's seeds
+from a reset), the first differing beat and the instruction that sent it, and saves the
+program's text under ``build/random_volume/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from funcov import Coverage, ProgramObserver, observe_rtl, promised_points
+from progen import program_block, random_program, short_counts
+
+from firmware.asm import Program
+from firmware.runtime import DeviceError
+from firmware.transports.rtl import RtlDevice
+from hdl.config import TPUConfig, get_config
+from sim.isa_sim import IsaSim, beats_match
+from sim.verilog import BUILD_ROOT
+
+CONFIGS: dict[str, TPUConfig] = {
+    "tiny": get_config("tiny"),
+    "small": get_config("small"),
+    "wide": get_config("wide"),
+    # Odd array, the smallest memories allowed, three tiles (the queue holds them all), two
+    # parameter slots: the first and last row of every memory in most programs.
+    "edge": TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
+                      weight_fifo_depth=2, param_slots=2),
+    # test-all only: one-row tiles, a one-tile weight FIFO, one parameter slot; a tall array.
+    "thin": TPUConfig(rows=1, cols=3, ub_depth=16, acc_depth=32, weight_mem_tiles=2,
+                      weight_fifo_depth=1, param_slots=1),
+    "tall": TPUConfig(rows=8, cols=2, ub_depth=32, acc_depth=16, weight_mem_tiles=7,
+                      weight_fifo_depth=3, param_slots=8),
+    "default": get_config("default"),
+}
+
+#: Programs from one reset to the next.
+BLOCK = 25
+#: First seed of each configuration's programs; CI runs the first ones, test-all the next.
+SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
+             "default": 500_000, "thin": 600_000, "tall": 700_000}
+FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300}
+SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
+        "default": 500}
+
+RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
+        [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
+                      marks=pytest.mark.slow) for key, n in SLOW.items()])
+
+SIMULATOR = os.environ.get("AMTPU_VOLUME_SIM", "verilator")
+OUT_DIR = BUILD_ROOT / "random_volume"
+
+_DEVICES: dict[str, RtlDevice] = {}
+
+
+@pytest.fixture(scope="module")
+def device():
+    """An RTL device per configuration (built once), reset by the test before each block."""
+    def get(key: str) -> RtlDevice:
+        if key not in _DEVICES:
+            _DEVICES[key] = RtlDevice(CONFIGS[key], sim=SIMULATOR, label=f"volume-{key}")
+        return _DEVICES[key]
+    yield get
+    for dev in _DEVICES.values():
+        dev.close()
+    _DEVICES.clear()
+
+
+def _failure(key: str, block: int, seed: int, program: Program, expected: Sequence,
+             got: Sequence[int] | None, error: str | None = None) -> str:
+    """What went wrong, where, and how to replay it; the program's text goes to a file."""
+    cfg = CONFIGS[key]
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{key}-seed{seed}.s"
+    path.write_text(program.text() + "\n")
+    where = (f"config {key} ({cfg}), seed {seed}, run after seeds {block}..{seed - 1} from a "
+             f"reset (replay: progen.program_block(config, range({block}, {seed + 1}))); "
+             f"program text: {path}")
+    if error is not None:
+        return f"{where}: {error}"
+    assert got is not None
+    if len(got) != len(expected):
+        return f"{where}: {len(got)} output beats, the ISA simulator sent {len(expected)}"
+    first = next(i for i, (e, g) in enumerate(zip(expected, got, strict=True))
+                 if e is not None and e != g)
+    # Which instruction sent that beat: replay the block on the ISA simulator.
+    ref = IsaSim(cfg)
+    for _ in program_block(cfg, range(block, seed), ref):
+        pass
+    start, instr_at = len(ref.output), 0
+    for position, beat in enumerate(program.beats):
+        if not ref.expecting_data:
+            instr_at = position
+        ref.feed([beat])
+        if len(ref.output) - start > first:
+            break
+    text = Program(cfg)
+    text.beats = program.beats[instr_at:instr_at + 1]
+    return (f"{where}: output beat {first} is {got[first]:#x}, the ISA simulator sent "
+            f"{expected[first]:#x}; sent by the instruction at beat {instr_at}: "
+            f"{text.text().strip()}")
+
+
+@pytest.mark.parametrize("key, first, programs", RUNS)
+def test_random_volume(device, record_property, key: str, first: int, programs: int):
+    cfg = CONFIGS[key]
+    start = time.perf_counter()
+    rtl = device(key)
+    built = time.perf_counter() - start
+    coverage = Coverage()
+    coverage.promise(promised_points(cfg))
+    observer = ProgramObserver(cfg, coverage)
+    seeds = range(first, first + programs)
+    print(f"config {key} ({cfg}): {programs} programs, seeds {seeds[0]}..{seeds[-1]}, "
+          f"blocks of {BLOCK} from a reset, simulator {rtl.sim} (build and start {built:.1f} s)")
+    cycles = beats_in = beats_out = 0
+    for block in range(seeds.start, seeds.stop, BLOCK):
+        rtl.reset()
+        observer.reset()
+        before = rtl.cycles()
+        for seed, program, expected in program_block(cfg, range(block, min(block + BLOCK,
+                                                                            seeds.stop))):
+            observer.observe(program.beats)
+            rtl.send(program.beats)
+            try:
+                got = rtl.receive(len(expected))
+            except DeviceError as exc:
+                pytest.fail(_failure(key, block, seed, program, expected, None, str(exc)))
+            if not beats_match(expected, got):
+                pytest.fail(_failure(key, block, seed, program, expected, got))
+            status = rtl.status()
+            if status.error or not status.halted or status.instr_index != 0:
+                pytest.fail(_failure(key, block, seed, program, expected, got,
+                                     f"status after the program: {status}"))
+            beats_in += len(program.beats)
+            beats_out += len(expected)
+        observe_rtl(coverage, rtl.coverage())
+        cycles += rtl.cycles() - before
+    seconds = time.perf_counter() - start
+    print(f"{programs} programs, {beats_in} beats in, {beats_out} out, {cycles} cycles, "
+          f"{seconds:.1f} s ({programs / seconds:.0f} programs/s)")
+    print(coverage.table())
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / f"coverage-{key}-{first}.txt").write_text(coverage.table() + "\n")
+    record_property("coverage_table", json.dumps({
+        "title": "random programs: coverage point", "column": f"{key} ({programs})",
+        "counts": coverage.counts, "missed": coverage.missing()}))
+    missing = coverage.missing()
+    assert not missing, (f"config {key}, seeds {seeds[0]}..{seeds[-1]}: coverage points the "
+                         f"generator promises were never hit: {', '.join(missing)}")
+
+
+@pytest.mark.parametrize("key", ["tiny", "small", "wide"])
+def test_stall_bench_programs(record_property, key: str):
+    """The programs ``tb_core.py``'s ``test_random_programs`` runs in CI (with random
+    valid/ready stalls, on the per-cycle bench) hit every point the generator promises for
+    its shorter transfers: regenerated here from the same seeds, on the ISA simulator."""
+    from test_core import _FAST, PROGRAMS_PER_BLOCK
+
+    cfg = CONFIGS[key]
+    coverage = Coverage()
+    coverage.promise(promised_points(cfg, rtl=False, max_count=short_counts(cfg)))
+    observer = ProgramObserver(cfg, coverage)
+    programs = 0
+    for config_key, first, blocks in _FAST:
+        if config_key != key:
+            continue
+        for block in range(first, first + blocks):
+            base = 1000 + block * PROGRAMS_PER_BLOCK        # as test_core.py seeds its blocks
+            ref = IsaSim(cfg)
+            observer.reset()
+            for seed in range(base, base + PROGRAMS_PER_BLOCK):
+                program = random_program(cfg, np.random.default_rng(seed), after=ref)
+                ref.run(program.beats)
+                observer.observe(program.beats)
+                programs += 1
+    assert programs, f"test_core.py runs no {key} programs in CI"
+    print(coverage.table())
+    record_property("coverage_table", json.dumps({
+        "title": "stall-bench programs (tb_core.py, program side): coverage point",
+        "column": f"{key} ({programs})", "counts": coverage.counts,
+        "missed": coverage.missing()}))
+    missing = coverage.missing()
+    assert not missing, (f"{key}: tb_core.py's CI programs never hit {', '.join(missing)}")
