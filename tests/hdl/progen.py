@@ -412,11 +412,12 @@ class _Generator:
         """Long work for two engines, one after the other, in different halves of the
         memories where they share one (so that they run at once)."""
         cfg = self.cfg
-        half = cfg.ub_depth // 2
+        half, acc_half = cfg.ub_depth // 2, cfg.acc_depth // 2
         low = self.chance(0.5)
         for engine in engines:
             count = self.count(half, long=True)
             ub = (0 if low else half) + self.integer(0, half - count)
+            acc_base = 0 if low else acc_half
             low = not low
             if engine == "front_end":
                 choice = self.integer(0, 2)
@@ -430,10 +431,15 @@ class _Generator:
                 if self.read_weights(most=True) is None:
                     self.load_weights()
             elif engine == "matrix":
-                count = min(count, cfg.acc_depth)
-                self.matmul(ub=ub, count=count, acc=self.start(cfg.acc_depth, count))
+                count = min(count, acc_half)
+                self.matmul(ub=ub, count=count,
+                            acc=acc_base + self.integer(0, acc_half - count))
             elif engine == "activation":
-                self.activate(long=True)
+                pool = Pool(self.integer(0, 2))
+                window = POOL_WINDOW[pool]
+                blocks = max(1, min(count, acc_half // window))
+                self.activate(acc=acc_base + self.integer(0, acc_half - blocks * window),
+                              ub=ub, blocks=blocks, pool=pool)
             else:
                 self.write_host(ub, count)
 
