@@ -9,6 +9,7 @@ meet random back-pressure. Seeds are fixed, logged and named in every failure.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 
@@ -19,18 +20,45 @@ from amaranth.lib import data
 from cocotb.triggers import FallingEdge
 from progen import random_bytes, random_program
 
-from firmware.asm import Program
+from firmware.asm import Program, decode, disassemble
 from firmware.gemm import gemm_program, gemm_reference
-from hdl.isa import RESYNC_WORD, ErrorCode, Func, Pool, Status
+from hdl.control.hazards import MATMUL_SLOTS
+from hdl.isa import (
+    COUNTERS,
+    DONE_MAGIC,
+    INSTR_BITS,
+    RESYNC_WORD,
+    ErrorCode,
+    Func,
+    Opcode,
+    Pool,
+    Status,
+)
 from sim.isa_sim import IsaSim, beats_match, error_beat
 from sim.runner import config_from_env
 from sim.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
 
 STATUS = data.Layout.cast(Status)
+ERROR_BIT = 1 << STATUS["error"].offset
+HALTED_BIT = 1 << STATUS["halted"].offset
+
+#: check()'s time limit, in cycles: a base (the memories cleared after a reset, pipeline
+#: latencies) plus an allowance per beat queued and per row the queued instructions move.
+TIMEOUT_BASE = 2_000
+TIMEOUT_PER_BEAT = 16
+TIMEOUT_PER_ROW = 4
+#: The longest a working core goes without taking or sending a beat is the time its engines
+#: take to drain all they may hold; check() allows the base plus this many cycles a row.
+QUIET_PER_ROW = 4
 
 
 class Testbench:
-    """Clock, reset, the host-stream driver and monitor, and the reference model."""
+    """Clock, reset, the host-stream driver and monitor, and the reference model.
+
+    Every beat for the core goes through :meth:`send` (run by the reference too) or
+    :meth:`drive` (the driver alone), so that a failure can name the last instruction the
+    core accepted.
+    """
 
     def __init__(self, dut, seed: int, idle: float = 0.0, backpressure: float = 0.0):
         self.dut = dut
@@ -46,6 +74,12 @@ class Testbench:
                                      random_stalls(seed + 1, backpressure) if backpressure
                                      else None)
         self.expected: list[int | None] = []
+        self.stream: list[int] = []         # every beat given to the driver, in order
+        self.starts: list[int] = []         # positions in it of the instruction words
+        self.resyncs: list[int] = []        # ... and of the resynchronisation words
+        self._data_left = 0                 # data beats owed by the last instruction
+        self._unchecked = 0                 # beats queued since the last check
+        self._rows = 0                      # rows of work queued since the last check
         dut._log.info(f"seed {seed}, config {self.config}")
 
     async def reset(self):
@@ -54,28 +88,133 @@ class Testbench:
     def send(self, beats: list[int]):
         """Queue a program; the reference runs it to completion."""
         self.expected.extend(self.ref.run(beats))
+        self.drive(beats)
+
+    def drive(self, beats: list[int]):
+        """Queue beats for the core without the reference."""
+        cfg = self.config
+        for beat in beats:
+            beat = int(beat)
+            if beat & ((1 << INSTR_BITS) - 1) == RESYNC_WORD:
+                # (Data to the core after an instruction that takes data, but the parse here
+                # cannot know which instructions an error discarded: resynchronise it.)
+                self.resyncs.append(len(self.stream))
+                self._data_left = 0
+            elif self._data_left:
+                self._data_left -= 1
+            else:
+                self.starts.append(len(self.stream))
+                opcode, fields = decode(beat)
+                count = fields.get("count", 0)
+                rows = min(count, cfg.ub_depth)    # more fails its range check
+                tile_rows = min(count, cfg.weight_mem_tiles) * cfg.rows
+                self._data_left = {Opcode.READ_HOST: count,
+                                   Opcode.LOAD_WEIGHTS: count * cfg.rows,
+                                   Opcode.LOAD_PARAMS: 2}.get(opcode, 0)
+                self._rows += {Opcode.WRITE_HOST: rows,
+                               Opcode.READ_WEIGHTS: tile_rows,
+                               Opcode.MATMUL: rows + cfg.rows + cfg.cols,
+                               Opcode.ACTIVATE: rows + cfg.cols,
+                               Opcode.READ_COUNTERS: len(COUNTERS)}.get(opcode, 0)
+            self.stream.append(beat)
+        self._unchecked += len(beats)
         self.driver.extend(beats)
 
-    async def check(self, what: str, timeout_cycles: int = 500_000,
+    def last_accepted(self) -> str:
+        """The last instruction word the core took, disassembled, with its position."""
+        taken = self.driver.sent
+        if taken > len(self.stream):
+            return f"unknown ({taken} beats taken, {len(self.stream)} queued through drive)"
+        k = bisect.bisect_right(self.starts, taken - 1) - 1
+        if k < 0:
+            return f"none ({taken} beats taken)"
+        start = self.starts[k]
+        end = self.starts[k + 1] if k + 1 < len(self.starts) else len(self.stream)
+        try:
+            text = disassemble(self.stream[start:end], self.config).splitlines()[0]
+        except ValueError:
+            text = f".word {self.stream[start]:#x}"
+        return f"instruction {k} (beat {start}; {taken} of {len(self.stream)} beats taken): {text}"
+
+    def budget(self) -> int:
+        """Cycles :meth:`check` allows for the beats queued since the last check."""
+        cfg = self.config
+        return (TIMEOUT_BASE + 2 * (cfg.ub_depth + cfg.acc_depth) +
+                TIMEOUT_PER_BEAT * self._unchecked + TIMEOUT_PER_ROW * self._rows)
+
+    def quiet_limit(self) -> int:
+        """Cycles :meth:`check` allows without a beat in or out: the memories cleared after
+        a reset, or every engine draining the most it may hold (MATMULs in flight, an
+        ACTIVATE, a WRITE_HOST, a full weight queue)."""
+        cfg = self.config
+        rows = (cfg.ub_depth + (MATMUL_SLOTS + 1) * cfg.acc_depth +
+                (cfg.weight_fifo_depth + 1) * cfg.rows)
+        return TIMEOUT_BASE + QUIET_PER_ROW * rows
+
+    async def check(self, what: str, timeout_cycles: int | None = None,
                     fail_on_error: bool = True):
-        """Wait for every expected beat and compare them all (an error status fails the
-        check unless ``fail_on_error`` is off)."""
-        for _ in range(timeout_cycles):
-            if len(self.monitor.received) >= len(self.expected):
-                break
-            await FallingEdge(self.dut.clk)
+        """Wait for every expected beat and compare them, each as it arrives. Fails at once
+        when a beat differs, when the core stops with an error (unless ``fail_on_error`` is
+        off; then when it stops with another error than the reference's), when the core has
+        taken every beat and sent a DONE beat with fewer beats than expected, and after
+        ``timeout_cycles`` (default :meth:`budget`) without all of them, or after
+        :meth:`quiet_limit` cycles without a beat in or out: a hang, named by the seed and the
+        last instruction the core accepted."""
+        budget = self.budget() if timeout_cycles is None else timeout_cycles
+        quiet = self.quiet_limit()
+        moved = (-1, -1)                 # (beats taken, beats received) when last seen
+        last_move = longest = 0
+        self._unchecked = self._rows = 0
         got = self.monitor.received
-        status = self.status()
-        assert not (fail_on_error and status["error"]), \
-            f"seed {self.seed}: {what}: core stopped: {status}"
+        checked = 0
+        done_seen = None                 # cycle the core went quiet after a DONE beat
+
+        def fail(why: str):
+            raise AssertionError(
+                f"seed {self.seed}: {what}: {why}; got {len(got)} of {len(self.expected)} "
+                f"beats; status {self.status()}; last instruction accepted: "
+                f"{self.last_accepted()}")
+
+        for cycle in range(budget + 1):
+            for i in range(checked, min(len(got), len(self.expected))):
+                e = self.expected[i]
+                if e is not None and e != got[i]:
+                    fail(f"beat {i} is {got[i]:#x}, the ISA simulator sent {e:#x}")
+            checked = len(got)
+            if len(got) >= len(self.expected):
+                break
+            bits = int(self.dut.o_status.value)
+            # (An error a resynchronisation word still queued will clear is not a failure.)
+            if bits & ERROR_BIT and not (self.resyncs and
+                                         self.resyncs[-1] >= self.driver.sent):
+                status = self.status()
+                if fail_on_error:
+                    fail("the core stopped with an error")
+                ref = self.ref.status
+                if (status["code"], status["instr_index"]) != (ref.code, ref.instr_index):
+                    fail(f"the ISA simulator stopped with {ref.code.name} at instruction "
+                         f"{ref.instr_index}")
+            # Every beat taken, halted after a DONE beat: nothing more will come.
+            if (bits & HALTED_BIT and not self.driver.pending() and got
+                    and got[-1] >> 32 == DONE_MAGIC):
+                done_seen = cycle if done_seen is None else done_seen
+                if cycle - done_seen > 16:
+                    fail("the core finished (DONE) with fewer beats than expected")
+            else:
+                done_seen = None
+            if (self.driver.sent, len(got)) != moved:
+                longest = max(longest, cycle - last_move)
+                moved, last_move = (self.driver.sent, len(got)), cycle
+            elif cycle - last_move >= quiet:
+                fail(f"no beat in or out for {quiet} cycles (a hang)")
+            if cycle == budget:
+                fail(f"timeout after {budget} cycles (a hang)")
+            await FallingEdge(self.dut.clk)
+        self.dut._log.info(f"{what}: {cycle} of {budget} cycles allowed, at most {longest} of "
+                           f"{quiet} without a beat in or out")
         assert len(got) == len(self.expected), \
             f"seed {self.seed}: {what}: got {len(got)} beats, expected {len(self.expected)}"
-        if not beats_match(self.expected, got):
-            first = next(i for i, (e, g) in enumerate(zip(self.expected, got, strict=True))
-                         if e is not None and e != g)
-            raise AssertionError(
-                f"seed {self.seed}: {what}: beat {first} is {got[first]:#x}, the ISA "
-                f"simulator sent {self.expected[first]:#x}")
+        assert beats_match(self.expected, got)
 
     def status(self) -> dict:
         value = STATUS.from_bits(int(self.dut.o_status.value))
@@ -236,7 +375,7 @@ async def test_error(dut, case: str, recover: str):
     assert tb.ref.feed(program.beats + junk.beats) >= len(junk.beats)
     assert tb.ref.error == code, f"reference did not stop with {code.name}"
     tb.expected.extend(tb.ref.output)
-    tb.driver.extend(program.beats + junk.beats)
+    tb.drive(program.beats + junk.beats)
     await tb.check(f"{case}: output up to the error beat", fail_on_error=False)
     assert tb.monitor.received[-1] == error_beat(code, index), \
         f"{case}: the last beat is not the error beat"
@@ -290,7 +429,7 @@ async def test_error_clears_halted(dut):
     assert tb.status()["halted"] == 1
     tb.ref.feed([12])
     tb.expected.extend(tb.ref.output[len(tb.expected):])
-    tb.driver.extend([12])
+    tb.drive([12])
     await tb.check("the reserved opcode's error beat", fail_on_error=False)
     bits = int(dut.o_status.value)
     assert bits == tb.ref.status.as_bits() == 0x03, f"status {bits:#x}, ISA 0x03"
@@ -334,7 +473,7 @@ async def test_reset_clears_memories(dut):
     p.matmul(0, 0, cfg.acc_depth if cfg.acc_depth <= cfg.ub_depth else cfg.ub_depth,
              switch=True)
     p.load_params(1, [5] * cfg.cols, [7] * cfg.cols, shift=1, zp=3, clamp=9)
-    tb.driver.extend(p.beats)                # the reference runs only what follows the reset
+    tb.drive(p.beats)                        # the reference runs only what follows the reset
     await tb.driver.wait_idle()              # every beat taken; the MATMUL still running
     await FallingEdge(dut.clk)
     await reset(dut)
