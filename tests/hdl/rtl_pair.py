@@ -9,20 +9,19 @@ one: the same beats before the error beat, the error beat itself (the RTL transp
 :class:`~firmware.runtime.DeviceError` only once it holds the error beat its status names),
 and the same status. A :class:`~firmware.runtime.DeviceTimeout` (a hang) is always a failure.
 
-:func:`dump_program` reads back every piece of state the core keeps (unified buffer,
-accumulators through every parameter slot and through known parameters, counters, the
-active tile, the queued tiles and every written weight tile), so a test can prove that an
-error or an interlock left nothing behind that the ISA simulator does not have.
+:meth:`Pair.check_state` reads back every piece of state the core keeps
+(:func:`hoststreams.dump_program`), so a test can prove that an error or an interlock left
+nothing behind that the ISA simulator does not have.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pytest
+from hoststreams import dump_program
 
-from firmware.asm import Program, disassemble
+from firmware.asm import disassemble
 from firmware.runtime import DeviceError, DeviceTimeout
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice
@@ -30,7 +29,7 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.isa_sim import IsaSim, beats_match, error_beat
 
-__all__ = ["Pair", "dump_program", "load_weight_set", "describe"]
+__all__ = ["Pair", "describe"]
 
 
 class Pair:
@@ -128,64 +127,6 @@ def _compare(got: Sequence[int], expected: Sequence[int | None], what: str) -> N
                      if e is not None and e != g)
         raise AssertionError(f"{what}: beat {first} is {got[first]:#x}, the ISA simulator "
                              f"sent {expected[first]:#x}")
-
-
-def load_weight_set(p: Program, rng: np.random.Generator, tiles: int | None = None) -> None:
-    """LOAD_WEIGHTS of random tiles ``0..tiles-1`` (all by default), alternately int8 and
-    uint8."""
-    cfg = p.config
-    for t in range(cfg.weight_mem_tiles if tiles is None else tiles):
-        signed = t % 2 == 0
-        lo, hi = (-128, 128) if signed else (0, 256)
-        p.load_weights(t, rng.integers(lo, hi, (cfg.rows, cfg.cols)), signed=signed)
-
-
-def dump_program(sim: IsaSim) -> Program:
-    """A program that makes the core send everything it holds, for the state ``sim`` is in
-    (so it never fails): the unified buffer; every accumulator row through each parameter
-    slot as it is, then through known parameters at shifts 0, 8, 16 and 24 (bias 0,
-    multiplier 1); the counters; the active tile, each queued tile and each written tile,
-    multiplied by unit vectors and sent twice (bias 0 and bias -128, so that int8 and uint8
-    weights both come back exactly). It overwrites the state as it goes."""
-    cfg: TPUConfig = sim.config
-    rows, cols = cfg.rows, cfg.cols
-    assert cfg.ub_depth >= 3 * rows
-    p = Program(cfg)
-    p.write_host(0, cfg.ub_depth)
-    chunk = min(cfg.acc_depth, cfg.ub_depth)
-
-    def activations(slot: int) -> None:
-        for base in range(0, cfg.acc_depth, chunk):
-            n = min(chunk, cfg.acc_depth - base)
-            p.activate(base, 0, n, slot=slot)
-            p.write_host(0, n)
-
-    for slot in range(cfg.param_slots):
-        activations(slot)
-    for slot in range(cfg.param_slots):
-        p.load_params(slot, [0] * cols, [1] * cols, shift=(8 * slot) % 64)
-        activations(slot)
-    p.read_counters()
-    # Weights: unit vectors in rows 0..rows-1, products in accumulator rows 0..rows-1.
-    p.read_host(0, np.eye(rows, cfg.ub_row, dtype=np.int64))
-    p.load_params(0, [0] * cols, [1] * cols)
-    p.load_params(1, [-128] * cols, [1] * cols)
-
-    def show(switch: bool) -> None:
-        p.matmul(0, 0, rows, switch=switch)
-        p.activate(0, rows, rows, slot=0)
-        p.activate(0, 2 * rows, rows, slot=1)
-        p.write_host(rows, 2 * rows)
-
-    if sim.active is not None:
-        show(switch=False)
-    for _ in sim.queue:
-        show(switch=True)
-    for tile in np.flatnonzero(sim.weight_written):
-        p.read_weights(int(tile), 1)
-        show(switch=True)
-    p.halt()
-    return p
 
 
 def describe(beats: Sequence[int], config: TPUConfig) -> str:

@@ -6,7 +6,7 @@ hold an instruction back, and the core's coverage counters (``RtlDevice.coverage
 the reset before the program) must show stall cycles on that rule and on no other: the test
 provably exercises it. The same program with the second instruction's range moved one row
 (or tile) past the first one's must not stall at all (ranges are half-open). Every program
-ends with a read-back of the whole state (:func:`rtl_pair.dump_program`).
+ends with a read-back of the whole state (:func:`hoststreams.dump_program`).
 
 The boundary tests, on the tiny core, touch the first and the last row of the unified buffer
 and of the accumulators, the last weight tile and the last parameter slot, with single-row
@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, load_weight_set
+from hoststreams import load_weight_set
+from rtl_pair import Pair, describe
 
 from firmware.asm import Program
 from hdl import isa
