@@ -134,7 +134,8 @@ class Testbench:
             text = disassemble(self.stream[start:end], self.config).splitlines()[0]
         except ValueError:
             text = f".word {self.stream[start]:#x}"
-        return f"instruction {k} (beat {start}; {taken} of {len(self.stream)} beats taken): {text}"
+        return (f"instruction {k} of the stream (beat {start}; {taken} of {len(self.stream)} "
+                f"beats taken): {text}")
 
     def budget(self) -> int:
         """Cycles :meth:`check` allows for the beats queued since the last check."""
