@@ -136,6 +136,11 @@ class Server:
             self.out_rd += 1
         self.dut.i_out_rd.value = self.out_rd % (1 << COUNT_BITS)
 
+    def input_drained(self) -> bool:
+        """Whether the core has taken every beat sent."""
+        taken = int(self.dut.o_in_rd.value)
+        return not self.pending and taken == self.in_wr % (2 * self.in_depth)
+
     def error_beat_position(self, status: int) -> int | None:
         """Where the error beat for ``status`` is among the held beats, if it has come."""
         code, index = STATUS["code"], STATUS["instr_index"]
@@ -172,9 +177,10 @@ class Server:
             self.drain()
             changed = self.refill()
             status = self.status_bits()
-            if status & self.error_mask:
-                # Stopped: fail once the error beat is among the beats asked for (the beats
-                # before it stay for the next receive).
+            if status & self.error_mask and self.input_drained():
+                # Stopped with every beat sent taken (discarded, or the resynchronisation
+                # word would have cleared the error): fail once the error beat is among the
+                # beats asked for (the beats before it stay for the next receive).
                 stop = self.error_beat_position(status)
                 if stop is not None and stop < count:
                     return ("error", "error", stop, status)

@@ -67,11 +67,6 @@ def test_fuzz_resync_in_band(config_key: str, first: int, cases: int):
         config=config)
 
 
-@pytest.mark.xfail(strict=True, raises=DeviceError, reason=(
-    "RTL transport: after a receive has reported an error, every later receive raises the "
-    "same DeviceError at once, because sim/rtl_server.py checks the core's status before it "
-    "runs a cycle and keeps the reported error beat among the held beats; the core never "
-    "sees the resynchronisation word. IsaSimDevice recovers; clear() and reset() work."))
 def test_resync_through_the_rtl_transport(rtl_device):
     """A reserved opcode, then RESYNC_WORD and HALT: the ISA transport sends the error beat
     and the DONE beat; the RTL transport must do the same."""
