@@ -177,14 +177,16 @@ class Server:
             self.drain()
             changed = self.refill()
             status = self.status_bits()
-            if status & self.error_mask and self.input_drained():
-                # Stopped with every beat sent taken (discarded, or the resynchronisation
-                # word would have cleared the error): fail once the error beat is among the
-                # beats asked for (the beats before it stay for the next receive).
+            # With an error pending, wait until the core has taken every beat sent (it
+            # discards them, or the resynchronisation word clears the error), as the ISA
+            # transport does at once; then fail if the error beat is among the beats asked
+            # for (the beats before it stay for the next receive).
+            settled = not status & self.error_mask or self.input_drained()
+            if status & self.error_mask and settled:
                 stop = self.error_beat_position(status)
                 if stop is not None and stop < count:
                     return ("error", "error", stop, status)
-            if len(self.held) >= count:
+            if settled and len(self.held) >= count:
                 self.sent = 0
                 return ("ok", [self.held.popleft() for _ in range(count)])
             left = deadline - self.cycles()
