@@ -166,8 +166,9 @@ def test_random_volume(device, record_property, key: str, first: int, programs: 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"coverage-{key}-{first}.txt").write_text(coverage.table() + "\n")
     record_property("coverage_table", json.dumps({
-        "title": "random programs: coverage point", "column": f"{key} ({programs})",
-        "counts": coverage.counts, "missed": coverage.missing()}))
+        "title": "random programs: coverage point (rtl.*: cycles)",
+        "column": f"{key} {first}+{programs}", "counts": coverage.counts,
+        "missed": coverage.missing()}))
     missing = coverage.missing()
     assert not missing, (f"config {key}, seeds {seeds[0]}..{seeds[-1]}: coverage points the "
                          f"generator promises were never hit: {', '.join(missing)}")
@@ -184,7 +185,7 @@ def test_stall_bench_programs(record_property, key: str):
     coverage = Coverage()
     coverage.promise(promised_points(cfg, rtl=False, max_count=short_counts(cfg)))
     observer = ProgramObserver(cfg, coverage)
-    programs = 0
+    programs, seeds = 0, []
     for config_key, first, blocks in _FAST:
         if config_key != key:
             continue
@@ -197,11 +198,12 @@ def test_stall_bench_programs(record_property, key: str):
                 ref.run(program.beats)
                 observer.observe(program.beats)
                 programs += 1
+                seeds.append(seed)
     assert programs, f"test_core.py runs no {key} programs in CI"
     print(coverage.table())
     record_property("coverage_table", json.dumps({
         "title": "stall-bench programs (tb_core.py, program side): coverage point",
-        "column": f"{key} ({programs})", "counts": coverage.counts,
+        "column": f"{key} {min(seeds)}+{programs}", "counts": coverage.counts,
         "missed": coverage.missing()}))
     missing = coverage.missing()
     assert not missing, (f"{key}: tb_core.py's CI programs never hit {', '.join(missing)}")
