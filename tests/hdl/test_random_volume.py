@@ -13,9 +13,11 @@ was never hit. The tables also appear at the end of the pytest run.
 CI (``make test``) runs :data:`FAST` (1,100 programs on four configurations, a non-square one
 and one so small that the ends of every memory come up in most programs); ``make test-all``
 adds :data:`SLOW` (8,000 more, on three more configurations: one-row tiles, a tall array and
-the default 8x8 core). The simulator is Verilator
-(one build per configuration, then about 10x Icarus's speed); ``AMTPU_VOLUME_SIM=icarus``
-overrides it.
+the default 8x8 core). The simulator is Verilator: one build per configuration, then 8 to 25
+times Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides it.
+
+:func:`test_stall_bench_programs` measures the programs ``tb_core.py`` runs with random
+valid/ready stalls (shorter transfers; the bridge here never stalls the host stream).
 
 A failure names the configuration, the seed, the block it ran in (replay: the block's seeds
 from a reset), the first differing beat and the instruction that sent it, and saves the
