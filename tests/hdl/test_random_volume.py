@@ -98,9 +98,9 @@ def _failure(key: str, block: int, seed: int, program: Program, expected: Sequen
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{key}-seed{seed}.s"
     path.write_text(program.text() + "\n")
-    where = (f"config {key} ({cfg}), seed {seed}, run after seeds {block}..{seed - 1} from a "
-             f"reset (replay: progen.program_block(config, range({block}, {seed + 1}))); "
-             f"program text: {path}")
+    after = f"after seeds {block}..{seed - 1}" if seed > block else "first"
+    where = (f"config {key} ({cfg}), seed {seed}, run {after} from a reset (replay: "
+             f"progen.program_block(config, range({block}, {seed + 1}))); program text: {path}")
     if error is not None:
         return f"{where}: {error}"
     assert got is not None
