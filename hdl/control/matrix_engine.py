@@ -70,10 +70,10 @@ class MatrixEngine(wiring.Component):
         m = Module()
         cmd = self.i_matmul
 
-        # After reset: zero every accumulator row, one a cycle.
+        # After reset: zero every accumulator row, one a cycle as the accumulators take them.
         scrubbing = Signal(init=1)
         scrub_addr = Signal(range(cfg.acc_depth))
-        with m.If(scrubbing):
+        with m.If(scrubbing & self.o_acc.ready):
             m.d.sync += scrub_addr.eq(scrub_addr + 1)
             with m.If(scrub_addr == cfg.acc_depth - 1):
                 m.d.sync += scrubbing.eq(0)
