@@ -1,0 +1,179 @@
+"""Stream rules of the engines the front end dispatches to (:mod:`hdl.control`).
+
+For each engine, every stream it drives obeys the valid/ready rules (``valid`` is not
+dropped and the payload does not change until the transfer) whenever every stream it
+receives does (:func:`sim.formal.all_stream_rules`, which also covers the ``addr`` and
+``data`` streams inside a memory read client). Every other input is free, except for the
+assumptions each harness states: what the engine's neighbours in :class:`hdl.core.Core`
+guarantee (a memory answers only addresses it was sent; the activation unit returns a row
+only for a window it was given; the front end dispatches only checked instructions and
+offers a beat only while no WRITE_HOST runs).
+
+Each harness also checks the engine's side of the contracts the hazard and front-end proofs
+assume of it: ``o_busy`` rises only in the cycle after the engine takes an instruction (or
+after a reset), the engine takes one only while not busy, and the matrix engine retires only
+MATMULs in flight and never holds more than :data:`~hdl.control.hazards.MATMUL_SLOTS`.
+
+Auxiliary invariants on the engines' counters (through :class:`sim.formal.Inside`) make
+k-induction close.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Assert, Assume, Module, Signal
+
+from hdl.config import TPUConfig
+from hdl.control.activation_engine import ActivationEngine, window_log2
+from hdl.control.hazards import MATMUL_SLOTS
+from hdl.control.host_writer import HostWriter
+from hdl.control.matrix_engine import MatrixEngine
+from hdl.control.weight_loader import WeightLoader
+
+from ..formal import Harness, Inside, all_stream_rules, past, was_reset
+
+__all__ = ["weight_loader_harness", "matrix_engine_harness", "activation_engine_harness",
+           "host_writer_harness"]
+
+
+def _fire(port) -> Signal:
+    return port.valid & port.ready
+
+
+def _busy_contract(m: Module, cmd, busy, *, name: str) -> None:
+    """``busy`` rises exactly in the cycle after ``cmd`` transferred (or after a reset), and
+    ``cmd`` is taken only while ``busy`` is low."""
+    prefix = name.replace(" ", "_")
+    took = past(m, _fire(cmd), name=f"{prefix}_took_1")
+    busy_1 = past(m, busy, name=f"{prefix}_busy_1")
+    fresh = was_reset(m)
+    m.d.comb += [
+        Assert(fresh | ~(busy & ~busy_1) | took,
+               f"{name}: o_busy rises only the cycle after an instruction is taken"),
+        Assert(~cmd.ready | ~busy, f"{name}: takes an instruction only while not busy"),
+        Assert(~took | fresh | busy, f"{name}: o_busy is high the cycle after it takes one"),
+    ]
+
+
+def _outstanding(m: Module, client, width: int, *, name: str) -> Signal:
+    """Read requests of memory read *client* not yet answered; assumes the memory answers
+    only requests it has been sent (at least a cycle later)."""
+    count = Signal(width, name=f"{name}_outstanding")
+    m.d.sync += count.eq(count + _fire(client.addr) - _fire(client.data))
+    m.d.comb += Assume(~client.data.valid | (count != 0))
+    return count
+
+
+def weight_loader_harness(config: TPUConfig) -> Harness:
+    """Stream rules of :class:`WeightLoader` (``o_wm.addr``, ``o_weight``; ``o_weight`` is
+    ``o_wm.data`` passed through) and its busy contract.
+
+    Assumed of the environment: the weight memory answers only requests it has been sent;
+    the front end dispatches only checked instructions (``count`` not zero, tiles in range).
+    """
+
+    def properties(m: Module, wl: WeightLoader, inside: Inside) -> None:
+        all_stream_rules(m, wl)
+        cmd = wl.i_read_weights
+        p = cmd.payload
+        m.d.comb += Assume(~cmd.valid | ((p.count != 0) &
+                                         (p.tile + p.count <= config.weight_mem_tiles)))
+        _busy_contract(m, cmd, wl.o_busy, name="weight loader")
+        reads = _outstanding(m, wl.o_wm, len(inside.signal("pending")), name="wm")
+        m.d.comb += Assert(inside.signal("pending") == inside.signal("req_left") + reads,
+                           "every row is requested or answered")
+
+    return Harness(WeightLoader(config), properties, reset="any")
+
+
+def matrix_engine_harness(config: TPUConfig) -> Harness:
+    """Stream rules of :class:`MatrixEngine` (``o_ub.addr``, ``o_act``, ``o_acc``), its
+    MATMUL slots (retire only one in flight, at most ``MATMUL_SLOTS``), with every input
+    free."""
+
+    def properties(m: Module, me: MatrixEngine, inside: Inside) -> None:
+        all_stream_rules(m, me)
+        in_flight = Signal(range(MATMUL_SLOTS + 1), name="me_in_flight")
+        m.d.sync += in_flight.eq(in_flight + _fire(me.i_matmul) - me.o_retire)
+        slots = [inside.signal(f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
+        m.d.comb += [
+            Assert(~me.o_retire | (in_flight != 0), "retires only a MATMUL in flight"),
+            Assert(~_fire(me.i_matmul) | (in_flight != MATMUL_SLOTS),
+                   f"at most {MATMUL_SLOTS} MATMULs in flight"),
+        ]
+        # Invariant: the valid slots are the `in_flight` ones from `head` on, up to `tail`.
+        head, tail = inside.signal("head"), inside.signal("tail")
+        m.d.comb += [
+            Assert(in_flight <= MATMUL_SLOTS, "in flight: within the slots"),
+            Assert(tail == (head + in_flight) % MATMUL_SLOTS, "tail follows head"),
+        ]
+        for i in range(MATMUL_SLOTS):
+            m.d.comb += Assert(slots[i] == (((i - head) % MATMUL_SLOTS) < in_flight),
+                               f"slot {i} is valid when it is among those in flight")
+
+    return Harness(MatrixEngine(config), properties, reset="any")
+
+
+def activation_engine_harness(config: TPUConfig) -> Harness:
+    """Stream rules of :class:`ActivationEngine` (``o_acc.addr``, ``o_row``, ``o_ub``) and its
+    busy contract.
+
+    Assumed of the environment: the accumulators answer only requests they have been sent;
+    the activation unit returns a row on ``i_out`` only for a pooling window it has been given
+    on ``o_row`` (its last row marked); the front end dispatches only ACTIVATEs whose count is
+    a multiple of the window (its BAD_FIELD check).
+    """
+
+    def properties(m: Module, ae: ActivationEngine, inside: Inside) -> None:
+        all_stream_rules(m, ae)
+        cmd = ae.i_activate
+        log = window_log2(cmd.payload.pool)
+        m.d.comb += Assume(~cmd.valid | ((cmd.payload.count & ((1 << log) - 1)) == 0))
+        count_bits = len(cmd.payload.count) + 2    # up to 4 rows a window: no wrap
+        reads = _outstanding(m, ae.o_acc, count_bits, name="acc")
+        owed = Signal(count_bits, name="owed")          # windows given, results not taken
+        m.d.sync += owed.eq(owed + (_fire(ae.o_row) & ae.o_row.payload.last) - _fire(ae.i_out))
+        m.d.comb += Assume(~ae.i_out.valid | (owed != 0))
+        _busy_contract(m, cmd, ae.o_busy, name="activation engine")
+        m.d.comb += Assert(ae.o_busy | ae.i_param_write.ready,
+                           "parameter writes are taken whenever the engine is not busy")
+
+        # Invariants: every row of the running ACTIVATE is either still to request, being
+        # read, in the unit's current window, or in a window whose result is owed.
+        busy, run = inside.signal("busy"), inside.signal("run")
+        mask = inside.signal("window_mask")
+        phase = inside.signal("resp_index") & mask
+        rows_left = inside.signal("req_left") + reads + phase + owed * (mask + 1)
+        m.d.comb += [
+            Assert(~run | busy, "runs only while busy"),
+            Assert((mask == 0) | (mask == 1) | (mask == 3), "a window of 1, 2 or 4 rows"),
+            Assert(~busy | (inside.signal("out_left") * (mask + 1) == rows_left),
+                   "every row of the running ACTIVATE is accounted for"),
+            Assert(busy | ((rows_left == 0) & (owed == 0)), "nothing in flight when idle"),
+        ]
+
+    return Harness(ActivationEngine(config), properties, reset="any")
+
+
+def host_writer_harness(config: TPUConfig) -> Harness:
+    """Stream rules of :class:`HostWriter` (``o_ub.addr``, ``o_host``) and its busy contract.
+
+    Assumed of the environment: the unified buffer answers only requests it has been sent;
+    the front end offers a beat on ``i_beat`` only while no WRITE_HOST runs or is offered
+    (:class:`~hdl.control.front_end.FrontEnd` sends beats from states that dispatch nothing,
+    once the writer is idle).
+    """
+
+    def properties(m: Module, hw: HostWriter, inside: Inside) -> None:
+        all_stream_rules(m, hw)
+        count_bits = len(hw.i_write_host.payload.count)
+        reads = _outstanding(m, hw.o_ub, count_bits, name="ub")
+        m.d.comb += Assume(~hw.i_beat.valid | ~(hw.o_busy | hw.i_write_host.valid))
+        _busy_contract(m, hw.i_write_host, hw.o_busy, name="host writer")
+
+        resp_left, req_left = inside.signal("resp_left"), inside.signal("req_left")
+        m.d.comb += [
+            Assert(resp_left == req_left + reads, "every row is requested or answered"),
+            Assert(hw.o_busy | (resp_left == 0), "no row left when idle"),
+        ]
+
+    return Harness(HostWriter(config), properties, reset="any")

@@ -1,0 +1,168 @@
+"""Proofs of the front end (:class:`hdl.control.front_end.FrontEnd`): the stream rules of
+every stream it drives, and that it does nothing while stopped on an error.
+
+Stream rules (:func:`front_end_streams_harness`): every stream the front end drives (the
+four dispatch streams, ``o_beat``, ``o_ub_write``, ``o_wm_write``, ``o_param_write``) keeps
+``valid`` and its payload until the transfer, given that ``i_host`` does. Assumed of the
+rest of :class:`hdl.core.Core`, each a property another proof checks:
+
+- the hazard tracker's ``hazard`` does not rise while the instruction it is asked about
+  stays the same and nothing is dispatched (checked by :mod:`sim.proofs.hazards`);
+- ``i_write_host_busy`` rises only in the cycle after a WRITE_HOST is dispatched (the host
+  writer's busy contract, :mod:`sim.proofs.engines`);
+- the activation engine takes a parameter write whenever it is not busy
+  (:mod:`sim.proofs.engines`): in the cycle LOAD_PARAMS issues, the front end sends its
+  first write without looking at ``o_param_write.ready``;
+- ``i_counter_value`` stays the same while a counter beat waits for the host. Not true in
+  the core: the counters keep counting (``cycles`` every cycle) while READ_COUNTERS' beat
+  waits, so ``o_beat``'s payload, and the core's ``o_host``, change under a stalled host.
+  ``counter_beats_stable=False`` drops the assumption and shows the counterexample.
+
+Stopped (:func:`front_end_stopped_harness`), with every input free: from the cycle
+``o_status.error`` is high until it falls (``i_clear`` or the resynchronisation word):
+
+- nothing issues: no dispatch stream is valid, ``o_hazards.dispatch`` is low, no
+  instruction or CLEAR_COUNTERS event;
+- no memory is written: ``o_ub_write``, ``o_wm_write``, ``o_param_write`` are not valid;
+- ``o_beat`` carries only the error beat (:class:`~hdl.isa.ErrorBeat` with the status's
+  code and instruction index), at most once, offered as soon as no WRITE_HOST runs, and
+  exactly once by the time the error clears;
+- the decode-level state (tiles written, tiles queued, a tile active, the instruction
+  index, halted) and the status code do not change, so the beats discarded meanwhile have
+  no effect; the index returns to 0 when the error clears.
+
+Invariants tie ``o_status.error`` to the front end's FSM (``ERROR_BEAT`` or ``ERROR``).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
+
+from hdl.config import TPUConfig
+from hdl.control.front_end import FrontEnd
+from hdl.isa import ERROR_MAGIC, INSTR_BITS, RESYNC_WORD, ErrorBeat
+
+from ..formal import Harness, Inside, all_stream_rules, past, was_reset
+
+__all__ = ["front_end_streams_harness", "front_end_stopped_harness"]
+
+
+def _fire(port) -> Value:
+    return port.valid & port.ready
+
+
+def front_end_streams_harness(config: TPUConfig, *,
+                              counter_beats_stable: bool = True) -> Harness:
+    """Stream rules of :class:`FrontEnd` under the assumptions of the module docstring.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The front end's configuration.
+    counter_beats_stable : bool
+        Assume ``i_counter_value`` holds while a counter beat waits. ``False``: the proof
+        fails on ``o_beat``'s payload (the finding in the module docstring). For the tests.
+    """
+
+    def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
+        all_stream_rules(m, fe)
+        fresh = was_reset(m)
+        q = fe.o_hazards
+        hazard_1 = past(m, q.hazard, name="hazard_1")
+        dispatch_1 = past(m, q.dispatch, name="dispatch_1")
+        instr_1 = past(m, q.instr.as_value(), name="instr_1")
+        m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
+                           (q.instr.as_value() != instr_1))
+        busy_1 = past(m, fe.i_write_host_busy, name="write_host_busy_1")
+        took_1 = past(m, _fire(fe.o_write_host), name="write_host_took_1")
+        m.d.comb += [
+            Assume(fresh | ~(fe.i_write_host_busy & ~busy_1) | took_1),
+            Assume(fe.i_activate_busy | fe.o_param_write.ready),
+        ]
+        if counter_beats_stable:
+            waiting_1 = past(m, fe.o_beat.valid & ~fe.o_beat.ready, name="beat_waiting_1")
+            select_1 = past(m, fe.o_counter_select, name="counter_select_1")
+            value_1 = past(m, fe.i_counter_value, name="counter_value_1")
+            m.d.comb += Assume(fresh | ~(waiting_1 & (fe.o_counter_select == select_1)) |
+                               (fe.i_counter_value == value_1))
+
+    return Harness(FrontEnd(config), properties, reset="any")
+
+
+def front_end_stopped_harness(config: TPUConfig) -> Harness:
+    """The front end while stopped on an error (see the module docstring); every input
+    free."""
+
+    def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
+        fresh = was_reset(m)
+        status = fe.o_status
+        error = status.error
+        beat = fe.o_beat
+
+        # The error beat, built from the status with the ErrorBeat layout.
+        expected = Signal(ErrorBeat, name="expected_beat")
+        m.d.comb += [
+            expected.instr_index.eq(status.instr_index),
+            expected.code.eq(status.code),
+            expected.magic.eq(ERROR_MAGIC),
+        ]
+        expected_beat = Cat(expected.as_value(), Const(0, len(beat.payload) - INSTR_BITS))
+
+        # Beats sent in this error episode.
+        sent = Signal(2, name="error_beats_sent")
+        with m.If(~error):
+            m.d.sync += sent.eq(0)
+        with m.Elif(_fire(beat) & (sent != 3)):
+            m.d.sync += sent.eq(sent + 1)
+
+        dispatch_streams = (fe.o_read_weights, fe.o_matmul, fe.o_activate, fe.o_write_host)
+        with m.If(error):
+            m.d.comb += [
+                Assert(~Cat(*(p.valid for p in dispatch_streams)).any(),
+                       "stopped: no instruction is dispatched"),
+                Assert(~fe.o_hazards.dispatch, "stopped: no dispatch reaches the tracker"),
+                Assert(~fe.o_instruction & ~fe.o_clear_counters,
+                       "stopped: no instruction completes, counters not cleared"),
+                Assert(~fe.o_ub_write.valid & ~fe.o_wm_write.valid & ~fe.o_param_write.valid,
+                       "stopped: no memory is written"),
+                Assert(~beat.valid | (beat.payload == expected_beat),
+                       "stopped: the only beat is the error beat (status code and index)"),
+                Assert(~beat.valid | (sent == 0), "stopped: at most one error beat"),
+                Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
+                       "stopped: the error beat is offered once no WRITE_HOST runs"),
+            ]
+
+        # Across a cycle spent stopped: nothing decoded changes; the error clears only with
+        # i_clear or the resynchronisation word, after exactly one beat.
+        decode_state = Cat(inside.signal("written"), inside.signal("queued"),
+                           inside.signal("have_active"), inside.signal("halted"))
+        decode_1 = past(m, decode_state, name="decode_state_1")
+        error_1 = past(m, error, name="error_1")
+        code_1 = past(m, status.code, name="code_1")
+        index_1 = past(m, status.instr_index, name="index_1")
+        sent_1 = past(m, sent + _fire(beat), name="sent_1")
+        resync = fe.i_host.valid & (fe.i_host.payload[:INSTR_BITS] == RESYNC_WORD)
+        restart_1 = past(m, fe.i_clear | resync, name="restart_1")
+        with m.If(~fresh & error_1):
+            m.d.comb += [
+                Assert(decode_state == decode_1,
+                       "stopped: written, queued, have_active, halted unchanged"),
+                Assert(status.instr_index == Mux(error, index_1, 0),
+                       "stopped: the index stays, and restarts at 0 with the error cleared"),
+                Assert(error | restart_1, "the error clears only with i_clear or resync"),
+            ]
+            with m.If(error):
+                m.d.comb += Assert(status.code.as_value() == code_1, "stopped: the code stays")
+            with m.Else():
+                m.d.comb += Assert(sent_1 == 1, "exactly one error beat before restarting")
+
+        # Invariants: the status shows an error exactly in the error states, and the beat
+        # has been sent exactly when the front end has moved on to ERROR.
+        stopped = inside.in_state("front_end_state", "ERROR_BEAT", "ERROR")
+        m.d.comb += [
+            Assert(error == stopped, "error exactly in ERROR_BEAT and ERROR"),
+            Assert(~error | (sent == inside.in_state("front_end_state", "ERROR")),
+                   "the beat has been sent exactly in ERROR"),
+        ]
+
+    return Harness(FrontEnd(config), properties, reset="any")
