@@ -83,7 +83,7 @@ def device():
     """An RTL device per configuration (built once), reset by the test before each block."""
     def get(key: str) -> RtlDevice:
         if key not in _DEVICES:
-            _DEVICES[key] = RtlDevice(CONFIGS[key], sim=SIMULATOR, label=f"volume-{key}")
+            _DEVICES[key] = RtlDevice(CONFIGS[key], sim=SIMULATOR)
         return _DEVICES[key]
     yield get
     for dev in _DEVICES.values():
