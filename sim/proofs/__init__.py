@@ -8,7 +8,7 @@ Usage::
 
     python -m sim.proofs                 # every proof, as registered
     python -m sim.proofs pe weight_fifo  # some of them (names or prefixes)
-    python -m sim.proofs --fast          # each as a short BMC, as the tests run them
+    python -m sim.proofs --fast          # each in its fast form, as the tests run them
     python -m sim.proofs --list
 """
 
@@ -50,29 +50,30 @@ def _fifo(preset: str):
 #: The control proofs' configuration: the "tiny" preset (2x2 array, 64-row memories).
 CONTROL = PRESETS["tiny"]
 
-#: Their fast forms': the smallest memories, so that a short BMC gets past the reset scrubs
-#: (16 cycles for the unified buffer and the accumulators).
+#: Their fast forms' and the tests': the smallest memories.
 CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
                          weight_fifo_depth=2, param_slots=2)
 
-#: BMC depth of the fast forms of the front end and the matrix engine: their scrub, then
-#: a few instructions.
+#: BMC depth that gets the front end and the matrix engine past their reset scrub of
+#: 16-row memories (then a few instructions); for the tests.
 SCRUB_FAST_DEPTH = 22
 
 
-def _control(factory, name: str, summary: str, *, depth: int = 4,
-             fast_depth: int | None = None) -> Proof:
+def _control(factory, name: str, summary: str, *, depth: int = 4) -> Proof:
+    # The fast form is the induction itself on the small configuration: a few seconds,
+    # where a BMC would need SCRUB_FAST_DEPTH cycles to see more than the reset scrub.
     return Proof(name, functools.partial(factory, CONTROL), "prove", depth, summary,
-                 fast_harness=functools.partial(factory, CONTROL_FAST), fast_depth=fast_depth)
+                 fast_harness=functools.partial(factory, CONTROL_FAST), fast_mode="prove",
+                 fast_depth=2)
 
 
 def _hazards(check: str, name: str, summary: str, *, solver: str = "z3",
-             small: int = 4) -> Proof:
+             small: int = 4, fast_depth: int | None = None) -> Proof:
     # The fast form keeps addresses and counts below `small`: a smoke test (16-bit fields make
     # each BMC step a minute's work).
     return Proof(name, functools.partial(hazards_harness, check), "prove", 2, summary,
                  fast_harness=functools.partial(hazards_harness, check, small=small),
-                 solver=solver)
+                 solver=solver, fast_depth=fast_depth)
 
 
 def _table(*proofs: Proof) -> dict[str, Proof]:
@@ -100,22 +101,20 @@ PROOFS: dict[str, Proof] = _table(
     _control(weight_loader_harness, "weight_loader_streams",
              "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract"),
     _control(matrix_engine_harness, "matrix_engine_streams",
-             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots",
-             fast_depth=SCRUB_FAST_DEPTH),
+             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots"),
     _control(activation_engine_harness, "activation_engine_streams",
              "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract"),
     _control(host_writer_harness, "host_writer_streams",
              "HostWriter: stream rules on o_ub.addr, o_host; busy contract"),
     _control(front_end_streams_harness, "front_end_streams",
-             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes",
-             fast_depth=SCRUB_FAST_DEPTH),
+             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes"),
     _control(front_end_stopped_harness, "front_end_stopped",
-             "FrontEnd stopped on an error: no dispatch, no writes, one error beat",
-             fast_depth=SCRUB_FAST_DEPTH),
+             "FrontEnd stopped on an error: no dispatch, no writes, one error beat"),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
     _hazards("ring", "hazards_ring",
-             "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2),
+             "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2,
+             fast_depth=6),
     _hazards("ranges", "hazards_ranges",
              "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges"),
     # z3 does not finish this one in 10 minutes; yices does in about a minute.
@@ -130,7 +129,8 @@ def run_proof(proof: Proof, *, fast: bool = False, build_root: Path = FORMAL_ROO
     fast harness."""
     if fast:
         factory = proof.fast_harness or proof.harness
-        return run(proof.name, factory(), mode="bmc", depth=proof.fast_depth or FAST_DEPTH,
+        return run(proof.name, factory(), mode=proof.fast_mode,
+                   depth=proof.fast_depth or FAST_DEPTH,
                    build_root=build_root, timeout=timeout, solver=proof.solver)
     return run(proof.name, proof.harness(), mode=proof.mode, depth=proof.depth,
                build_root=build_root, timeout=timeout, solver=proof.solver)
@@ -155,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "\n")[0])
     parser.add_argument("names", nargs="*", help="proofs to run (names or prefixes); all")
     parser.add_argument("--fast", action="store_true",
-                        help=f"each as a BMC of {FAST_DEPTH} cycles (what the tests run)")
+                        help=f"each in its fast form, mostly a BMC of {FAST_DEPTH} cycles "
+                             f"(what the tests run)")
     parser.add_argument("--list", action="store_true", help="list the proofs and exit")
     parser.add_argument("--timeout", type=int, default=None, help="seconds per proof")
     args = parser.parse_args(argv)
