@@ -25,6 +25,7 @@ from firmware.asm import disassemble
 from firmware.runtime import DeviceError, DeviceTimeout
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice
+from hdl import isa
 from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.isa_sim import IsaSim, beats_match, error_beat
@@ -63,6 +64,10 @@ class Pair:
         expected = self.sim.output[self._seen:]
         self._seen = len(self.sim.output)
         status = self.ref.status()
+        if status.error:
+            # Both devices keep the error beat for the next receive (after the
+            # resynchronisation word), unless a clear drops it.
+            self._seen -= 1
         self.rtl.send(beats)
         if status.error:
             stop = error_beat(status.code, status.instr_index)
@@ -81,7 +86,12 @@ class Pair:
             else:
                 raise AssertionError(f"{what}: the RTL sent {len(got)} beats and no error "
                                      f"beat; the ISA simulator stopped with {status}")
-            got = self.rtl.receive(len(expected))
+            try:
+                got = self.rtl.receive(len(expected))
+            except DeviceError as exc:
+                raise AssertionError(f"{what}: the RTL sent its error beat before the "
+                                     f"{len(expected)} beats the ISA simulator sent before "
+                                     f"its own: {exc}") from None
             _compare(got, expected, what)
             with pytest.raises(DeviceError) as info:      # the error beat comes next
                 self.rtl.receive(1)
@@ -107,17 +117,21 @@ class Pair:
         return stalls
 
     def clear(self) -> None:
-        """The out-of-band clear on both (the RTL transport cannot recover in band after it
-        has reported an error: see ``test_fuzz.test_resync_through_the_rtl_transport``)."""
+        """The out-of-band clear on both (it drops the error beat not received)."""
         self.rtl.clear()
         self.ref.clear()
         self._seen = len(self.sim.output)
 
-    def check_state(self, what: str) -> None:
-        """Read back every memory, the counters and the weight queue on both and compare
-        (no error may be pending)."""
-        assert not self.ref.status().error, f"{what}: the ISA simulator has an error pending"
-        self.run(dump_program(self.sim).beats, f"{what}: read-back of the state")
+    def check_state(self, what: str, resync: bool = False) -> None:
+        """Read back every memory, the counters and the weight queue on both and compare;
+        with ``resync``, after :data:`hdl.isa.RESYNC_WORD` in the stream (which clears a
+        pending error: the error beat then comes first, as data)."""
+        beats = [isa.RESYNC_WORD] if resync else []
+        assert resync or not self.ref.status().error, \
+            f"{what}: the ISA simulator has an error pending"
+        self.run(beats + dump_program(self.sim).beats,
+                 f"{what}: read-back of the state" + (" after RESYNC_WORD" if resync else ""))
+        assert not self.rtl.status().error
 
 
 def _compare(got: Sequence[int], expected: Sequence[int | None], what: str) -> None:
