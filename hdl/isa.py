@@ -263,7 +263,9 @@ class LoadParams(data.Struct):
 
 class ReadCounters(data.Struct):
     """Send the performance counters to the host, one beat each, in :data:`COUNTERS` order.
-    Timing: waits until every unit is idle, then one beat a cycle as the host takes them."""
+    Timing: waits until every unit is idle, then one beat a cycle as the host takes them.
+    Each value is sampled as the previous beat is taken (the first as READ_COUNTERS issues)
+    and held while the host stalls."""
     opcode: Opcode
     _pad:   60
 

@@ -94,9 +94,9 @@ class HazardTracker(wiring.Component):
       read), or a WRITE_HOST reads them (write after read).
 
     Two MATMULs never wait for each other (their accumulator writes land in order) and the
-    engines run one ACTIVATE, one WRITE_HOST and one READ_WEIGHTS at a time; the unified
-    buffer returns the old row when a read and a write of one row meet in a cycle, which
-    the rules above rely on.
+    engines run one ACTIVATE, one WRITE_HOST and one READ_WEIGHTS at a time. The rules hold
+    a running instruction's whole range until its engine is done, so they do not depend on
+    what the unified buffer returns when a read and a write of one row meet in a cycle.
 
     Members
     -------

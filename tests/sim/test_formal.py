@@ -13,9 +13,8 @@ from hdl.pe import PE
 from hdl.weight_fifo import WeightFIFO
 from sim import formal
 from sim.formal import Harness, Result, run
-from sim.proofs import CONTROL_FAST, FAST_DEPTH, PROOFS, SCRUB_FAST_DEPTH, run_proof
+from sim.proofs import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
 from sim.proofs.engines import matrix_engine_harness
-from sim.proofs.front_end import front_end_streams_harness
 from sim.proofs.hazards import RuleDroppedTracker, hazards_harness
 from sim.proofs.pe import pe_harness
 from sim.proofs.weight_fifo import weight_fifo_harness
@@ -192,17 +191,6 @@ def test_hazard_rules_hold_with_the_rule(tmp_path: Path):
     result = run("hazards_ok", hazards_harness("rules", small=4), mode="bmc", depth=4,
                  build_root=tmp_path)
     assert result.status == "bounded", result.report()
-
-
-def test_counter_beat_changes_while_the_host_waits(tmp_path: Path):
-    """Finding: READ_COUNTERS' beats show the live counter, so while the host holds ready low
-    the payload of o_beat (and of the core's o_host) changes. The front-end proof assumes it
-    does not; without that assumption the stream rule fails on o_beat."""
-    result = run("fe_counter_beat",
-                 front_end_streams_harness(CONTROL_FAST, counter_beats_stable=False),
-                 mode="bmc", depth=SCRUB_FAST_DEPTH, build_root=tmp_path)
-    _assert_counterexample(result, "sim/formal.py")
-    assert any("o_beat: payload changed" in where for where in result.failed), result.failed
 
 
 def test_matrix_engine_scrub_waits_for_ready(tmp_path: Path):
