@@ -80,13 +80,16 @@ def demo(args: argparse.Namespace) -> int:
     x_q = qnet.quantise_input(x)
     reference = reference_forward(qnet, x_q)
     print(f"amtpu demo: {args.net} on the {config.name} core ({args.config}), {n} test images, "
-          f"transport {args.transport}" + (f" ({args.sim})" if args.transport == "rtl" else ""))
+          f"transport {args.transport}" + (f" ({args.sim})" if args.transport == "rtl" else "")
+          + (f" ({args.port}, {args.baud:,} baud)" if args.transport == "serial" else ""))
     print("  " + compiled.summary().replace("\n", "\n  "))
     print(f"  prepared (train/load, quantise, compile) in {time.perf_counter() - t0:.1f} s")
 
     options = {}
     if args.transport == "rtl":
         options = {"sim": args.sim, "waves": args.waves}
+    elif args.transport == "serial":
+        options = {"port": args.port, "baudrate": args.baud}
     t1 = time.perf_counter()
     device = open_device(args.transport, config, **options)
     try:
@@ -119,9 +122,12 @@ def demo(args: argparse.Namespace) -> int:
               f"routed yet): {args.clock_mhz * 1e6 / per_image:,.0f} images/s")
     _print_counters(result.counters, config, n)
     wall = t3 - t2
-    rate = f", {simulated / wall:,.0f} simulated cycles/s" if simulated else ""
+    # A board's cycle count runs from power-up and is no simulation rate.
+    rate = (f", {simulated / wall:,.0f} simulated cycles/s"
+            if simulated and args.transport != "serial" else "")
     print(f"  wall time: {wall:.1f} s for {n} images{rate}; device start-up {t2 - t1:.1f} s "
-          f"(the simulator's build, once per design and configuration, and its launch)")
+          + ("(opening the port, INFO and RESET)" if args.transport == "serial" else
+             "(the simulator's build, once per design and configuration, and its launch)"))
     if waves is not None:
         print(f"  waveform: {waves.with_suffix('.fst')}; open it with: "
               f"gtkwave {waves.with_suffix('.gtkw')}")
@@ -146,9 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")
     d.add_argument("--transport", choices=TRANSPORTS, default="rtl",
-                   help="rtl: the RTL core under cocotb; isa: the ISA simulator (default: rtl)")
+                   help="rtl: the RTL core under cocotb; isa: the ISA simulator; serial: a "
+                        "board over its UART (needs --port) (default: rtl)")
     d.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
                    help="RTL simulator (default: verilator)")
+    d.add_argument("--port", default=None,
+                   help="serial port or pyserial URL of the board (serial only): /dev/ttyUSB1, "
+                        "socket://127.0.0.1:PORT for python -m sim.link_model")
+    d.add_argument("--baud", type=int, default=3_000_000,
+                   help="UART baud rate (serial only; default: 3000000)")
     d.add_argument("--images", type=int, default=None,
                    help="test images to run (default: all 360)")
     d.add_argument("--waves", action="store_true",
@@ -165,12 +177,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asm_main(args.rest)
     if args.waves and args.transport != "rtl":
         parser.error("--waves needs --transport rtl")
+    if (args.transport == "serial") != (args.port is not None):
+        parser.error("--transport serial needs --port (e.g. /dev/ttyUSB1), and --port needs "
+                     "--transport serial")
+    from firmware.runtime import DeviceError
     from hdl.config import ConfigError
     try:
         return demo(args)
     except (ConfigError, ValueError) as error:
         print(f"amtpu demo: {error}", file=sys.stderr)
         return 2
+    except DeviceError as error:
+        if args.transport != "serial":
+            raise
+        print(f"amtpu demo: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Transports (:mod:`firmware.transports`):
 - ``isa``: :class:`firmware.transports.isa.IsaSimDevice`, the ISA simulator in process (fast,
   functional, timing-dependent counters unknown);
 - ``rtl``: :class:`firmware.transports.rtl.RtlDevice`, the RTL core under cocotb (Icarus or
-  Verilator), cycle-accurate, with the hardware's own counters.
+  Verilator), cycle-accurate, with the hardware's own counters;
+- ``serial``: :class:`firmware.transports.serial.SerialDevice`, a board over its UART (the
+  frame protocol of :mod:`hdl.link_protocol`, docs/host-link.md).
 
 On top of any device, :func:`run_program` runs one program (beats in, the program's output
 beats out) and :func:`run` runs a compiled network over a batch of inputs, returning the
@@ -34,7 +36,7 @@ __all__ = ["DeviceStatus", "DeviceError", "DeviceTimeout", "Device", "open_devic
 _STATUS = data.Layout.cast(isa.Status)
 
 #: Names accepted by :func:`open_device`.
-TRANSPORTS = ("isa", "rtl")
+TRANSPORTS = ("isa", "rtl", "serial")
 
 
 @dataclass(frozen=True)
@@ -118,14 +120,17 @@ class Device(Protocol):
 
 
 def open_device(transport: str, config: TPUConfig, **options) -> Device:
-    """A device of the named transport: ``isa`` or ``rtl`` (options: ``sim``, ``waves``,
-    ``label``)."""
+    """A device of the named transport: ``isa``, ``rtl`` (options: ``sim``, ``waves``,
+    ``label``) or ``serial`` (options: ``port``, ``baudrate``, ``timeout_s``, ``retries``)."""
     if transport == "isa":
         from firmware.transports.isa import IsaSimDevice
         return IsaSimDevice(config, **options)
     if transport == "rtl":
         from firmware.transports.rtl import RtlDevice
         return RtlDevice(config, **options)
+    if transport == "serial":
+        from firmware.transports.serial import SerialDevice
+        return SerialDevice(config, **options)
     raise ValueError(f"transport {transport!r} is not supported; allowed: "
                      f"{', '.join(TRANSPORTS)}")
 
