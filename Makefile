@@ -22,6 +22,10 @@ TRANSPORT ?= rtl
 DEMO_SIM  ?= verilator
 IMAGES    ?=
 
+# `make bitstream`: board (icebreaker | ulx3s) and extra arguments (BOARD_ARGS="--clock 20").
+BOARD      ?= icebreaker
+BOARD_ARGS ?=
+
 # pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
 JOBS ?= 2
 ARGS ?=
@@ -36,7 +40,7 @@ RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VE
 # models; lz4 and zlib headers for Verilator FST tracing.
 APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 
-.PHONY: help setup test test-all lint demo synth bench waves clean
+.PHONY: help setup test test-all lint demo synth bitstream bench waves clean
 
 help:
 	@printf '%s\n' \
@@ -47,12 +51,14 @@ help:
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
+	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
 	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
 	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa DEMO_SIM=verilator IMAGES=n (demo)' \
+	  '           BOARD=icebreaker|ulx3s BOARD_ARGS="--clock 20" (bitstream)' \
 	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
 
 setup:
@@ -117,6 +123,9 @@ demo:
 
 synth:
 	$(RUN) $(PY) -m bench.synth
+
+bitstream:
+	$(RUN) $(PY) -m boards.$(BOARD) $(BOARD_ARGS)
 
 .PHONY: formal
 formal:

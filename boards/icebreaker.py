@@ -1,0 +1,117 @@
+"""iCEBreaker (iCE40UP5K-SG48): the whole core behind a UART, as a bitstream.
+
+``python -m boards.icebreaker`` (``make bitstream BOARD=icebreaker``) builds
+``build/boards/icebreaker/top.bin`` and prints the report (resources, clock asked for,
+nextpnr's Fmax, peak GOPS). Program it with ``iceprog build/boards/icebreaker/top.bin``; the
+host reaches the core through the FT2232H's second interface (``/dev/ttyUSB1`` on Linux):
+``amtpu demo --transport serial --port /dev/ttyUSB1 --config <the board's config>``.
+
+Top level: the 12 MHz oscillator through the UP5K's one PLL (``SB_PLL40_PAD``) to the core
+clock; the core held in reset until the PLL locks and while button 1 (``button`` 0, the user
+button) is pressed; :class:`hdl.board_core.BoardCore` (UART, host link, core) on the FTDI
+UART pins; the green LED lit while the core works, the red one while it is stopped on an
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.lib.cdc import ResetSynchronizer
+from amaranth_boards.icebreaker import ICEBreakerPlatform
+
+from boards.build import BuildError, build, pll_ice40, uart_divisor
+from hdl.config import PRESETS, TPUConfig, get_config
+
+__all__ = ["ICEBreakerTop", "BOARD_CONFIG", "main"]
+
+#: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR).
+BOARD_CONFIG = "icebreaker"
+CLOCK_MHZ = 24.0
+BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably
+MAX_BEATS = 8           # host-link frame buffer: beats per DATA frame
+
+
+class ICEBreakerTop(Elaboratable):
+    """The iCEBreaker's top level around :class:`hdl.board_core.BoardCore`.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The core's configuration.
+    clock_mhz : float
+        Core clock asked of the PLL (the closest the PLL reaches is used).
+    baud : int
+        UART baud rate.
+    max_beats : int
+        Beats per DATA frame the host link buffers.
+    """
+
+    def __init__(self, config: TPUConfig, *, clock_mhz: float = CLOCK_MHZ, baud: int = BAUD,
+                 max_beats: int = MAX_BEATS):
+        self.config = config
+        self.pll = pll_ice40(12.0, clock_mhz)
+        self.clock_hz = self.pll["f_out_hz"]
+        self.baud = baud
+        self.divisor = uart_divisor(self.clock_hz, baud)
+        self.max_beats = max_beats
+
+    def elaborate(self, platform):
+        from hdl.board_core import BoardCore
+
+        m = Module()
+        clk12 = platform.request("clk12", dir="-")
+        m.domains.pll = ClockDomain("pll", reset_less=True)
+        m.domains.sync = ClockDomain("sync")
+        locked = Signal()
+        m.submodules.pll = Instance(
+            "SB_PLL40_PAD",
+            p_FEEDBACK_PATH="SIMPLE",
+            p_DIVR=self.pll["DIVR"], p_DIVF=self.pll["DIVF"], p_DIVQ=self.pll["DIVQ"],
+            p_FILTER_RANGE=self.pll["FILTER_RANGE"],
+            i_PACKAGEPIN=clk12.io,
+            i_RESETB=1, i_BYPASS=0,
+            o_PLLOUTGLOBAL=ClockSignal("sync"),
+            o_LOCK=locked,
+        )
+        platform.add_clock_constraint(ClockSignal("sync"), self.clock_hz)
+
+        button = platform.request("button", 0)
+        m.submodules.reset_sync = ResetSynchronizer(~locked | button.i, domain="sync")
+
+        uart = platform.request("uart", 0)
+        m.submodules.board_core = core = BoardCore(
+            self.config, divisor=self.divisor, max_beats=self.max_beats,
+            clock_hz=self.clock_hz)
+        m.d.comb += [core.i_rx.eq(uart.rx.i), uart.tx.o.eq(core.o_tx)]
+        led_g = platform.request("led_g", 0)
+        led_r = platform.request("led_r", 0)
+        m.d.comb += [led_g.o.eq(core.o_running), led_r.o.eq(core.o_error)]
+        return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boards.icebreaker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=BOARD_CONFIG,
+                        help=f"core configuration (default {BOARD_CONFIG}; presets: "
+                             f"{', '.join(PRESETS)})")
+    parser.add_argument("--clock", type=float, default=CLOCK_MHZ, help="core clock, MHz")
+    parser.add_argument("--baud", type=int, default=BAUD, help="UART baud rate")
+    args = parser.parse_args(argv)
+    config = get_config(args.config)
+    top = ICEBreakerTop(config, clock_mhz=args.clock, baud=args.baud)
+    try:
+        report = build(ICEBreakerPlatform(), top, board="icebreaker", config=config,
+                       clock_hz=top.clock_hz, baud=args.baud, synth_opts="-dsp")
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(report.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

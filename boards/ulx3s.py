@@ -1,0 +1,131 @@
+"""ULX3S (ECP5 LFE5U-85F/45F/25F/12F, CABGA381): the whole core behind a UART, as a bitstream.
+
+``python -m boards.ulx3s`` (``make bitstream BOARD=ulx3s``) builds
+``build/boards/ulx3s-<part>/top.bit`` and prints the report (resources, clock asked for,
+nextpnr's Fmax, peak GOPS). Program it with ``openFPGALoader -b ulx3s top.bit``; the host
+reaches the core through the FT231X on the US1 port (``/dev/ttyUSB0`` on Linux):
+``amtpu demo --transport serial --port /dev/ttyUSB0 --config <the board's config>``.
+
+Top level: the 25 MHz oscillator through an ``EHXPLLL`` to the core clock; the core held in
+reset until the PLL locks and while the FIRE1 button is pressed; :class:`hdl.board_core.
+BoardCore` (UART, host link, core) on the FT231X UART pins; LED 0 lit while the core works,
+LED 7 while it is stopped on an error, LED 1 when the PLL is locked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.lib.cdc import ResetSynchronizer
+from amaranth_boards import ulx3s
+
+from boards.build import BUILD_ROOT, BuildError, build, pll_ecp5, uart_divisor
+from hdl.config import PRESETS, TPUConfig, get_config
+
+__all__ = ["ULX3STop", "PARTS", "BOARD_CONFIG", "main"]
+
+PARTS = {
+    "85F": ulx3s.ULX3S_85F_Platform,
+    "45F": ulx3s.ULX3S_45F_Platform,
+    "25F": ulx3s.ULX3S_25F_Platform,
+    "12F": ulx3s.ULX3S_12F_Platform,
+}
+BOARD_CONFIG = "ulx3s"
+CLOCK_MHZ = 150.0
+BAUD = 3_000_000      # the FT231X's highest standard rate
+MAX_BEATS = 16
+
+
+class ULX3STop(Elaboratable):
+    """The ULX3S's top level around :class:`hdl.board_core.BoardCore`.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The core's configuration.
+    clock_mhz : float
+        Core clock asked of the PLL (the closest the PLL reaches is used).
+    baud : int
+        UART baud rate.
+    max_beats : int
+        Beats per DATA frame the host link buffers.
+    """
+
+    def __init__(self, config: TPUConfig, *, clock_mhz: float = CLOCK_MHZ, baud: int = BAUD,
+                 max_beats: int = MAX_BEATS, workdir: Path = BUILD_ROOT / "ulx3s-pll"):
+        self.config = config
+        self.pll = pll_ecp5(25.0, clock_mhz, workdir)
+        self.clock_hz = self.pll["f_out_hz"]
+        self.baud = baud
+        self.divisor = uart_divisor(self.clock_hz, baud)
+        self.max_beats = max_beats
+
+    def elaborate(self, platform):
+        from hdl.board_core import BoardCore
+
+        m = Module()
+        clk25 = platform.request("clk25", 0)
+        m.domains.sync = ClockDomain("sync")
+        locked = Signal()
+        clkop = Signal()
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            a_FREQUENCY_PIN_CLKI="25",
+            a_FREQUENCY_PIN_CLKOP=f"{self.clock_hz / 1e6:g}",
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
+            a_MFG_GMCREF_SEL="2",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA",
+            p_CLKI_DIV=self.pll["CLKI_DIV"], p_CLKOP_ENABLE="ENABLED",
+            p_CLKOP_DIV=self.pll["CLKOP_DIV"], p_CLKOP_CPHASE=self.pll["CLKOP_CPHASE"],
+            p_CLKOP_FPHASE=0, p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=self.pll["CLKFB_DIV"],
+            i_RST=0, i_STDBY=0, i_CLKI=clk25.i, i_CLKFB=clkop,
+            i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
+            i_PLLWAKESYNC=0, i_ENCLKOP=0,
+            o_CLKOP=clkop, o_LOCK=locked,
+        )
+        m.d.comb += ClockSignal("sync").eq(clkop)
+        platform.add_clock_constraint(clkop, self.clock_hz)
+
+        fire = platform.request("button_fire", 0)
+        m.submodules.reset_sync = ResetSynchronizer(~locked | fire.i, domain="sync")
+
+        uart = platform.request("uart", 0)
+        m.submodules.board_core = core = BoardCore(
+            self.config, divisor=self.divisor, max_beats=self.max_beats,
+            clock_hz=self.clock_hz)
+        m.d.comb += [core.i_rx.eq(uart.rx.i), uart.tx.o.eq(core.o_tx)]
+        leds = [platform.request("led", i) for i in (0, 1, 7)]
+        m.d.comb += [leds[0].o.eq(core.o_running), leds[1].o.eq(locked),
+                     leds[2].o.eq(core.o_error)]
+        return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boards.ulx3s", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=PARTS, default="85F", help="the board's ECP5")
+    parser.add_argument("--config", default=BOARD_CONFIG,
+                        help=f"core configuration (default {BOARD_CONFIG}; presets: "
+                             f"{', '.join(PRESETS)})")
+    parser.add_argument("--clock", type=float, default=CLOCK_MHZ, help="core clock, MHz")
+    parser.add_argument("--baud", type=int, default=BAUD, help="UART baud rate")
+    args = parser.parse_args(argv)
+    config = get_config(args.config)
+    board = f"ulx3s-{args.part.lower()}"
+    top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud)
+    try:
+        report = build(PARTS[args.part](), top, board=board, config=config,
+                       clock_hz=top.clock_hz, baud=args.baud)
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(report.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
