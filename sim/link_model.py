@@ -289,7 +289,8 @@ class LinkModel:
         if fault == "corrupt":
             crc ^= 0x0001
         self.stats[f"tx {kind.name}"] += 1
-        self._out += slip_encode(body + crc.to_bytes(CRC_BYTES, "little"), leading_end=False)
+        # Every frame starts and ends with END, as the gateware sends them.
+        self._out += slip_encode(body + crc.to_bytes(CRC_BYTES, "little"))
 
     # Fault injection -----------------------------------------------------------------------
 

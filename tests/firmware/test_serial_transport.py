@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -653,6 +654,28 @@ def test_framing_round_trip_over_loop():
         got += decoder.feed(back[a:b])
     assert got == frames
     assert isinstance(FrameDecoder().feed(bytes((END, 1, 2, 3, 4, END)))[0], FrameError)
+
+
+def test_docs_worked_example():
+    """docs/host-link.md's worked example is what encode_frame and the link model send."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "host-link.md").read_text()
+    config = get_config("tiny")
+    p = Program(config)
+    p.read_host(3, [[-64, 0x25]])
+    p.halt()
+    assert p.beats == [0x10000000303, 0x25C0, 0x1]
+    payload = b"".join(b.to_bytes(8, "little") for b in p.beats)
+    model = LinkModel(config, max_beats=8)
+    replies = model.feed(encode_frame(Kind.DATA, 5, payload))
+    for wire in (encode_frame(Kind.DATA, 5, payload), encode_frame(Kind.ACK, 5),
+                 encode_frame(Kind.BEAT, 0, done_beat(2).to_bytes(8, "little")),
+                 encode_frame(Kind.NAK, 5, bytes((Nak.CRC.value,))),
+                 encode_frame(Kind.STATUS, 6)):
+        assert wire.hex(" ") in text, wire.hex(" ")
+    assert replies == encode_frame(Kind.ACK, 5) + encode_frame(
+        Kind.BEAT, 0, done_beat(2).to_bytes(8, "little"))
+    body = bytes((Kind.DATA.value, 5)) + payload
+    assert f"body:  {body.hex(' ')}" in text and f"body: 0x{crc16(body):04x}" in text
 
 
 # Bad input, command line ---------------------------------------------------------------------
