@@ -9,7 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config"]
+__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS"]
+
+#: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
+MULTIPLIERS = ("infer", "ecp5")
 
 
 class ConfigError(ValueError):
@@ -57,6 +60,11 @@ class TPUConfig:
         How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
         instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
         for a 4x4 array -> 8). 0 to rows * cols.
+    multiplier : str
+        How the other PEs build their multiplier and its registers. ``"infer"``: a plain
+        ``*`` that synthesis maps to a DSP block, registers in the fabric (any part).
+        ``"ecp5"``: an instantiated ECP5 ``MULT18X18D`` holding the operand and product
+        registers (ECP5 parts only; same timing, higher Fmax). See :class:`hdl.pe.PE`.
     """
 
     rows: int = 8
@@ -70,6 +78,7 @@ class TPUConfig:
     param_slots: int = 4
     host_width: int | None = None
     lut_multipliers: int = 0
+    multiplier: str = "infer"
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -107,6 +116,8 @@ class TPUConfig:
               f"unified-buffer row, a weight row and a row of {self.cols} int32 must fit)")
         check("lut_multipliers", 0 <= self.lut_multipliers <= self.rows * self.cols,
               f"0 to rows * cols = {self.rows * self.cols}")
+        check("multiplier", isinstance(self.multiplier, str) and self.multiplier in MULTIPLIERS,
+              " or ".join(repr(value) for value in MULTIPLIERS))
 
     # Derived properties -------------------------------------------------------------------
 

@@ -1,10 +1,28 @@
 """Processing element of the weight-stationary systolic array."""
 
-from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import (
+    ClockSignal,
+    Const,
+    EnableInserter,
+    Instance,
+    Module,
+    Mux,
+    Signal,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["PE", "weight_bus_layout"]
+__all__ = ["PE", "weight_bus_layout", "PE_MULTIPLIERS", "VERILOG_SIM_PLATFORM"]
+
+#: Values of :class:`PE`'s ``multiplier``.
+PE_MULTIPLIERS = ("infer", "ecp5", "lut")
+
+#: The ``platform`` that :func:`sim.verilog.generate` elaborates designs with: Verilog for
+#: Icarus or Verilator, which have simulation models of the vendor primitives
+#: (``sim/models/``), so the PE instantiates them there as on the part.
+VERILOG_SIM_PLATFORM = "verilog-sim"
 
 
 def weight_bus_layout(*, data_width: int = 8, row_bits: int = 1) -> data.StructLayout:
@@ -52,10 +70,32 @@ class PE(wiring.Component):
         Index of the cell's row, compared with the weight bus's ``row`` field.
     row_bits : int
         Width of the weight bus's ``row`` field.
-    use_dsp : bool
-        ``True``: a plain ``*`` that synthesis maps to a DSP multiplier. ``False``: the same
-        product built from shifted partial products, which synthesis keeps in LUT logic (for
-        parts with fewer DSP blocks than PEs).
+    multiplier : str
+        How the product and its registers are built:
+
+        - ``"infer"``: a plain ``*`` between fabric registers; synthesis maps the ``*`` to a
+          combinational DSP multiplier (yosys 0.70 never packs the registers into an ECP5
+          block).
+        - ``"ecp5"``: an ECP5 ``MULT18X18D`` instance whose input registers are the operand
+          registers and whose output register is the product register (``REG_INPUTA_CLK``,
+          ``REG_INPUTB_CLK``, ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable ``CE0`` =
+          ``i_en``): the same timing, with no fabric between the registers and the
+          multiplier. Adds the ``i_en`` port.
+        - ``"lut"``: the same product built from shifted partial products, which synthesis
+          keeps in LUT logic (for parts with fewer DSP blocks than PEs).
+    use_dsp : bool, optional
+        The older spelling: ``False`` is ``multiplier="lut"``, ``True`` changes nothing.
+
+    Which circuit ``multiplier="ecp5"`` elaborates to depends on the ``platform`` it is
+    elaborated for (the PE behaves the same on every path):
+
+    - an ECP5 platform (``platform.family == "ecp5"``), for synthesis, and
+      :data:`VERILOG_SIM_PLATFORM`, for Icarus and Verilator (:mod:`sim.runner` compiles
+      the model ``sim/models/MULT18X18D.v`` with the design): the ``MULT18X18D`` instance;
+    - ``None`` (``amaranth.sim``, which would silently read an instance's outputs as 0, and
+      a netlist for no particular target) and ``"formal"``: fabric registers and ``*``,
+      gated by ``i_en``, which is the instance's behaviour by construction;
+    - any other platform: a ``ValueError`` (the part has no ``MULT18X18D``).
 
     Members
     -------
@@ -71,19 +111,34 @@ class PE(wiring.Component):
         The registered inputs, for the cell to the right (act, switch) and below (wbus).
     o_psum : Out(signed(acc_width))
         Partial sum for the cell below.
+    i_en : In(1, init=1)
+        Only with ``multiplier="ecp5"``: clock enable of every register of the cell. An
+        ``EnableInserter`` around the cell does not reach an instance's registers, so the
+        enable it applies must also drive ``i_en``.
     """
 
     def __init__(self, *, data_width: int = 8, acc_width: int = 32, row: int = 0,
-                 row_bits: int = 1, use_dsp: bool = True):
+                 row_bits: int = 1, multiplier: str = "infer", use_dsp: bool | None = None):
         if not 0 <= row < 2 ** row_bits:
             raise ValueError(f"PE row={row} does not fit row_bits={row_bits}")
+        if multiplier not in PE_MULTIPLIERS:
+            raise ValueError(f"PE multiplier={multiplier!r} is not supported; allowed: "
+                             + ", ".join(repr(value) for value in PE_MULTIPLIERS))
+        if use_dsp is False:
+            if multiplier not in ("infer", "lut"):
+                raise ValueError(f"PE use_dsp=False (a LUT multiplier) contradicts "
+                                 f"multiplier={multiplier!r}")
+            multiplier = "lut"
+        if multiplier == "ecp5" and 2 * (data_width + 1) > 18:
+            raise ValueError(f"PE multiplier='ecp5' takes operands of up to 8 bits (9 after "
+                             f"extension, an 18-bit product), not data_width={data_width}")
         self.data_width = data_width
         self.acc_width = acc_width
         self.row = row
-        self.use_dsp = use_dsp
+        self.multiplier = multiplier
         operand = signed(data_width + 1)
         bus = weight_bus_layout(data_width=data_width, row_bits=row_bits)
-        super().__init__({
+        members = {
             "i_act":    In(operand),
             "i_switch": In(1),
             "i_wbus":   In(bus),
@@ -92,24 +147,45 @@ class PE(wiring.Component):
             "o_switch": Out(1),
             "o_wbus":   Out(bus),
             "o_psum":   Out(signed(acc_width)),
-        })
+        }
+        if multiplier == "ecp5":
+            members["i_en"] = In(1, init=1)
+        super().__init__(members)
+
+    @property
+    def use_dsp(self) -> bool:
+        """Whether the product comes from a DSP block (``multiplier`` is not ``"lut"``)."""
+        return self.multiplier != "lut"
 
     def elaborate(self, platform):
+        instantiate = self.multiplier == "ecp5" and _ecp5_instance(platform)
         m = Module()
 
         operand = signed(self.data_width + 1)
+        product_shape = signed(2 * (self.data_width + 1))
         active = Signal(operand, reset_less=True)
         shadow = Signal(operand, reset_less=True)
-        a = Signal(operand, reset_less=True)            # multiplier operands
-        w = Signal(operand, reset_less=True)
-        product = Signal(signed(2 * (self.data_width + 1)), reset_less=True)
         act = Signal(operand, reset_less=True)
         psum = Signal(signed(self.acc_width), reset_less=True)
+        weight = Mux(self.i_switch, shadow, active)     # what the arriving activation meets
+
+        if instantiate:
+            # The block's A/B input registers are the operand registers, its output register
+            # the product register; CE0 gates all three.
+            product = Signal(product_shape)
+            m.submodules.mult = _mult18x18d(m, a=self.i_act, b=weight, p=product,
+                                            ce=self.i_en)
+        else:
+            a = Signal(operand, reset_less=True)        # multiplier operands
+            w = Signal(operand, reset_less=True)
+            product = Signal(product_shape, reset_less=True)
+            m.d.sync += [
+                a.eq(self.i_act),
+                w.eq(weight),
+                product.eq(_shift_add_multiply(a, w) if self.multiplier == "lut" else a * w),
+            ]
 
         m.d.sync += [
-            a.eq(self.i_act),
-            w.eq(Mux(self.i_switch, shadow, active)),
-            product.eq(a * w if self.use_dsp else _shift_add_multiply(a, w)),
             psum.eq(self.i_psum + product),
             act.eq(self.i_act),
             self.o_switch.eq(self.i_switch),
@@ -121,7 +197,53 @@ class PE(wiring.Component):
         with m.If(self.i_wbus.valid & (self.i_wbus.row == self.row)):
             m.d.sync += shadow.eq(self.i_wbus.data)
 
+        if self.multiplier == "ecp5":
+            return EnableInserter(self.i_en)(m)
         return m
+
+
+def _ecp5_instance(platform) -> bool:
+    """Whether ``multiplier="ecp5"`` instantiates the ``MULT18X18D`` for *platform* (see
+    :class:`PE`); raises for a platform whose part has none."""
+    if platform is None or platform == "formal":
+        return False
+    if platform == VERILOG_SIM_PLATFORM or getattr(platform, "family", None) == "ecp5":
+        return True
+    name = platform if isinstance(platform, str) else type(platform).__name__
+    raise ValueError(f"PE multiplier='ecp5' instantiates an ECP5 MULT18X18D, which platform "
+                     f"{name!r} does not have; allowed: an ECP5 platform, "
+                     f"{VERILOG_SIM_PLATFORM!r}, 'formal' or None")
+
+
+def _mult18x18d(m: Module, *, a, b, p, ce) -> Instance:
+    """An ECP5 ``MULT18X18D`` computing ``p = a * b`` (signed, operands sign-extended to 18
+    bits, ``p`` from the low bits of the product) with registered inputs and output on the
+    ``sync`` clock, enabled by *ce*. The port and parameter names are those of yosys's
+    ``share/ecp5/cells_bb.v``, which nextpnr-ecp5 reads: every bus is one port per bit."""
+    a18 = Signal(signed(18), name="mult_a")
+    b18 = Signal(signed(18), name="mult_b")
+    p36 = Signal(36, name="mult_p")
+    m.d.comb += [a18.eq(a), b18.eq(b), p.eq(p36[:len(p)])]
+    ports = {}
+    for index in range(18):
+        ports[f"i_A{index}"] = a18[index]
+        ports[f"i_B{index}"] = b18[index]
+        ports[f"i_C{index}"] = Const(0, 1)
+    for index in range(36):
+        ports[f"o_P{index}"] = p36[index]
+    return Instance(
+        "MULT18X18D",
+        # nextpnr-ecp5 times MULT18X18D registers only on CLK0, and reads REG_INPUTA_CLK,
+        # REG_INPUTB_CLK and REG_OUTPUT_CLK to pick its timing model (all three: REGS_ALL).
+        p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
+        p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",
+        p_REG_OUTPUT_CLK="CLK0", p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
+        p_REG_PIPELINE_CLK="NONE", p_REG_INPUTC_CLK="NONE",
+        i_SIGNEDA=Const(1, 1), i_SIGNEDB=Const(1, 1),
+        i_SOURCEA=Const(0, 1), i_SOURCEB=Const(0, 1),
+        i_CLK0=ClockSignal("sync"), i_CE0=ce, i_RST0=Const(0, 1),
+        **ports,
+    )
 
 
 def _shift_add_multiply(a, b):

@@ -144,11 +144,16 @@ class SystolicArray(wiring.Component):
         # Array grid.
         first_lut = rows * cols - cfg.lut_multipliers
         pes = [[PE(data_width=cfg.data_width, acc_width=cfg.acc_width, row=r,
-                   row_bits=row_bits, use_dsp=r * cols + c < first_lut)
+                   row_bits=row_bits,
+                   multiplier=cfg.multiplier if r * cols + c < first_lut else "lut")
                 for c in range(cols)] for r in range(rows)]
         for r in range(rows):
             for c in range(cols):
                 core.submodules[f"pe_{r}_{c}"] = pes[r][c]
+                if "i_en" in pes[r][c].signature.members:
+                    # The core's EnableInserter does not reach the registers of an
+                    # instantiated DSP block: the PE takes the same enable as a port.
+                    core.d.comb += pes[r][c].i_en.eq(advance)
 
         # Left edge: activation row r enters row r after r + 1 registers.
         for r in range(rows):
