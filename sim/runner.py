@@ -39,7 +39,15 @@ from amaranth.lib import wiring
 from hdl.config import PRESETS, TPUConfig, get_config
 
 from .gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
-from .verilog import BUILD_ROOT, REPO_ROOT, atomic_write, for_icarus, generate, locked
+from .verilog import (
+    BUILD_ROOT,
+    REPO_ROOT,
+    atomic_write,
+    for_icarus,
+    generate,
+    locked,
+    model_sources,
+)
 
 __all__ = ["SIMULATORS", "simulator", "waves_enabled", "config_to_env", "config_from_env",
            "build", "run", "cocotb_test_names", "tool_path", "launch", "save_waves", "tail"]
@@ -159,11 +167,16 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
     of every signal of the design (the runner's ``--public-flat-rw``). Verilator evaluates
     all logic that reads a public signal on every evaluation, even when only the clock
     falls; a design whose testbench touches a few ports runs several times faster so.
+
+    The simulation models of the vendor primitives the design instantiates
+    (:func:`sim.verilog.model_sources`) are compiled with it, and are part of the build's key:
+    editing a model rebuilds every design that uses it.
     """
     sim = sim or simulator()
     waves = waves_enabled() if waves is None else waves
     verilog = generate(top, factory, config_key)
     source = for_icarus(verilog) if sim == "icarus" else verilog
+    models = model_sources(verilog)
     # Wave builds differ (Icarus dump module, Verilator tracing): their own folder, so that
     # switching WAVES never rebuilds a model another worker is running.
     build_dir = BUILD_ROOT / sim / (f"{top}-{config_key}" + ("-waves" if waves else ""))
@@ -180,6 +193,7 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
     key = hashlib.sha256(json.dumps([
         hashlib.sha256(source.read_bytes()).hexdigest(), sim, build_args, waves, TIMESCALE,
         cocotb.__version__, control,
+        *[[model.name, hashlib.sha256(model.read_bytes()).hexdigest()] for model in models],
     ]).encode()).hexdigest()
     stamp = build_dir / "amtpu-build.stamp"
     artifact = build_dir / ("sim.vvp" if sim == "icarus" else top)
@@ -200,7 +214,7 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
             env["PATH"] = tool_path()
         try:
             with _environ(**env):
-                runner.build(sources=[source], hdl_toplevel=top, build_dir=build_dir,
+                runner.build(sources=[source, *models], hdl_toplevel=top, build_dir=build_dir,
                              build_args=build_args, waves=waves, timescale=TIMESCALE,
                              always=True, log_file=log)
         except (RuntimeError, SystemExit) as exc:
@@ -330,6 +344,10 @@ def run(top: str, factory: Callable[[], wiring.Component], config_key: str,
                         results_xml=str(results_xml), log_file=log, timescale=TIMESCALE)
     except SystemExit:
         # Under pytest, cocotb's runner exits on failure; the results file says which.
+        pass
+    except RuntimeError:
+        # The simulator itself failed (a simulation model's $fatal, say): the results file,
+        # if any, and the log's tail say what.
         pass
 
     where = f"{sim} {top}-{config_key} {label}"

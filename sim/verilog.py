@@ -6,6 +6,13 @@ builds the component, and the contents of every ``.py`` file under ``hdl/``, sub
 included. Several pytest-xdist workers may ask for the same design at once: a lock file lets
 one convert while the others wait, and every file is written to a private temporary file and
 renamed into place, so a reader only ever sees a complete file.
+
+Designs are elaborated with ``platform=`` :data:`hdl.pe.VERILOG_SIM_PLATFORM`: Verilog for
+Icarus and Verilator, which get simulation models of the vendor primitives a design
+instantiates (``sim/models/<MODULE>.v``, one module per file, named as the primitive).
+:func:`model_sources` finds the ones a generated file needs; :mod:`sim.runner` compiles them
+with it and rebuilds when one changes. ``amaranth.sim`` elaborates with ``platform=None``,
+where blocks use their behavioural form instead (see :class:`hdl.pe.PE`).
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ import amaranth
 from amaranth.back import verilog
 from amaranth.lib import wiring
 
-__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "generate", "design_hash", "atomic_write",
-           "locked", "for_icarus"]
+from hdl.pe import VERILOG_SIM_PLATFORM
+
+__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "generate", "design_hash",
+           "atomic_write", "locked", "for_icarus", "model_sources"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = REPO_ROOT / "build"
 HDL_DIR = REPO_ROOT / "hdl"
+MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -110,7 +120,7 @@ def generate(name: str, factory: Callable[[], wiring.Component], config_key: str
     with locked(out_dir.parent / f".{out_dir.name}.lock"):
         if out.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
             return out
-        text = verilog.convert(factory(), name=name)
+        text = verilog.convert(factory(), name=name, platform=VERILOG_SIM_PLATFORM)
         # Verilog first, stamp second: a matching stamp always means a complete, current file.
         atomic_write(out, text)
         atomic_write(stamp, digest + "\n")
@@ -136,3 +146,15 @@ def for_icarus(verilog_path: Path) -> Path:
     if not out.is_file() or out.read_text() != text:
         atomic_write(out, text)
     return out
+
+
+def model_sources(verilog_path: Path, models_dir: Path = MODELS_DIR) -> list[Path]:
+    """The simulation models (``<models_dir>/<MODULE>.v``) of the modules that the Verilog
+    file *verilog_path* instantiates, sorted by name."""
+    text = Path(verilog_path).read_text()
+    found = []
+    for model in sorted(Path(models_dir).glob("*.v")):
+        # Yosys writes an instance as `  NAME #(` or `  NAME instance_name (`.
+        if re.search(rf"^\s*{re.escape(model.stem)}\s+(#|[\\\w])", text, re.MULTILINE):
+            found.append(model)
+    return found
