@@ -48,6 +48,7 @@ def test_frozen():
     ("acc_depth", 8, "power of two"),
     ("weight_mem_tiles", 0, "1 to 4096"),
     ("lut_multipliers", 65, "0 to rows * cols = 64"),
+    ("multiplier", "dsp", "'infer' or 'ecp5'"),
     ("rows", 4.0, "an int"),
     ("cols", True, "an int"),
 ])
