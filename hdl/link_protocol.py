@@ -181,7 +181,7 @@ class FrameDecoder:
         out: list[Frame | FrameError] = []
         for byte in data:
             if byte == END:
-                if self._count or self._bad_escape:
+                if self._count or self._bad_escape or self._escaped:
                     out.append(self._finish())
                 self._reset()
                 continue
