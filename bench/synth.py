@@ -5,7 +5,8 @@ measured Fmax.
 for
 
 - ``ecp5``: ULX3S 85F, LFE5U-85F-6 in CABGA381, default config ``default`` (8x8, every
-  product on a MULT18X18D);
+  product on a MULT18X18D; ``--multiplier ecp5`` instantiates the blocks with their operand
+  and product registers inside, see :class:`hdl.pe.PE`);
 - ``ice40``: iCEBreaker, iCE40UP5K in SG48, default config ``small`` (4x4) with
   ``lut_multipliers`` = PEs - 8, so 8 products use the 8 SB_MAC16 and the rest LUT logic
 
@@ -23,7 +24,9 @@ the real package with the board's real clock pin and global clock network. This 
 nextpnr's out-of-context mode because nextpnr-ice40 has none, and nextpnr-ecp5's
 ``--out-of-context`` skips global clock promotion and routing, which would not measure what a
 board build gets. Every harness path is register to register through one LUT, so the harness
-does not set Fmax (the printed critical path shows what does). On ECP5 the harness drives the
+does not set Fmax (the printed critical path shows what does). The harness is elaborated for
+the board's platform, so vendor primitives (``multiplier="ecp5"``) are instantiated as in a
+board build. On ECP5 the harness drives the
 array's reset through a DCCA global buffer (nextpnr-ecp5 promotes only clocks; nextpnr-ice40
 promotes the reset and the array's clock enable itself). The array is kept as its own
 module (yosys ``keep_hierarchy``) so yosys reports its cells apart from the harness's;
@@ -69,7 +72,7 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from boards.synth_harness import SynthHarness
-from hdl.config import TPUConfig, get_config
+from hdl.config import MULTIPLIERS, TPUConfig, get_config
 
 __all__ = ["Board", "BOARDS", "synthesise", "main"]
 
@@ -226,17 +229,21 @@ def _errors(log: Path, limit: int = 5) -> str:
 
 # Design ----------------------------------------------------------------------------------
 
-def board_config(board: Board, name: str | None, lut_multipliers: int | None) -> TPUConfig:
+def board_config(board: Board, name: str | None, lut_multipliers: int | None,
+                 multiplier: str | None = None) -> TPUConfig:
     """The config to build: the preset *name* (or the board's default), with products beyond
-    the part's DSP count in LUTs unless *lut_multipliers* says otherwise."""
+    the part's DSP count in LUTs unless *lut_multipliers* says otherwise, and the DSP
+    products built as *multiplier* says (default: the preset's)."""
     config = get_config(name or board.default_config)
     if lut_multipliers is None:
         lut_multipliers = max(config.lut_multipliers, config.macs - board.dsps)
-    return config.replace(lut_multipliers=lut_multipliers)
+    return config.replace(lut_multipliers=lut_multipliers,
+                          multiplier=multiplier or config.multiplier)
 
 
 def config_tag(config: TPUConfig) -> str:
-    return config.name + (f"-lut{config.lut_multipliers}" if config.lut_multipliers else "")
+    return (config.name + (f"-lut{config.lut_multipliers}" if config.lut_multipliers else "")
+            + (f"-{config.multiplier}" if config.multiplier != "infer" else ""))
 
 
 def _pin(platform, spec: tuple) -> tuple[str, bool, dict]:
@@ -384,7 +391,8 @@ def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = 
     t0 = time.monotonic()
     btn_invert = _pin(board.platform(), board.pins["btn"])[1]
     harness = SynthHarness(config, btn_invert=btn_invert, global_reset=board.global_reset)
-    (work / "top.il").write_text(rtlil.convert(harness, name="top"))
+    (work / "top.il").write_text(rtlil.convert(harness, name="top",
+                                               platform=board.platform()))
     result["pins"] = write_constraints(board, work / f"top.{board.constraint_flag[2:]}")
     result["elaborate_s"] = round(time.monotonic() - t0, 1)
 
@@ -535,7 +543,8 @@ def format_report(result: dict) -> str:
     ref = result.get("reference") or {}
     lines = [
         f"== {board.title}: config {result['config_tag']} ({cfg['rows']}x{cfg['cols']}, "
-        f"{result['pes']} PEs, {cfg['lut_multipliers']} LUT multipliers), seed "
+        f"{result['pes']} PEs, {cfg['lut_multipliers']} LUT multipliers, multiplier "
+        f"{cfg.get('multiplier', 'infer')!r}), seed "
         f"{result['seed']} ==",
     ]
 
@@ -617,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="preset or RxC (default: ecp5 'default' 8x8, ice40 'small' 4x4)")
     parser.add_argument("--lut-multipliers", type=int, default=None,
                         help="PEs with LUT multipliers (default: PEs beyond the part's DSPs)")
+    parser.add_argument("--multiplier", choices=MULTIPLIERS, default=None,
+                        help="how DSP products are built (TPUConfig.multiplier; default: the "
+                             "preset's, 'infer'); 'ecp5' needs --board ecp5")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr seed (default 1)")
     parser.add_argument("--quick", action="store_true",
                         help="one place-and-route at a fixed constraint, no sweep")
@@ -638,11 +650,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print the tool commands")
     args = parser.parse_args(argv)
 
+    if args.multiplier == "ecp5" and args.board != "ecp5":
+        parser.error("--multiplier ecp5 instantiates ECP5 MULT18X18D blocks: use --board ecp5")
     keys = list(BOARDS) if args.board == "all" else [args.board]
     jobs = []
     for key in keys:
         board = BOARDS[key]
-        config = board_config(board, args.config, args.lut_multipliers)
+        config = board_config(board, args.config, args.lut_multipliers, args.multiplier)
         if config.macs - config.lut_multipliers > board.dsps:
             print(f"bench.synth: {key}: {config.macs - config.lut_multipliers} DSP products "
                   f"> {board.dsps} {board.dsp_cell}; placement would fail "
