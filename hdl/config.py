@@ -9,10 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS"]
+__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
+           "ACTIVATION_UNITS"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5")
+
+#: How the activation unit is built (:attr:`TPUConfig.activation_unit`).
+ACTIVATION_UNITS = ("pipelined", "serial")
 
 
 class ConfigError(ValueError):
@@ -65,6 +69,15 @@ class TPUConfig:
         ``*`` that synthesis maps to a DSP block, registers in the fabric (any part).
         ``"ecp5"``: an instantiated ECP5 ``MULT18X18D`` holding the operand and product
         registers (ECP5 parts only; same timing, higher Fmax). See :class:`hdl.pe.PE`.
+    activation_unit : str
+        ``"pipelined"``: one requantisation datapath per column, a row a cycle
+        (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
+        the columns with a multi-cycle multiply and shift, 37 to 50 cycles an element
+        (:class:`hdl.activation_serial.SerialActivationUnit`), for small parts. Same results.
+    counter_bits : int
+        Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
+        counter beat still carries 48 bits, the upper ones zero). Narrower saves logic on
+        small parts.
     """
 
     rows: int = 8
@@ -79,6 +92,8 @@ class TPUConfig:
     host_width: int | None = None
     lut_multipliers: int = 0
     multiplier: str = "infer"
+    activation_unit: str = "pipelined"
+    counter_bits: int = 48
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -89,7 +104,7 @@ class TPUConfig:
 
         for name in ("rows", "cols", "data_width", "acc_width", "weight_fifo_depth",
                      "ub_depth", "acc_depth", "weight_mem_tiles", "param_slots",
-                     "lut_multipliers"):
+                     "lut_multipliers", "counter_bits"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
@@ -118,6 +133,10 @@ class TPUConfig:
               f"0 to rows * cols = {self.rows * self.cols}")
         check("multiplier", isinstance(self.multiplier, str) and self.multiplier in MULTIPLIERS,
               " or ".join(repr(value) for value in MULTIPLIERS))
+        check("activation_unit", isinstance(self.activation_unit, str) and
+              self.activation_unit in ACTIVATION_UNITS,
+              " or ".join(repr(value) for value in ACTIVATION_UNITS))
+        check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
 
     # Derived properties -------------------------------------------------------------------
 
@@ -175,6 +194,13 @@ PRESETS: dict[str, TPUConfig] = {
     "default": TPUConfig(),
     # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
     "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
+    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's 5,280 logic cells and
+    # 8 SB_MAC16 next to the host link: the serial activation unit, 32-bit counters.
+    "icebreaker": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=128, weight_mem_tiles=16,
+                            param_slots=2, weight_fifo_depth=2, lut_multipliers=8,
+                            activation_unit="serial", counter_bits=32),
+    # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers.
+    "ulx3s": TPUConfig(multiplier="ecp5"),
 }
 
 

@@ -6,6 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from .accumulators import Accumulators
 from .activation import ActivationUnit
+from .activation_serial import SerialActivationUnit
 from .config import TPUConfig
 from .control.activation_engine import ActivationEngine
 from .control.counters import PerfCounters
@@ -80,7 +81,8 @@ class Core(wiring.Component):
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)
         m.submodules.host_writer = hw = HostWriter(cfg)
-        m.submodules.counters = pc = PerfCounters(macs_per_row=cfg.rows * cfg.cols)
+        m.submodules.counters = pc = PerfCounters(macs_per_row=cfg.rows * cfg.cols,
+                                                  width=cfg.counter_bits)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width)
         m.submodules.weight_memory = wm = WeightMemory(
@@ -88,7 +90,8 @@ class Core(wiring.Component):
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width)
-        m.submodules.activation = au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
+        unit = SerialActivationUnit if cfg.activation_unit == "serial" else ActivationUnit
+        m.submodules.activation = au = unit(cols=cfg.cols, acc_width=cfg.acc_width)
 
         # Host side.
         wiring.connect(m, wiring.flipped(self.i_host), fe.i_host)

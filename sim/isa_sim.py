@@ -123,10 +123,10 @@ its data beats; the ``instructions`` counter counts it once its data beats are i
 
 Counters
 --------
-Counters are 48 bits (wrapping) and count from reset or the last CLEAR_COUNTERS. READ_COUNTERS
-reports them as if every earlier instruction had completed (the hardware waits until idle
-before it samples them). Four are fixed by the program and checked exactly
-(:data:`DETERMINISTIC_COUNTERS`):
+Counters are ``config.counter_bits`` wide (48 by default; beats carry 48 bits), wrap, and
+count from reset or the last CLEAR_COUNTERS. READ_COUNTERS reports them as if every earlier
+instruction had completed (the hardware waits until idle before it samples them). Four are
+fixed by the program and checked exactly (:data:`DETERMINISTIC_COUNTERS`):
 
 - ``instructions``: instructions completed without error before the READ_COUNTERS being
   executed (each READ_COUNTERS counts once it completes; CLEAR_COUNTERS leaves 0);
@@ -162,7 +162,6 @@ DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight
 #: Rows each pooling mode reduces to one.
 POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
 
-_COUNTER_MASK = (1 << isa.COUNTER_BITS) - 1
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 
 
@@ -301,7 +300,8 @@ class IsaSim:
 
     def counters(self) -> dict[str, int | None]:
         """Counter values now, ``None`` for the timing-dependent ones."""
-        return {name: self._counts[name] & _COUNTER_MASK if name in self._counts else None
+        mask = (1 << self.config.counter_bits) - 1
+        return {name: self._counts[name] & mask if name in self._counts else None
                 for name in isa.COUNTERS}
 
     # Host stream ---------------------------------------------------------------------------

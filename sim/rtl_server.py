@@ -15,7 +15,8 @@ or ``("error", kind, beats_received, status_bits)``:
 ``("receive", count, timeout_cycles)``
     Run until ``count`` output beats are held, then return them (oldest first). Fails with
     kind ``"error"`` when the core's status shows an error first, ``"timeout"`` when
-    ``timeout_cycles`` core cycles pass first (``None``: 10,000 + 64 per beat sent); the
+    ``timeout_cycles`` core cycles pass first (``None``: 10,000 + 64 per beat sent, or
+    what ``AMTPU_RTL_TIMEOUT_PER_BEAT`` says); the
     beats that did arrive stay for the next receive.
 ``("coverage",)``
     The bridge's coverage counters (hazard rules stalled on, engine pairs that overlapped).
@@ -32,7 +33,8 @@ or ``("error", kind, beats_received, status_bits)``:
 Every request is handled just after a falling clock edge, where reading and writing the
 design is race-free on Icarus and Verilator. Environment: ``AMTPU_RTL_ADDRESS``,
 ``AMTPU_RTL_AUTHKEY`` (hex), ``AMTPU_RTL_IN_DEPTH``, ``AMTPU_RTL_OUT_DEPTH``,
-``AMTPU_RTL_ERROR_MASK`` (the status bit that flags an error), ``AMTPU_RTL_PERIOD_NS``.
+``AMTPU_RTL_ERROR_MASK`` (the status bit that flags an error), ``AMTPU_RTL_PERIOD_NS``,
+``AMTPU_RTL_TIMEOUT_PER_BEAT`` (the default receive timeout's cycles per beat sent).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Server:
         self.target = 0         # the output count o_event waits for
         self.more = False       # i_in_more
         self.sent = 0           # beats sent since the last receive (for the default timeout)
+        self.per_beat = int(os.environ.get("AMTPU_RTL_TIMEOUT_PER_BEAT", TIMEOUT_PER_BEAT))
 
     # The bridge ----------------------------------------------------------------------------
 
@@ -170,7 +173,7 @@ class Server:
 
     async def receive(self, count: int, timeout_cycles: int | None) -> tuple:
         if timeout_cycles is None:
-            timeout_cycles = TIMEOUT_BASE + TIMEOUT_PER_BEAT * self.sent
+            timeout_cycles = TIMEOUT_BASE + self.per_beat * self.sent
         deadline = self.cycles() + timeout_cycles
         dut = self.dut
         while True:

@@ -53,6 +53,14 @@ class SimulatorExited(DeviceError):
     its log)."""
 
 
+def timeout_per_beat(config: TPUConfig) -> int:
+    """Cycles per beat sent the simulator allows a receive by default (after a base): 64, and
+    for the serial activation unit (about 50 cycles an element) enough for 16 rows a beat."""
+    if config.activation_unit == "serial":
+        return 64 + 50 * config.cols * 16
+    return 64
+
+
 def _config_key(config: TPUConfig, in_depth: int, out_depth: int) -> str:
     """Build-folder name of a configuration: the preset's name or ``RxC-<hash>``, then the
     ring depths when they are not the defaults."""
@@ -167,6 +175,7 @@ class RtlDevice:
                 "AMTPU_RTL_OUT_DEPTH": str(out_depth),
                 "AMTPU_RTL_ERROR_MASK": str(1 << status["error"].offset),
                 "AMTPU_RTL_PERIOD_NS": str(PERIOD_NS),
+                "AMTPU_RTL_TIMEOUT_PER_BEAT": str(timeout_per_beat(config)),
             })
             self._conn = self._accept(listener, authkey)
             hello = self._recv()

@@ -11,7 +11,7 @@ __all__ = ["PerfCounters"]
 
 
 class PerfCounters(wiring.Component):
-    """:data:`hdl.isa.COUNTERS`, each :data:`~hdl.isa.COUNTER_BITS` wide and wrapping.
+    """:data:`hdl.isa.COUNTERS`, each ``width`` bits wide and wrapping.
 
     Contract: every counter counts from reset or the last ``clear`` event (which wins over
     the cycle's other events); ``cycles`` counts every cycle, ``useful_macs`` adds
@@ -22,6 +22,9 @@ class PerfCounters(wiring.Component):
     ----------
     macs_per_row : int
         Multiply-accumulates of one row through the array (``rows * cols``).
+    width : int
+        Bits of each counter, at most :data:`~hdl.isa.COUNTER_BITS` (``o_value`` is that
+        wide, zero above ``width``).
 
     Members
     -------
@@ -33,8 +36,12 @@ class PerfCounters(wiring.Component):
         The selected counter's value (combinational).
     """
 
-    def __init__(self, *, macs_per_row: int):
+    def __init__(self, *, macs_per_row: int, width: int = COUNTER_BITS):
+        if not 1 <= width <= COUNTER_BITS:
+            raise ValueError(f"counter width {width} is not supported; allowed: 1 to "
+                             f"{COUNTER_BITS}")
         self.macs_per_row = macs_per_row
+        self.width = width
         super().__init__({
             "i_events": In(CounterEventsSignature()),
             "i_select": In(range(len(COUNTERS))),
@@ -57,12 +64,12 @@ class PerfCounters(wiring.Component):
         }
         counters = []
         for name in COUNTERS:
-            counter = Signal(COUNTER_BITS, name=f"count_{name}")
+            counter = Signal(self.width, name=f"count_{name}")
             event, amount = bumps[name]
             with m.If(ev.clear):
                 m.d.sync += counter.eq(0)
             with m.Elif(event):
                 m.d.sync += counter.eq(counter + amount)
             counters.append(counter)
-        m.d.comb += self.o_value.eq(Cat(*counters).word_select(self.i_select, COUNTER_BITS))
+        m.d.comb += self.o_value.eq(Cat(*counters).word_select(self.i_select, self.width))
         return m

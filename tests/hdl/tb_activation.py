@@ -67,6 +67,13 @@ def cols_from_env() -> int:
     return int(json.loads(os.environ.get(ENV, '{"cols": 2}'))["cols"])
 
 
+def row_cycles_from_env() -> int:
+    """Cycles the unit may take per row before a drain times out: a few for the pipelined
+    unit, ``cols`` elements of at most 50 cycles for the serial one."""
+    env = json.loads(os.environ.get(ENV, '{"cols": 2}'))
+    return 50 * int(env["cols"]) + 10 if env.get("serial") else 20
+
+
 @dataclass
 class Params:
     """One setting of the unit's parameter inputs."""
@@ -182,7 +189,8 @@ class Testbench:
     async def drain(self) -> None:
         """Wait until every queued row is in and every expected row out; then the pipeline
         must be empty."""
-        limit = 100 + 20 * (self.source.pending() + self.scoreboard.outstanding)
+        limit = 100 + row_cycles_from_env() * (self.source.pending() +
+                                                self.scoreboard.outstanding)
         waited = 0
         while waited < limit and not self.scoreboard.errors and (
                 self.source.pending() or self.scoreboard.outstanding):

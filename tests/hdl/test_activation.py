@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hdl.activation import ActivationUnit
+from hdl.activation_serial import SerialActivationUnit
 from sim.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
@@ -32,3 +33,14 @@ def test_activation(size: str, group: str):
     run("activation", lambda: ActivationUnit(cols=cols, acc_width=32), size,
         "tb_activation", HERE, GROUPS[group], label=group,
         extra_env={"AMTPU_ACT": json.dumps({"cols": cols})})
+
+
+@pytest.mark.parametrize("group", ["function", "directed-serial"])
+def test_serial_activation(group: str):
+    """The serial unit (one datapath time-shared over 4 columns) against the same golden
+    checks as the pipelined unit; the throughput test is the pipelined unit's alone."""
+    tests = GROUPS["function"] if group == "function" else \
+        [t for t in GROUPS["directed"] if t != "test_throughput"]
+    run("activation_serial", lambda: SerialActivationUnit(cols=4, acc_width=32), "c4",
+        "tb_activation", HERE, tests, label=group,
+        extra_env={"AMTPU_ACT": json.dumps({"cols": 4, "serial": True})})

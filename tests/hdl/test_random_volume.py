@@ -57,16 +57,18 @@ CONFIGS: dict[str, TPUConfig] = {
     "tall": TPUConfig(rows=8, cols=2, ub_depth=32, acc_depth=16, weight_mem_tiles=7,
                       weight_fifo_depth=3, param_slots=8),
     "default": get_config("default"),
+    # The iCEBreaker's core: the serial activation unit, 32-bit counters, LUT multipliers.
+    "icebreaker": get_config("icebreaker"),
 }
 
 #: Programs from one reset to the next.
 BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
-             "default": 500_000, "thin": 600_000, "tall": 700_000}
-FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300}
+             "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000}
+FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150}
 SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500}
+        "default": 500, "icebreaker": 850}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",

@@ -1,0 +1,160 @@
+"""Activation unit for small parts: one requantisation datapath time-shared over the columns."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .activation import acc_row_layout, lut_table
+from .isa import Func
+from .ports import requant_params_layout
+
+__all__ = ["SerialActivationUnit", "element_cycles"]
+
+
+def element_cycles(shift: int) -> int:
+    """Cycles :class:`SerialActivationUnit` spends on one element with rounding ``shift``."""
+    s = max(shift - 1, 0)
+    return 1 + 32 + (s // 8 + s % 8) + 2
+
+
+class SerialActivationUnit(wiring.Component):
+    """The :class:`~hdl.activation.ActivationUnit`'s function, bit for bit, from one datapath
+    that works through a row's columns one after another, for parts whose logic or DSP blocks
+    the parallel unit would exhaust (the iCE40UP5K: the parallel unit's 32 x 32 multipliers,
+    64-bit rounding shifters and saturations per column take more than the whole part).
+
+    Each element takes :func:`element_cycles` cycles: one to add the bias, 32 for a
+    shift-and-add signed multiply (one 33-bit adder), ``(shift - 1) // 8 + (shift - 1) % 8``
+    for the arithmetic right shift (by 8 or by 1 a cycle), one for rounding, saturation, the
+    zero point and the function, one for the table read and pooling. A row of ``cols``
+    elements therefore takes ``cols`` times that (37 to 50 cycles an element), against one
+    row a cycle for the parallel unit; on a board the host link is slower still.
+
+    The row is read from ``i_row`` while it waits (a stream's payload holds until it is
+    taken) and taken when its last element is done, so the unit holds no copy of it.
+
+    Members
+    -------
+    i_row : In(stream.Signature(acc_row_layout))
+        Sums, with ``last`` on the final row of each pooling window.
+    o_row : Out(stream.Signature(ArrayLayout(signed(8), cols)))
+        Activations, one row per pooling window.
+    i_params : In(requant_params_layout(cols))
+        The requantisation parameters and the function, held while a row is in flight.
+    o_busy : Out(1)
+        A row is being worked on.
+    """
+
+    def __init__(self, *, cols: int, acc_width: int = 32):
+        if acc_width != 32:
+            raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
+        self.cols = cols
+        self.acc_width = acc_width
+        super().__init__({
+            "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
+            "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
+            "i_params": In(requant_params_layout(cols)),
+            "o_busy":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cols = self.cols
+        params = self.i_params
+        row = self.i_row.payload
+
+        col = Signal(range(cols))
+        hi = Signal(signed(32))            # the product's upper half while multiplying
+        lo = Signal(32)                    # multiplier bits out, product bits in
+        mcand = Signal(signed(32))
+        step = Signal(range(32))
+        left = Signal(6)                   # right shifts still to do
+        f = Signal(signed(8))
+        pooled = Signal(data.ArrayLayout(signed(8), cols))
+        window_open = Signal()
+
+        product = Cat(lo, hi).as_signed()  # 64 bits
+
+        # Bias add and operand selection for the current column.
+        t = Signal(signed(32))
+        m.d.comb += t.eq(row.data[col] + params.bias[col])
+
+        # One multiply step: add (or, for the multiplier's sign bit, subtract) the
+        # multiplicand into the upper half, then shift the 64-bit pair right by one.
+        addend = Mux(lo[0], mcand, 0)
+        total = Signal(signed(33))
+        m.d.comb += total.eq(Mux(step == 31, hi - addend, hi + addend))
+
+        # Rounding, saturation, zero point, function: from the shifted product.
+        shift = params.shift
+        rounded = Signal(signed(64))
+        m.d.comb += rounded.eq(Mux(shift == 0, product, (product >> 1) + product[0]))
+        fits = rounded[31:].all() | ~rounded[31:].any()
+        r32 = Signal(signed(32))
+        m.d.comb += r32.eq(Mux(fits, rounded[:32],
+                               Mux(rounded[63], -(1 << 31), (1 << 31) - 1)))
+        v = Signal(signed(33))
+        m.d.comb += v.eq(r32 + params.zero_point)
+        q_next = Signal(signed(8))
+        m.d.comb += q_next.eq(Mux(v < -128, -128, Mux(v > 127, 127, v)))
+        zp = params.zero_point
+        relu = Mux(q_next > zp, q_next, zp)
+        clamp = Mux(relu > params.clamp_hi, params.clamp_hi, relu)
+        f_next = Mux(params.func == Func.RELU, relu,
+                     Mux(params.func == Func.CLAMP, clamp, q_next))
+
+        # The table functions: SIGMOID at 0..255, TANH at 256..511, index q + 128.
+        rom_init = [x & 0xff for x in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
+        m.submodules.lut = rom = memory.Memory(shape=unsigned(8), depth=512, init=rom_init)
+        rd = rom.read_port()
+        # Addressed with the value about to be registered: the data lands in POOL.
+        m.d.comb += rd.addr.eq(Cat(q_next[:7], ~q_next[7], params.func == Func.TANH))
+        is_table = (params.func == Func.SIGMOID) | (params.func == Func.TANH)
+        result = Mux(is_table, rd.data.as_signed(), f)
+        best = Mux(window_open & (pooled[col] > result), pooled[col], result)
+
+        with m.FSM(name="serial_activation"):
+            with m.State("IDLE"):
+                # A row that closes a window needs the output register free.
+                with m.If(self.i_row.valid & (~row.last | ~self.o_row.valid)):
+                    m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += [mcand.eq(t), lo.eq(params.multiplier[col]), hi.eq(0),
+                             step.eq(0)]
+                m.next = "MULTIPLY"
+            with m.State("MULTIPLY"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += [hi.eq(total[1:]), lo.eq(Cat(lo[1:], total[0])),
+                             step.eq(step + 1)]
+                with m.If(step == 31):
+                    m.d.sync += left.eq(Mux(shift == 0, 0, shift - 1))
+                    m.next = "SHIFT"
+            with m.State("SHIFT"):
+                m.d.comb += self.o_busy.eq(1)
+                with m.If(left >= 8):
+                    m.d.sync += [Cat(lo, hi).eq(product >> 8), left.eq(left - 8)]
+                with m.Elif(left != 0):
+                    m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1)]
+                with m.Else():
+                    m.d.sync += f.eq(f_next)
+                    m.next = "POOL"
+            with m.State("POOL"):
+                # The table read of q lands this cycle.
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += pooled[col].eq(best)
+                with m.If(row.last):
+                    m.d.sync += self.o_row.payload[col].eq(best)
+                with m.If(col == cols - 1):
+                    m.d.comb += self.i_row.ready.eq(1)
+                    m.d.sync += [col.eq(0), window_open.eq(~row.last)]
+                    with m.If(row.last):
+                        m.d.sync += self.o_row.valid.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += col.eq(col + 1)
+                    m.next = "LOAD"
+
+        with m.If(self.o_row.valid & self.o_row.ready):
+            m.d.sync += self.o_row.valid.eq(0)
+        return m
