@@ -1,0 +1,422 @@
+"""The board side of the host link: the core's host stream carried in frames
+(:mod:`hdl.link_protocol`) over a pair of byte streams, such as a UART's."""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from . import link_protocol as lp
+from .config import TPUConfig
+from .isa import Status
+
+__all__ = ["HostLink", "crc16_byte", "REPLY_QUEUE_DEPTH", "CYCLE_BITS"]
+
+#: Replies (ACK, NAK, STATUS_REPLY, INFO_REPLY) waiting for the transmitter.
+REPLY_QUEUE_DEPTH = 4
+#: Width of the free-running cycle counter STATUS_REPLY reports.
+CYCLE_BITS = 48
+
+_STATUS_REPLY_BYTES = 13
+_INFO = lp.InfoReply
+
+
+def crc16_byte(crc, byte):
+    """``crc`` (16 bits) after ``byte`` (8 bits): one byte of CRC-16/CCITT-FALSE, most
+    significant bit first (:func:`hdl.link_protocol.crc16`), as an expression."""
+    for i in reversed(range(8)):
+        top = crc[15] ^ byte[i]
+        crc = (crc << 1)[:16] ^ Mux(top, 0x1021, 0)
+    return crc
+
+
+class _Reply(enum.Enum, shape=2):
+    ACK = 0
+    NAK = 1
+    STATUS = 2
+    INFO = 3
+
+
+_REPLY = data.StructLayout({"kind": _Reply, "seq": 8, "code": lp.Nak})
+
+
+class HostLink(wiring.Component):
+    """Frames in, beats to the core; beats from the core and replies, frames out.
+
+    Implements the device side of :mod:`hdl.link_protocol` (SLIP, CRC-16, the checks in
+    their order and the NAK codes, DATA deduplication by ``seq``, two frame buffers).
+
+    Receive. ``i_rx.ready`` is always high: a UART cannot be held off. Bytes are decoded,
+    counted and checked as they arrive (one a cycle at most); a DATA payload is written
+    into a free frame buffer, one byte a cycle, and the frame is accepted (``ACK``) or
+    dropped (``NAK``) in the cycle its closing ``END`` arrives. A DATA frame is stored only
+    if a buffer was free when its first byte arrived; else it is answered ``NAK BUSY``.
+    The two buffers (``max_beats`` beats each) are the two halves of one byte-wide
+    :class:`~amaranth.lib.memory.Memory` with one synchronous read port (one iCE40 block
+    RAM for 2 x 256 bytes).
+
+    Delivery. Accepted frames go to the core in order: the feeder reads a buffer one byte
+    a cycle into a beat register (least significant byte first) and offers each whole beat
+    on ``o_host``; a buffer is free again once the core has taken its last beat.
+
+    Transmit. Between frames, a waiting reply (``ACK``, ``NAK``, ``STATUS_REPLY``,
+    ``INFO_REPLY``) goes before a ``BEAT``; a frame is never interrupted. A ``BEAT``
+    frame reads the core's beat in place (the stream rules keep it stable) and takes it as
+    its last payload byte is sent. Every frame starts and ends with ``END``. Replies wait
+    in a queue of :data:`REPLY_QUEUE_DEPTH`; a reply that finds it full is dropped (the
+    request's effect still happens): a host that waits for each reply never fills it,
+    and a host that floods the link loses replies and retries.
+
+    CLEAR drops the frames not yet delivered (a beat being assembled or offered included)
+    and holds ``o_clear`` until the core's ``error`` flag is low (one cycle when no error
+    is pending; an error whose error beat has not been sent yet is cleared once it has
+    been), delivering nothing meanwhile. RESET drops the frames, forgets the last DATA
+    ``seq``, and pulses ``o_core_reset`` once no ``BEAT`` frame is being sent (its beat is
+    read in place); the ``BEAT`` numbering restarts then.
+
+    ``STATUS_REPLY`` reports ``i_status`` and a free-running :data:`CYCLE_BITS`-bit cycle
+    counter sampled as the reply starts; ``INFO_REPLY`` the constants the link was built
+    with (:meth:`hdl.link_protocol.InfoReply.of`).
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The core's configuration (its ``host_width`` and the INFO_REPLY fields).
+    max_beats : int
+        Beats a DATA frame may carry, 1 to 65535 (each buffer holds this many).
+    clock_hz : int
+        The core's clock, for INFO_REPLY (1 to 2**32 - 1).
+
+    Members
+    -------
+    i_rx : In(stream.Signature(8))
+        Bytes from the host (a UART receiver); ``ready`` is always high.
+    o_tx : Out(stream.Signature(8))
+        Bytes to the host (a UART transmitter).
+    o_host : Out(stream.Signature(unsigned(host_width)))
+        Beats to the core's ``i_host``.
+    i_host : In(stream.Signature(unsigned(host_width)))
+        Beats from the core's ``o_host``.
+    i_status : In(Status)
+        The core's ``o_status``.
+    o_clear : Out(1)
+        To the core's ``i_clear``.
+    o_core_reset : Out(1)
+        One-cycle pulse: reset the core (a synchronous reset of its clock domain).
+    """
+
+    def __init__(self, config: TPUConfig, *, max_beats: int = 16, clock_hz: int):
+        for name, value, high in (("max_beats", max_beats, 0xFFFF),
+                                  ("clock_hz", clock_hz, 0xFFFF_FFFF)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"HostLink {name}={value!r} is not supported; "
+                                 f"allowed: an int from 1 to {high}")
+        self.config = config
+        self.max_beats = max_beats
+        self.clock_hz = clock_hz
+        self.beat_bytes = config.host_width // 8
+        #: Payload bytes a frame buffer holds.
+        self.buffer_bytes = max_beats * self.beat_bytes
+        #: The longest body accepted (:func:`hdl.link_protocol.max_body`).
+        self.max_body = lp.max_body(max_beats, self.beat_bytes)
+        self.info = _INFO.of(config, max_beats=max_beats, clock_hz=clock_hz)
+        host = stream.Signature(unsigned(config.host_width))
+        super().__init__({
+            "i_rx":         In(stream.Signature(8)),
+            "o_tx":         Out(stream.Signature(8)),
+            "o_host":       Out(host),
+            "i_host":       In(host),
+            "i_status":     In(Status),
+            "o_clear":      Out(1),
+            "o_core_reset": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        beat_bytes = self.beat_bytes
+        size = self.buffer_bytes
+        limit = self.max_body
+        abits = max(1, (size - 1).bit_length())
+        kind_of = {k: k.value for k in lp.Kind}
+
+        m.submodules.buffers = mem = Memory(shape=8, depth=2 << abits, init=[])
+        wr = mem.write_port()
+        rd = mem.read_port()
+        m.submodules.replies = replies = SyncFIFO(width=_REPLY.size, depth=REPLY_QUEUE_DEPTH)
+
+        # Frame buffers: a two-entry ring; `head` is being delivered, the one after it waits.
+        pending = Signal(range(3))
+        head = Signal()
+        nbytes = [Signal(range(size + 1), name=f"nbytes{i}", reset_less=True)
+                  for i in range(2)]
+        wbuf = Signal()                 # the buffer a new DATA frame goes to
+        m.d.comb += wbuf.eq(head ^ pending[0])
+        accept = Signal()               # a DATA frame stored, this cycle
+        pop = Signal()                  # the core took the head frame's last beat
+        drop = Signal()                 # CLEAR or RESET
+        last_seq = Signal(8, reset_less=True)
+        seq_valid = Signal()
+        clear_pending = Signal()
+        reset_pending = Signal()
+        beat_seq = Signal(8)
+        cycles = Signal(CYCLE_BITS)
+        m.d.sync += cycles.eq(cycles + 1)
+
+        # Receive ---------------------------------------------------------------------------
+        rx = self.i_rx
+        m.d.comb += rx.ready.eq(1)
+        n = Signal(range(limit + 2))    # body bytes so far, stops at limit + 1
+        escaped = Signal()
+        bad_escape = Signal()
+        kind = Signal(8, reset_less=True)
+        seq = Signal(8)
+        d1 = Signal(8, reset_less=True)     # the last body byte
+        d2 = Signal(8, reset_less=True)     # the one before: CRC bytes are known only at END
+        crc = Signal(16, init=0xFFFF)
+        phase = Signal(range(beat_bytes))   # payload bytes modulo a beat
+        has_buf = Signal()
+
+        got = Signal()                  # a body byte (unescaped) this cycle
+        byte = Signal(8)
+        end = Signal()
+        with m.If(rx.valid):
+            with m.If(rx.payload == lp.END):
+                m.d.comb += end.eq(1)
+                m.d.sync += [n.eq(0), escaped.eq(0), bad_escape.eq(0), seq.eq(0),
+                             crc.eq(crc.init), phase.eq(0)]
+            with m.Elif(escaped):
+                m.d.comb += [got.eq(1), byte.eq(rx.payload)]
+                m.d.sync += escaped.eq(0)
+                with m.If(rx.payload == lp.ESC_END):
+                    m.d.comb += byte.eq(lp.END)
+                with m.Elif(rx.payload == lp.ESC_ESC):
+                    m.d.comb += byte.eq(lp.ESC)
+                with m.Else():
+                    m.d.sync += bad_escape.eq(1)
+            with m.Elif(rx.payload == lp.ESC):
+                m.d.sync += escaped.eq(1)
+            with m.Else():
+                m.d.comb += [got.eq(1), byte.eq(rx.payload)]
+
+        m.d.comb += [
+            wr.addr.eq(Cat((n - 4)[:abits], wbuf)),
+            wr.data.eq(d2),
+        ]
+        with m.If(got):
+            m.d.sync += [d1.eq(byte), d2.eq(d1)]
+            with m.If(n != limit + 1):
+                m.d.sync += n.eq(n + 1)
+            with m.If(n == 0):
+                m.d.sync += [kind.eq(byte), has_buf.eq(pending != 2)]
+            with m.If(n == 1):
+                m.d.sync += seq.eq(byte)
+            with m.If(n >= 2):
+                m.d.sync += crc.eq(crc16_byte(crc, d2))
+            with m.If(n >= 4):
+                m.d.sync += phase.eq(Mux(phase == beat_bytes - 1, 0, phase + 1))
+                # (An oversize frame wraps round its own buffer: it is dropped anyway.)
+                m.d.comb += wr.en.eq(has_buf)
+
+        # The checks of a frame, in protocol order, as its END arrives.
+        reply = Signal(_REPLY)
+        m.d.comb += [reply.seq.eq(seq), replies.w_data.eq(reply)]
+        is_data = kind == kind_of[lp.Kind.DATA]
+        host_kind = Signal()
+        for k in lp.HOST_KINDS:
+            with m.If(kind == k.value):
+                m.d.comb += host_kind.eq(1)
+        length_bad = Mux(is_data, (n == 4) | (phase != 0), n != 4)
+
+        def nak(code):
+            m.d.comb += [reply.kind.eq(_Reply.NAK), reply.code.eq(code)]
+
+        with m.If(end & ((n != 0) | escaped)):     # (an ESC alone is a frame too)
+            m.d.comb += replies.w_en.eq(1)
+            with m.If(bad_escape | escaped):
+                nak(lp.Nak.ESCAPE)
+            with m.Elif(n == limit + 1):
+                nak(lp.Nak.OVERSIZE)
+            with m.Elif(n < lp.MIN_BODY):
+                nak(lp.Nak.LENGTH)
+            with m.Elif(crc != Cat(d2, d1)):
+                nak(lp.Nak.CRC)
+            with m.Elif(~host_kind):
+                nak(lp.Nak.KIND)
+            with m.Elif(length_bad):
+                nak(lp.Nak.LENGTH)
+            with m.Elif(is_data):
+                with m.If(seq_valid & (seq == last_seq)):
+                    m.d.comb += reply.kind.eq(_Reply.ACK)       # a retry: not stored again
+                with m.Elif(~has_buf):
+                    nak(lp.Nak.BUSY)
+                with m.Else():
+                    m.d.comb += [reply.kind.eq(_Reply.ACK), accept.eq(1)]
+                    m.d.sync += [last_seq.eq(seq), seq_valid.eq(1)]
+                    for i in range(2):
+                        with m.If(wbuf == i):
+                            m.d.sync += nbytes[i].eq(n - 4)
+            with m.Elif(kind == kind_of[lp.Kind.STATUS]):
+                m.d.comb += reply.kind.eq(_Reply.STATUS)
+            with m.Elif(kind == kind_of[lp.Kind.CLEAR]):
+                m.d.comb += [reply.kind.eq(_Reply.ACK), drop.eq(1)]
+                m.d.sync += clear_pending.eq(1)
+            with m.Elif(kind == kind_of[lp.Kind.RESET]):
+                m.d.comb += [reply.kind.eq(_Reply.ACK), drop.eq(1)]
+                m.d.sync += [reset_pending.eq(1), clear_pending.eq(0), seq_valid.eq(0)]
+            with m.Else():
+                m.d.comb += reply.kind.eq(_Reply.INFO)
+
+        with m.If(drop):
+            m.d.sync += pending.eq(0)
+        with m.Else():
+            m.d.sync += [pending.eq(pending + accept - pop), head.eq(head ^ pop)]
+
+        # CLEAR: hold the core's i_clear until its error flag is low (the core ignores
+        # i_clear while its error beat waits to be sent).
+        m.d.comb += self.o_clear.eq(clear_pending)
+        with m.If(clear_pending & ~self.i_status.error & ~drop):
+            m.d.sync += clear_pending.eq(0)
+
+        # Delivery ----------------------------------------------------------------------------
+        rd_addr = Signal(range(size + 1))
+        fill = Signal(range(beat_bytes + 1))    # bytes read for the beat being assembled
+        inflight = Signal()
+        beat = Signal(self.config.host_width, reset_less=True)
+        issue = (pending != 0) & ~clear_pending & ~reset_pending & (fill != beat_bytes)
+        m.d.comb += [
+            rd.addr.eq(Cat(rd_addr[:abits], head)),
+            rd.en.eq(issue),
+            self.o_host.valid.eq((fill == beat_bytes) & ~inflight),
+            self.o_host.payload.eq(beat),
+        ]
+        m.d.sync += inflight.eq(issue)
+        with m.If(issue):
+            m.d.sync += [rd_addr.eq(rd_addr + 1), fill.eq(fill + 1)]
+        with m.If(inflight):
+            m.d.sync += beat.eq(Cat(beat[8:], rd.data))
+        with m.If(self.o_host.valid & self.o_host.ready):
+            m.d.sync += fill.eq(0)
+            with m.If(rd_addr == Mux(head, nbytes[1], nbytes[0])):
+                m.d.comb += pop.eq(1)
+                m.d.sync += rd_addr.eq(0)
+        with m.If(drop):
+            m.d.sync += [fill.eq(0), rd_addr.eq(0)]
+
+        # Transmit ----------------------------------------------------------------------------
+        lb_valid = Signal()     # a logical byte: a frame byte before escaping, or a raw END
+        lb_raw = Signal()
+        lb_data = Signal(8)
+        lb_ready = Signal()
+        tx_kind = Signal(8)
+        tx_seq = Signal(8, reset_less=True)
+        tx_code = Signal(8, reset_less=True)
+        tx_crc = Signal(16, reset_less=True)
+        idx = Signal(range(max(beat_bytes, _STATUS_REPLY_BYTES, self.info_bytes)))
+        snap = Signal(_STATUS_REPLY_BYTES * 8, reset_less=True)
+        info = Const(int.from_bytes(self.info.pack(), "little"), self.info_bytes * 8)
+        entry = _REPLY(replies.r_data)
+        last = Signal()
+
+        payload = Signal(8)
+        with m.Switch(tx_kind):
+            with m.Case(kind_of[lp.Kind.NAK]):
+                m.d.comb += [payload.eq(tx_code), last.eq(1)]
+            with m.Case(kind_of[lp.Kind.STATUS_REPLY]):
+                m.d.comb += [payload.eq(snap.word_select(idx, 8)),
+                             last.eq(idx == _STATUS_REPLY_BYTES - 1)]
+            with m.Case(kind_of[lp.Kind.INFO_REPLY]):
+                m.d.comb += [payload.eq(info.word_select(idx, 8)),
+                             last.eq(idx == self.info_bytes - 1)]
+            with m.Case(kind_of[lp.Kind.BEAT]):
+                m.d.comb += [payload.eq(self.i_host.payload.word_select(idx, 8)),
+                             last.eq(idx == beat_bytes - 1)]
+
+        sending_beat = Signal()
+        with m.FSM(name="tx") as fsm:
+            with m.State("IDLE"):
+                with m.If(replies.r_rdy):
+                    m.d.comb += replies.r_en.eq(1)
+                    m.d.sync += [
+                        tx_seq.eq(entry.seq), tx_code.eq(entry.code),
+                        snap.eq(Cat(self.i_status.as_value(), cycles, last_seq,
+                                    pending, Const(0, 6), seq_valid)),
+                    ]
+                    with m.Switch(entry.kind):
+                        for reply_kind, frame_kind in (
+                                (_Reply.ACK, lp.Kind.ACK), (_Reply.NAK, lp.Kind.NAK),
+                                (_Reply.STATUS, lp.Kind.STATUS_REPLY),
+                                (_Reply.INFO, lp.Kind.INFO_REPLY)):
+                            with m.Case(reply_kind):
+                                m.d.sync += tx_kind.eq(frame_kind.value)
+                    m.next = "START"
+                with m.Elif(self.i_host.valid & ~reset_pending):
+                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq)]
+                    m.next = "START"
+            with m.State("START"):
+                m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
+                with m.If(lb_ready):
+                    m.d.sync += tx_crc.eq(0xFFFF)
+                    m.next = "KIND"
+            with m.State("KIND"):
+                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_kind)]
+                with m.If(lb_ready):
+                    m.next = "SEQ"
+            with m.State("SEQ"):
+                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_seq)]
+                with m.If(lb_ready):
+                    m.d.sync += idx.eq(0)
+                    with m.If(tx_kind == kind_of[lp.Kind.ACK]):
+                        m.next = "CRC_LO"
+                    with m.Else():
+                        m.next = "PAYLOAD"
+            with m.State("PAYLOAD"):
+                m.d.comb += [lb_valid.eq(1), lb_data.eq(payload)]
+                with m.If(lb_ready):
+                    m.d.sync += idx.eq(idx + 1)
+                    with m.If(last):
+                        m.next = "CRC_LO"
+                        with m.If(tx_kind == kind_of[lp.Kind.BEAT]):
+                            m.d.comb += self.i_host.ready.eq(1)
+                            m.d.sync += beat_seq.eq(beat_seq + 1)
+            with m.State("CRC_LO"):
+                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_crc[:8])]
+                with m.If(lb_ready):
+                    m.next = "CRC_HI"
+            with m.State("CRC_HI"):
+                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_crc[8:])]
+                with m.If(lb_ready):
+                    m.next = "STOP"
+            with m.State("STOP"):
+                m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
+                with m.If(lb_ready):
+                    m.next = "IDLE"
+        m.d.comb += sending_beat.eq(~fsm.ongoing("IDLE") & (tx_kind == kind_of[lp.Kind.BEAT]))
+        with m.If(lb_valid & lb_ready & (fsm.ongoing("KIND") | fsm.ongoing("SEQ") |
+                                         fsm.ongoing("PAYLOAD"))):
+            m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
+
+        # SLIP escaping: END and ESC inside a frame go out as two bytes.
+        second = Signal()       # the escape code is sent, its second byte is next
+        special = ~lb_raw & ((lb_data == lp.END) | (lb_data == lp.ESC))
+        m.d.comb += [
+            self.o_tx.valid.eq(lb_valid),
+            self.o_tx.payload.eq(
+                Mux(second, Mux(lb_data == lp.END, lp.ESC_END, lp.ESC_ESC),
+                    Mux(special, lp.ESC, lb_data))),
+            lb_ready.eq(self.o_tx.ready & (~special | second)),
+        ]
+        with m.If(self.o_tx.valid & self.o_tx.ready):
+            m.d.sync += second.eq(special & ~second)
+
+        # RESET: once no BEAT frame reads the core's beat in place.
+        fire = reset_pending & ~sending_beat
+        m.d.comb += self.o_core_reset.eq(fire)
+        with m.If(fire):
+            m.d.sync += [reset_pending.eq(0), beat_seq.eq(0)]
+        return m
+
+    @property
+    def info_bytes(self) -> int:
+        """Bytes of the INFO_REPLY payload."""
+        return len(self.info.pack())
