@@ -194,10 +194,11 @@ PRESETS: dict[str, TPUConfig] = {
     "default": TPUConfig(),
     # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
     "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
-    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's 5,280 logic cells and
-    # 8 SB_MAC16 next to the host link: the serial activation unit, 32-bit counters.
-    "icebreaker": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=128, weight_mem_tiles=16,
-                            param_slots=2, weight_fifo_depth=2, lut_multipliers=8,
+    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's 5,280 logic cells, 8
+    # SB_MAC16 and 30 EBR next to the host link: a 2x2 array (the 4x4 core took 6,218 LUT4,
+    # 4,371 FF and 28 EBR before the link), the serial activation unit, 32-bit counters.
+    "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
+                            param_slots=2, weight_fifo_depth=2,
                             activation_unit="serial", counter_bits=32),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers.
     "ulx3s": TPUConfig(multiplier="ecp5"),

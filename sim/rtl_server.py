@@ -15,9 +15,9 @@ or ``("error", kind, beats_received, status_bits)``:
 ``("receive", count, timeout_cycles)``
     Run until ``count`` output beats are held, then return them (oldest first). Fails with
     kind ``"error"`` when the core's status shows an error first, ``"timeout"`` when
-    ``timeout_cycles`` core cycles pass first (``None``: 10,000 + 64 per beat sent, or
-    what ``AMTPU_RTL_TIMEOUT_PER_BEAT`` says); the
-    beats that did arrive stay for the next receive.
+    ``timeout_cycles`` core cycles pass first (``None``: ``AMTPU_RTL_IDLE_CYCLES``, default
+    10,000, pass with the core neither taking an input beat nor sending one); the beats that
+    did arrive stay for the next receive.
 ``("coverage",)``
     The bridge's coverage counters (hazard rules stalled on, engine pairs that overlapped).
 ``("status",)``, ``("cycles",)``
@@ -34,7 +34,7 @@ Every request is handled just after a falling clock edge, where reading and writ
 design is race-free on Icarus and Verilator. Environment: ``AMTPU_RTL_ADDRESS``,
 ``AMTPU_RTL_AUTHKEY`` (hex), ``AMTPU_RTL_IN_DEPTH``, ``AMTPU_RTL_OUT_DEPTH``,
 ``AMTPU_RTL_ERROR_MASK`` (the status bit that flags an error), ``AMTPU_RTL_PERIOD_NS``,
-``AMTPU_RTL_TIMEOUT_PER_BEAT`` (the default receive timeout's cycles per beat sent).
+``AMTPU_RTL_IDLE_CYCLES`` (the default receive timeout: cycles without progress).
 """
 
 from __future__ import annotations
@@ -59,9 +59,8 @@ ERROR_BEAT = data.Layout.cast(ErrorBeat)
 
 #: Width of the bridge's output counters (:data:`sim.host_bridge.COUNT_BITS`).
 COUNT_BITS = 32
-#: Cycles a receive may take by default: a base plus this many per beat sent.
-TIMEOUT_BASE = 10_000
-TIMEOUT_PER_BEAT = 64
+#: Cycles a receive waits by default while the core neither takes nor sends a beat.
+IDLE_CYCLES = 10_000
 RESET_CYCLES = 3
 #: Cycles the clear waits for the core to send its error beat and leave the error state.
 CLEAR_CYCLES = 100_000
@@ -86,8 +85,7 @@ class Server:
         self.out_rd = 0         # beats read from the output ring (all time)
         self.target = 0         # the output count o_event waits for
         self.more = False       # i_in_more
-        self.sent = 0           # beats sent since the last receive (for the default timeout)
-        self.per_beat = int(os.environ.get("AMTPU_RTL_TIMEOUT_PER_BEAT", TIMEOUT_PER_BEAT))
+        self.idle_cycles = int(os.environ.get("AMTPU_RTL_IDLE_CYCLES", IDLE_CYCLES))
 
     # The bridge ----------------------------------------------------------------------------
 
@@ -167,18 +165,21 @@ class Server:
 
     async def send(self, beats: list[int]) -> tuple:
         self.pending.extend(beats)
-        self.sent += len(beats)
         self.refill()
         return ("ok", None)
 
     async def receive(self, count: int, timeout_cycles: int | None) -> tuple:
-        if timeout_cycles is None:
-            timeout_cycles = TIMEOUT_BASE + self.per_beat * self.sent
-        deadline = self.cycles() + timeout_cycles
+        idle = timeout_cycles is None
+        deadline = self.cycles() + (self.idle_cycles if idle else timeout_cycles)
         dut = self.dut
+        progress = None
         while True:
             self.drain()
             changed = self.refill()
+            if idle:
+                now = (int(dut.o_in_rd.value), self.out_rd)
+                if now != progress:
+                    progress, deadline = now, self.cycles() + self.idle_cycles
             status = self.status_bits()
             # With an error pending, wait until the core has taken every beat sent (it
             # discards them, or the resynchronisation word clears the error), as the ISA
@@ -190,7 +191,6 @@ class Server:
                 if stop is not None and stop < count:
                     return ("error", "error", stop, status)
             if settled and len(self.held) >= count:
-                self.sent = 0
                 return ("ok", [self.held.popleft() for _ in range(count)])
             left = deadline - self.cycles()
             if left <= 0:
@@ -236,7 +236,6 @@ class Server:
         the core."""
         dut = self.dut
         self.pending.clear()
-        self.sent = 0
         self.more = False
         dut.i_in_more.value = 0
         dut.i_clear.value = 1

@@ -53,12 +53,13 @@ class SimulatorExited(DeviceError):
     its log)."""
 
 
-def timeout_per_beat(config: TPUConfig) -> int:
-    """Cycles per beat sent the simulator allows a receive by default (after a base): 64, and
-    for the serial activation unit (about 50 cycles an element) enough for 16 rows a beat."""
+def idle_cycles(config: TPUConfig) -> int:
+    """Cycles a receive waits by default with the core neither taking nor sending a beat:
+    10,000, plus for the serial activation unit (about 50 cycles an element) the longest
+    ACTIVATE (every accumulator row)."""
     if config.activation_unit == "serial":
-        return 64 + 50 * config.cols * 16
-    return 64
+        return 10_000 + 50 * config.cols * config.acc_depth
+    return 10_000
 
 
 def _config_key(config: TPUConfig, in_depth: int, out_depth: int) -> str:
@@ -175,7 +176,7 @@ class RtlDevice:
                 "AMTPU_RTL_OUT_DEPTH": str(out_depth),
                 "AMTPU_RTL_ERROR_MASK": str(1 << status["error"].offset),
                 "AMTPU_RTL_PERIOD_NS": str(PERIOD_NS),
-                "AMTPU_RTL_TIMEOUT_PER_BEAT": str(timeout_per_beat(config)),
+                "AMTPU_RTL_IDLE_CYCLES": str(idle_cycles(config)),
             })
             self._conn = self._accept(listener, authkey)
             hello = self._recv()

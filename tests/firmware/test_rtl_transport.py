@@ -199,7 +199,7 @@ def test_hang_times_out(device):
     assert status == ref.status() and status.instr_index == 3
     start = rtl.cycles()
     with pytest.raises(DeviceTimeout, match="sent 1 of 2 beats within the default"):
-        rtl.receive(2)                       # 10,000 + 64 per beat sent
+        rtl.receive(2)                       # 10,000 cycles with no beat in or out
     assert 10_000 <= rtl.cycles() - start <= 10_000 + 64 * len(beats) + 10
     # The beat that did arrive stays for the next receive.
     assert rtl.receive(1) == ref.receive(1)

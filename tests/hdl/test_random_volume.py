@@ -57,7 +57,7 @@ CONFIGS: dict[str, TPUConfig] = {
     "tall": TPUConfig(rows=8, cols=2, ub_depth=32, acc_depth=16, weight_mem_tiles=7,
                       weight_fifo_depth=3, param_slots=8),
     "default": get_config("default"),
-    # The iCEBreaker's core: the serial activation unit, 32-bit counters, LUT multipliers.
+    # The iCEBreaker's core: 2x2, the serial activation unit, 32-bit counters.
     "icebreaker": get_config("icebreaker"),
 }
 
