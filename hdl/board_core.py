@@ -1,0 +1,100 @@
+"""The platform-independent top of a board build: a UART, the host link and the core."""
+
+from amaranth.hdl import Module, ResetInserter, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import TPUConfig
+from .core import Core
+from .host_link import HostLink
+from .uart import UARTReceiver, UARTTransmitter
+
+__all__ = ["BoardCore", "RUNNING_HOLD_S"]
+
+#: How long ``o_running`` stays lit after the core last took or sent a beat, in seconds.
+RUNNING_HOLD_S = 0.05
+
+
+class BoardCore(wiring.Component):
+    """The core behind its host link on a UART (8N1, ``divisor`` clock cycles a bit).
+
+    ::
+
+        i_rx -> UARTReceiver -> HostLink -> Core.i_host
+        o_tx <- UARTTransmitter <- HostLink <- Core.o_host
+                                   HostLink <-> Core.o_status, i_clear, reset
+
+    The core sits under a :class:`~amaranth.hdl.ResetInserter` driven by the link's
+    ``o_core_reset`` (a RESET frame); the link itself is reset only with the clock domain.
+    Board files (:mod:`boards`) add the clock, the reset and the pins.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The core's configuration.
+    divisor : int
+        Clock cycles per UART bit (clock / baud), at least 2.
+    max_beats : int
+        Beats a DATA frame may carry (the link's frame buffers).
+    clock_hz : int
+        The clock, reported in INFO_REPLY and used for the LED's hold time.
+
+    Members
+    -------
+    i_rx : In(1, init=1)
+        UART line from the host.
+    o_tx : Out(1, init=1)
+        UART line to the host.
+    o_running : Out(1)
+        For an LED: high while the core takes or sends beats, and for
+        :data:`RUNNING_HOLD_S` after the last one (so a short burst is visible).
+    o_error : Out(1)
+        For an LED: the core's error flag (``o_status.error``), until CLEAR, the
+        resynchronisation word or RESET.
+    """
+
+    def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int):
+        self.config = config
+        self.divisor = divisor
+        self.max_beats = max_beats
+        self.clock_hz = clock_hz
+        # Built here so that bad arguments fail at construction, not at elaboration.
+        self._rx = UARTReceiver(divisor=divisor)
+        self._tx = UARTTransmitter(divisor=divisor)
+        self._link = HostLink(config, max_beats=max_beats, clock_hz=clock_hz)
+        super().__init__({
+            "i_rx":      In(1, init=1),
+            "o_tx":      Out(1, init=1),
+            "o_running": Out(1),
+            "o_error":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.uart_rx = rx = self._rx
+        m.submodules.uart_tx = tx = self._tx
+        m.submodules.link = link = self._link
+        core = Core(self.config)
+        m.submodules.core = ResetInserter(link.o_core_reset)(core)
+
+        m.d.comb += [rx.i_rx.eq(self.i_rx), self.o_tx.eq(tx.o_tx)]
+        wiring.connect(m, rx.o_data, link.i_rx)
+        wiring.connect(m, link.o_tx, tx.i_data)
+        wiring.connect(m, link.o_host, core.i_host)
+        wiring.connect(m, core.o_host, link.i_host)
+        m.d.comb += [
+            link.i_status.eq(core.o_status),
+            core.i_clear.eq(link.o_clear),
+            self.o_error.eq(core.o_status.error),
+        ]
+
+        hold = max(1, int(self.clock_hz * RUNNING_HOLD_S))
+        left = Signal(range(hold + 1))
+        moved = ((core.i_host.valid & core.i_host.ready) |
+                 (core.o_host.valid & core.o_host.ready))
+        with m.If(moved):
+            m.d.sync += left.eq(hold)
+        with m.Elif(left != 0):
+            m.d.sync += left.eq(left - 1)
+        m.d.comb += self.o_running.eq(left != 0)
+        return m

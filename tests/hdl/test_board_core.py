@@ -1,0 +1,37 @@
+"""BoardCore (UART, host link, core) end to end through its UART pins: cocotb tests
+(tb_board_core.py) on the tiny core with 4 clock cycles a bit, run through sim.runner
+(``SIM`` picks Icarus or Verilator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hdl.board_core import BoardCore
+from hdl.config import get_config
+from sim.runner import cocotb_test_names, run
+
+HERE = Path(__file__).parent
+CONFIG_KEY = "tiny"
+DIVISOR = 4
+MAX_BEATS = 4
+CLOCK_HZ = 20_000           # what INFO_REPLY reports; the LED's hold is 1,000 cycles
+TESTS = cocotb_test_names(HERE / "tb_board_core.py")
+
+
+def _factory():
+    return BoardCore(get_config(CONFIG_KEY), divisor=DIVISOR, max_beats=MAX_BEATS,
+                     clock_hz=CLOCK_HZ)
+
+
+def test_bench_lists_its_tests():
+    assert "test_program" in TESTS and len(TESTS) >= 8
+
+
+@pytest.mark.parametrize("testcase", TESTS)
+def test_board_core(testcase: str):
+    run("board_core", _factory, f"{CONFIG_KEY}-d{DIVISOR}-b{MAX_BEATS}", "tb_board_core",
+        HERE, testcase, config=get_config(CONFIG_KEY),
+        extra_env={"AMTPU_DIVISOR": str(DIVISOR), "AMTPU_MAX_BEATS": str(MAX_BEATS),
+                   "AMTPU_CLOCK_HZ": str(CLOCK_HZ)})
