@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 
@@ -63,9 +63,9 @@ class ICEBreakerTop(Elaboratable):
 
         m = Module()
         clk12 = platform.request("clk12", dir="-")
-        m.domains.pll = ClockDomain("pll", reset_less=True)
-        m.domains.sync = ClockDomain("sync")
+        m.domains.sync = cd_sync = ClockDomain("sync")
         locked = Signal()
+        clk = cd_sync.clk
         m.submodules.pll = Instance(
             "SB_PLL40_PAD",
             p_FEEDBACK_PATH="SIMPLE",
@@ -73,10 +73,10 @@ class ICEBreakerTop(Elaboratable):
             p_FILTER_RANGE=self.pll["FILTER_RANGE"],
             i_PACKAGEPIN=clk12.io,
             i_RESETB=1, i_BYPASS=0,
-            o_PLLOUTGLOBAL=ClockSignal("sync"),
+            o_PLLOUTGLOBAL=clk,
             o_LOCK=locked,
         )
-        platform.add_clock_constraint(ClockSignal("sync"), self.clock_hz)
+        platform.add_clock_constraint(clk, self.clock_hz)
 
         button = platform.request("button", 0)
         m.submodules.reset_sync = ResetSynchronizer(~locked | button.i, domain="sync")

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards import ulx3s
 
@@ -68,9 +68,9 @@ class ULX3STop(Elaboratable):
 
         m = Module()
         clk25 = platform.request("clk25", 0)
-        m.domains.sync = ClockDomain("sync")
+        m.domains.sync = cd_sync = ClockDomain("sync")
         locked = Signal()
-        clkop = Signal()
+        clkop = cd_sync.clk
         m.submodules.pll = Instance(
             "EHXPLLL",
             a_FREQUENCY_PIN_CLKI="25",
@@ -87,7 +87,6 @@ class ULX3STop(Elaboratable):
             i_PLLWAKESYNC=0, i_ENCLKOP=0,
             o_CLKOP=clkop, o_LOCK=locked,
         )
-        m.d.comb += ClockSignal("sync").eq(clkop)
         platform.add_clock_constraint(clkop, self.clock_hz)
 
         fire = platform.request("button_fire", 0)
