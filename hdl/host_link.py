@@ -19,7 +19,6 @@ REPLY_QUEUE_DEPTH = 4
 CYCLE_BITS = 48
 
 _STATUS_REPLY_BYTES = 13
-_INFO = lp.InfoReply
 
 
 def crc16_byte(crc, byte):
@@ -120,7 +119,7 @@ class HostLink(wiring.Component):
         self.buffer_bytes = max_beats * self.beat_bytes
         #: The longest body accepted (:func:`hdl.link_protocol.max_body`).
         self.max_body = lp.max_body(max_beats, self.beat_bytes)
-        self.info = _INFO.of(config, max_beats=max_beats, clock_hz=clock_hz)
+        self.info = lp.InfoReply.of(config, max_beats=max_beats, clock_hz=clock_hz)
         host = stream.Signature(unsigned(config.host_width))
         super().__init__({
             "i_rx":         In(stream.Signature(8)),

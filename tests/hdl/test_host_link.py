@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """HostLink (hdl.host_link) in amaranth.sim against the frame protocol (hdl.link_protocol).
 
 The testbench plays both neighbours: the host side sends bytes made with
@@ -6,6 +7,8 @@ decodes what comes back with ``link_protocol.FrameDecoder``; a stub core takes t
 link delivers and sends beats of its own, both with random stalls, and plays the core's
 status, ``i_clear`` and reset. Delivered beats, replies and BEAT frames are compared with
 ``==``; seeds are fixed and printed.
+(The first line keeps Amaranth from warning about the objects that constructors given
+bad arguments leave behind.)
 """
 
 from __future__ import annotations
@@ -763,3 +766,14 @@ def test_reply_queue_overflow():
 def test_status_reply_pack_matches_decoder():
     """The STATUS_REPLY layout the gateware fills (13 bytes) is the protocol's."""
     assert struct.calcsize(lp.STATUS_REPLY_FORMAT) == 13
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_beats": 0, "clock_hz": CLOCK_HZ}, "max_beats=0"),
+    ({"max_beats": 1 << 16, "clock_hz": CLOCK_HZ}, "max_beats=65536"),
+    ({"max_beats": 4, "clock_hz": 0}, "clock_hz=0"),
+    ({"max_beats": True, "clock_hz": CLOCK_HZ}, "max_beats=True"),
+])
+def test_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HostLink(TINY, **kwargs)

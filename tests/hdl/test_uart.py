@@ -1,7 +1,10 @@
+# amaranth: UnusedElaboratable=no
 """The 8N1 UART (hdl.uart) in amaranth.sim: the receiver fed per-cycle line levels built
 from bytes, the transmitter's line decoded bit by bit, and the two looped back.
 
 Seeds are fixed and printed; every comparison is ``==`` on whole byte lists.
+(The first line keeps Amaranth from warning about the objects that constructors given
+bad arguments leave behind.)
 """
 
 from __future__ import annotations
@@ -235,3 +238,10 @@ def test_loopback(divisor: int):
     sim.run_until(1e-6 * (len(data) * 10 * divisor * 2 + 200))
     assert got == data, f"seed {seed}"
     assert errors == 0
+
+
+@pytest.mark.parametrize("divisor", [1, 0, 2.5, True])
+def test_rejects_bad_divisor(divisor):
+    for cls in (UARTReceiver, UARTTransmitter):
+        with pytest.raises(ValueError, match="divisor"):
+            cls(divisor=divisor)
