@@ -14,7 +14,7 @@ from .isa import Status
 __all__ = ["HostLink", "crc16_byte", "REPLY_QUEUE_DEPTH", "CYCLE_BITS"]
 
 #: Replies (ACK, NAK, STATUS_REPLY, INFO_REPLY) waiting for the transmitter.
-REPLY_QUEUE_DEPTH = 4
+REPLY_QUEUE_DEPTH = 2
 #: Width of the free-running cycle counter STATUS_REPLY reports.
 CYCLE_BITS = 48
 
