@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from hdl.board_core import BoardCore
 from hdl.config import get_config
 from sim.runner import cocotb_test_names, run
@@ -25,13 +23,27 @@ def _factory():
                      clock_hz=CLOCK_HZ)
 
 
+#: The error cases run in one simulation (each resets the board first): one simulator start.
+ERROR_CASES = [name for name in TESTS if name != "test_program"]
+
+
 def test_bench_lists_its_tests():
-    assert "test_program" in TESTS and len(TESTS) >= 8
+    assert "test_program" in TESTS and len(ERROR_CASES) >= 7
 
 
-@pytest.mark.parametrize("testcase", TESTS)
-def test_board_core(testcase: str):
+def _run(testcase):
     run("board_core", _factory, f"{CONFIG_KEY}-d{DIVISOR}-b{MAX_BEATS}", "tb_board_core",
         HERE, testcase, config=get_config(CONFIG_KEY),
         extra_env={"AMTPU_DIVISOR": str(DIVISOR), "AMTPU_MAX_BEATS": str(MAX_BEATS),
                    "AMTPU_CLOCK_HZ": str(CLOCK_HZ)})
+
+
+def test_program():
+    """A program end to end, INFO, STATUS, a retried DATA frame, the LEDs."""
+    _run("test_program")
+
+
+def test_error_cases():
+    """Bad CRC, a truncated frame, garbage, oversize, instruction errors (CLEAR, RESYNC) and
+    RESET, each followed by a read-back equal to IsaSim's."""
+    _run(ERROR_CASES)
