@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["BuildError", "BuildReport", "build", "tool_env", "pll_ice40", "pll_ecp5",
+__all__ = ["BuildError", "BuildReport", "prepare", "build", "tool_env", "pll_ice40", "pll_ecp5",
            "uart_divisor"]
 
 BUILD_ROOT = Path("build") / "boards"
@@ -176,6 +176,13 @@ def _parse_report(path: Path) -> tuple[float, dict[str, tuple[int, int]]]:
     return achieved, resources
 
 
+def prepare(platform, top, *, synth_opts: str = "", nextpnr_opts: str = "",
+            name: str = "top"):
+    """The platform's build plan for ``top``, with nextpnr writing its JSON report."""
+    return platform.prepare(top, name=name, synth_opts=synth_opts,
+                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip())
+
+
 def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
           synth_opts: str = "", nextpnr_opts: str = "", name: str = "top",
           build_dir: Path | None = None, notes: list[str] | None = None) -> BuildReport:
@@ -187,8 +194,7 @@ def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
     report_path = build_dir / f"{name}.report.json"
     report_path.unlink(missing_ok=True)
     start = time.monotonic()
-    plan = platform.prepare(top, name=name, synth_opts=synth_opts,
-                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip())
+    plan = prepare(platform, top, synth_opts=synth_opts, nextpnr_opts=nextpnr_opts, name=name)
     env = tool_env()
     saved = dict(os.environ)
     os.environ.update(env)

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 
@@ -32,6 +33,7 @@ BOARD_CONFIG = "icebreaker"
 CLOCK_MHZ = 24.0
 BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably
 MAX_BEATS = 8           # host-link frame buffer: beats per DATA frame
+SYNTH_OPTS = "-dsp"     # synth_ice40 maps multipliers to SB_MAC16 only when asked
 
 
 class ICEBreakerTop(Elaboratable):
@@ -78,16 +80,18 @@ class ICEBreakerTop(Elaboratable):
         )
         platform.add_clock_constraint(clk, self.clock_hz)
 
-        button = platform.request("button", 0)
+        m.submodules.button = button = io.Buffer("i", platform.request("button", 0, dir="-"))
         m.submodules.reset_sync = ResetSynchronizer(~locked | button.i, domain="sync")
 
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir={"rx": "-", "tx": "-"})
+        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.submodules.board_core = core = BoardCore(
             self.config, divisor=self.divisor, max_beats=self.max_beats,
             clock_hz=self.clock_hz)
-        m.d.comb += [core.i_rx.eq(uart.rx.i), uart.tx.o.eq(core.o_tx)]
-        led_g = platform.request("led_g", 0)
-        led_r = platform.request("led_r", 0)
+        m.d.comb += [core.i_rx.eq(rx.i), tx.o.eq(core.o_tx)]
+        m.submodules.led_g = led_g = io.Buffer("o", platform.request("led_g", 0, dir="-"))
+        m.submodules.led_r = led_r = io.Buffer("o", platform.request("led_r", 0, dir="-"))
         m.d.comb += [led_g.o.eq(core.o_running), led_r.o.eq(core.o_error)]
         return m
 
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     top = ICEBreakerTop(config, clock_mhz=args.clock, baud=args.baud)
     try:
         report = build(ICEBreakerPlatform(), top, board="icebreaker", config=config,
-                       clock_hz=top.clock_hz, baud=args.baud, synth_opts="-dsp")
+                       clock_hz=top.clock_hz, baud=args.baud, synth_opts=SYNTH_OPTS)
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

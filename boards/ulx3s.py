@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards import ulx3s
 
@@ -67,7 +68,7 @@ class ULX3STop(Elaboratable):
         from hdl.board_core import BoardCore
 
         m = Module()
-        clk25 = platform.request("clk25", 0)
+        m.submodules.clk25 = clk25 = io.Buffer("i", platform.request("clk25", 0, dir="-"))
         m.domains.sync = cd_sync = ClockDomain("sync")
         locked = Signal()
         clkop = cd_sync.clk
@@ -89,17 +90,19 @@ class ULX3STop(Elaboratable):
         )
         platform.add_clock_constraint(clkop, self.clock_hz)
 
-        fire = platform.request("button_fire", 0)
+        m.submodules.fire = fire = io.Buffer("i", platform.request("button_fire", 0, dir="-"))
         m.submodules.reset_sync = ResetSynchronizer(~locked | fire.i, domain="sync")
 
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir={"rx": "-", "tx": "-", "rts": "-", "dtr": "-"})
+        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.submodules.board_core = core = BoardCore(
             self.config, divisor=self.divisor, max_beats=self.max_beats,
             clock_hz=self.clock_hz)
-        m.d.comb += [core.i_rx.eq(uart.rx.i), uart.tx.o.eq(core.o_tx)]
-        leds = [platform.request("led", i) for i in (0, 1, 7)]
-        m.d.comb += [leds[0].o.eq(core.o_running), leds[1].o.eq(locked),
-                     leds[2].o.eq(core.o_error)]
+        m.d.comb += [core.i_rx.eq(rx.i), tx.o.eq(core.o_tx)]
+        for i, value in ((0, core.o_running), (1, locked), (7, core.o_error)):
+            m.submodules[f"led{i}"] = led = io.Buffer("o", platform.request("led", i, dir="-"))
+            m.d.comb += led.o.eq(value)
         return m
 
 
