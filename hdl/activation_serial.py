@@ -80,23 +80,44 @@ class SerialActivationUnit(wiring.Component):
         m.d.comb += t.eq(row.data[col] + params.bias[col])
 
         # One multiply step: add (or, for the multiplier's sign bit, subtract) the
-        # multiplicand into the upper half, then shift the 64-bit pair right by one.
-        addend = Mux(lo[0], mcand, 0)
+        # multiplicand into the upper half, then shift the 64-bit pair right by one. One
+        # adder: subtracting is adding the complement and a carry in.
+        sub = Signal()
+        addend = Signal(signed(32))
         total = Signal(signed(33))
-        m.d.comb += total.eq(Mux(step == 31, hi - addend, hi + addend))
+        m.d.comb += [
+            sub.eq(step == 31),
+            addend.eq(Mux(lo[0], mcand, 0) ^ sub.replicate(32).as_signed()),
+            total.eq(hi + addend + sub),
+        ]
 
-        # Rounding, saturation, zero point, function: from the shifted product.
+        # Rounding, saturation, zero point: with x = p >>> shift and rb = p[shift - 1] (0
+        # for shift 0), saturate_int8(saturate_int32(x + rb) + zero_point) equals
+        # saturate_int8(x + rb + zero_point) (the zero point is an int8): exact from x's low
+        # 10 bits when x fits them, else x's sign decides. After SHIFT the product holds
+        # p >>> (shift - 1): x is its upper 63 bits and rb its bit 0; for shift 0, x is all
+        # of it. Bit tests, where 64- and 33-bit adds and compares took carry chains.
         shift = params.shift
-        rounded = Signal(signed(64))
-        m.d.comb += rounded.eq(Mux(shift == 0, product, (product >> 1) + product[0]))
-        fits = rounded[31:].all() | ~rounded[31:].any()
-        r32 = Signal(signed(32))
-        m.d.comb += r32.eq(Mux(fits, rounded[:32],
-                               Mux(rounded[63], -(1 << 31), (1 << 31) - 1)))
-        v = Signal(signed(33))
-        m.d.comb += v.eq(r32 + params.zero_point)
+        shift0 = Signal()
+        m.d.comb += shift0.eq(shift == 0)
+
+        def same(bits):
+            return bits.all() | ~bits.any()
+
+        x_low = Signal(signed(10))
+        rb = Signal()
+        small = Signal()            # x fits 10 bits
+        v = Signal(signed(12))      # x + rb + zero point, when small
+        m.d.comb += [
+            x_low.eq(Mux(shift0, product[:10], product[1:11])),
+            rb.eq(~shift0 & product[0]),
+            small.eq(Mux(shift0, same(product[9:]), same(product[10:]))),
+            v.eq(x_low + rb + params.zero_point),
+        ]
+        negative = Mux(small, v[11], product[63])
         q_next = Signal(signed(8))
-        m.d.comb += q_next.eq(Mux(v < -128, -128, Mux(v > 127, 127, v)))
+        m.d.comb += q_next.eq(Mux(small & same(v[7:]), v[:8].as_signed(),
+                                  Mux(negative, -128, 127)))
         zp = params.zero_point
         relu = Mux(q_next > zp, q_next, zp)
         clamp = Mux(relu > params.clamp_hi, params.clamp_hi, relu)
