@@ -62,14 +62,23 @@ class PerfCounters(wiring.Component):
             "raw_stall":    (ev.raw_stall, 1),
             "host_stall":   (ev.host_stall, 1),
         }
-        counters = []
+        # useful_macs is array_active times macs_per_row (one event, one clear, both wrap at
+        # 2**width): for a power of two, array_active shifted rather than a counter of its own.
+        derived = self.macs_per_row & (self.macs_per_row - 1) == 0
+        counters = {}
         for name in COUNTERS:
+            if name == "useful_macs" and derived:
+                continue
             counter = Signal(self.width, name=f"count_{name}")
             event, amount = bumps[name]
             with m.If(ev.clear):
                 m.d.sync += counter.eq(0)
             with m.Elif(event):
                 m.d.sync += counter.eq(counter + amount)
-            counters.append(counter)
+            counters[name] = counter
+        if derived:
+            log2 = self.macs_per_row.bit_length() - 1
+            counters["useful_macs"] = (counters["array_active"] << log2)[:self.width]
+        counters = [counters[name] for name in COUNTERS]
         m.d.comb += self.o_value.eq(Cat(*counters).word_select(self.i_select, self.width))
         return m

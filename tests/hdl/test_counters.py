@@ -14,10 +14,8 @@ from hdl.isa import COUNTERS
 from hdl.ports import COUNTER_EVENTS
 from sim.isa_sim import IsaSim
 
-MACS = 6
 
-
-def model(events: list[dict[str, int]], width: int) -> dict[str, int]:
+def model(events: list[dict[str, int]], width: int, macs: int) -> dict[str, int]:
     counts = dict.fromkeys(COUNTERS, 0)
     for ev in events:
         if ev["clear"]:
@@ -26,7 +24,7 @@ def model(events: list[dict[str, int]], width: int) -> dict[str, int]:
         counts["cycles"] += 1
         counts["instructions"] += ev["instructions"]
         counts["array_active"] += ev["array_active"]
-        counts["useful_macs"] += MACS * ev["array_active"]
+        counts["useful_macs"] += macs * ev["array_active"]
         counts["weight_stall"] += ev["weight_stall"]
         counts["weight_shift"] += ev["weight_shift"]
         counts["non_matrix"] += ev["other_work"] & (1 - ev["array_active"])
@@ -35,8 +33,10 @@ def model(events: list[dict[str, int]], width: int) -> dict[str, int]:
     return {name: value % (1 << width) for name, value in counts.items()}
 
 
+# 6: useful_macs counts on its own; 8: it is array_active shifted (a power of two).
+@pytest.mark.parametrize("macs", [6, 8])
 @pytest.mark.parametrize("width", [4, 48])
-def test_counters_count_and_wrap(width: int):
+def test_counters_count_and_wrap(width: int, macs: int):
     seed = 7000 + width
     print(f"seed {seed}")
     rng = random.Random(seed)
@@ -45,7 +45,7 @@ def test_counters_count_and_wrap(width: int):
         ev = {name: int(rng.random() < 0.6) for name in COUNTER_EVENTS}
         ev["clear"] = int(i == 50)
         events.append(ev)
-    dut = PerfCounters(macs_per_row=MACS, width=width)
+    dut = PerfCounters(macs_per_row=macs, width=width)
     seen: dict[str, int] = {}
 
     async def bench(ctx):
@@ -63,7 +63,7 @@ def test_counters_count_and_wrap(width: int):
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    assert seen == model(events, width), f"seed {seed}"
+    assert seen == model(events, width, macs), f"seed {seed}"
     if width < 48:
         # 69 cycles after the clear: the 4-bit cycle counter wrapped more than once.
         assert seen["cycles"] == 69 % 16
