@@ -54,8 +54,14 @@ class PE(wiring.Component):
     as the multiplier's operands in the cycle the activation arrives (so the weight select
     and the multiplier are in different cycles, and the operand and product registers can
     sit inside the DSP block), the product one cycle later, and ``o_psum = i_psum + product``
-    the cycle after that; so the partial sum from the cell above must arrive two cycles after
-    this cell's activation, which is what the array's skew provides. The sum wraps modulo
+    the cycle after that: ``o_psum`` holds the sum :attr:`latency` = 3 cycles after the
+    activation arrived, and the partial sum from the cell above must arrive
+    ``latency - 1`` = 2 cycles after it. With ``multiplier="ecp5"`` one more register
+    (``addend``) holds the product between the block's output register and the adder, so the
+    route out of the block and the 32-bit carry chain are in different cycles: ``latency`` =
+    4, and ``i_psum`` is added 3 cycles after the activation. The array's skew provides either:
+    the cell below gets the activation one cycle after this cell and this cell's ``o_psum``
+    one cycle after this cell's ``i_psum``, whatever ``latency`` is. The sum wraps modulo
     ``2**acc_width`` (two's complement), as the golden model does. Datapath registers have
     no reset (the interlocks never let a value from before a reset be used), which keeps the
     reset net off the DSP blocks and thousands of flip-flops.
@@ -79,8 +85,8 @@ class PE(wiring.Component):
         - ``"ecp5"``: an ECP5 ``MULT18X18D`` instance whose input registers are the operand
           registers and whose output register is the product register (``REG_INPUTA_CLK``,
           ``REG_INPUTB_CLK``, ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable ``CE0`` =
-          ``i_en``): the same timing, with no fabric between the registers and the
-          multiplier. Adds the ``i_en`` port.
+          ``i_en``), with no fabric between the registers and the multiplier, and a fabric
+          register after the product (``latency`` 4 instead of 3). Adds the ``i_en`` port.
         - ``"lut"``: the same product built from shifted partial products, which synthesis
           keeps in LUT logic (for parts with fewer DSP blocks than PEs).
     use_dsp : bool, optional
@@ -94,7 +100,8 @@ class PE(wiring.Component):
       the model ``sim/models/MULT18X18D.v`` with the design): the ``MULT18X18D`` instance;
     - ``None`` (``amaranth.sim``, which would silently read an instance's outputs as 0, and
       a netlist for no particular target) and ``"formal"``: fabric registers and ``*``,
-      gated by ``i_en``, which is the instance's behaviour by construction;
+      gated by ``i_en``, which is the instance's behaviour by construction (the ``addend``
+      register after the product is in the fabric on every path);
     - any other platform: a ``ValueError`` (the part has no ``MULT18X18D``).
 
     Members
@@ -153,6 +160,12 @@ class PE(wiring.Component):
         super().__init__(members)
 
     @property
+    def latency(self) -> int:
+        """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 4 with
+        ``multiplier="ecp5"``); ``i_psum`` is added ``latency - 1`` cycles after it."""
+        return 4 if self.multiplier == "ecp5" else 3
+
+    @property
     def use_dsp(self) -> bool:
         """Whether the product comes from a DSP block (``multiplier`` is not ``"lut"``)."""
         return self.multiplier != "lut"
@@ -185,8 +198,15 @@ class PE(wiring.Component):
                 product.eq(_shift_add_multiply(a, w) if self.multiplier == "lut" else a * w),
             ]
 
+        if self.multiplier == "ecp5":
+            # The block's P output reaches the fabric late (4-5 ns of routing on the 85F):
+            # a register here keeps that route and the carry chain in different cycles.
+            addend = Signal(product_shape, reset_less=True)
+            m.d.sync += addend.eq(product)
+        else:
+            addend = product
         m.d.sync += [
-            psum.eq(self.i_psum + product),
+            psum.eq(self.i_psum + addend),
             act.eq(self.i_act),
             self.o_switch.eq(self.i_switch),
             self.o_wbus.eq(self.i_wbus),

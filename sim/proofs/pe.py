@@ -2,13 +2,19 @@
 
 Contract, from the PE's docstring, checked on the ports every cycle:
 
-- ``o_psum(t) == i_psum(t-1) + a(t-3) * w(t-3)``, truncated to ``acc_width`` bits (wrap
-  modulo ``2**acc_width``), where ``a(t-3)`` is the activation that arrived three cycles
-  earlier and ``w(t-3)`` the weight it met: the shadow weight if ``i_switch`` marked it,
-  else the active weight (operands registered, product registered, sum the cycle after);
+- ``o_psum(t) == i_psum(t-1) + a(t-L) * w(t-L)``, truncated to ``acc_width`` bits (wrap
+  modulo ``2**acc_width``), where ``L`` is the PE's ``latency`` (3; 4 with
+  ``multiplier="ecp5"``), ``a(t-L)`` is the activation that arrived ``L`` cycles earlier
+  and ``w(t-L)`` the weight it met: the shadow weight if ``i_switch`` marked it, else the
+  active weight (operands registered, product registered, with ``"ecp5"`` the product
+  registered once more, sum the cycle after);
 - the active weight becomes the shadow weight on a marked activation and never changes
   otherwise; the shadow weight is the last bus weight tagged with the cell's row;
 - ``o_act``, ``o_switch``, ``o_wbus`` are the inputs one cycle later.
+
+With ``multiplier="ecp5"`` (elaborated for ``"formal"``: the block's registers in the fabric,
+as :class:`hdl.pe.PE` documents) the free ``i_en`` stops every register: "cycles" above are
+the cycles with ``i_en`` high, and the model's registers advance only in those.
 
 The model keeps its own active and shadow weights; auxiliary invariants tie them (and the
 multiplier's weight operand) to the PE's registers so that k-induction closes. The reset is
@@ -17,7 +23,7 @@ free (``reset="any"``): the properties hold across a reset at any time.
 
 from __future__ import annotations
 
-from amaranth.hdl import Assert, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Assert, EnableInserter, Module, Mux, Signal, Value, signed
 
 from hdl.pe import PE
 
@@ -37,14 +43,16 @@ def _past(m: Module, value, cycles: int, *, name: str, reset_less: bool) -> list
 
 
 def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True,
-               row: int = 1, row_bits: int = 2, model_bug: bool = False,
-               invariants: bool = True) -> Harness:
+               row: int = 1, row_bits: int = 2, multiplier: str | None = None,
+               model_bug: bool = False, invariants: bool = True) -> Harness:
     """Harness proving :class:`PE` (see the module docstring).
 
     Parameters
     ----------
     data_width, acc_width, use_dsp, row, row_bits
         The PE's parameters.
+    multiplier : str, optional
+        The PE's ``multiplier`` (instead of ``use_dsp``).
     model_bug : bool
         Deliberately wrong model (adds 1 to the sum): the proof must fail. For the tests.
     invariants : bool
@@ -52,11 +60,18 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         but k-induction cannot close (the active weight can hide for any number of cycles).
         For the tests.
     """
-    dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits,
-             use_dsp=use_dsp)
+    kind = {"multiplier": multiplier} if multiplier is not None else {"use_dsp": use_dsp}
+    dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits, **kind)
     operand = signed(data_width + 1)
+    latency = dut.latency
 
-    def properties(m: Module, pe: PE, inside: Inside) -> None:
+    def properties(harness: Module, pe: PE, inside: Inside) -> None:
+        # The model's registers advance with the PE's (every cycle but with "ecp5"'s i_en).
+        m = Module()
+        if "i_en" in pe.signature.members:
+            harness.submodules.model = EnableInserter(pe.i_en)(m)
+        else:
+            harness.submodules.model = m
         # Shadow model of the two weight registers (no reset, like the PE's).
         active = Signal(operand, name="model_active", reset_less=True)
         shadow = Signal(operand, name="model_shadow", reset_less=True)
@@ -68,18 +83,19 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
             m.d.sync += shadow.eq(pe.i_wbus.data)
 
         # Contract on the ports.
-        act_1, act_2, act_3 = _past(m, pe.i_act, 3, name="past_act", reset_less=True)
-        weight_1, weight_2, weight_3 = _past(m, weight, 3, name="past_weight", reset_less=True)
+        acts = _past(m, pe.i_act, latency, name="past_act", reset_less=True)
+        weights = _past(m, weight, latency, name="past_weight", reset_less=True)
         [psum_1] = _past(m, pe.i_psum, 1, name="past_psum", reset_less=True)
         expected = Signal(signed(acc_width), name="expected_psum")
         # Assigning to acc_width bits truncates: the wrap modulo 2**acc_width.
-        m.d.comb += expected.eq(psum_1 + act_3 * weight_3 + (1 if model_bug else 0))
-        m.d.comb += Assert(pe.o_psum == expected, "o_psum = i_psum + a * w, 3-cycle timing")
+        m.d.comb += expected.eq(psum_1 + acts[-1] * weights[-1] + (1 if model_bug else 0))
+        m.d.comb += Assert(pe.o_psum == expected,
+                           f"o_psum = i_psum + a * w, {latency}-cycle timing")
         # o_switch and o_wbus reset with the PE, so their past copies do too.
         [switch_1] = _past(m, pe.i_switch, 1, name="past_switch", reset_less=False)
         [wbus_1] = _past(m, pe.i_wbus.as_value(), 1, name="past_wbus", reset_less=False)
         m.d.comb += [
-            Assert(pe.o_act == act_1, "o_act is i_act one cycle later"),
+            Assert(pe.o_act == acts[0], "o_act is i_act one cycle later"),
             Assert(pe.o_switch == switch_1, "o_switch is i_switch one cycle later"),
             Assert(pe.o_wbus.as_value() == wbus_1, "o_wbus is i_wbus one cycle later"),
         ]
@@ -94,10 +110,13 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
             Assert(inside.signal("active") == active,
                    "active weight changes only on a switch, to the shadow weight"),
             Assert(inside.signal("shadow") == shadow, "shadow weight is the last for this row"),
-            Assert(inside.signal("a") == act_1, "the activation operand is i_act"),
-            Assert(inside.signal("w") == weight_1,
+            Assert(inside.signal("a") == acts[0], "the activation operand is i_act"),
+            Assert(inside.signal("w") == weights[0],
                    "the weight operand is shadow on a switch, else active"),
-            Assert(inside.signal("product") == act_2 * weight_2, "the product register"),
+            Assert(inside.signal("product") == acts[1] * weights[1], "the product register"),
         ]
+        if latency == 4:
+            m.d.comb += Assert(inside.signal("addend") == acts[2] * weights[2],
+                               "the addend register: the product one cycle later")
 
     return Harness(dut, properties, reset="any")

@@ -46,7 +46,12 @@ class Inputs:
 
 @dataclass
 class PEModel:
-    """Next-state model of the PE's registers (the contract in ``hdl/pe.py``)."""
+    """Next-state model of the PE's registers (the contract in ``hdl/pe.py``).
+
+    ``addend_stage``: the ``multiplier="ecp5"`` PE, whose ``addend`` register holds the
+    product for one more cycle before the adder (``latency`` 4); otherwise the adder takes
+    ``product`` itself (``latency`` 3) and ``addend`` mirrors it.
+    """
 
     row: int = ROW
     active: int = 0
@@ -54,21 +59,24 @@ class PEModel:
     a: int = 0            # multiplier operands
     w: int = 0
     product: int = 0
+    addend: int = 0       # what the adder adds: the product register, or one cycle later
     o_psum: int = 0
     o_act: int = 0
     o_switch: int = 0
     o_wbus: int = 0
+    addend_stage: bool = False
     history: list = field(default_factory=list)
 
     def step(self, i: Inputs) -> None:
         n_a = i.act
         n_w = self.shadow if i.switch else self.active
         n_product = self.a * self.w
-        n_psum = wrap32(i.psum + self.product)
+        n_psum = wrap32(i.psum + self.addend)
+        n_addend = self.product if self.addend_stage else n_product
         n_active = self.shadow if i.switch else self.active
         n_shadow = i.wdata if i.wvalid and i.wrow == self.row else self.shadow
         self.a, self.w = n_a, n_w
-        self.product, self.o_psum = n_product, n_psum
+        self.product, self.addend, self.o_psum = n_product, n_addend, n_psum
         self.active, self.shadow = n_active, n_shadow
         self.o_act, self.o_switch = i.act, i.switch
         self.o_wbus = wbus_bits(i.wvalid, i.wrow, i.wdata)
@@ -98,8 +106,8 @@ class Testbench:
         self.model = PEModel(
             active=dut.active.value.to_signed(), shadow=dut.shadow.value.to_signed(),
             a=dut.a.value.to_signed(), w=dut.w.value.to_signed(),
-            product=dut.product.value.to_signed(), o_psum=dut.o_psum.value.to_signed(),
-            o_act=dut.o_act.value.to_signed())
+            product=dut.product.value.to_signed(), addend=dut.product.value.to_signed(),
+            o_psum=dut.o_psum.value.to_signed(), o_act=dut.o_act.value.to_signed())
 
     def apply(self, i: Inputs) -> None:
         dut = self.dut

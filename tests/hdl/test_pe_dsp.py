@@ -147,8 +147,11 @@ def test_model_sources_follow_the_instances():
 
 def test_amaranth_sim_matches_infer():
     """Side by side in amaranth.sim, the ``ecp5`` PE (behavioural here) and an ``infer`` PE
-    under an ``EnableInserter`` of the same enable agree on every output every cycle, the
-    enable high for a while, then random."""
+    under an ``EnableInserter`` of the same enable, the enable high for a while, then random:
+    ``o_act``, ``o_switch``, ``o_wbus`` agree every cycle, and the ``ecp5`` PE's ``o_psum``
+    is its ``i_psum`` plus the product one enabled cycle later than the ``infer`` PE's
+    (``addend``): the ``infer`` PE, fed ``i_psum`` = 0, shows the products on its
+    ``o_psum``."""
     m = Module()
     en = Signal(init=1)
     m.submodules.ecp5 = ecp5 = PE(multiplier="ecp5", row=1, row_bits=2)
@@ -158,13 +161,18 @@ def test_amaranth_sim_matches_infer():
     sim = Simulator(m)
     sim.add_clock(1e-6)
     rng = random.Random(5)
-    outputs = ("o_psum", "o_act", "o_switch", "o_wbus")
+    outputs = ("o_act", "o_switch", "o_wbus")
+
+    def wrap32(value: int) -> int:
+        return (value + 2**31) % 2**32 - 2**31
 
     async def bench(ctx):
         held = 0
+        checked = 0
+        expected = None             # the ecp5 PE's o_psum, once it no longer shows reset junk
         for cycle in range(400):
-            values = {"i_act": rng.randint(-256, 255), "i_switch": int(rng.random() < 0.2),
-                      "i_psum": rng.randint(-(2**31), 2**31 - 1)}
+            values = {"i_act": rng.randint(-256, 255), "i_switch": int(rng.random() < 0.2)}
+            psum = rng.randint(-(2**31), 2**31 - 1)
             wbus = {"valid": int(rng.random() < 0.5), "row": rng.randrange(4),
                     "data": rng.randint(-256, 255)}
             enabled = cycle < 100 or rng.random() < 0.6
@@ -173,12 +181,21 @@ def test_amaranth_sim_matches_infer():
                 for name, value in values.items():
                     ctx.set(getattr(pe, name), value)
                 ctx.set(pe.i_wbus, wbus)
+            ctx.set(ecp5.i_psum, psum)
+            ctx.set(infer.i_psum, 0)
             ctx.set(en, int(enabled))
+            product = ctx.get(infer.o_psum)     # the product the ecp5 PE's adder takes now
             await ctx.tick()
             got = [ctx.get(getattr(ecp5, name)) for name in outputs]
             want = [ctx.get(getattr(infer, name)) for name in outputs]
             assert got == want, f"cycle {cycle}: ecp5 {got}, infer {want}"
-        assert held > 50
+            if enabled and cycle >= 4:
+                expected = wrap32(psum + product)
+            if expected is not None:
+                assert ctx.get(ecp5.o_psum) == expected, (
+                    f"cycle {cycle}: ecp5 o_psum {ctx.get(ecp5.o_psum)}, expected {expected}")
+                checked += 1
+        assert held > 50 and checked > 300
 
     sim.add_testbench(bench)
     sim.run()
@@ -272,12 +289,16 @@ ARRAY_CONFIG = get_config("small").replace(multiplier="ecp5")
 
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
 def test_array_random_and_stalls(sim: str):
-    """Random tiles and activations of every signedness, then random valid/ready stalls
-    and back-pressure (the array's enable reaching the blocks' CE0), against the golden
-    model."""
+    """Random tiles and activations of every signedness, tiles back to back (each row
+    exactly ``array_latency`` cycles, one more than with ``infer``), uneven tiles, then
+    random valid/ready stalls and back-pressure (the registered enable and its skid, the
+    enable reaching the blocks' CE0), against the golden model, with the stream rules on
+    ``o_psum`` and the enable's invariants checked every cycle."""
     run("systolic_array", lambda: SystolicArray(ARRAY_CONFIG), "small-ecp5",
-        "tb_systolic_array", HERE, ["test_random", "test_extremes", "test_stalls",
-                                    "test_backpressure"], config=ARRAY_CONFIG, sim=sim)
+        "tb_systolic_array", HERE, ["test_random", "test_extremes", "test_back_to_back",
+                                    "test_uneven_tiles", "test_shadow_interlock",
+                                    "test_stalls", "test_backpressure"],
+        config=ARRAY_CONFIG, sim=sim)
 
 
 CORE_CONFIG = get_config("tiny").replace(multiplier="ecp5")
@@ -304,6 +325,13 @@ def test_core_random_programs(sim: str):
 
 
 def test_core_elaborates_the_instances():
-    """Every PE of the core is on a MULT18X18D in the Verilog the simulators get."""
+    """Every PE of the core is on a MULT18X18D in the Verilog the simulators get (other
+    units may instantiate blocks of their own: only the PEs' modules are counted)."""
     text = generate("core", lambda: Core(CORE_CONFIG), "tiny-ecp5").read_text()
-    assert text.count("MULT18X18D #(") == CORE_CONFIG.macs
+    per_module = {}
+    for module in text.split("\nmodule ")[1:]:
+        name = module.split(None, 1)[0]
+        per_module[name] = module.count("MULT18X18D #(")
+    pes = {name: count for name, count in per_module.items()
+           if re.search(r"\.pe_\d+_\d+$", name)}
+    assert len(pes) == CORE_CONFIG.macs and set(pes.values()) == {1}, pes
