@@ -55,6 +55,15 @@ class SystolicArray(wiring.Component):
     sums flow down the columns. Output rows (``cols`` int32 sums) leave on ``o_psum``,
     de-skewed, in input order, :attr:`TPUConfig.array_latency` cycles after their input.
 
+    The skew suits any PE latency: PE ``(r, c)`` gets an activation ``r + c + 1`` cycles
+    after it was accepted, the PE below it one cycle later, and each PE must get ``i_psum``
+    :attr:`PE.latency <hdl.pe.PE.latency>` - 1 cycles after its activation, which is when
+    the PE above shows its sum (its activation one cycle earlier, ``latency`` cycles to its
+    ``o_psum``). So the extra ``addend`` register of ``multiplier="ecp5"`` PEs only adds a
+    cycle to ``array_latency`` (``rows + cols + 3`` instead of ``rows + cols + 2``). The weight
+    and the ``switch`` mark travel with the same skew as the activations, so tile switches do
+    not depend on the PE latency either.
+
     Weight tiles (``rows x cols``) arrive on ``i_weight`` one row per beat, row 0 first, and
     are shifted into the PEs' shadow registers while the array computes with the active
     tile. An activation row with ``switch`` set makes every PE use the shadow tile from that
@@ -69,8 +78,22 @@ class SystolicArray(wiring.Component):
     tiles run back to back with no bubble. Each tile carries its own signedness; each
     activation row carries its own.
 
-    The whole pipeline advances when ``o_psum`` is not holding an unaccepted row, so
-    back-pressure on ``o_psum`` stalls the array without losing or doubling a row.
+    The whole pipeline advances together, and stops under back-pressure on ``o_psum``
+    without losing or doubling a row:
+
+    - by default it advances in each cycle ``o_psum`` is not holding an unaccepted row (one
+      combinational enable from ``o_psum.ready`` to every register);
+    - with ``multiplier="ecp5"`` (the build for Fmax, :attr:`registered_enable`) the enable
+      is a register, decided a cycle ahead from ``o_psum.ready`` and the output state, with
+      a copy for each PE and each skew line so that no net drives more than a PE's clock
+      enables. A row that leaves the pipeline in a cycle ``o_psum`` does not take it waits
+      in a skid register, which is then the head of ``o_psum``; the pipeline stops while
+      both hold a row, and restarts in the cycle the skid's row is taken. Without
+      back-pressure the cycles are those of the default; ``i_act.ready`` and
+      ``i_weight.ready`` no longer depend on ``o_psum.ready`` in the same cycle.
+
+    The array holds at most ``array_latency`` rows (accepted on ``i_act``, not yet taken on
+    ``o_psum``), ``array_latency + 1`` with the registered enable.
 
     Members
     -------
@@ -102,19 +125,47 @@ class SystolicArray(wiring.Component):
             "o_shadow_full":  Out(1),
         })
 
+    @property
+    def registered_enable(self) -> bool:
+        """Whether the pipeline's enable is a register (``multiplier="ecp5"``, the build for
+        Fmax; see the class docstring)."""
+        return self.config.multiplier == "ecp5"
+
     def elaborate(self, platform):
         cfg = self.config
         rows, cols = cfg.rows, cfg.cols
         row_bits = max(1, (rows - 1).bit_length())
         operand = signed(cfg.data_width + 1)
+        registered = self.registered_enable
 
         m = Module()
 
-        # Everything in `core` advances together; it stops while o_psum holds a row.
+        # Everything in `core` advances together; it stops while o_psum holds a row. With
+        # the registered enable, each part of `core` (a PE, a skew or de-skew line) has its
+        # own copy of the enable register, so that no net drives thousands of clock enables;
+        # `advance` is the copy for the stream handshakes.
         core = Module()
-        advance = Signal()
-        m.d.comb += advance.eq(~self.o_psum.valid | self.o_psum.ready)
-        m.submodules.core = EnableInserter(advance)(core)
+        advance = Signal(init=1)
+        enables = []
+        if registered:
+            m.submodules.core = core
+            enables.append(advance)
+        else:
+            m.d.comb += advance.eq(~self.o_psum.valid | self.o_psum.ready)
+            m.submodules.core = EnableInserter(advance)(core)
+
+        def enable(name: str) -> Signal:
+            en = Signal(init=1, name=f"en_{name}")
+            enables.append(en)
+            return en
+
+        def part(name: str) -> Module:
+            """Where the registers of one part of the pipeline go."""
+            if not registered:
+                return core
+            module = Module()
+            core.submodules[name] = EnableInserter(enable(name))(module)
+            return module
 
         # Interlock between the activation stream and the weight shift.
         shadow_full = Signal()
@@ -149,11 +200,17 @@ class SystolicArray(wiring.Component):
                 for c in range(cols)] for r in range(rows)]
         for r in range(rows):
             for c in range(cols):
-                core.submodules[f"pe_{r}_{c}"] = pes[r][c]
-                if "i_en" in pes[r][c].signature.members:
-                    # The core's EnableInserter does not reach the registers of an
-                    # instantiated DSP block: the PE takes the same enable as a port.
-                    core.d.comb += pes[r][c].i_en.eq(advance)
+                pe = pes[r][c]
+                en = enable(f"pe_{r}_{c}") if registered else advance
+                if "i_en" in pe.signature.members:
+                    # An EnableInserter does not reach the registers of an instantiated DSP
+                    # block: the PE takes the enable as a port.
+                    core.d.comb += pe.i_en.eq(en)
+                    core.submodules[f"pe_{r}_{c}"] = pe
+                elif registered:
+                    core.submodules[f"pe_{r}_{c}"] = EnableInserter(en)(pe)
+                else:
+                    core.submodules[f"pe_{r}_{c}"] = pe
 
         # Left edge: activation row r enters row r after r + 1 registers.
         for r in range(rows):
@@ -164,10 +221,11 @@ class SystolicArray(wiring.Component):
                                              self.i_act.payload.signed), 0)),
                 switch.eq(switch_take),
             ]
+            skew = part(f"act_skew_{r}")
             core.d.comb += [
-                pes[r][0].i_act.eq(delay_line(core, act, r + 1, name=f"act_skew_{r}",
+                pes[r][0].i_act.eq(delay_line(skew, act, r + 1, name=f"act_skew_{r}",
                                               reset_less=True)),
-                pes[r][0].i_switch.eq(delay_line(core, switch, r + 1,
+                pes[r][0].i_switch.eq(delay_line(skew, switch, r + 1,
                                                  name=f"switch_skew_{r}")),
             ]
             for c in range(1, cols):
@@ -188,7 +246,8 @@ class SystolicArray(wiring.Component):
                                     self.i_weight.payload.signed)),
             ]
             core.d.comb += [
-                pes[0][c].i_wbus.eq(delay_line(core, bus, c + 1, name=f"wbus_skew_{c}")),
+                pes[0][c].i_wbus.eq(delay_line(part(f"wbus_skew_{c}"), bus, c + 1,
+                                               name=f"wbus_skew_{c}")),
                 pes[0][c].i_psum.eq(0),
             ]
             for r in range(1, rows):
@@ -199,13 +258,45 @@ class SystolicArray(wiring.Component):
 
         # Bottom edge: column c is delayed cols - 1 - c more cycles, so a whole row leaves
         # at once, cfg.array_latency cycles after its activation row was accepted.
+        out = Signal(psum_row_layout(cols, cfg.acc_width), name="core_psum")
         for c in range(cols):
-            core.d.comb += self.o_psum.payload[c].eq(
-                delay_line(core, pes[rows - 1][c].o_psum, cols - 1 - c,
-                           name=f"psum_deskew_{c}", reset_less=True))
+            depth = cols - 1 - c
+            core.d.comb += out[c].eq(
+                delay_line(part(f"psum_deskew_{c}") if depth else core,
+                           pes[rows - 1][c].o_psum, depth, name=f"psum_deskew_{c}",
+                           reset_less=True))
         valid = Signal(name="valid_in")
         m.d.comb += valid.eq(act_take)
-        core.d.comb += self.o_psum.valid.eq(
-            delay_line(core, valid, cfg.array_latency, name="valid_pipe"))
+        pipe = part("valid_pipe")
+        last = cfg.array_latency - 1
+        out_next = delay_line(pipe, valid, last, name="valid_pipe")    # out_valid's next row
+        out_valid = Signal(name=f"valid_pipe_d{last}")
+        pipe.d.sync += out_valid.eq(out_next)
 
+        if not registered:
+            m.d.comb += [self.o_psum.valid.eq(out_valid), self.o_psum.payload.eq(out)]
+            return m
+
+        # Registered enable: the enable for a cycle is decided in the cycle before, from
+        # registers and o_psum.ready, so a row can leave the core in a cycle o_psum is not
+        # ready; the skid register keeps it (and is then the head of o_psum). The core runs
+        # unless both the skid and the core's output hold a row: then it runs again in the
+        # cycle after o_psum takes the skid's row, so back-pressure costs no throughput.
+        skid_full = Signal()
+        skid = Signal(psum_row_layout(cols, cfg.acc_width), name="skid_psum", reset_less=True)
+        stop = Signal()     # two rows will wait unless o_psum takes one now
+        ready = self.o_psum.ready
+        with m.If(~skid_full):
+            m.d.sync += skid.eq(out)
+        m.d.sync += skid_full.eq(~ready & (skid_full | (advance & out_valid)))
+        m.d.comb += [
+            self.o_psum.valid.eq(skid_full | out_valid),
+            self.o_psum.payload.eq(Mux(skid_full, skid, out)),
+            stop.eq((skid_full | out_valid) & out_next),
+        ]
+        # Each copy's next value: a stopped core (only ever with both rows waiting) runs once
+        # o_psum is ready; a running one stops if two rows would wait. Written from the copy's
+        # own value, the copies are not identical logic, so synthesis keeps every one.
+        for en in enables:
+            m.d.sync += en.eq(ready | (en & ~stop))
         return m

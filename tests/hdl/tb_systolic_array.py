@@ -59,7 +59,10 @@ class MatrixTestbench:
         self.expected_rows = 0
         self.weight_rows = 0
         self.counting = False
+        self.rule_checks = 0
+        self.violations: list[str] = []
         cocotb.start_soon(self._count())
+        cocotb.start_soon(self._check_output())
 
     async def _count(self) -> None:
         """Performance-counter strobes, sampled like the streams."""
@@ -70,6 +73,52 @@ class MatrixTestbench:
                 continue
             self.weight_stall_cycles += int(self.weight_stall.value)
             self.weight_shift_cycles += int(self.weight_shift.value)
+
+    def _enables(self) -> tuple[list, object | None, object | None]:
+        """With the registered enable (see ``hdl/systolic_array.py``): every copy of the
+        enable register, the skid's ``full`` and the pipeline's last valid stage, found in the
+        generated Verilog's hierarchy; ``([], None, None)`` otherwise."""
+        array = getattr(self.dut, "array", self.dut)     # the matrix unit holds the array
+        skid = getattr(array, "skid_full", None)
+        if skid is None:
+            return [], None, None
+        cfg = self.config
+        names = (["advance", "en_valid_pipe"]
+                 + [f"en_pe_{r}_{c}" for r in range(cfg.rows) for c in range(cfg.cols)]
+                 + [f"en_act_skew_{r}" for r in range(cfg.rows)]
+                 + [f"en_wbus_skew_{c}" for c in range(cfg.cols)]
+                 + [f"en_psum_deskew_{c}" for c in range(cfg.cols - 1)])
+        copies = [getattr(array, name) for name in names]
+        return copies, skid, getattr(array, f"valid_pipe_d{cfg.array_latency - 1}")
+
+    async def _check_output(self) -> None:
+        """Stream rules on ``o_psum`` every cycle: a row offered and not taken is offered
+        again, unchanged. With the registered enable also its invariants: the copies agree,
+        and the pipeline stops only while both the skid and the pipeline's output hold a row
+        (so a row leaving the pipeline always has somewhere to go)."""
+        valid, ready, payload = (getattr(self.dut, f"o_psum__{name}")
+                                 for name in ("valid", "ready", "payload"))
+        copies, skid, last = self._enables()
+        held = None
+        cycle = 0
+        while True:
+            await FallingEdge(self.dut.clk)
+            await ReadOnly()
+            cycle += 1
+            now = payload.value.to_unsigned() if valid.value else None
+            if held is not None and now != held:
+                self.violations.append(f"cycle {cycle}: o_psum offered a row and changed it "
+                                       f"(or dropped valid) before it was taken")
+            held = now if valid.value and not ready.value else None
+            if copies and not self.dut.rst.value:
+                values = {int(en.value) for en in copies}
+                if len(values) != 1:
+                    self.violations.append(f"cycle {cycle}: enable copies disagree")
+                elif values != {int(not (skid.value and last.value))}:
+                    self.violations.append(
+                        f"cycle {cycle}: enable {values.pop()} with skid_full={skid.value}, "
+                        f"last valid stage={last.value}")
+            self.rule_checks += 1
 
     async def reset(self) -> None:
         await reset(self.dut)
@@ -132,6 +181,9 @@ class MatrixTestbench:
         assert len(self.out.received) == self.expected_rows, (
             f"received {len(self.out.received)} rows, expected {self.expected_rows} "
             f"(seed {self.seed})")
+        assert self.rule_checks > 0
+        assert not self.violations, (
+            f"{len(self.violations)} violations, first {self.violations[:3]} (seed {self.seed})")
         self.log.info("%d rows checked, %d weight rows, %d activation stall cycles",
                       self.expected_rows, self.weight_rows, len(self.act.stalls))
 

@@ -33,3 +33,12 @@ def test_matrix_unit(config_key: str, group: str):
     config = get_config(config_key)
     run("matrix_unit", lambda: MatrixUnit(config), config_key, "tb_matrix_unit", HERE,
         GROUPS[group], label=group, gtkw_groups={"pe_0_0": PE_0_0})
+
+
+@pytest.mark.parametrize("group", ["flow", "stalls"])
+def test_matrix_unit_ecp5(group: str):
+    """The weight FIFO in front of the ``multiplier="ecp5"`` array (a cycle longer per PE,
+    the registered enable: ``i_weight.ready`` from a register)."""
+    config = get_config("small").replace(multiplier="ecp5")
+    run("matrix_unit", lambda: MatrixUnit(config), "small-ecp5", "tb_matrix_unit", HERE,
+        GROUPS[group], label=group, config=config, sim="icarus")
