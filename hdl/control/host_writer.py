@@ -1,16 +1,14 @@
 """The host writer: WRITE_HOST, and the one place beats leave for the host."""
 
 from amaranth.hdl import Module, Signal, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import TPUConfig
-from ..isa import Instr, WriteHost, ub_row_beat
+from ..isa import WriteHost, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
 
 __all__ = ["HostWriter"]
-
-_COUNT = data.Layout.cast(Instr)["count"].width
 
 
 class HostWriter(wiring.Component):
@@ -21,7 +19,8 @@ class HostWriter(wiring.Component):
     low bits); ``o_busy`` is high from the cycle after it takes an instruction until its last
     beat has been taken. A beat on ``i_beat`` (the front end's counters, DONE and error
     beats) goes out before any row; the front end offers one only while no WRITE_HOST
-    runs, so the host sees beats in program order.
+    runs, so the host sees beats in program order. ``count`` is at most ``ub_depth`` (the
+    front end's range check): the writer keeps counts that wide.
 
     Members
     -------
@@ -53,8 +52,8 @@ class HostWriter(wiring.Component):
         m = Module()
         busy = Signal()
         addr = Signal(self.ub_bits)
-        req_left = Signal(_COUNT)
-        resp_left = Signal(_COUNT)
+        req_left = Signal(range(self.config.ub_depth + 1))
+        resp_left = Signal(range(self.config.ub_depth + 1))
         cmd = self.i_write_host
         m.d.comb += [
             cmd.ready.eq(~busy),
