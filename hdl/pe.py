@@ -56,12 +56,16 @@ class PE(wiring.Component):
     sit inside the DSP block), the product one cycle later, and ``o_psum = i_psum + product``
     the cycle after that: ``o_psum`` holds the sum :attr:`latency` = 3 cycles after the
     activation arrived, and the partial sum from the cell above must arrive
-    ``latency - 1`` = 2 cycles after it. With ``multiplier="ecp5"`` one more register
-    (``addend``) holds the product between the block's output register and the adder, so the
-    route out of the block and the 32-bit carry chain are in different cycles: ``latency`` =
-    4, and ``i_psum`` is added 3 cycles after the activation. The array's skew provides either:
-    the cell below gets the activation one cycle after this cell and this cell's ``o_psum``
-    one cycle after this cell's ``i_psum``, whatever ``latency`` is. The sum wraps modulo
+    ``latency - 1`` = 2 cycles after it. With ``multiplier="ecp5"`` the routes into and out of
+    the DSP block (4-5 ns each on the 85F) get cycles of their own: the weight the activation
+    meets is registered in the fabric (``w_pre``) and the block's input registers take it and
+    the activation from ``o_act``'s register one cycle later, and a fabric register
+    (``addend``) holds the product between the block's output register and the adder:
+    ``latency`` = 5, and ``i_psum`` is added 4 cycles after the activation. The array's skew
+    provides either: the cell below gets the activation one cycle after this cell and this
+    cell's ``o_psum`` one cycle after this cell's ``i_psum``, whatever ``latency`` is. The
+    weight is still chosen in the cycle the activation arrives, so tile switches keep their
+    timing. The sum wraps modulo
     ``2**acc_width`` (two's complement), as the golden model does. Datapath registers have
     no reset (the interlocks never let a value from before a reset be used), which keeps the
     reset net off the DSP blocks and thousands of flip-flops.
@@ -85,8 +89,9 @@ class PE(wiring.Component):
         - ``"ecp5"``: an ECP5 ``MULT18X18D`` instance whose input registers are the operand
           registers and whose output register is the product register (``REG_INPUTA_CLK``,
           ``REG_INPUTB_CLK``, ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable ``CE0`` =
-          ``i_en``), with no fabric between the registers and the multiplier, and a fabric
-          register after the product (``latency`` 4 instead of 3). Adds the ``i_en`` port.
+          ``i_en``), with no fabric between the registers and the multiplier, a fabric
+          register before the weight input and one after the product (``latency`` 5 instead
+          of 3). Adds the ``i_en`` port.
         - ``"lut"``: the same product built from shifted partial products, which synthesis
           keeps in LUT logic (for parts with fewer DSP blocks than PEs).
     use_dsp : bool, optional
@@ -100,8 +105,8 @@ class PE(wiring.Component):
       the model ``sim/models/MULT18X18D.v`` with the design): the ``MULT18X18D`` instance;
     - ``None`` (``amaranth.sim``, which would silently read an instance's outputs as 0, and
       a netlist for no particular target) and ``"formal"``: fabric registers and ``*``,
-      gated by ``i_en``, which is the instance's behaviour by construction (the ``addend``
-      register after the product is in the fabric on every path);
+      gated by ``i_en``, which is the instance's behaviour by construction (``w_pre`` and
+      ``addend`` are in the fabric on every path);
     - any other platform: a ``ValueError`` (the part has no ``MULT18X18D``).
 
     Members
@@ -161,9 +166,9 @@ class PE(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 4 with
+        """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 5 with
         ``multiplier="ecp5"``); ``i_psum`` is added ``latency - 1`` cycles after it."""
-        return 4 if self.multiplier == "ecp5" else 3
+        return 5 if self.multiplier == "ecp5" else 3
 
     @property
     def use_dsp(self) -> bool:
@@ -182,19 +187,27 @@ class PE(wiring.Component):
         psum = Signal(signed(self.acc_width), reset_less=True)
         weight = Mux(self.i_switch, shadow, active)     # what the arriving activation meets
 
+        if self.multiplier == "ecp5":
+            # Register to register into the block: the weight select (a LUT after the
+            # neighbour's o_switch) and a 4-5 ns route do not fit one cycle together.
+            w_pre = Signal(operand, reset_less=True)
+            m.d.sync += w_pre.eq(weight)
+            a_in, w_in = act, w_pre
+        else:
+            a_in, w_in = self.i_act, weight
+
         if instantiate:
             # The block's A/B input registers are the operand registers, its output register
             # the product register; CE0 gates all three.
             product = Signal(product_shape)
-            m.submodules.mult = _mult18x18d(m, a=self.i_act, b=weight, p=product,
-                                            ce=self.i_en)
+            m.submodules.mult = _mult18x18d(m, a=a_in, b=w_in, p=product, ce=self.i_en)
         else:
             a = Signal(operand, reset_less=True)        # multiplier operands
             w = Signal(operand, reset_less=True)
             product = Signal(product_shape, reset_less=True)
             m.d.sync += [
-                a.eq(self.i_act),
-                w.eq(weight),
+                a.eq(a_in),
+                w.eq(w_in),
                 product.eq(_shift_add_multiply(a, w) if self.multiplier == "lut" else a * w),
             ]
 

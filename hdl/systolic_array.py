@@ -59,10 +59,11 @@ class SystolicArray(wiring.Component):
     after it was accepted, the PE below it one cycle later, and each PE must get ``i_psum``
     :attr:`PE.latency <hdl.pe.PE.latency>` - 1 cycles after its activation, which is when
     the PE above shows its sum (its activation one cycle earlier, ``latency`` cycles to its
-    ``o_psum``). So the extra ``addend`` register of ``multiplier="ecp5"`` PEs only adds a
-    cycle to ``array_latency`` (``rows + cols + 3`` instead of ``rows + cols + 2``). The weight
-    and the ``switch`` mark travel with the same skew as the activations, so tile switches do
-    not depend on the PE latency either.
+    ``o_psum``). So the two extra registers of ``multiplier="ecp5"`` PEs (``w_pre``,
+    ``addend``) only add two cycles to ``array_latency`` (``rows + cols + 4`` instead of
+    ``rows + cols + 2``). The weight and the ``switch`` mark travel with the same skew as the
+    activations, and a PE still picks the weight in the cycle the activation arrives, so tile
+    switches do not depend on the PE latency either.
 
     Weight tiles (``rows x cols``) arrive on ``i_weight`` one row per beat, row 0 first, and
     are shifted into the PEs' shadow registers while the array computes with the active

@@ -3,11 +3,12 @@
 Contract, from the PE's docstring, checked on the ports every cycle:
 
 - ``o_psum(t) == i_psum(t-1) + a(t-L) * w(t-L)``, truncated to ``acc_width`` bits (wrap
-  modulo ``2**acc_width``), where ``L`` is the PE's ``latency`` (3; 4 with
+  modulo ``2**acc_width``), where ``L`` is the PE's ``latency`` (3; 5 with
   ``multiplier="ecp5"``), ``a(t-L)`` is the activation that arrived ``L`` cycles earlier
   and ``w(t-L)`` the weight it met: the shadow weight if ``i_switch`` marked it, else the
-  active weight (operands registered, product registered, with ``"ecp5"`` the product
-  registered once more, sum the cycle after);
+  active weight (operands registered, product registered, sum the cycle after; with
+  ``"ecp5"`` the activation and the weight registered once more before the operand
+  registers and the product once more after its register);
 - the active weight becomes the shadow weight on a marked activation and never changes
   otherwise; the shadow weight is the last bus weight tagged with the cell's row;
 - ``o_act``, ``o_switch``, ``o_wbus`` are the inputs one cycle later.
@@ -106,17 +107,23 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         # shift-and-add multiplier is proved equal to `*`).
         if not invariants:
             return
+        pre = 1 if latency == 5 else 0       # "ecp5": w_pre and o_act's register first
         m.d.comb += [
             Assert(inside.signal("active") == active,
                    "active weight changes only on a switch, to the shadow weight"),
             Assert(inside.signal("shadow") == shadow, "shadow weight is the last for this row"),
-            Assert(inside.signal("a") == acts[0], "the activation operand is i_act"),
-            Assert(inside.signal("w") == weights[0],
+            Assert(inside.signal("a") == acts[pre], "the activation operand is i_act"),
+            Assert(inside.signal("w") == weights[pre],
                    "the weight operand is shadow on a switch, else active"),
-            Assert(inside.signal("product") == acts[1] * weights[1], "the product register"),
+            Assert(inside.signal("product") == acts[pre + 1] * weights[pre + 1],
+                   "the product register"),
         ]
-        if latency == 4:
-            m.d.comb += Assert(inside.signal("addend") == acts[2] * weights[2],
-                               "the addend register: the product one cycle later")
+        if pre:
+            m.d.comb += [
+                Assert(inside.signal("w_pre") == weights[0],
+                       "w_pre: the weight the activation met"),
+                Assert(inside.signal("addend") == acts[3] * weights[3],
+                       "the addend register: the product one cycle later"),
+            ]
 
     return Harness(dut, properties, reset="any")

@@ -48,14 +48,18 @@ class Inputs:
 class PEModel:
     """Next-state model of the PE's registers (the contract in ``hdl/pe.py``).
 
-    ``addend_stage``: the ``multiplier="ecp5"`` PE, whose ``addend`` register holds the
-    product for one more cycle before the adder (``latency`` 4); otherwise the adder takes
-    ``product`` itself (``latency`` 3) and ``addend`` mirrors it.
+    ``ecp5``: the ``multiplier="ecp5"`` PE (``latency`` 5), whose ``w_pre`` register holds
+    the weight the activation met for a cycle before the multiplier's operand registers take
+    it (and the activation from ``o_act``), and whose ``addend`` register holds the product
+    for a cycle before the adder. Otherwise (``latency`` 3) the operand registers take
+    ``i_act`` and the weight, the adder takes ``product``, and ``w_pre`` and ``addend``
+    mirror ``w`` and ``product``.
     """
 
     row: int = ROW
     active: int = 0
     shadow: int = 0
+    w_pre: int = 0        # the weight the activation met, before the operand register
     a: int = 0            # multiplier operands
     w: int = 0
     product: int = 0
@@ -64,18 +68,21 @@ class PEModel:
     o_act: int = 0
     o_switch: int = 0
     o_wbus: int = 0
-    addend_stage: bool = False
+    ecp5: bool = False
     history: list = field(default_factory=list)
 
     def step(self, i: Inputs) -> None:
-        n_a = i.act
-        n_w = self.shadow if i.switch else self.active
+        weight = self.shadow if i.switch else self.active
+        if self.ecp5:
+            n_w_pre, n_a, n_w = weight, self.o_act, self.w_pre
+        else:
+            n_w_pre, n_a, n_w = weight, i.act, weight
         n_product = self.a * self.w
         n_psum = wrap32(i.psum + self.addend)
-        n_addend = self.product if self.addend_stage else n_product
+        n_addend = self.product if self.ecp5 else n_product
         n_active = self.shadow if i.switch else self.active
         n_shadow = i.wdata if i.wvalid and i.wrow == self.row else self.shadow
-        self.a, self.w = n_a, n_w
+        self.w_pre, self.a, self.w = n_w_pre, n_a, n_w
         self.product, self.addend, self.o_psum = n_product, n_addend, n_psum
         self.active, self.shadow = n_active, n_shadow
         self.o_act, self.o_switch = i.act, i.switch

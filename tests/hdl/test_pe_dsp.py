@@ -116,10 +116,13 @@ def test_instance_on_ecp5_and_verilog_sim(platform):
         assert f'.{name}("CLK0")' in text
     assert '.REG_PIPELINE_CLK("NONE")' in text
     for port, value in [("SIGNEDA", "1'h1"), ("SIGNEDB", "1'h1"), ("RST0", "1'h0"),
-                        ("CLK0", "clk"), ("CE0", "i_en"), ("A17", "i_act[8]")]:
+                        ("CLK0", "clk"), ("CE0", "i_en"), ("A17", "o_act[8]"),
+                        ("B0", "w_pre[0]")]:
         assert f".{port}({value})" in text, port
-    # The block's registers replace the fabric's operand and product registers.
+    # The block's registers replace the fabric's operand and product registers; its inputs
+    # come from registers (o_act's and w_pre), its output goes to one (addend).
     assert not _registers(text, "a", "w", "product")
+    assert _registers(text, "o_act", "w_pre", "addend") == ["o_act", "w_pre", "addend"]
 
 
 @pytest.mark.parametrize("platform", [None, "formal"])
@@ -149,9 +152,9 @@ def test_amaranth_sim_matches_infer():
     """Side by side in amaranth.sim, the ``ecp5`` PE (behavioural here) and an ``infer`` PE
     under an ``EnableInserter`` of the same enable, the enable high for a while, then random:
     ``o_act``, ``o_switch``, ``o_wbus`` agree every cycle, and the ``ecp5`` PE's ``o_psum``
-    is its ``i_psum`` plus the product one enabled cycle later than the ``infer`` PE's
-    (``addend``): the ``infer`` PE, fed ``i_psum`` = 0, shows the products on its
-    ``o_psum``."""
+    is its ``i_psum`` plus the product two enabled cycles later than the ``infer`` PE's
+    (``w_pre`` before the block, ``addend`` after it): the ``infer`` PE, fed ``i_psum`` = 0,
+    shows the products on its ``o_psum``."""
     m = Module()
     en = Signal(init=1)
     m.submodules.ecp5 = ecp5 = PE(multiplier="ecp5", row=1, row_bits=2)
@@ -169,6 +172,9 @@ def test_amaranth_sim_matches_infer():
     async def bench(ctx):
         held = 0
         checked = 0
+        lag = ecp5.latency - infer.latency
+        assert lag == 2
+        products = []               # the infer PE's o_psum before each enabled cycle
         expected = None             # the ecp5 PE's o_psum, once it no longer shows reset junk
         for cycle in range(400):
             values = {"i_act": rng.randint(-256, 255), "i_switch": int(rng.random() < 0.2)}
@@ -184,13 +190,15 @@ def test_amaranth_sim_matches_infer():
             ctx.set(ecp5.i_psum, psum)
             ctx.set(infer.i_psum, 0)
             ctx.set(en, int(enabled))
-            product = ctx.get(infer.o_psum)     # the product the ecp5 PE's adder takes now
+            if enabled:
+                products.append(ctx.get(infer.o_psum))
             await ctx.tick()
             got = [ctx.get(getattr(ecp5, name)) for name in outputs]
             want = [ctx.get(getattr(infer, name)) for name in outputs]
             assert got == want, f"cycle {cycle}: ecp5 {got}, infer {want}"
-            if enabled and cycle >= 4:
-                expected = wrap32(psum + product)
+            if enabled and len(products) >= lag:
+                # The product the ecp5 PE's adder took in this cycle.
+                expected = wrap32(psum + products[-lag])
             if expected is not None:
                 assert ctx.get(ecp5.o_psum) == expected, (
                     f"cycle {cycle}: ecp5 o_psum {ctx.get(ecp5.o_psum)}, expected {expected}")
@@ -290,7 +298,7 @@ ARRAY_CONFIG = get_config("small").replace(multiplier="ecp5")
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
 def test_array_random_and_stalls(sim: str):
     """Random tiles and activations of every signedness, tiles back to back (each row
-    exactly ``array_latency`` cycles, one more than with ``infer``), uneven tiles, then
+    exactly ``array_latency`` cycles, two more than with ``infer``), uneven tiles, then
     random valid/ready stalls and back-pressure (the registered enable and its skid, the
     enable reaching the blocks' CE0), against the golden model, with the stream rules on
     ``o_psum`` and the enable's invariants checked every cycle."""
