@@ -270,9 +270,10 @@ class SystolicArray(wiring.Component):
         m.d.comb += valid.eq(act_take)
         pipe = part("valid_pipe")
         last = cfg.array_latency - 1
-        out_next = delay_line(pipe, valid, last, name="valid_pipe")    # out_valid's next row
+        out_after = delay_line(pipe, valid, last - 1, name="valid_pipe")
+        out_next = Signal(name=f"valid_pipe_d{last - 1}")      # out_valid's next row
         out_valid = Signal(name=f"valid_pipe_d{last}")
-        pipe.d.sync += out_valid.eq(out_next)
+        pipe.d.sync += [out_next.eq(out_after), out_valid.eq(out_next)]
 
         if not registered:
             m.d.comb += [self.o_psum.valid.eq(out_valid), self.o_psum.payload.eq(out)]
@@ -285,16 +286,21 @@ class SystolicArray(wiring.Component):
         # cycle after o_psum takes the skid's row, so back-pressure costs no throughput.
         skid_full = Signal()
         skid = Signal(psum_row_layout(cols, cfg.acc_width), name="skid_psum", reset_less=True)
-        stop = Signal()     # two rows will wait unless o_psum takes one now
         ready = self.o_psum.ready
+        full_next = Signal()
         with m.If(~skid_full):
             m.d.sync += skid.eq(out)
-        m.d.sync += skid_full.eq(~ready & (skid_full | (advance & out_valid)))
         m.d.comb += [
+            full_next.eq(~ready & (skid_full | (advance & out_valid))),
             self.o_psum.valid.eq(skid_full | out_valid),
             self.o_psum.payload.eq(Mux(skid_full, skid, out)),
-            stop.eq((skid_full | out_valid) & out_next),
         ]
+        m.d.sync += skid_full.eq(full_next)
+        # stop = (skid_full | out_valid) & out_next, a register computed a cycle ahead (it
+        # drives every copy's next value): two rows will wait unless o_psum takes one.
+        stop = Signal()
+        m.d.sync += stop.eq((full_next | Mux(advance, out_next, out_valid)) &
+                            Mux(advance, out_after, out_next))
         # Each copy's next value: a stopped core (only ever with both rows waiting) runs once
         # o_psum is ready; a running one stops if two rows would wait. Written from the copy's
         # own value, the copies are not identical logic, so synthesis keeps every one.

@@ -74,14 +74,15 @@ class MatrixTestbench:
             self.weight_stall_cycles += int(self.weight_stall.value)
             self.weight_shift_cycles += int(self.weight_shift.value)
 
-    def _enables(self) -> tuple[list, object | None, object | None]:
+    def _enables(self) -> tuple[list, object | None, list]:
         """With the registered enable (see ``hdl/systolic_array.py``): every copy of the
-        enable register, the skid's ``full`` and the pipeline's last valid stage, found in the
-        generated Verilog's hierarchy; ``([], None, None)`` otherwise."""
+        enable register, the skid's ``full``, and the register ``stop`` with the pipeline's
+        last two valid stages, found in the generated Verilog's hierarchy; ``([], None, [])``
+        otherwise."""
         array = getattr(self.dut, "array", self.dut)     # the matrix unit holds the array
         skid = getattr(array, "skid_full", None)
         if skid is None:
-            return [], None, None
+            return [], None, []
         cfg = self.config
         names = (["advance", "en_valid_pipe"]
                  + [f"en_pe_{r}_{c}" for r in range(cfg.rows) for c in range(cfg.cols)]
@@ -89,16 +90,19 @@ class MatrixTestbench:
                  + [f"en_wbus_skew_{c}" for c in range(cfg.cols)]
                  + [f"en_psum_deskew_{c}" for c in range(cfg.cols - 1)])
         copies = [getattr(array, name) for name in names]
-        return copies, skid, getattr(array, f"valid_pipe_d{cfg.array_latency - 1}")
+        last = cfg.array_latency - 1
+        return copies, skid, [array.stop, getattr(array, f"valid_pipe_d{last}"),
+                              getattr(array, f"valid_pipe_d{last - 1}")]
 
     async def _check_output(self) -> None:
         """Stream rules on ``o_psum`` every cycle: a row offered and not taken is offered
         again, unchanged. With the registered enable also its invariants: the copies agree,
-        and the pipeline stops only while both the skid and the pipeline's output hold a row
-        (so a row leaving the pipeline always has somewhere to go)."""
+        the pipeline stops only while both the skid and the pipeline's output hold a row
+        (so a row leaving the pipeline always has somewhere to go), and the register ``stop``
+        is what it stands for (a row in the skid or the output, and one right behind)."""
         valid, ready, payload = (getattr(self.dut, f"o_psum__{name}")
                                  for name in ("valid", "ready", "payload"))
-        copies, skid, last = self._enables()
+        copies, skid, stages = self._enables()
         held = None
         cycle = 0
         while True:
@@ -111,13 +115,19 @@ class MatrixTestbench:
                                        f"(or dropped valid) before it was taken")
             held = now if valid.value and not ready.value else None
             if copies and not self.dut.rst.value:
+                stop, last, behind = (int(signal.value) for signal in stages)
+                full = int(skid.value)
                 values = {int(en.value) for en in copies}
                 if len(values) != 1:
                     self.violations.append(f"cycle {cycle}: enable copies disagree")
-                elif values != {int(not (skid.value and last.value))}:
+                elif values != {int(not (full and last))}:
                     self.violations.append(
-                        f"cycle {cycle}: enable {values.pop()} with skid_full={skid.value}, "
-                        f"last valid stage={last.value}")
+                        f"cycle {cycle}: enable {values.pop()} with skid_full={full}, "
+                        f"last valid stage={last}")
+                if stop != ((full | last) & behind):
+                    self.violations.append(
+                        f"cycle {cycle}: stop={stop} with skid_full={full}, last two valid "
+                        f"stages {last}, {behind}")
             self.rule_checks += 1
 
     async def reset(self) -> None:
