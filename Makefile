@@ -15,10 +15,12 @@ SIM   ?= icarus
 WAVES ?= 0
 export SIM WAVES
 
-# `make demo`: network (mlp | cnn), configuration, transport (rtl | isa), RTL simulator, images.
+# `make demo`: network (mlp | cnn), configuration, transport (rtl | isa | serial), the serial
+# port (PORT=/dev/ttyUSB1 or socket://host:port), RTL simulator, images.
 NET       ?= mlp
 CONFIG    ?= default
 TRANSPORT ?= rtl
+PORT      ?=
 DEMO_SIM  ?= verilator
 IMAGES    ?=
 
@@ -57,7 +59,7 @@ help:
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
-	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa DEMO_SIM=verilator IMAGES=n (demo)' \
+	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa|serial PORT=url DEMO_SIM=verilator IMAGES=n (demo)' \
 	  '           BOARD=icebreaker|ulx3s BOARD_ARGS="--clock 20" (bitstream)' \
 	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
 
@@ -119,7 +121,8 @@ lint:
 
 demo:
 	$(RUN) $(VENV)/bin/amtpu demo --net $(NET) --config $(CONFIG) --transport $(TRANSPORT) \
-	  --sim $(DEMO_SIM) $(if $(IMAGES),--images $(IMAGES)) $(if $(filter 1,$(WAVES)),--waves)
+	  --sim $(DEMO_SIM) $(if $(IMAGES),--images $(IMAGES)) $(if $(filter 1,$(WAVES)),--waves) \
+	  $(if $(PORT),--port $(PORT))
 
 synth:
 	$(RUN) $(PY) -m bench.synth
