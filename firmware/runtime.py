@@ -98,7 +98,8 @@ class Device(Protocol):
         """Block until the core has sent ``count`` more beats and return them, oldest first.
         Raises :class:`DeviceError` if the core stops with an error first, and
         :class:`DeviceTimeout` if they do not arrive within ``timeout_cycles`` core cycles
-        (a default that scales with the beats sent when ``None``)."""
+        (when ``None``, a default of the transport's: the RTL transport's counts cycles
+        with no beat in or out, the serial one's scales with the beats sent)."""
 
     def status(self) -> DeviceStatus:
         """The core's status now."""

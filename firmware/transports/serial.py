@@ -43,7 +43,7 @@ DEFAULT_BAUDRATE = 3_000_000
 #: The configuration fields a board reports (``INFO_REPLY``) and the host checks.
 CONFIG_FIELDS = ("rows", "cols", "host_width", "ub_depth", "acc_depth", "weight_mem_tiles",
                  "param_slots", "weight_fifo_depth")
-#: The default receive budget in core cycles (as the RTL transport): a base plus per beat sent.
+#: The default receive budget in core cycles: a base plus so many per beat sent.
 TIMEOUT_BASE_CYCLES = 10_000
 TIMEOUT_PER_BEAT_CYCLES = 64
 
