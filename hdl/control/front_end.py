@@ -190,13 +190,21 @@ class FrontEnd(wiring.Component):
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
         weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
                         (a_end > cfg.weight_mem_tiles))
-        tile_mask = Signal(cfg.weight_mem_tiles)
-        for t in range(cfg.weight_mem_tiles):
-            m.d.comb += tile_mask[t].eq((t >= a) & (t < a_end))
+        # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
+        # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
+        tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
+        ones = Const((1 << tiles) - 1, tiles)
+        tile_mask = Signal(tiles)
+        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
+                                 ~(ones << a_end[:tile_bits])[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~written) != 0)
         weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~have_active)
-        weight_overflow = is_[Opcode.READ_WEIGHTS] & (queued + count >
-                                                       cfg.weight_fifo_depth + 1)
+        # queued + count > depth + 1 without a 16-bit adder: count alone is too large, or
+        # (then it fits in over_bits) the sum of its low bits is.
+        over_bits = (cfg.weight_fifo_depth + 1).bit_length() + 1
+        weight_overflow = is_[Opcode.READ_WEIGHTS] & (
+            (count > cfg.weight_fifo_depth + 1) |
+            (queued + count[:over_bits] > cfg.weight_fifo_depth + 1))
         error_code = Signal(ErrorCode)
         checks = [   # in priority order: the first that fails is reported
             (unknown, ErrorCode.UNKNOWN_OPCODE),
