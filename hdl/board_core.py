@@ -96,5 +96,5 @@ class BoardCore(wiring.Component):
             m.d.sync += left.eq(hold)
         with m.Elif(left != 0):
             m.d.sync += left.eq(left - 1)
-        m.d.comb += self.o_running.eq(left != 0)
+        m.d.sync += self.o_running.eq(left != 0)     # (registered: it drives a pin)
         return m

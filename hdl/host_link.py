@@ -395,18 +395,30 @@ class HostLink(wiring.Component):
                                          fsm.ongoing("PAYLOAD"))):
             m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
 
+        # The logical byte is registered before the escaping, so that the UART's handshake
+        # and the escape logic do not reach back through the byte select into the core's
+        # beat and its ready (on the iCE40 that path set the clock). The register takes a
+        # byte only when empty, a byte every other cycle at most: far above any baud rate.
+        out_valid = Signal()
+        out_raw = Signal(reset_less=True)
+        out_data = Signal(8, reset_less=True)
+        m.d.comb += lb_ready.eq(~out_valid)
+        with m.If(lb_valid & lb_ready):
+            m.d.sync += [out_valid.eq(1), out_raw.eq(lb_raw), out_data.eq(lb_data)]
+
         # SLIP escaping: END and ESC inside a frame go out as two bytes.
         second = Signal()       # the escape code is sent, its second byte is next
-        special = ~lb_raw & ((lb_data == lp.END) | (lb_data == lp.ESC))
+        special = ~out_raw & ((out_data == lp.END) | (out_data == lp.ESC))
         m.d.comb += [
-            self.o_tx.valid.eq(lb_valid),
+            self.o_tx.valid.eq(out_valid),
             self.o_tx.payload.eq(
-                Mux(second, Mux(lb_data == lp.END, lp.ESC_END, lp.ESC_ESC),
-                    Mux(special, lp.ESC, lb_data))),
-            lb_ready.eq(self.o_tx.ready & (~special | second)),
+                Mux(second, Mux(out_data == lp.END, lp.ESC_END, lp.ESC_ESC),
+                    Mux(special, lp.ESC, out_data))),
         ]
         with m.If(self.o_tx.valid & self.o_tx.ready):
             m.d.sync += second.eq(special & ~second)
+            with m.If(~special | second):
+                m.d.sync += out_valid.eq(0)
 
         # RESET: once no BEAT frame reads the core's beat in place.
         fire = reset_pending & ~sending_beat
