@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
-           "ACTIVATION_UNITS", "PARAM_STORES"]
+           "ACTIVATION_UNITS", "PARAM_STORES", "DISPATCH_MODES"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5")
@@ -20,6 +20,9 @@ ACTIVATION_UNITS = ("pipelined", "serial")
 
 #: Where the activation engine keeps its parameter slots (:attr:`TPUConfig.param_store`).
 PARAM_STORES = ("auto", "block")
+
+#: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
+DISPATCH_MODES = ("direct", "registered")
 
 
 class ConfigError(ValueError):
@@ -87,6 +90,14 @@ class TPUConfig:
         synthesis chooses (so small a memory lands in flip-flops or distributed RAM).
         ``"block"``: in block RAM (iCE40: 10 EBR for a 2-column row, where flip-flops took
         about 450 logic cells), for small parts. Same timing and results.
+    dispatch : str
+        ``"direct"``: an instruction may issue in its first cycle at the front end (its
+        checks and the hazard tracker's answer decide in that cycle). ``"registered"``: the
+        checks and the tracker's answer are registered and the instruction issues at the
+        earliest in its second cycle, so that no path runs from the instruction word through
+        the range adders and compares into the dispatch and everything it enables (one
+        cycle more per instruction, not per data beat; the iCE40's critical path). Same
+        results.
     """
 
     rows: int = 8
@@ -104,6 +115,7 @@ class TPUConfig:
     activation_unit: str = "pipelined"
     counter_bits: int = 48
     param_store: str = "auto"
+    dispatch: str = "direct"
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -150,6 +162,8 @@ class TPUConfig:
         check("param_store", isinstance(self.param_store, str) and
               self.param_store in PARAM_STORES,
               " or ".join(repr(value) for value in PARAM_STORES))
+        check("dispatch", isinstance(self.dispatch, str) and self.dispatch in DISPATCH_MODES,
+              " or ".join(repr(value) for value in DISPATCH_MODES))
 
     # Derived properties -------------------------------------------------------------------
 
@@ -222,7 +236,7 @@ PRESETS: dict[str, TPUConfig] = {
     "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
                             param_slots=2, weight_fifo_depth=2,
                             activation_unit="serial", counter_bits=32,
-                            param_store="block"),
+                            param_store="block", dispatch="registered"),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers.
     "ulx3s": TPUConfig(multiplier="ecp5"),
 }

@@ -49,7 +49,12 @@ class FrontEnd(wiring.Component):
     - an instruction issues (dispatch) when it passes every check, the hazard tracker
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
       CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
-      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict;
+      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. With
+      ``dispatch="registered"`` the checks and the tracker's answer are registered: an
+      instruction issues (or fails) at the earliest in its second cycle at the front end,
+      acting on the previous cycle's answers (for the same instruction, with nothing issued
+      since, they are the current ones: the hazard does not rise for a waiting instruction,
+      and the checks' state changes only as instructions issue);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
@@ -223,13 +228,28 @@ class FrontEnd(wiring.Component):
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
         hazard = self.o_hazards.hazard
+        fetching = Signal()
+        settled = Signal()      # the checks and `hazard` may be acted on
+        if cfg.dispatch == "registered":
+            # Last cycle's answers, and whether they were for this beat: it was offered at
+            # fetch and not taken, so it is the same beat (the stream rules) and nothing
+            # issued since. (A resynchronisation word never settles: it is taken at once.)
+            error_q = Signal(ErrorCode)
+            hazard_q = Signal()
+            m.d.sync += [
+                error_q.eq(error_code),
+                hazard_q.eq(hazard),
+                settled.eq(fetching & self.i_host.valid & ~self.i_host.ready),
+            ]
+            error_code, hazard = error_q, hazard_q
+        else:
+            m.d.comb += settled.eq(1)
 
         # Dispatch streams: valid once the instruction may issue but for its engine.
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
-        fetching = Signal()
         may_issue = Signal()
-        m.d.comb += may_issue.eq(fetching & self.i_host.valid & ~resync &
+        m.d.comb += may_issue.eq(fetching & self.i_host.valid & settled & ~resync &
                                  (error_code == ErrorCode.NONE) & ~hazard)
         for o, port in engines.items():
             m.d.comb += [port.valid.eq(may_issue & is_[o]), port.payload.eq(word)]
@@ -293,7 +313,7 @@ class FrontEnd(wiring.Component):
                         # Restart the program; not an instruction.
                         m.d.comb += self.i_host.ready.eq(1)
                         m.d.sync += [halted.eq(0), index.eq(0)]
-                    with m.Elif(error_code != ErrorCode.NONE):
+                    with m.Elif(settled & (error_code != ErrorCode.NONE)):
                         m.d.comb += self.i_host.ready.eq(1)
                         m.d.sync += [status.error.eq(1), status.code.eq(error_code),
                                      halted.eq(0)]
@@ -338,7 +358,7 @@ class FrontEnd(wiring.Component):
                                 with m.If(mm.switch):
                                     m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
                     with m.Else():
-                        m.d.comb += self.o_raw_stall.eq(hazard)
+                        m.d.comb += self.o_raw_stall.eq(settled & hazard)
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),
                                     ("WEIGHT_ROWS", self.o_wm_write)):

@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -63,11 +64,13 @@ SCRUB_FAST_DEPTH = 22
 
 
 def _control(factory, name: str, summary: str, *, depth: int = 4,
-             fast_depth: int = 2) -> Proof:
+             fast_depth: int = 2, **changes) -> Proof:
     # The fast form is the induction itself on the small configuration: a few seconds,
     # where a BMC would need SCRUB_FAST_DEPTH cycles to see more than the reset scrub.
-    return Proof(name, functools.partial(factory, CONTROL), "prove", depth, summary,
-                 fast_harness=functools.partial(factory, CONTROL_FAST), fast_mode="prove",
+    # `changes`: configuration fields that differ from CONTROL's (and CONTROL_FAST's).
+    config, fast = (dataclasses.replace(c, **changes) for c in (CONTROL, CONTROL_FAST))
+    return Proof(name, functools.partial(factory, config), "prove", depth, summary,
+                 fast_harness=functools.partial(factory, fast), fast_mode="prove",
                  fast_depth=fast_depth)
 
 
@@ -122,6 +125,12 @@ PROOFS: dict[str, Proof] = _table(
              "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes"),
     _control(front_end_stopped_harness, "front_end_stopped",
              "FrontEnd stopped on an error: no dispatch, no writes, one error beat"),
+    _control(front_end_streams_harness, "front_end_streams_registered",
+             "FrontEnd with dispatch='registered': as front_end_streams",
+             dispatch="registered"),
+    _control(front_end_stopped_harness, "front_end_stopped_registered",
+             "FrontEnd with dispatch='registered': as front_end_stopped",
+             dispatch="registered"),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
     _hazards("ring", "hazards_ring",
