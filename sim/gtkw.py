@@ -84,14 +84,17 @@ _FIELD = re.compile(r"\.(\w+)(?:\[(\d+):(\d+)\])?$")
 
 def enum_filter(trace: str, filters: Mapping[str, Path]) -> Path | None:
     """The filter file of *trace* if its last name component is an enumeration's field name
-    (:data:`ENUM_FIELDS`) and its width is that enumeration's, else ``None``."""
+    (:data:`ENUM_FIELDS`), alone or after an underscore (``fetch_opcode``), and its width is
+    that enumeration's, else ``None``."""
     match = _FIELD.search(trace)
-    if match is None or match[1] not in filters or match[1] not in ENUM_FIELDS:
+    if match is None:
         return None
     width = int(match[2]) - int(match[3]) + 1 if match[2] is not None else 1
-    if width != ENUM_FIELDS[match[1]].as_shape().width:
-        return None
-    return Path(filters[match[1]])
+    for field, enum_type in ENUM_FIELDS.items():
+        named = match[1] == field or match[1].endswith("_" + field)
+        if named and field in filters and width == enum_type.as_shape().width:
+            return Path(filters[field])
+    return None
 
 
 def gtkw_traces(text: str) -> list[str]:
@@ -108,15 +111,16 @@ def gtkw_traces(text: str) -> list[str]:
 
 def core_groups(prefix: str = "") -> dict[str, list[tuple[str, str]]]:
     """Extra groups (:func:`write_gtkw`'s *extra_groups*) for a design that holds
-    :class:`hdl.core.Core` at *prefix* (``""`` when the core is the top): the instruction at
-    the front end decoded into its fields (the opcode by name), its dispatch, and the
-    status fields."""
+    :class:`hdl.core.Core` at *prefix* (``""`` when the core is the top): the opcode of the
+    instruction at fetch (NOP between instructions), the beat at the front end decoded into an
+    instruction's fields (the opcode by name), its dispatch, and the status fields."""
     fe = f"{prefix}front_end."
     instr = fe + "\\o_hazards__instr."
     status = fe + "\\o_status."
     return {
         "instruction": [
-            (fe + "fetching", "bin"), (instr + "opcode", "hex"), (instr + "flags", "bin"),
+            (fe + "fetching", "bin"), (fe + "fetch_opcode", "hex"),
+            (instr + "opcode", "hex"), (instr + "flags", "bin"),
             (instr + "a", "dec"), (instr + "b", "dec"), (instr + "count", "dec"),
             (instr + "c", "hex"), (fe + "o_hazards__hazard", "bin"), (fe + "dispatch", "bin"),
         ],

@@ -31,8 +31,9 @@ __all__ = ["TOOLS", "missing_tools", "decode_xwd", "encode_png", "screenshot", "
 TOOLS = {"Xvfb": "xvfb", "gtkwave": "gtkwave", "xwd": "x11-apps"}
 
 #: GTKWave settings for the picture: no splash screen, no signal-search tree (more room for
-#: the waves).
-GTKWAVE_RC = ("splash_disable 1", "hide_sst 1")
+#: the waves), smaller fonts (more rows).
+GTKWAVE_RC = ("splash_disable 1", "hide_sst 1", "fontname_signals Monospace 9",
+              "fontname_waves Monospace 8")
 
 
 def missing_tools() -> dict[str, str]:
@@ -72,13 +73,27 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
             struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
 
 
-def encode_png(rgb: np.ndarray) -> bytes:
+def _unpack(colours: np.ndarray) -> np.ndarray:
+    return np.stack([(colours >> 16) & 0xFF, (colours >> 8) & 0xFF, colours & 0xFF],
+                    axis=-1).astype(np.int32)
+
+
+def encode_png(rgb: np.ndarray, max_colours: int | None = 256) -> bytes:
     """A PNG of an ``(height, width, 3)`` uint8 picture: indexed colour when it has at most
-    256 colours, else 8-bit RGB."""
+    *max_colours* (<= 256) colours, else 8-bit RGB. With more colours than that and
+    *max_colours* set, the rarest ones (anti-aliased text edges) become the nearest of the
+    most frequent ones, which keeps the file small; ``None`` keeps every colour."""
     height, width, _ = rgb.shape
     packed = (rgb[:, :, 0].astype(np.uint32) << 16 | rgb[:, :, 1].astype(np.uint32) << 8 |
               rgb[:, :, 2].astype(np.uint32))
-    colours, index = np.unique(packed, return_inverse=True)
+    colours, index, counts = np.unique(packed, return_inverse=True, return_counts=True)
+    index = index.reshape(-1)
+    if max_colours is not None and len(colours) > max_colours:
+        keep = np.sort(np.argsort(counts)[::-1][:max_colours])
+        kept = _unpack(colours[keep])
+        distance = ((_unpack(colours)[:, None, :] - kept[None, :, :]) ** 2).sum(axis=-1)
+        index = distance.argmin(axis=1)[index]
+        colours = colours[keep]
     if len(colours) <= 256:
         header = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)
         palette = b"".join(struct.pack(">I", int(c))[1:] for c in colours)
@@ -104,6 +119,24 @@ def _free_display() -> int:
 def _window_size(gtkw: Path) -> tuple[int, int]:
     match = re.search(r"^\[size\] (\d+) (\d+)", Path(gtkw).read_text(), re.MULTILINE)
     return (int(match[1]), int(match[2])) if match else (1600, 1000)
+
+
+def _stage(gtkw: Path, folder: Path) -> Path:
+    """Copy the save file and the dump it names into *folder*, the save file naming the dump
+    by its bare name: the picture's title then shows no path of the machine it was made on."""
+    text = gtkw.read_text()
+    match = re.search(r'^\[dumpfile\] "([^"]*)"', text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"{gtkw} names no [dumpfile]")
+    dump = Path(match[1])
+    if not dump.is_absolute():
+        dump = gtkw.resolve().parent / dump
+    shutil.copyfile(dump, folder / dump.name)
+    text = text.replace(match[0], f'[dumpfile] "{dump.name}"')
+    text = re.sub(r"^\[savefile\] .*\n", "", text, flags=re.MULTILINE)
+    staged = folder / gtkw.name
+    staged.write_text(text)
+    return staged
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -141,8 +174,9 @@ def screenshot(gtkw: Path, png: Path, *, settle: float = 2.0, timeout: float = 6
                     raise RuntimeError(f"Xvfb did not start on {display}; see {log.name}")
                 time.sleep(0.1)
             rc = [arg for setting in GTKWAVE_RC for arg in ("--rcvar", setting)]
-            viewer = subprocess.Popen(["gtkwave", *rc, str(Path(gtkw).resolve())], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+            shown = _stage(Path(gtkw), Path(tmp))
+            viewer = subprocess.Popen(["gtkwave", *rc, shown.name], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, cwd=tmp)
             previous, stable_since = None, None
             while True:
                 if viewer.poll() is not None:

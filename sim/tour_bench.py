@@ -26,6 +26,8 @@ from sim.tour import EVENTS, tour_program
 
 #: Cycles the test allows from the reset to the last beat (the buffer's clearing included).
 TIMEOUT_CYCLES = 5_000
+#: Cycles simulated after the DONE beat.
+TAIL_CYCLES = 100
 
 
 def _handle(dut, path: str):
@@ -50,8 +52,8 @@ async def tour(dut):
     start = get_sim_time("ps")
     driver.extend(program.beats)
 
-    probes = {name: [_handle(dut, path) for path in paths]
-              for name, (paths, _) in EVENTS.items()}
+    probes = {name: [(_handle(dut, path), value) for path, value in signals.items()]
+              for name, (_, signals) in EVENTS.items()}
     first: dict[str, int] = {}
     received_at: list[int] = []
     taken_at: list[int] = []
@@ -60,7 +62,7 @@ async def tour(dut):
         await ReadOnly()
         now = get_sim_time("ps")
         for name, handles in probes.items():
-            if name not in first and all(int(h.value) for h in handles):
+            if name not in first and all(int(h.value) == v for h, v in handles):
                 first[name] = now
         if dut.o_host__valid.value and dut.o_host__ready.value:
             received_at.append(now)
@@ -68,8 +70,9 @@ async def tour(dut):
             taken_at.append(now)
         if len(monitor.received) >= program.expected_beats:
             break
-    # A few quiet cycles after the DONE beat, so the waveform shows the core idle again.
-    for _ in range(8):
+    # Quiet cycles after the DONE beat: the waveform shows the core idle again, and runs on
+    # past the view (GTKWave ignores a saved start time whose page would pass the end).
+    for _ in range(TAIL_CYCLES):
         await FallingEdge(dut.clk)
     end = get_sim_time("ps")
     out = os.environ.get("AMTPU_TOUR_OUT")
@@ -77,7 +80,7 @@ async def tour(dut):
         with open(out, "w") as f:
             json.dump({"received": [int(beat) for beat in monitor.received],
                        "received_at": received_at, "taken_at": taken_at,
-                       "events": first, "start": start, "end": end,
+                       "events": first, "reset_done": start, "end": end,
                        "period": 10_000}, f)
     assert len(monitor.received) == program.expected_beats, \
         f"got {len(monitor.received)} of {program.expected_beats} beats in " \

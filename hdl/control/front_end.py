@@ -220,6 +220,12 @@ class FrontEnd(wiring.Component):
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
         fetching = Signal()
+        # For waveforms only (nothing reads it): the opcode of the instruction waiting at
+        # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
+        # beat, data too).
+        fetch_opcode = Signal(Opcode)
+        with m.If(fetching & self.i_host.valid):
+            m.d.comb += fetch_opcode.eq(op)
         may_issue = Signal()
         m.d.comb += may_issue.eq(fetching & self.i_host.valid & ~resync &
                                  (error_code == ErrorCode.NONE) & ~hazard)
