@@ -252,7 +252,7 @@ def tour_program(config: TPUConfig, m: int = 6) -> TourProgram:
     p.add(f"matmul ub=0 acc=0 count={m} switch signed",
           _word(isa.Matmul, opcode=Opcode.MATMUL, ub_addr=0, acc_addr=0, count=m, switch=1,
                 signed=1))
-    p.add(f"activate acc=0 ub=8 count={m} func=relu slot=0",
+    p.add(f"activate acc=0 ub=8 count={m} func=relu pool=none slot=0",
           _word(isa.Activate, opcode=Opcode.ACTIVATE, acc_addr=0, ub_addr=8, count=m,
                 func=Func.RELU, pool=Pool.NONE, slot=0))
     p.add(f"write_host ub=8 count={m}",
