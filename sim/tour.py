@@ -345,7 +345,7 @@ def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[st
 class TourResult:
     """What :func:`run_tour` made and checked."""
     fst: Path
-    gtkw: Path
+    gtkw: Path | None           # None without fst2vcd (GTKWave not installed)
     filters: dict[str, Path]
     program: TourProgram
     received: list[int]
@@ -394,8 +394,13 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
     filters = write_enum_filters(out_dir)
     # The bench's events, and the DONE beat (the last beat the core sends).
     events = {**result["events"], "done": result["received_at"][-1]}
-    traces = write_tour_gtkw(fst, gtkw, config, events=events, start=start, end=end,
-                             filters=filters)
+    if shutil.which("fst2vcd") is None:
+        # Without GTKWave's fst2vcd the names cannot be checked against the dump: no save
+        # file rather than one whose unknown names GTKWave would silently drop.
+        gtkw, traces = None, []
+    else:
+        traces = write_tour_gtkw(fst, gtkw, config, events=events, start=start, end=end,
+                                 filters=filters)
     return TourResult(fst=fst, gtkw=gtkw, filters=filters, program=program,
                       received=received, expected=expected, events=events,
                       start=start, end=end, traces=traces)
@@ -440,6 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {label:28} {result.events[name] / 1000:8.0f} ns  (view cycle "
                   f"{cycle:.1f})")
     print(f"tour: waveform {result.fst}")
+    if result.gtkw is None:
+        print("tour: no save file: GTKWave is not installed (its fst2vcd reads the dump's "
+              "signal names); apt-get install gtkwave, then run this again")
+        return 0 if args.screenshot is None else 1
     print(f"tour: save file {result.gtkw}")
     if args.screenshot is not None:
         from .screenshot import screenshot
