@@ -26,6 +26,8 @@ from vcd.gtkw import GTKWSave
 
 from hdl import isa
 
+from .verilog import atomic_write
+
 __all__ = ["fst_signals", "verilog_ports", "verilog_port_signals", "write_gtkw", "ENUM_FIELDS",
            "write_enum_filters", "enum_filter", "read_enum_filter", "gtkw_traces",
            "core_groups"]
@@ -48,8 +50,8 @@ def write_enum_filters(directory: Path) -> dict[str, Path]:
     """Write one GTKWave translate filter file per enumeration of :data:`ENUM_FIELDS` into
     *directory* (``opcode.gtkwfilter``, ...); returns field name -> file.
 
-    Each line maps a value as GTKWave prints it in hex (as many digits as the field's width
-    needs) to the member's name; values no member has show as ``?N``, so a reserved opcode
+    Each line maps a value as GTKWave prints it in hex (every digit of the field's width) to
+    the member's name; values no member has show as ``?N``, so a reserved opcode
     is visible as such. The files are rewritten only when they change."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,7 @@ def write_enum_filters(directory: Path) -> dict[str, Path]:
         path = directory / f"{field}.gtkwfilter"
         text = "\n".join(lines) + "\n"
         if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+            atomic_write(path, text)      # test workers may write the same file at once
         files[field] = path.resolve()
     return files
 

@@ -6,24 +6,25 @@ GTKWave save file that follows the data along its path, and opens GTKWave on it 
 display or without GTKWave it prints the path and how to open it). docs/tour.md walks
 through the waveform.
 
-The program (:func:`tour_program`)::
+The program (:func:`tour_program`, in the assembler's syntax)::
 
-    load_weights  tile 0            W, 4 x 4 int8 (4 beats)
-    read_weights  tile 0            queue the tile for the matrix unit
-    load_params   slot 0            bias 0, multiplier 1, shift 0: requantisation is a no-op
-    read_host     ub 0, 6 rows      X, 6 x 4 int8 (6 beats)
-    matmul        ub 0 -> acc 0     6 rows, switch to tile 0
-    activate      acc 0 -> ub 8     6 rows, ReLU
-    write_host    ub 8, 6 rows      6 beats back to the host
-    halt                            the DONE beat
+    load_weights tile=0 count=1 signed         W, a 4 x 4 int8 tile (4 data beats)
+    read_weights tile=0 count=1                queue the tile for the matrix unit
+    load_params slot=0 shift=0 zp=0 clamp=127  bias 0, multiplier 1 (2 data beats)
+    read_host ub=0 count=6                     X, 6 x 4 int8 (6 data beats)
+    matmul ub=0 acc=0 count=6 switch signed
+    activate acc=0 ub=8 count=6 func=relu pool=none slot=0
+    write_host ub=8 count=6
+    halt
 
-so the host gets ``relu(X @ W)`` (saturated to int8) and a DONE beat.
+so the host gets ``relu(X @ W)`` (requantisation with bias 0, multiplier 1 and shift 0 only
+saturates to int8) and a DONE beat.
 
 Signal names in the save file are read from the dump itself (:func:`sim.gtkw.fst_signals`);
-a name that is not in the dump is an error, never silently dropped. The opcode traces show
-names through a translate filter file written from :class:`hdl.isa.Opcode`
-(:func:`sim.gtkw.write_opcode_filter`). ``--screenshot PNG`` takes a picture of GTKWave on the
-save file under Xvfb (:mod:`sim.screenshot`).
+a name that is not in the dump is an error, never silently dropped. Enumeration fields (the
+opcode) show by name through the translate filter files :func:`sim.gtkw.write_enum_filters`
+writes from :mod:`hdl.isa`. ``--screenshot PNG`` takes a picture of GTKWave on the save file
+under Xvfb (:mod:`sim.screenshot`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ from hdl.isa import Func, Opcode, Pool
 from .gtkw import enum_filter, fst_signals, write_enum_filters
 from .verilog import BUILD_ROOT, REPO_ROOT
 
-__all__ = ["TOUR_CONFIG", "EVENTS", "TourProgram", "tour_program", "TourResult", "run_tour",
-           "main"]
+__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "Trace", "tour_stages", "TourProgram",
+           "tour_program", "decode_rows", "write_tour_gtkw", "TourResult", "run_tour",
+           "open_gtkwave", "main"]
 
 #: The tour's configuration: the 4x4 preset (its 256-row buffer clears in 256 cycles).
 TOUR_CONFIG = "small"
@@ -311,7 +313,7 @@ def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[st
     labels = [(label, events[name]) for name, label in names.items() if name in events]
     with open(gtkw, "w") as f:
         save = GTKWSave(f)
-        save.comment("amtpu guided tour: one matmul on the 4x4 core (docs/tour.md)")
+        save.comment(f"amtpu guided tour: one matmul on the {config.name} core (docs/tour.md)")
         # The dump by its path from the save file, which GTKWave resolves from [savefile].
         save.dumpfile(os.path.relpath(Path(fst).resolve(), Path(gtkw).resolve().parent),
                       abspath=False)
@@ -371,14 +373,16 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "tour.json"
     report.unlink(missing_ok=True)
-    run("core", lambda: Core(config), config_key, "sim.tour_bench", REPO_ROOT, "tour",
-        extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour", waves=True,
-        sim="icarus", config=config)
+    generic = run("core", lambda: Core(config), config_key, "sim.tour_bench", REPO_ROOT,
+                  "tour", extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour",
+                  waves=True, sim="icarus", config=config)
+    if generic is not None:
+        generic.unlink()          # the runner's own save file: the tour writes its own
     result = json.loads(report.read_text())
-    # The waveform beside the save file, which names it by a relative path: the folder can
-    # move, and GTKWave's title shows no machine's path.
+    # The waveform beside the save file, which names it by a relative path (the folder can
+    # move).
     fst = out_dir / "tour.fst"
-    os.replace(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)
+    shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)   # any filesystem
     received = result["received"]
     expected = IsaSim(config).run(program.beats)
     assert received == expected, \
@@ -437,13 +441,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for text, data_beats in program.listing:
         print(f"    {text}" + (f"   + {data_beats} data beats" if data_beats else ""))
     print(f"tour: relu(X @ W) =\n{program.expected}")
-    period = 10_000
-    for name, label in [*((name, label) for name, (label, _) in EVENTS.items()),
-                        ("done", "DONE")]:
+    # The markers, with cycles counted from the first instruction's (as docs/tour.md does).
+    print("tour: markers (10 ns clock)")
+    first = result.events.get("load_weights", result.start)
+    for i, (name, label) in enumerate([*((name, label) for name, (label, _) in EVENTS.items()),
+                                       ("done", "DONE")]):
         if name in result.events:
-            cycle = (result.events[name] - result.start) / period
-            print(f"    {label:28} {result.events[name] / 1000:8.0f} ns  (view cycle "
-                  f"{cycle:.1f})")
+            time = result.events[name]
+            print(f"    {chr(ord('A') + i)} {label:12} {time / 1000:6.0f} ns  cycle "
+                  f"{(time - first) // 10_000}")
     print(f"tour: waveform {result.fst}")
     if result.gtkw is None:
         print("tour: no save file: GTKWave is not installed (its fst2vcd reads the dump's "
