@@ -45,7 +45,7 @@ APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 # GTKWave (make waves, make tour; its fst2vcd lets .gtkw files name internal signals).
 APT_OPTIONAL := gtkwave
 
-.PHONY: help setup test test-all lint demo synth bitstream bench waves tour tour-png clean
+.PHONY: help setup test test-all lint demo synth bitstream bench waves clean
 
 help:
 	@printf '%s\n' \
@@ -162,6 +162,7 @@ waves:
 	echo "waves: $$f"
 	exec gtkwave "$$f"
 
+.PHONY: tour tour-png
 tour:
 	$(RUN) $(PY) -m sim.tour
 
