@@ -248,6 +248,12 @@ class FrontEnd(wiring.Component):
         # Dispatch streams: valid once the instruction may issue but for its engine.
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
+        # For waveforms only (nothing reads it): the opcode of the instruction waiting at
+        # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
+        # beat, data too).
+        fetch_opcode = Signal(Opcode)
+        with m.If(fetching & self.i_host.valid):
+            m.d.comb += fetch_opcode.eq(op)
         may_issue = Signal()
         m.d.comb += may_issue.eq(fetching & self.i_host.valid & settled & ~resync &
                                  (error_code == ErrorCode.NONE) & ~hazard)

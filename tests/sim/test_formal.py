@@ -14,6 +14,7 @@ from hdl.pe import PE
 from hdl.weight_fifo import WeightFIFO
 from sim import formal
 from sim.formal import Harness, Result, run
+from sim.gtkw import gtkw_traces
 from sim.proofs import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
 from sim.proofs.engines import matrix_engine_harness
 from sim.proofs.hazards import RuleDroppedTracker, hazards_harness
@@ -31,7 +32,7 @@ def _assert_counterexample(result: Result, source: str) -> None:
     assert result.gtkw is not None and result.gtkw.parent == result.trace.parent
     text = result.gtkw.read_text()
     assert f'[dumpfile] "{result.trace.resolve()}"' in text
-    traces = [line for line in text.splitlines() if line and line[0] not in "[@-*"]
+    traces = gtkw_traces(text)
     assert traces and set(traces) <= set(formal.vcd_signals(result.trace).values())
     assert any(source in where for where in result.failed), result.failed
     assert "FAILED" in result.report() and str(result.gtkw.name) in result.report()
