@@ -30,6 +30,7 @@ under Xvfb (:mod:`sim.screenshot`).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -373,16 +374,21 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "tour.json"
     report.unlink(missing_ok=True)
-    generic = run("core", lambda: Core(config), config_key, "sim.tour_bench", REPO_ROOT,
-                  "tour", extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour",
-                  waves=True, sim="icarus", config=config)
-    if generic is not None:
-        generic.unlink()          # the runner's own save file: the tour writes its own
-    result = json.loads(report.read_text())
-    # The waveform beside the save file, which names it by a relative path (the folder can
-    # move).
     fst = out_dir / "tour.fst"
-    shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)   # any filesystem
+    # The simulation's build folder and its waveform's path are shared by every run of the
+    # tour (two test workers, or `make tour` beside the tests): one at a time.
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_ROOT / "tour.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        generic = run("core", lambda: Core(config), config_key, "sim.tour_bench", REPO_ROOT,
+                      "tour", extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour",
+                      waves=True, sim="icarus", config=config)
+        if generic is not None:
+            generic.unlink()          # the runner's own save file: the tour writes its own
+        # The waveform beside the save file, which names it by a relative path (the folder
+        # can move).
+        shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)
+    result = json.loads(report.read_text())
     received = result["received"]
     expected = IsaSim(config).run(program.beats)
     assert received == expected, \
