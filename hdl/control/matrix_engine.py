@@ -116,7 +116,9 @@ class MatrixEngine(wiring.Component):
             meta_a_in.acc.eq(acc_next),
         ]
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
-        last_row = meta_a.w_en & (left == 1)
+        # (With dispatch="registered", only once it has been issued: then the engine's ready
+        # is a function of registers, off the path from the array's stall into dispatch.)
+        last_row = meta_a.w_en & (left == 1) if cfg.dispatch == "direct" else 0
         m.d.comb += [
             cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),
             self.o_idle.eq(~scrubbing & ~busy & ~Cat(*in_flight).any()),
