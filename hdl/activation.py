@@ -3,10 +3,12 @@
 import math
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .fanout import register_copies
 from .isa import Func
+from .pe import _ecp5_instance, _mult18x18d
 from .ports import requant_params_layout
 
 __all__ = ["ActivationUnit", "lut_table", "acc_row_layout"]
@@ -43,6 +45,22 @@ def acc_row_layout(cols: int, acc_width: int = 32) -> data.StructLayout:
     })
 
 
+def _rom_bit(values: list[int], index, memo: dict):
+    """One output bit of a table as a tree of 2:1 multiplexers on the bits of *index* (equal
+    subtrees shared), which synthesis maps to LUTs: a switch or an indexed array would be
+    turned into a block RAM, whose slow output would need a pipeline stage of its own."""
+    key = tuple(values)
+    if key not in memo:
+        if all(value == values[0] for value in values):
+            memo[key] = Const(values[0], 1)
+        else:
+            half = len(values) // 2
+            bit = index[half.bit_length() - 1]
+            memo[key] = Mux(bit, _rom_bit(values[half:], index, memo),
+                            _rom_bit(values[:half], index, memo))
+    return memo[key]
+
+
 class ActivationUnit(wiring.Component):
     """Turns rows of int32 sums into rows of int8 activations, one row per cycle.
 
@@ -63,6 +81,26 @@ class ActivationUnit(wiring.Component):
     ``bias``, ``multiplier``, ``shift``, ``zero_point``, ``clamp_hi`` and the function come
     from ``i_params``, held steady by the controller while a row is in flight.
 
+    Timing: the unit takes a row every cycle while it has room for the output rows it may
+    still owe (:data:`FIFO_DEPTH` windows: it never stalls while ``o_row`` is taken every
+    cycle) and offers a window's output row :data:`STAGES` cycles after taking the row that
+    closes the window. The datapath itself never stalls (no clock enable fans out over its
+    registers): back-pressure on ``o_row`` fills an output FIFO, and ``i_row.ready`` falls
+    before it can overflow. Every stage is a register, an adder or a few LUT levels deep:
+    the 32 x 32 product is four 18 x 18 partial products (each in a DSP block with its input
+    and output registers, then a fabric register), summed in two stages; the rounding shift
+    is two 8:1 steps; saturation works on the shifted value's low bits and a flag.
+
+    Parameters
+    ----------
+    cols, acc_width : int
+        Columns, sum width (32).
+    multiplier : str
+        ``"infer"``: the partial products are ``*`` between fabric registers (any part).
+        ``"ecp5"``: each is an ECP5 ``MULT18X18D`` with registered inputs and output, as
+        :class:`hdl.pe.PE` builds it (same timing; elaborated as for the PE: the instance on
+        an ECP5 platform and in Verilog simulation, fabric registers otherwise).
+
     Members
     -------
     i_row : In(stream.Signature(acc_row_layout))
@@ -72,14 +110,24 @@ class ActivationUnit(wiring.Component):
     i_params : In(requant_params_layout(cols))
         The requantisation parameters and the function (``func``).
     o_busy : Out(1)
-        A row is in the pipeline.
+        A row is in the pipeline or an output row waits.
     """
 
-    STAGES = 5
+    #: Cycles from taking a row that closes a window to offering its output row.
+    STAGES = 15
+    #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
+    #: taken every cycle, so it then takes a row every cycle.
+    FIFO_DEPTH = 16
 
-    def __init__(self, *, cols: int, acc_width: int = 32):
+    def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer"):
+        if acc_width != 32:
+            raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
+        if multiplier not in ("infer", "ecp5"):
+            raise ValueError(f"multiplier={multiplier!r} is not supported; allowed: 'infer', "
+                             f"'ecp5'")
         self.cols = cols
         self.acc_width = acc_width
+        self.multiplier = multiplier
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
@@ -88,83 +136,186 @@ class ActivationUnit(wiring.Component):
         })
 
     def elaborate(self, platform):
+        instantiate = self.multiplier == "ecp5" and _ecp5_instance(platform)
         m = Module()
         cols = self.cols
+        # The parameters, registered: they are steady while rows are in flight, and the
+        # first use (the bias) is a cycle after a row is taken.
+        prm = Signal.like(self.i_params)
+        m.d.sync += prm.eq(self.i_params)
+        # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
+        # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
+        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 saturated; s12 ReLU,
+        # the compare with clamp_hi and the table in quarters; s13 the function's result.
+        # Then the pooling register, from which a window's row goes into the output FIFO (it
+        # is offered a cycle later).
+        depth = self.STAGES - 2
 
-        advance = Signal()
+        # Output FIFO and the credit that keeps it from overflowing: a window's row is
+        # owed from the cycle its closing row is taken until o_row takes it.
+        m.submodules.out_fifo = out_fifo = fifo.SyncFIFO(
+            width=8 * cols, depth=self.FIFO_DEPTH)
+        owed = Signal(range(self.FIFO_DEPTH + 1))
+        room = Signal()
+        take = Signal()
+        give = Signal()
         m.d.comb += [
-            advance.eq(~self.o_row.valid | self.o_row.ready),
-            self.i_row.ready.eq(advance),
+            room.eq(owed < self.FIFO_DEPTH),
+            self.i_row.ready.eq(room),
+            take.eq(self.i_row.valid & room),
+            self.o_row.valid.eq(out_fifo.r_rdy),
+            self.o_row.payload.eq(out_fifo.r_data),
+            out_fifo.r_en.eq(self.o_row.ready),
+            give.eq(out_fifo.r_rdy & self.o_row.ready),
         ]
-        take = self.i_row.valid & self.i_row.ready
+        m.d.sync += owed.eq(owed + (take & self.i_row.payload.last) - give)
 
-        valid = [Signal(name=f"valid_s{i}") for i in range(1, self.STAGES)]
-        last = [Signal(name=f"last_s{i}") for i in range(1, self.STAGES)]
-        with m.If(advance):
-            m.d.sync += [valid[0].eq(take), last[0].eq(self.i_row.payload.last)]
-            for i in range(1, len(valid)):
-                m.d.sync += [valid[i].eq(valid[i - 1]), last[i].eq(last[i - 1])]
-        m.d.comb += self.o_busy.eq(sum(valid) != 0 if valid else 0)
+        valid = [Signal(name=f"valid_s{i}") for i in range(1, depth + 1)]
+        last = [Signal(name=f"last_s{i}") for i in range(1, depth + 1)]
+        m.d.sync += [valid[0].eq(take), last[0].eq(self.i_row.payload.last)]
+        for i in range(1, depth):
+            m.d.sync += [valid[i].eq(valid[i - 1]), last[i].eq(last[i - 1])]
+        m.d.comb += self.o_busy.eq(Cat(*valid).any() | (owed != 0))
 
-        # One table ROM per column: SIGMOID at 0..255, TANH at 256..511, index q + 128.
-        rom_init = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
-        is_table = (self.i_params.func == Func.SIGMOID) | (self.i_params.func == Func.TANH)
+        # The parameters every column uses from the shift on, decoded into a register and
+        # copied from it, a copy per column (two cycles later still: their first use is 7
+        # cycles after a row is taken), so that none is routed to all the columns'
+        # multiplexers.
+        func = prm.func
+        scalars = data.StructLayout({"shift": 6, "zero_point": signed(8), "clamp_hi": signed(8),
+                                     "zp_above": 1, "table": 1, "tanh": 1, "relu": 1,
+                                     "clamp": 1})
+        shared = Signal(scalars)
+        m.d.sync += [
+            shared.shift.eq(prm.shift), shared.zero_point.eq(prm.zero_point),
+            shared.clamp_hi.eq(prm.clamp_hi),
+            shared.zp_above.eq(prm.zero_point > prm.clamp_hi),
+            shared.table.eq((func == Func.SIGMOID) | (func == Func.TANH)),
+            shared.tanh.eq(func == Func.TANH),
+            shared.relu.eq(func == Func.RELU),
+            shared.clamp.eq(func == Func.CLAMP),
+        ]
+        column_params = [data.View(scalars, copy) for copy in
+                         register_copies(m, shared.as_value(), cols, "params")]
+        rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
 
         pooled = Signal(data.ArrayLayout(signed(8), cols))
         window_open = Signal()
+        window_next = Signal()
+        m.d.comb += window_next.eq(Mux(valid[depth - 1], ~last[depth - 1], window_open))
+        m.d.sync += window_open.eq(window_next)
+        # The pooling's controls, a copy per column (the same registers, each driving only
+        # its column's comparator and multiplexers).
+        pool_valid = register_copies(m, valid[depth - 2], cols, "pool_valid")
+        pool_open = register_copies(m, window_next, cols, "pool_open")
         for j in range(cols):
-            # Stage 1: bias, wrapping at 32 bits.
-            t = Signal(signed(32), name=f"t_{j}")
-            # Stage 2: exact 64-bit product.
-            p = Signal(signed(64), name=f"p_{j}")
-            # Stage 3: rounding shift, saturation, zero point.
-            q = Signal(signed(8), name=f"q_{j}")
-            # Stage 4: function (the table read lands in stage 5).
-            f = Signal(signed(8), name=f"f_{j}")
-            with m.If(advance):
-                m.d.sync += [
-                    t.eq(self.i_row.payload.data[j] + self.i_params.bias[j]),
-                    p.eq(t * self.i_params.multiplier[j]),
-                    q.eq(self._saturate(self._requant(p))),
-                    f.eq(self._function(q)),
-                ]
+            def reg(shape, name, j=j):
+                return Signal(shape, name=f"{name}_{j}", reset_less=True)
 
-            rom = memory.Memory(shape=unsigned(8), depth=512, init=rom_init)
-            m.submodules[f"lut_{j}"] = rom
-            rd = rom.read_port()
-            m.d.comb += [
-                rd.en.eq(advance),
-                rd.addr.eq(Cat(q[:7], ~q[7], self.i_params.func == Func.TANH)),
+            a = reg(signed(32), "acc")                 # s1: the sum as it arrived
+            t = reg(signed(32), "t")                   # s2: + bias, wrapped
+            pp_ll = reg(unsigned(34), "pp_ll")         # s5: the four partial products
+            pp_lh = reg(signed(33), "pp_lh")
+            pp_hl = reg(signed(33), "pp_hl")
+            pp_hh = reg(signed(30), "pp_hh")
+            mid = reg(signed(34), "mid")               # s6: the middle partial products
+            lohi = reg(signed(64), "lohi")             #     the outer ones side by side
+            p = reg(signed(64), "p")                   # s7: the exact product
+            coarse = reg(signed(64), "coarse")         # s8: p >>> 8 * shift[3:6]
+            below = reg(1, "below")                    #     the bit under the coarse shift
+            r = reg(signed(64), "r")                   # s9: p >>> shift
+            rb = reg(1, "rb")                          #     the rounding bit p[shift - 1]
+            v = reg(signed(12), "v")                   # s10: low bits + zero point + round
+            small = reg(1, "small")                    #      r fits 10 bits: v is exact
+            negative = reg(1, "negative")
+            q = reg(signed(8), "q")                    # s11: saturated
+            q_12 = reg(signed(8), "q_12")              # s12: q, ReLU, ReLU > clamp_hi and
+            relu = reg(signed(8), "relu")              #      the table entries of q's
+            above = reg(1, "above")                    #      quarter of the index range
+            quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
+            result = reg(signed(8), "result")          # s13: the function's result
+
+            # t * m = t_hi m_hi 2**34 + (t_hi m_lo + t_lo m_hi) 2**17 + t_lo m_lo: each
+            # product an 18 x 18 signed multiply (the low halves zero-extended).
+            mult = prm.multiplier[j]
+            halves = {"lo": (t[0:17], mult[0:17]),
+                      "hi": (t[17:32].as_signed(), mult[17:32].as_signed())}
+            for name, target, (ta, mb) in (("ll", pp_ll, (halves["lo"][0], halves["lo"][1])),
+                                           ("lh", pp_lh, (halves["lo"][0], halves["hi"][1])),
+                                           ("hl", pp_hl, (halves["hi"][0], halves["lo"][1])),
+                                           ("hh", pp_hh, (halves["hi"][0], halves["hi"][1]))):
+                product = Signal(signed(36), name=f"prod_{name}_{j}")
+                if instantiate:
+                    m.submodules[f"mult_{name}_{j}"] = _mult18x18d(m, a=ta, b=mb, p=product,
+                                                                   ce=Const(1, 1))
+                else:
+                    op_a = reg(signed(18), f"op_a_{name}")
+                    op_b = reg(signed(18), f"op_b_{name}")
+                    m.d.sync += [op_a.eq(ta), op_b.eq(mb), product.eq(op_a * op_b)]
+                # The block's output is routed far: into a register before any adder.
+                m.d.sync += target.eq(product)
+
+            m.d.sync += [
+                a.eq(self.i_row.payload.data[j]),
+                t.eq(a + prm.bias[j]),
+                mid.eq(pp_lh + pp_hl),
+                lohi.eq(Cat(pp_ll, pp_hh)),            # t_lo m_lo < 2**34: no overlap
+                p.eq(Cat(lohi[0:17], lohi[17:64].as_signed() + mid)),
             ]
-            result = Mux(is_table, rd.data.as_signed(), f)
+            # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
+            cp = column_params[j]
+            shift_hi, shift_lo = cp.shift[3:6], cp.shift[0:3]
+            is_table, is_tanh, is_relu, is_clamp = cp.table, cp.tanh, cp.relu, cp.clamp
+            with m.Switch(shift_hi):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.sync += [coarse.eq(p >> (8 * k)),
+                                     below.eq(p[8 * k - 1] if k else 0)]
+            with m.Switch(shift_lo):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.sync += [r.eq(coarse >> k),
+                                     rb.eq(coarse[k - 1] if k else below)]
+            # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
+            # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
+            zp = cp.zero_point
+            m.d.sync += [
+                v.eq(r[0:10].as_signed() + zp + rb),
+                small.eq((r[9:64] == 0) | (r[9:64] == (1 << 55) - 1)),
+                negative.eq(r[63]),
+                q.eq(Mux(small, Mux(v < -128, -128, Mux(v > 127, 127, v)),
+                         Mux(negative, -128, 127))),
+                q_12.eq(q),
+                relu.eq(Mux(q > zp, q, zp)),
+                # max(q, zp) > clamp_hi, without the max in series.
+                above.eq((q > cp.clamp_hi) | cp.zp_above),
+            ]
+            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s12 the
+            # four entries q's low 6 bits select (one per value of its top 2 bits), in s13
+            # the one its top bits select.
+            low = Cat(q[:6], is_tanh)
+            memo: dict = {}
+            for k in range(4):
+                entries = rom[64 * k:64 * (k + 1)] + rom[256 + 64 * k:256 + 64 * (k + 1)]
+                m.d.sync += quarters[k].eq(Cat(*(
+                    _rom_bit([(value >> bit) & 1 for value in entries], low, memo)
+                    for bit in range(8))))
+            top = Cat(q_12[6], ~q_12[7])
+            tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
+                      Mux(top[0], quarters[1], quarters[0]))
+            clamp = Mux(above, cp.clamp_hi, relu)
+            m.d.sync += result.eq(Mux(is_table, tbl,
+                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_12))))
 
-            # Stage 5: pooling into the output register.
-            best = Mux(window_open & (pooled[j] > result), pooled[j], result)
-            with m.If(advance & valid[3]):
+            # Pooling into a register, from which a window's row goes into the output FIFO.
+            best = Mux(pool_open[j] & (pooled[j] > result), pooled[j], result)
+            with m.If(pool_valid[j]):
                 m.d.sync += pooled[j].eq(best)
-                with m.If(last[3]):
-                    m.d.sync += self.o_row.payload[j].eq(best)
 
-        with m.If(advance):
-            m.d.sync += self.o_row.valid.eq(valid[3] & last[3])
-            with m.If(valid[3]):
-                m.d.sync += window_open.eq(~last[3])
+        emit = Signal()         # pooled holds a window's row
+        m.d.sync += emit.eq(valid[depth - 1] & last[depth - 1])
+        m.d.comb += [
+            out_fifo.w_data.eq(pooled),
+            out_fifo.w_en.eq(emit),
+        ]
         return m
-
-    def _requant(self, p):
-        """``(p + 2**(shift-1)) >>> shift``, exact; ``p`` when ``shift == 0``."""
-        half = (Const(1, unsigned(65)) << self.i_params.shift) >> 1
-        return (p + half) >> self.i_params.shift
-
-    def _saturate(self, r):
-        """``saturate_int8(saturate_int32(r) + zero_point)``."""
-        r32 = Mux(r < -(1 << 31), -(1 << 31), Mux(r > (1 << 31) - 1, (1 << 31) - 1, r))
-        v = r32 + self.i_params.zero_point
-        return Mux(v < -128, -128, Mux(v > 127, 127, v))
-
-    def _function(self, q):
-        zp = self.i_params.zero_point
-        relu = Mux(q > zp, q, zp)
-        clamp = Mux(relu > self.i_params.clamp_hi, self.i_params.clamp_hi, relu)
-        return Mux(self.i_params.func == Func.RELU, relu,
-                   Mux(self.i_params.func == Func.CLAMP, clamp, q))

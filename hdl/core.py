@@ -91,8 +91,12 @@ class Core(wiring.Component):
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width)
-        unit = SerialActivationUnit if cfg.activation_unit == "serial" else ActivationUnit
-        m.submodules.activation = au = unit(cols=cfg.cols, acc_width=cfg.acc_width)
+        if cfg.activation_unit == "serial":
+            au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
+        else:
+            au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
+                                multiplier=cfg.multiplier)
+        m.submodules.activation = au
 
         # Host side.
         wiring.connect(m, wiring.flipped(self.i_host), fe.i_host)

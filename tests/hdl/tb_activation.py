@@ -104,6 +104,9 @@ class Testbench:
         self.param_layout = requant_params_layout(cols)
         self.scoreboard = Scoreboard(f"activation cols={cols}", seed, self.log)
         start_clock(dut)
+        # Defined from the start, as the core's parameter store is: the pipelined unit keeps
+        # per-column copies of the parameters that would hold on to an undefined value.
+        dut.i_params.value = 0
         self.source = StreamDriver(dut, "i_row", dut.clk, self.in_layout, idle)
         self.sink = StreamMonitor(dut, "o_row", dut.clk, data.ArrayLayout(signed(8), cols),
                                   backpressure, callback=self.scoreboard.receive)

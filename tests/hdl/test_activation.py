@@ -35,6 +35,15 @@ def test_activation(size: str, group: str):
         extra_env={"AMTPU_ACT": json.dumps({"cols": cols})})
 
 
+@pytest.mark.parametrize("group", GROUPS)
+def test_activation_ecp5(group: str):
+    """The partial products on instantiated MULT18X18D blocks (their simulation model), as
+    the ULX3S build has them: the same results and timing."""
+    run("activation", lambda: ActivationUnit(cols=4, acc_width=32, multiplier="ecp5"),
+        "c4-ecp5", "tb_activation", HERE, GROUPS[group], label=group,
+        extra_env={"AMTPU_ACT": json.dumps({"cols": 4})})
+
+
 @pytest.mark.parametrize("group", ["function", "directed-serial"])
 def test_serial_activation(group: str):
     """The serial unit (one datapath time-shared over 4 columns) against the same golden
