@@ -14,7 +14,7 @@ __all__ = ["SerialActivationUnit", "element_cycles"]
 def element_cycles(shift: int) -> int:
     """Cycles :class:`SerialActivationUnit` spends on one element with rounding ``shift``."""
     s = max(shift - 1, 0)
-    return 1 + 32 + (s // 8 + s % 8) + 2
+    return 1 + 32 + (s // 8 + s % 8) + 3
 
 
 class SerialActivationUnit(wiring.Component):
@@ -25,9 +25,10 @@ class SerialActivationUnit(wiring.Component):
 
     Each element takes :func:`element_cycles` cycles: one to add the bias, 32 for a
     shift-and-add signed multiply (one 33-bit adder), ``(shift - 1) // 8 + (shift - 1) % 8``
-    for the arithmetic right shift (by 8 or by 1 a cycle), one for rounding, saturation, the
-    zero point and the function, one for the table read and pooling. A row of ``cols``
-    elements therefore takes ``cols`` times that (37 to 50 cycles an element), against one
+    for the arithmetic right shift (by 8 or by 1 a cycle), one for rounding, saturation and
+    the zero point, one for the function (and the table's address), one for the table read
+    and pooling. A row of ``cols`` elements therefore takes ``cols`` times that (38 to 51
+    cycles an element), against one
     row a cycle for the parallel unit; on a board the host link is slower still.
 
     The row is read from ``i_row`` while it waits (a stream's payload holds until it is
@@ -118,18 +119,22 @@ class SerialActivationUnit(wiring.Component):
         q_next = Signal(signed(8))
         m.d.comb += q_next.eq(Mux(small & same(v[7:]), v[:8].as_signed(),
                                   Mux(negative, -128, 127)))
+        # The requantised value, registered: the function's compares and the table's address
+        # start from it (on the iCE40 the rounding add, saturation, two compares and the
+        # table address in one cycle set the clock).
+        q = Signal(signed(8))
         zp = params.zero_point
-        relu = Mux(q_next > zp, q_next, zp)
+        relu = Mux(q > zp, q, zp)
         clamp = Mux(relu > params.clamp_hi, params.clamp_hi, relu)
         f_next = Mux(params.func == Func.RELU, relu,
-                     Mux(params.func == Func.CLAMP, clamp, q_next))
+                     Mux(params.func == Func.CLAMP, clamp, q))
 
         # The table functions: SIGMOID at 0..255, TANH at 256..511, index q + 128.
         rom_init = [x & 0xff for x in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
         m.submodules.lut = rom = memory.Memory(shape=unsigned(8), depth=512, init=rom_init)
         rd = rom.read_port()
         # Addressed with the value about to be registered: the data lands in POOL.
-        m.d.comb += rd.addr.eq(Cat(q_next[:7], ~q_next[7], params.func == Func.TANH))
+        m.d.comb += rd.addr.eq(Cat(q[:7], ~q[7], params.func == Func.TANH))
         is_table = (params.func == Func.SIGMOID) | (params.func == Func.TANH)
         result = Mux(is_table, rd.data.as_signed(), f)
         best = Mux(window_open & (pooled[col] > result), pooled[col], result)
@@ -158,8 +163,12 @@ class SerialActivationUnit(wiring.Component):
                 with m.Elif(left != 0):
                     m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1)]
                 with m.Else():
-                    m.d.sync += f.eq(f_next)
-                    m.next = "POOL"
+                    m.d.sync += q.eq(q_next)
+                    m.next = "FUNC"
+            with m.State("FUNC"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += f.eq(f_next)
+                m.next = "POOL"
             with m.State("POOL"):
                 # The table read of q lands this cycle.
                 m.d.comb += self.o_busy.eq(1)

@@ -78,7 +78,7 @@ class TPUConfig:
     activation_unit : str
         ``"pipelined"``: one requantisation datapath per column, a row a cycle
         (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
-        the columns with a multi-cycle multiply and shift, 37 to 50 cycles an element
+        the columns with a multi-cycle multiply and shift, 38 to 51 cycles an element
         (:class:`hdl.activation_serial.SerialActivationUnit`), for small parts. Same results.
     counter_bits : int
         Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
@@ -237,8 +237,9 @@ PRESETS: dict[str, TPUConfig] = {
                             param_slots=2, weight_fifo_depth=2,
                             activation_unit="serial", counter_bits=32,
                             param_store="block", dispatch="registered"),
-    # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers.
-    "ulx3s": TPUConfig(multiplier="ecp5"),
+    # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
+    # activation unit's partial products too), the front end's answers registered.
+    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="registered"),
 }
 
 
