@@ -28,6 +28,10 @@ IMAGES    ?=
 BOARD      ?= icebreaker
 BOARD_ARGS ?=
 
+# `make report`: extra arguments (REPORT_ARGS="--rerun" also measures simulation speed,
+# "--synth" reruns the synthesis sweep, "--cached" only redraws from bench/results/).
+REPORT_ARGS ?=
+
 # pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
 JOBS ?= 2
 ARGS ?=
@@ -42,7 +46,7 @@ RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VE
 # models; lz4 and zlib headers for Verilator FST tracing.
 APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 
-.PHONY: help setup test test-all lint demo synth bitstream bench waves clean
+.PHONY: help setup test test-all lint demo synth bitstream bench report waves clean
 
 help:
 	@printf '%s\n' \
@@ -56,6 +60,7 @@ help:
 	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
 	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
+	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
@@ -139,6 +144,9 @@ bench:
 	$(RUN) $(PY) -m bench.gemm
 	$(RUN) $(PY) -m bench.simspeed
 	$(RUN) $(PY) -m bench.transport
+
+report:
+	$(RUN) $(PY) -m bench.report $(REPORT_ARGS)
 
 waves:
 	@if ! command -v gtkwave >/dev/null; then

@@ -330,8 +330,9 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         f"test: it records what this machine measured.",
         "",
         "Configurations: the default core (`hdl/config.py`) with the array resized to 4x4, 8x8 "
-        "and 16x16 and the weight memory held at the default's 4,096 bytes (256, 64 and 16 "
-        "tiles), unified buffer 1,024 rows, accumulators 512 rows, weight FIFO 4 tiles. The "
+        "and 16x16, the weight memory at the default's 64 tiles but at least its 4,096 bytes "
+        "(4x4: 256 tiles), so every workload's weights stay resident; unified buffer 1,024 "
+        "rows, accumulators 512 rows, weight FIFO 4 tiles, 4 parameter slots. The "
         "host stream is one beat a cycle each way, as wide as the widest row "
         "(`host_width`: 128, 256 and 512 bits).",
         "",
