@@ -21,7 +21,8 @@ from hdl.config import TPUConfig, get_config
 from hdl.isa import Func
 
 __all__ = ["SIZES", "GEMMS", "report_config", "measure_gemm", "measure_network",
-           "measure_workloads", "stream_speed", "amaranth_stream_speed", "transport_speed"]
+           "measure_workloads", "stream_speed", "amaranth_stream_speed", "transport_speed",
+           "amaranth_program_speed"]
 
 #: Array sizes the report sweeps.
 SIZES = ("4x4", "8x8", "16x16")
@@ -39,6 +40,10 @@ GEMMS: tuple[tuple[str, tuple[int, int, int], str], ...] = (
 )
 
 SEED = 2026
+
+#: The two kinds of driver whose simulation speed the report compares.
+STREAM = "stream drivers, Python every cycle"
+PROGRAM = "fast transport, program in simulator memory"
 
 
 def report_config(size: str) -> TPUConfig:
@@ -146,7 +151,7 @@ def stream_speed(size: str, sim: str, tiles: int, rows: int) -> dict:
     (:mod:`bench.tb_stream`, every output row checked): simulated cycles per second."""
     from bench.utilisation import measure
     r = measure(size, tiles, rows, sim)
-    return {"driver": "cocotb stream drivers", "sim": sim, "config": size,
+    return {"driver": STREAM, "sim": sim, "config": size,
             "cycles": r["cycles_with_fill_and_drain"], "wall_s": r["wall_seconds"],
             "cycles_per_s": r["cycles_per_second"]}
 
@@ -211,7 +216,7 @@ def amaranth_stream_speed(size: str, tiles: int, rows: int) -> dict:
     got = np.array(received, dtype=np.int64)
     if not np.array_equal(got, np.array(expected)):
         raise AssertionError(f"amaranth.sim stream on {size}: output differs from golden")
-    return {"driver": "amaranth.sim async testbench", "sim": "amaranth.sim", "config": size,
+    return {"driver": STREAM, "sim": "amaranth.sim", "config": size,
             "cycles": figures["cycles"], "wall_s": figures["wall"],
             "cycles_per_s": figures["cycles"] / figures["wall"]}
 
@@ -228,7 +233,83 @@ def transport_speed(size: str, sim: str, gemm: int) -> dict:
         for _ in range(2):
             r = measure_gemm(device, config, (gemm, gemm, gemm))
         build = device.build_seconds
-    return {"driver": "RTL transport (host bridge)", "sim": sim, "config": size,
+    return {"driver": PROGRAM, "sim": sim, "config": size,
             "cycles": r["program_cycles"], "wall_s": r["wall_s"],
             "cycles_per_s": r["program_cycles"] / r["wall_s"], "build_s": build,
             "ready_s": ready}
+
+
+def amaranth_program_speed(size: str, gemm: int) -> dict:
+    """amaranth.sim's counterpart of the RTL transport: the whole core runs a ``gemm x gemm``
+    GEMM program whose beats sit in a memory inside the simulation (fed one a cycle, answers
+    counted into another), the testbench waiting only for the last answer. The answers are
+    checked against the ISA simulator's."""
+    from amaranth.hdl import Elaboratable, Module, Signal
+    from amaranth.lib import memory
+    from amaranth.sim import Simulator
+
+    from hdl.core import Core
+
+    config = report_config(size)
+    rng = np.random.default_rng(SEED)
+    x = rng.integers(-128, 128, (gemm, gemm))
+    w = rng.integers(-128, 128, (gemm, gemm))
+    plan = gemm_program(config, x, w, measure=True, func=Func.RELU, shift=8)
+    expected = run_program(IsaSimDevice(config), plan.beats, plan.output_beats,
+                           instructions=plan.instructions)
+
+    class ProgramHost(Elaboratable):
+        """The core between a ROM of the program's beats and a RAM of its answers."""
+
+        def __init__(self):
+            self.core = Core(config)
+            self.count = Signal(range(plan.output_beats + 1))
+            self.done = Signal()
+            self.answers = memory.Memory(shape=config.host_width, depth=plan.output_beats,
+                                         init=[])
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.core = core = self.core
+            m.submodules.rom = rom = memory.Memory(shape=config.host_width,
+                                                   depth=len(plan.beats), init=plan.beats)
+            m.submodules.answers = self.answers
+            rd = rom.read_port(domain="comb")
+            wr = self.answers.write_port()
+            index = Signal(range(len(plan.beats) + 1))
+            m.d.comb += [rd.addr.eq(index), core.i_host.payload.eq(rd.data),
+                         core.i_host.valid.eq(index < len(plan.beats)),
+                         core.o_host.ready.eq(1), wr.addr.eq(self.count),
+                         wr.data.eq(core.o_host.payload),
+                         wr.en.eq(core.o_host.valid & ~self.done),
+                         self.done.eq(self.count == plan.output_beats)]
+            with m.If(core.i_host.valid & core.i_host.ready):
+                m.d.sync += index.eq(index + 1)
+            with m.If(core.o_host.valid & ~self.done):
+                m.d.sync += self.count.eq(self.count + 1)
+            return m
+
+    top = ProgramHost()
+    figures: dict = {}
+
+    async def testbench(ctx):
+        start = time.perf_counter()
+        cycles = 0
+        while not ctx.get(top.done):
+            await ctx.tick()
+            cycles += 1
+            assert cycles < 200_000, "timeout"
+        figures.update(cycles=cycles, wall=time.perf_counter() - start,
+                       out=[ctx.get(top.answers.data[i]) for i in range(plan.output_beats)])
+
+    sim_ = Simulator(top)
+    sim_.add_clock(1e-8)
+    sim_.add_testbench(testbench)
+    sim_.run()
+    bad = [i for i, (e, o) in enumerate(zip(expected, figures["out"], strict=True))
+           if e is not None and e != o]
+    if bad:
+        raise AssertionError(f"amaranth.sim program on {size}: beat {bad[0]} differs")
+    return {"driver": PROGRAM, "sim": "amaranth.sim",
+            "config": size, "cycles": figures["cycles"], "wall_s": figures["wall"],
+            "cycles_per_s": figures["cycles"] / figures["wall"]}
