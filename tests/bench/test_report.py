@@ -1,5 +1,6 @@
 """The performance report's arithmetic, plots and page (bench/report.py) on synthetic records
-for a 2x2 core, and the amaranth.sim stream bench on the 2x2 array: fast, no RTL build."""
+for a 2x2 core, and its amaranth.sim benches (the stream through the 2x2 matrix unit, a GEMM
+program on the 2x2 core), which check their results: fast, no Verilator or Icarus build."""
 
 from __future__ import annotations
 
