@@ -56,6 +56,10 @@ TPU_V1_TABLE3 = {
     "CNN0": {"array active": 78.2}, "CNN1": {"array active": 46.2},
 }
 
+#: What the parts hold (LUT4 or iCE40 logic cells, DSP multipliers, block RAMs).
+PART_CAPACITY = {"ecp5": {"lut4": 83_640, "dsp": 156, "bram": 208},
+                 "ice40": {"lut4": 5_280, "dsp": 8, "bram": 30}}
+
 SIM_ORDER = ("verilator", "icarus", "amaranth.sim")
 
 
@@ -478,10 +482,17 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
                 note = f"nextpnr runs: {runs}" + (
                     f"; {'; '.join(b['errors'])}" if b.get("errors") else "")
             else:
+                cap = PART_CAPACITY[b["board"]]
                 lut = f"{_n(res.get('lut4'))} LUT4 + {_n(res.get('carry'))} carry"
-                dsp, ff, bram = _n(res.get("dsp")), _n(res.get("ff")), _n(res.get("bram"))
+                dsp = f"{_n(res.get('dsp'))} / {cap['dsp']}"
+                bram = f"{_n(res.get('bram'))} / {cap['bram']}"
+                ff = _n(res.get("ff"))
                 fmax = "(yosys only)"
-                note = "; ".join(b.get("errors", [])) or "yosys only"
+                over = [f"{what} {res.get(key)} > {cap[key]}" for key, what in
+                        (("lut4", "LUT4"), ("dsp", "DSP"), ("bram", "block RAM"))
+                        if (res.get(key) or 0) > cap[key]]
+                note = "; ".join(b.get("errors", [])) or (
+                    f"does not fit the part: {', '.join(over)}" if over else "fits the part")
             rows.append([b["kind"], b["part"].split(":")[0], b["config"], lut, ff, dsp, bram,
                          fmax, f"{b['wall_s']:.0f} s", note])
         out += _table(["what", "board", "config", "LUT4 (LCs on iCE40)", "FF", "DSP",
