@@ -221,7 +221,8 @@ def plot_synthesis(synth: dict, path: Path) -> Path:
     builds = [b for b in synth.get("builds", []) if b["kind"] == "array"]
     fig, (ax_r, ax_f) = plt.subplots(1, 2, figsize=(11, 4.2))
     for board, style in (("ecp5", "o-"), ("ice40", "s--")):
-        bs = sorted((b for b in builds if b["board"] == board), key=lambda b: b["rows"])
+        bs = sorted((b for b in builds if b["board"] == board and b["resources"]["lut"]),
+                    key=lambda b: b["rows"])
         if not bs:
             continue
         pes = [b["rows"] * b["cols"] for b in bs]
@@ -475,6 +476,11 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
                 dsp = f"{_n(res.get('dsp'))} / {_n(av.get(dsp_key))}"
                 ff = _n(res.get("ff")) if res.get("ff") is not None else "in LCs"
                 bram = _n(res.get("bram"))
+                if res.get("lut") is None:          # no placement: yosys's figures
+                    ys = res.get("yosys_array", {})
+                    lut = (f"yosys: {_n(ys.get('lut4'))} LUT4 + {_n(ys.get('carry'))} carry")
+                    dsp, ff, bram = (f"yosys: {_n(ys.get('dsp'))}", f"yosys: {_n(ys.get('ff'))}",
+                                     "-")
                 runs = "; ".join(f"{x['constraint_mhz']:g} -> {x['achieved_mhz']:.1f}"
                                  f"{'' if x['passed'] else ' fail'}" for x in b.get("runs", []))
                 fmax = (f"**{b['fmax_mhz']:.1f} MHz**" if b.get("fmax_mhz") else

@@ -9,7 +9,8 @@ Two kinds of build, one at a time (one core):
   placed and routed on the real package by :func:`bench.synth.synthesise` (nextpnr's Fmax,
   constraint raised or lowered for at most ``--max-runs`` runs). ECP5 (LFE5U-85F-6): 4x4,
   8x8 and 16x16 (the 16x16 with its 100 products beyond the part's 156 MULT18X18D in LUT
-  logic, one place-and-route run only: it takes over 10 minutes). iCE40UP5K: 2x2 and 4x4
+  logic, one place-and-route run, stopped after :data:`PNR_LIMIT_S`: on this project's
+  machine it had not finished routing after 17 minutes). iCE40UP5K: 2x2 and 4x4
   (products beyond the 8 SB_MAC16 in LUTs); 8x8 does not fit the part.
 - ``core``: the whole core (:class:`hdl.core.Core`, its host ports as the top level's ports)
   through yosys alone (``synth_ecp5`` / ``synth_ice40 -dsp``): cell counts, no placement, no
@@ -29,6 +30,8 @@ import json
 import os
 import platform
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +58,29 @@ SWEEP: tuple[tuple[str, str, str, int | None, float | None], ...] = (
     ("core", "ice40", "small", None, None),
     ("array", "ecp5", "large", 1, 50.0),
 )
+
+
+#: Wall time of one array build after which its nextpnr run is stopped: the 16x16 ECP5
+#: array (100 products in LUTs) routes for well over an hour on a loaded 2-core machine.
+PNR_LIMIT_S = 900.0
+
+_stopped: list[int] = []
+
+
+def _stop_nextpnr() -> None:
+    """Terminate the nextpnr processes this process started (found through /proc)."""
+    me = os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and b"nextpnr" in cmdline:
+            os.kill(int(proc.name), signal.SIGTERM)
+            _stopped.append(int(proc.name))
 
 
 def _ffs(cells: dict) -> int:
@@ -150,7 +176,16 @@ def sweep(budget_s: float, out_dir: Path = WORK) -> dict:
         t0 = time.monotonic()
         t0_cpu = os.times()
         if kind == "array":
-            entry = _array_entry(board_key, config, max_runs, freq, out_dir)
+            watchdog = threading.Timer(PNR_LIMIT_S, _stop_nextpnr)
+            watchdog.start()
+            try:
+                entry = _array_entry(board_key, config, max_runs, freq, out_dir)
+            finally:
+                watchdog.cancel()
+            if _stopped:
+                entry["errors"].append(f"nextpnr stopped after the build's {PNR_LIMIT_S:g} s "
+                                       f"(routing unfinished)")
+                _stopped.clear()
         else:
             entry = synth_core(board_key, config, out_dir)
         t1_cpu = os.times()
