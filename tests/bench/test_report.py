@@ -59,10 +59,10 @@ def test_analyse():
     assert compute["intensity"] == 2.0 and compute["attainable"] == 8
     assert compute["achieved"] == 4.0 and compute["of_roof"] == pytest.approx(50)
     assert compute["utilisation"] == pytest.approx(95)
-    assert compute["bound"] == "array (compute)"
+    assert compute["host_region"] == "compute" and compute["weight_region"] == "compute"
     assert compute["weight_intensity"] == pytest.approx(2 * 4 * 95 / (20 * 2))
     assert host["intensity"] == 0.25 and host["attainable"] == 2.0
-    assert host["bound"] == "host link"
+    assert host["host_region"] == "host link" and host["weight_region"] == "-"
     assert host["worst_stall"] == "input (host) stall"
     assert host["shares"]["input (host) stall"] == pytest.approx(60)
 
@@ -87,8 +87,9 @@ def test_report_from_cache(tmp_path):
     assert "No synthesis sweep recorded yet" in page
     # The roofline table: 2x2 ridge 1.0 op per host byte, 4 per weight byte.
     assert "| 2x2 | 8 | 64 | 8 | 1.0 | 4 |" in page
-    assert "| big | 2x2 | 400 | 2.00 | 4.0 | 8.0 | 50 % |" in page
-    assert "**95.0 %**" in page and "host link" in page
+    assert "| big | 2x2 | 400 | 2.00 | 4.0 | 8.0 | 50 % | compute | 19.0 | compute |" in page
+    assert "| small | 2x2 | 400 | 0.25 | 1.0 | 2.0 | 50 % | host link | - | - |" in page
+    assert "**95.0 %** | weight shift 20 % |" in page
     assert f"| {PROGRAM} | 2x2 | 100,000 |" in page
     assert "2026-01-01 00:00 UTC" in page
 
