@@ -261,11 +261,17 @@ def plot_synthesis(synth: dict, path: Path) -> Path:
         if not bs:
             continue
         pes = [b["rows"] * b["cols"] for b in bs]
-        ax_r.plot(pes, [b["resources"]["lut"] or 0 for b in bs], style,
-                  label=f"{board} LUT4 / LC")
+        (lut_line,) = ax_r.plot(pes, [b["resources"]["lut"] or 0 for b in bs], style,
+                                label=f"{board} LUT4 / LC")
         ffs = [b["resources"]["ff"] for b in bs]
         if all(f is not None for f in ffs):
             ax_r.plot(pes, ffs, style, alpha=0.5, label=f"{board} FF")
+        unplaced = [b for b in builds if b["board"] == board and not b["resources"]["lut"]]
+        for b in unplaced:                  # no placement: yosys's LUT4 + carry cells
+            ys = b["resources"].get("yosys_array", {})
+            ax_r.plot(b["rows"] * b["cols"], ys.get("lut4", 0) + ys.get("carry", 0),
+                      style[0], mfc="none", color=lut_line.get_color(),
+                      label=f"{board} {b['config']}: yosys LUT4 + carry, not routed")
         ax_f.plot(pes, [b["fmax_mhz"] or b["best_achieved_mhz"] or 0 for b in bs], style,
                   label=board)
         for b, p in zip(bs, pes, strict=True):
@@ -294,11 +300,14 @@ def plot_simspeed(speed: list[dict], path: Path) -> Path:
     """Simulated cycles per second against array size, per simulator and driver."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     keys = list(dict.fromkeys((s["sim"], s["driver"]) for s in speed))
+    sims = list(dict.fromkeys(sim for sim, _ in keys))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for sim, driver in keys:
         pts = sorted((s for s in speed if s["sim"] == sim and s["driver"] == driver),
                      key=lambda s: _pes(s["config"]))
         ax.plot([_pes(s["config"]) for s in pts], [s["cycles_per_s"] for s in pts],
-                "o-" if "transport" in driver else "s--", label=f"{sim}: {driver}")
+                "o-" if "transport" in driver else "s--",
+                color=colours[sims.index(sim) % len(colours)], label=f"{sim}: {driver}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("PEs (rows x cols)")
