@@ -530,7 +530,8 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
                 runs = "; ".join(f"{x['constraint_mhz']:g} -> {x['achieved_mhz']:.1f}"
                                  f"{'' if x['passed'] else ' fail'}" for x in b.get("runs", []))
                 fmax = (f"**{b['fmax_mhz']:.1f} MHz**" if b.get("fmax_mhz") else
-                        f"none passed (best {_n(b.get('best_achieved_mhz'), 1)})")
+                        f"none passed (best {_n(b.get('best_achieved_mhz'), 1)})"
+                        if b.get("runs") else "not routed")
                 note = "; ".join(([f"nextpnr runs: {runs}"] if runs else [])
                                  + b.get("errors", []))
             else:
