@@ -583,11 +583,12 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         f"(measured {meta.get('simspeed_date', '-')}; `python -m bench.report --rerun` "
         f"measures it again). Two kinds of driver:",
         "",
-        "- *stream drivers*: the matrix unit (weight FIFO + array) fed by per-cycle stream "
-        "drivers and a monitor checking every output row against the golden model, the way "
-        "the unit tests drive it with random stalls (`bench/tb_stream.py` under cocotb; an "
-        "async `amaranth.sim` testbench doing the same in `bench/measure.py`); builds "
-        "excluded.",
+        "- *stream drivers*: the matrix unit (weight FIFO + array) fed by the unit tests' "
+        "per-cycle stream drivers and monitor (`sim/streams.py`, which insert random "
+        "valid/ready stalls in the tests; none here, so a row enters every cycle), every "
+        "output row checked against the golden model (`bench/tb_stream.py` under cocotb, "
+        "4 tiles x 256 rows on Verilator, fewer on Icarus; an async `amaranth.sim` "
+        "testbench doing the same in `bench/measure.py`); builds excluded.",
         "- *fast transport*: the whole core running a GEMM program (checked against the ISA "
         "simulator) whose beats sit in simulator memory. Under cocotb this is the RTL "
         "transport (`firmware/transports/rtl.py`, the host bridge `sim/host_bridge.py`; "
