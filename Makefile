@@ -45,6 +45,9 @@ RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VE
 # Debian packages: Icarus Verilog (default simulator); g++, make and perl to build Verilator
 # models; lz4 and zlib headers for Verilator FST tracing.
 APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
+# Optional Debian packages, installed where apt is available; setup succeeds without them:
+# GTKWave (make waves, make tour; its fst2vcd lets .gtkw files name internal signals).
+APT_OPTIONAL := gtkwave
 
 .PHONY: help setup test test-all lint demo synth bitstream bench report waves clean
 
@@ -62,6 +65,8 @@ help:
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
+	  '  tour      one matmul on the 4x4 core, checked against the ISA simulator, opened in GTKWave (docs/tour.md)' \
+	  '  tour-png  the tour'"'"'s screenshot, docs/img/tour.png (GTKWave under Xvfb: apt-get install xvfb x11-apps)' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
 	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa|serial PORT=url DEMO_SIM=verilator IMAGES=n (demo)' \
@@ -104,9 +109,12 @@ setup:
 	  apt_install "$$libpy" || missing+=("$$libpy")
 	fi
 	$(PY) -m sim.verilator_wrapper
-	if ! command -v gtkwave >/dev/null; then
-	  echo "setup: note: gtkwave (optional, for make waves) is not installed: apt-get install gtkwave"
-	fi
+	for pkg in $(APT_OPTIONAL); do
+	  if ! is_installed "$$pkg" && ! command -v "$$pkg" >/dev/null; then
+	    apt_install "$$pkg" || \
+	      echo "setup: note: $$pkg (optional, for make waves and make tour) is not installed: apt-get install $$pkg"
+	  fi
+	done
 	if [ $${#missing[@]} -gt 0 ]; then
 	  echo >&2
 	  echo "setup: INCOMPLETE: missing Debian packages: $${missing[*]}" >&2
@@ -161,6 +169,13 @@ waves:
 	fi
 	echo "waves: $$f"
 	exec gtkwave "$$f"
+
+.PHONY: tour tour-png
+tour:
+	$(RUN) $(PY) -m sim.tour
+
+tour-png:
+	$(RUN) $(PY) -m sim.tour --no-gui --screenshot docs/img/tour.png
 
 clean:
 	rm -rf build/ sim_build/ .pytest_cache/ .ruff_cache/ results.xml *.egg-info/

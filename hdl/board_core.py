@@ -90,11 +90,12 @@ class BoardCore(wiring.Component):
 
         hold = max(1, int(self.clock_hz * RUNNING_HOLD_S))
         left = Signal(range(hold + 1))
-        moved = ((core.i_host.valid & core.i_host.ready) |
-                 (core.o_host.valid & core.o_host.ready))
+        moved = Signal()        # (registered: the core's ready comes from deep in it)
+        m.d.sync += moved.eq((core.i_host.valid & core.i_host.ready) |
+                             (core.o_host.valid & core.o_host.ready))
         with m.If(moved):
             m.d.sync += left.eq(hold)
         with m.Elif(left != 0):
             m.d.sync += left.eq(left - 1)
-        m.d.comb += self.o_running.eq(left != 0)
+        m.d.sync += self.o_running.eq(left != 0)     # (registered: it drives a pin)
         return m

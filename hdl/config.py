@@ -10,13 +10,19 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
-           "ACTIVATION_UNITS"]
+           "ACTIVATION_UNITS", "PARAM_STORES", "DISPATCH_MODES"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5")
 
 #: How the activation unit is built (:attr:`TPUConfig.activation_unit`).
 ACTIVATION_UNITS = ("pipelined", "serial")
+
+#: Where the activation engine keeps its parameter slots (:attr:`TPUConfig.param_store`).
+PARAM_STORES = ("auto", "block")
+
+#: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
+DISPATCH_MODES = ("direct", "registered")
 
 
 class ConfigError(ValueError):
@@ -78,6 +84,20 @@ class TPUConfig:
         Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
         counter beat still carries 48 bits, the upper ones zero). Narrower saves logic on
         small parts.
+    param_store : str
+        Where the activation engine keeps the requantisation parameter slots (a row of
+        ``cols`` int32 biases, one of multipliers and the scalars each). ``"auto"``: as
+        synthesis chooses (so small a memory lands in flip-flops or distributed RAM).
+        ``"block"``: in block RAM (iCE40: 10 EBR for a 2-column row, where flip-flops took
+        about 450 logic cells), for small parts. Same timing and results.
+    dispatch : str
+        ``"direct"``: an instruction may issue in its first cycle at the front end (its
+        checks and the hazard tracker's answer decide in that cycle). ``"registered"``: the
+        checks and the tracker's answer are registered and the instruction issues at the
+        earliest in its second cycle, so that no path runs from the instruction word through
+        the range adders and compares into the dispatch and everything it enables (one
+        cycle more per instruction, not per data beat; the iCE40's critical path). Same
+        results.
     """
 
     rows: int = 8
@@ -94,6 +114,8 @@ class TPUConfig:
     multiplier: str = "infer"
     activation_unit: str = "pipelined"
     counter_bits: int = 48
+    param_store: str = "auto"
+    dispatch: str = "direct"
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -137,6 +159,11 @@ class TPUConfig:
               self.activation_unit in ACTIVATION_UNITS,
               " or ".join(repr(value) for value in ACTIVATION_UNITS))
         check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
+        check("param_store", isinstance(self.param_store, str) and
+              self.param_store in PARAM_STORES,
+              " or ".join(repr(value) for value in PARAM_STORES))
+        check("dispatch", isinstance(self.dispatch, str) and self.dispatch in DISPATCH_MODES,
+              " or ".join(repr(value) for value in DISPATCH_MODES))
 
     # Derived properties -------------------------------------------------------------------
 
@@ -172,6 +199,12 @@ class TPUConfig:
         return self.rows * self.cols
 
     @property
+    def range_end_bits(self) -> int:
+        """Bits of the exclusive end of a range in the largest memory (unified buffer,
+        accumulators or weight tiles): the width the hazard tracker compares."""
+        return max(self.ub_depth, self.acc_depth, self.weight_mem_tiles).bit_length()
+
+    @property
     def array_latency(self) -> int:
         """Cycles from accepting an activation row to presenting its output row: the skew
         and de-skew (``rows + cols - 1``) plus a PE's latency (3; 5 with ``multiplier="ecp5"``,
@@ -202,7 +235,8 @@ PRESETS: dict[str, TPUConfig] = {
     # 4,371 FF and 28 EBR before the link), the serial activation unit, 32-bit counters.
     "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
                             param_slots=2, weight_fifo_depth=2,
-                            activation_unit="serial", counter_bits=32),
+                            activation_unit="serial", counter_bits=32,
+                            param_store="block", dispatch="registered"),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers.
     "ulx3s": TPUConfig(multiplier="ecp5"),
 }

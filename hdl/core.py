@@ -76,7 +76,8 @@ class Core(wiring.Component):
         m = Module()
 
         m.submodules.front_end = fe = FrontEnd(cfg)
-        m.submodules.hazards = hz = HazardTracker()
+        # The front end dispatches only ranges that fit the memories: compare that wide.
+        m.submodules.hazards = hz = HazardTracker(end_bits=cfg.range_end_bits)
         m.submodules.weight_loader = wl = WeightLoader(cfg)
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)

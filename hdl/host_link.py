@@ -61,8 +61,8 @@ class HostLink(wiring.Component):
 
     Transmit. Between frames, a waiting reply (``ACK``, ``NAK``, ``STATUS_REPLY``,
     ``INFO_REPLY``) goes before a ``BEAT``; a frame is never interrupted. A ``BEAT``
-    frame reads the core's beat in place (the stream rules keep it stable) and takes it as
-    its last payload byte is sent. Every frame starts and ends with ``END``. Replies wait
+    frame copies the core's beat as it starts (the stream rules keep it stable) and takes
+    it as its last payload byte is sent. Every frame starts and ends with ``END``. Replies wait
     in a queue of :data:`REPLY_QUEUE_DEPTH`; a reply that finds it full is dropped (the
     request's effect still happens): a host that waits for each reply never fills it,
     and a host that floods the link loses replies and retries.
@@ -72,7 +72,7 @@ class HostLink(wiring.Component):
     is pending; an error whose error beat has not been sent yet is cleared once it has
     been), delivering nothing meanwhile. RESET drops the frames, forgets the last DATA
     ``seq``, and pulses ``o_core_reset`` once no ``BEAT`` frame is being sent (its beat is
-    read in place); the ``BEAT`` numbering restarts then.
+    taken at its last byte); the ``BEAT`` numbering restarts then.
 
     ``STATUS_REPLY`` reports ``i_status`` and a free-running :data:`CYCLE_BITS`-bit cycle
     counter sampled as the reply starts; ``INFO_REPLY`` the constants the link was built
@@ -283,18 +283,22 @@ class HostLink(wiring.Component):
         inflight = Signal()
         beat = Signal(self.config.host_width, reset_less=True)
         issue = (pending != 0) & ~clear_pending & ~reset_pending & (fill != beat_bytes)
+        # The transfer is acted on a cycle later (`taken`; the beat is not offered again
+        # meanwhile), so that the core's ready, which comes from deep in its dispatch logic,
+        # ends at a flip-flop here (a beat takes beat_bytes cycles to assemble anyway).
+        taken = Signal()
         m.d.comb += [
             rd.addr.eq(Cat(rd_addr[:abits], head)),
             rd.en.eq(issue),
-            self.o_host.valid.eq((fill == beat_bytes) & ~inflight),
+            self.o_host.valid.eq((fill == beat_bytes) & ~inflight & ~taken),
             self.o_host.payload.eq(beat),
         ]
-        m.d.sync += inflight.eq(issue)
+        m.d.sync += [inflight.eq(issue), taken.eq(self.o_host.valid & self.o_host.ready & ~drop)]
         with m.If(issue):
             m.d.sync += [rd_addr.eq(rd_addr + 1), fill.eq(fill + 1)]
         with m.If(inflight):
             m.d.sync += beat.eq(Cat(beat[8:], rd.data))
-        with m.If(self.o_host.valid & self.o_host.ready):
+        with m.If(taken):
             m.d.sync += fill.eq(0)
             with m.If(rd_addr == Mux(head, nbytes[1], nbytes[0])):
                 m.d.comb += pop.eq(1)
@@ -318,6 +322,11 @@ class HostLink(wiring.Component):
         last = Signal()
 
         payload = Signal(8)
+        # A BEAT frame's payload: the core's beat, copied as the frame starts (it is stable
+        # until taken, at the last byte) and shifted a byte at a time, so that the core's
+        # output logic ends at these flip-flops rather than running on through a byte select
+        # into the CRC and the transmit register.
+        out_beat = Signal(self.config.host_width, reset_less=True)
         with m.Switch(tx_kind):
             with m.Case(kind_of[lp.Kind.NAK]):
                 m.d.comb += [payload.eq(tx_code), last.eq(1)]
@@ -328,8 +337,7 @@ class HostLink(wiring.Component):
                 m.d.comb += [payload.eq(info.word_select(idx, 8)),
                              last.eq(idx == self.info_bytes - 1)]
             with m.Case(kind_of[lp.Kind.BEAT]):
-                m.d.comb += [payload.eq(self.i_host.payload.word_select(idx, 8)),
-                             last.eq(idx == beat_bytes - 1)]
+                m.d.comb += [payload.eq(out_beat[:8]), last.eq(idx == beat_bytes - 1)]
 
         sending_beat = Signal()
         with m.FSM(name="tx") as fsm:
@@ -350,7 +358,8 @@ class HostLink(wiring.Component):
                                 m.d.sync += tx_kind.eq(frame_kind.value)
                     m.next = "START"
                 with m.Elif(self.i_host.valid & ~reset_pending):
-                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq)]
+                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq),
+                                 out_beat.eq(self.i_host.payload)]
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
@@ -372,7 +381,7 @@ class HostLink(wiring.Component):
             with m.State("PAYLOAD"):
                 m.d.comb += [lb_valid.eq(1), lb_data.eq(payload)]
                 with m.If(lb_ready):
-                    m.d.sync += idx.eq(idx + 1)
+                    m.d.sync += [idx.eq(idx + 1), out_beat.eq(out_beat[8:])]
                     with m.If(last):
                         m.next = "CRC_LO"
                         with m.If(tx_kind == kind_of[lp.Kind.BEAT]):
@@ -395,20 +404,32 @@ class HostLink(wiring.Component):
                                          fsm.ongoing("PAYLOAD"))):
             m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
 
+        # The logical byte is registered before the escaping, so that the UART's handshake
+        # and the escape logic do not reach back through the byte select into the core's
+        # beat and its ready (on the iCE40 that path set the clock). The register takes a
+        # byte only when empty, a byte every other cycle at most: far above any baud rate.
+        out_valid = Signal()
+        out_raw = Signal(reset_less=True)
+        out_data = Signal(8, reset_less=True)
+        m.d.comb += lb_ready.eq(~out_valid)
+        with m.If(lb_valid & lb_ready):
+            m.d.sync += [out_valid.eq(1), out_raw.eq(lb_raw), out_data.eq(lb_data)]
+
         # SLIP escaping: END and ESC inside a frame go out as two bytes.
         second = Signal()       # the escape code is sent, its second byte is next
-        special = ~lb_raw & ((lb_data == lp.END) | (lb_data == lp.ESC))
+        special = ~out_raw & ((out_data == lp.END) | (out_data == lp.ESC))
         m.d.comb += [
-            self.o_tx.valid.eq(lb_valid),
+            self.o_tx.valid.eq(out_valid),
             self.o_tx.payload.eq(
-                Mux(second, Mux(lb_data == lp.END, lp.ESC_END, lp.ESC_ESC),
-                    Mux(special, lp.ESC, lb_data))),
-            lb_ready.eq(self.o_tx.ready & (~special | second)),
+                Mux(second, Mux(out_data == lp.END, lp.ESC_END, lp.ESC_ESC),
+                    Mux(special, lp.ESC, out_data))),
         ]
         with m.If(self.o_tx.valid & self.o_tx.ready):
             m.d.sync += second.eq(special & ~second)
+            with m.If(~special | second):
+                m.d.sync += out_valid.eq(0)
 
-        # RESET: once no BEAT frame reads the core's beat in place.
+        # RESET: once no BEAT frame is being sent (it takes the core's beat at its last byte).
         fire = reset_pending & ~sending_beat
         m.d.comb += self.o_core_reset.eq(fire)
         with m.If(fire):

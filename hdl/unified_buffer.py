@@ -56,8 +56,8 @@ def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r"):
 
 
 class RowMemory(wiring.Component):
-    """A memory of ``depth`` rows with one write port and one read port, each shared by
-    several clients through valid/ready streams.
+    """A memory of ``depth`` rows with one write port shared by several clients and a read
+    port for each read client, all through valid/ready streams.
 
     Write clients send ``{addr, data}`` requests; they share the write port round-robin, one
     request a cycle, so no client starves and no request is lost or served twice. Read

@@ -58,6 +58,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from vcd.gtkw import GTKWSave
 
+from .gtkw import enum_filter, write_enum_filters
 from .verilog import BUILD_ROOT, atomic_write
 
 __all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "past", "was_reset",
@@ -610,6 +611,7 @@ def write_gtkw(vcd: Path, gtkw: Path, *, comment: str = "") -> list[str]:
         scopes.setdefault(full.rpartition(".")[0], []).append(trace)
     first = ("clk", "rst")
     traces: list[str] = []
+    filters = write_enum_filters(Path(gtkw).parent)
     with open(gtkw, "w") as f:
         save = GTKWSave(f)
         save.comment(comment or f"{vcd.name}: counterexample")
@@ -630,6 +632,8 @@ def write_gtkw(vcd: Path, gtkw: Path, *, comment: str = "") -> list[str]:
             save.treeopen(scope)
             with save.group(scope):
                 for trace in names:
-                    save.trace(trace, datafmt="hex")
+                    table = enum_filter(trace, filters)    # opcodes and the like by name
+                    save.trace(trace, datafmt="hex",
+                               translate_filter_file=str(table) if table else None)
                     traces.append(trace)
     return traces

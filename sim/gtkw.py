@@ -6,6 +6,12 @@ escaped identifiers (``\\o_psum__payload[0][31:0]``, only in Icarus' dumps: Veri
 optimises them away), and Verilator adds a ``$rootio`` scope beside the design's. So the
 names come from the dump itself, read with GTKWave's ``fst2vcd`` (only the header is read);
 without it they are predicted from the generated Verilog's port list (top-level ports only).
+
+Fields of the instruction set's enumerations (:class:`hdl.isa.Opcode`, ``Func``, ``Pool``,
+``ErrorCode``) show by name: :func:`write_enum_filters` writes a GTKWave translate filter file
+per enumeration from :mod:`hdl.isa` itself (so a new opcode cannot be missing), and every save
+file written here attaches the right one to each trace whose field name and width are an
+enumeration's (``\\o_hazards__instr.opcode[3:0]``, ``\\i_activate__payload.func[2:0]``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,111 @@ from pathlib import Path
 
 from vcd.gtkw import GTKWSave
 
-__all__ = ["fst_signals", "verilog_ports", "verilog_port_signals", "write_gtkw"]
+from hdl import isa
+
+from .verilog import atomic_write
+
+__all__ = ["fst_signals", "verilog_ports", "verilog_port_signals", "write_gtkw", "ENUM_FIELDS",
+           "write_enum_filters", "enum_filter", "read_enum_filter", "gtkw_traces",
+           "core_groups"]
+
+#: The instruction set's enumerations, by the field name they have in the layouts of
+#: :mod:`hdl.isa` (and in the control blocks' signals).
+ENUM_FIELDS: dict[str, type] = {
+    "opcode": isa.Opcode,
+    "func": isa.Func,
+    "pool": isa.Pool,
+    "code": isa.ErrorCode,
+}
+
+
+def _hex_digits(width: int) -> int:
+    return max(1, -(-width // 4))
+
+
+def write_enum_filters(directory: Path) -> dict[str, Path]:
+    """Write one GTKWave translate filter file per enumeration of :data:`ENUM_FIELDS` into
+    *directory* (``opcode.gtkwfilter``, ...); returns field name -> file.
+
+    Each line maps a value as GTKWave prints it in hex (every digit of the field's width) to
+    the member's name; values no member has show as ``?N``, so a reserved opcode
+    is visible as such. The files are rewritten only when they change."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for field, enum_type in ENUM_FIELDS.items():
+        width = enum_type.as_shape().width
+        names = {member.value: member.name for member in enum_type}
+        lines = [f"# {enum_type.__module__}.{enum_type.__qualname__}: GTKWave translate "
+                 f"filter ({width}-bit field, hex)"]
+        for value in range(1 << width):
+            lines.append(f"{value:0{_hex_digits(width)}X} {names.get(value, f'?{value}')}")
+        path = directory / f"{field}.gtkwfilter"
+        text = "\n".join(lines) + "\n"
+        if not path.is_file() or path.read_text() != text:
+            atomic_write(path, text)      # test workers may write the same file at once
+        files[field] = path.resolve()
+    return files
+
+
+def read_enum_filter(path: Path) -> dict[int, str]:
+    """A translate filter file read back: value -> text."""
+    table = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, text = line.split(None, 1)
+            table[int(key, 16)] = text.strip()
+    return table
+
+
+_FIELD = re.compile(r"\.(\w+)(?:\[(\d+):(\d+)\])?$")
+
+
+def enum_filter(trace: str, filters: Mapping[str, Path]) -> Path | None:
+    """The filter file of *trace* if its last name component is an enumeration's field name
+    (:data:`ENUM_FIELDS`), alone or after an underscore (``fetch_opcode``), and its width is
+    that enumeration's, else ``None``."""
+    match = _FIELD.search(trace)
+    if match is None:
+        return None
+    width = int(match[2]) - int(match[3]) + 1 if match[2] is not None else 1
+    for field, enum_type in ENUM_FIELDS.items():
+        named = match[1] == field or match[1].endswith("_" + field)
+        if named and field in filters and width == enum_type.as_shape().width:
+            return Path(filters[field])
+    return None
+
+
+def gtkw_traces(text: str) -> list[str]:
+    """The signal names a save file's text shows (aliases and filters stripped)."""
+    traces = []
+    for line in text.splitlines():
+        if not line or line[0] in "[*@-^#":
+            continue
+        if line.startswith("+{"):
+            line = line.split("} ", 1)[1]
+        traces.append(line)
+    return traces
+
+
+def core_groups(prefix: str = "") -> dict[str, list[tuple[str, str]]]:
+    """Extra groups (:func:`write_gtkw`'s *extra_groups*) for a design that holds
+    :class:`hdl.core.Core` at *prefix* (``""`` when the core is the top): the opcode of the
+    instruction at fetch (NOP between instructions), the beat at the front end decoded into an
+    instruction's fields (the opcode by name), its dispatch, and the status fields."""
+    fe = f"{prefix}front_end."
+    instr = fe + "\\o_hazards__instr."
+    status = fe + "\\o_status."
+    return {
+        "instruction": [
+            (fe + "fetching", "bin"), (fe + "fetch_opcode", "hex"),
+            (instr + "opcode", "hex"), (instr + "flags", "bin"),
+            (instr + "a", "dec"), (instr + "b", "dec"), (instr + "count", "dec"),
+            (instr + "c", "hex"), (fe + "o_hazards__hazard", "bin"), (fe + "dispatch", "bin"),
+        ],
+        "status": [(status + "error", "bin"), (status + "code", "hex"),
+                   (status + "halted", "bin"), (status + "instr_index", "dec")],
+    }
 
 
 def fst_signals(fst: Path) -> dict[str, str] | None:
@@ -86,15 +196,22 @@ def _natural(name: str) -> list:
 
 def write_gtkw(dump: Path, gtkw: Path, top: str, *,
                signals: Mapping[str, str], ports: Sequence[str],
-               extra_groups: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+               extra_groups: Mapping[str, Sequence[str | tuple[str, str]]] | None = None,
+               filters: Mapping[str, Path] | None = None) -> list[str]:
     """Write a save file for *dump* with the design's signals grouped; returns the traces.
 
     ``clk`` and ``rst`` first, then one group per stream port ``i_x``/``o_x`` (valid, ready,
     payload, then the payload's fields as Amaranth names them, ``\\o_psum__payload[0]``),
     one ``ports`` group with the other top-level *ports*, then *extra_groups*, whose names are
-    relative to the top module (``core.pe_0_0.active``). Names absent from *signals* (the
-    dump's) are left out. int32 partial sums show as signed decimals.
+    relative to the top module (``core.pe_0_0.active``), each a name (shown as a signed
+    decimal) or ``(name, datafmt)``. Names absent from *signals* (the dump's) are left out.
+    int32 partial sums show as signed decimals; enumeration fields (:data:`ENUM_FIELDS`) by
+    name, through the translate filter files *filters* (default: :func:`write_enum_filters`
+    beside *gtkw*). A design that holds the core (a ``front_end`` scope with the decoded
+    instruction) gets :func:`core_groups` too, after *extra_groups*.
     """
+    if filters is None:
+        filters = write_enum_filters(Path(gtkw).parent)
     top_path = _find_top(signals, top) or top
     # Top-scope signals: no dot in the relative name, except inside an escaped identifier
     # (`\i_act__payload.switch` is one name).
@@ -120,7 +237,11 @@ def write_gtkw(dump: Path, gtkw: Path, top: str, *,
         save.signals_width(300)
 
         def add(trace: str, datafmt: str = "hex") -> None:
-            save.trace(trace, datafmt=datafmt)
+            table = enum_filter(trace, filters)
+            if table is not None:
+                save.trace(trace, datafmt="hex", translate_filter_file=str(table))
+            else:
+                save.trace(trace, datafmt=datafmt)
             traces.append(trace)
 
         def fmt(trace: str) -> str:
@@ -149,10 +270,22 @@ def write_gtkw(dump: Path, gtkw: Path, top: str, *,
             with save.group("ports"):
                 for name in rest:
                     add(local[name], fmt(local[name]))
-        for group, names in (extra_groups or {}).items():
-            found = [signals[f"{top_path}.{n}"] for n in names if f"{top_path}.{n}" in signals]
+        groups = dict(extra_groups or {})
+        marker = "front_end.\\o_hazards__instr.opcode"
+        for name in sorted(signals):
+            if name.startswith(top_path + ".") and name.endswith("." + marker):
+                prefix = name[len(top_path) + 1:-len(marker)]
+                for group, entries in core_groups(prefix).items():
+                    label = f"{prefix}{group}" if prefix else group
+                    groups.setdefault(label, entries)
+        for group, entries in groups.items():
+            found = []
+            for entry in entries:
+                name, datafmt = (entry, "signed") if isinstance(entry, str) else entry
+                if f"{top_path}.{name}" in signals:
+                    found.append((signals[f"{top_path}.{name}"], datafmt))
             if found:
                 with save.group(group):
-                    for trace in found:
-                        add(trace, "signed")
+                    for trace, datafmt in found:
+                        add(trace, datafmt)
     return traces

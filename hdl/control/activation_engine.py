@@ -7,12 +7,11 @@ from amaranth.lib.wiring import In, Out
 
 from ..activation import acc_row_layout
 from ..config import TPUConfig
-from ..isa import Activate, Func, Instr, LoadParams, Pool, param_row_beat, ub_row_beat
+from ..isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
 from ..ports import MemReadSignature, MemWriteSignature, addr_bits, requant_params_layout
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
 
-_COUNT = data.Layout.cast(Instr)["count"].width
 _LP = data.Layout.cast(LoadParams)
 
 
@@ -46,7 +45,8 @@ class ActivationEngine(wiring.Component):
     its last row is written. ``o_params`` is the slot of the running ACTIVATE and its
     function. ``i_param_write`` is always ready and writes one part of a slot (the front
     end sends them only while no ACTIVATE runs). After a reset it first zeroes every slot
-    (``o_busy`` high meanwhile).
+    (``o_busy`` high meanwhile). ``count`` is at most ``acc_depth`` and its results at most
+    ``ub_depth`` (the front end's range checks): the engine keeps counts that wide.
 
     Members
     -------
@@ -95,16 +95,24 @@ class ActivationEngine(wiring.Component):
                                      "zero_point": pw.payload.zero_point.shape(),
                                      "clamp_hi": pw.payload.clamp_hi.shape()})
         row = param_row_beat(cfg.cols)
+        # param_store="block": in block RAM, a read during a write of its slot left undefined
+        # (it never happens while an ACTIVATE runs), so that yosys does not emulate it with
+        # a register per bit. The read ports are asynchronous and their rows registered
+        # below: a synchronous read, in the form yosys merges into the block RAM.
+        attrs = ({"ram_style": "block", "no_rw_check": 1} if cfg.param_store == "block"
+                 else None)
         m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
-                                                         init=[])
+                                                         init=[], attrs=attrs)
         m.submodules.mult_mem = mult_mem = memory.Memory(shape=row, depth=cfg.param_slots,
-                                                         init=[])
+                                                         init=[], attrs=attrs)
         m.submodules.scalar_mem = scalar_mem = memory.Memory(shape=scalars,
-                                                             depth=cfg.param_slots, init=[])
+                                                             depth=cfg.param_slots, init=[],
+                                                             attrs=attrs)
         bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
                                     scalar_mem.write_port())
-        bias_r, mult_r, scalar_r = (bias_mem.read_port(), mult_mem.read_port(),
-                                    scalar_mem.read_port())
+        bias_r, mult_r, scalar_r = (bias_mem.read_port(domain="comb"),
+                                    mult_mem.read_port(domain="comb"),
+                                    scalar_mem.read_port(domain="comb"))
 
         # After reset: zero every slot, one a cycle.
         scrubbing = Signal(init=1)
@@ -134,22 +142,26 @@ class ActivationEngine(wiring.Component):
         busy = Signal()
         run = Signal()
         acc_next = Signal(self.acc_bits)
-        req_left = Signal(_COUNT)
+        req_left = Signal(range(cfg.acc_depth + 1))
         resp_index = Signal(2)
         window_mask = Signal(2)
         out_addr = Signal(self.ub_bits)
-        out_left = Signal(_COUNT)
+        out_left = Signal(range(cfg.ub_depth + 1))
         func = Signal(Func)
         slot = Signal(range(cfg.param_slots))
 
+        bias = Signal(row, reset_less=True)
+        mult = Signal(row, reset_less=True)
+        scalar = Signal(scalars, reset_less=True)
         for port in (bias_r, mult_r, scalar_r):
-            m.d.comb += [port.addr.eq(slot), port.en.eq(1)]
+            m.d.comb += port.addr.eq(slot)
+        m.d.sync += [bias.eq(bias_r.data), mult.eq(mult_r.data), scalar.eq(scalar_r.data)]
         m.d.comb += [
-            self.o_params.bias.eq(bias_r.data),
-            self.o_params.multiplier.eq(mult_r.data),
-            self.o_params.shift.eq(scalar_r.data.shift),
-            self.o_params.zero_point.eq(scalar_r.data.zero_point),
-            self.o_params.clamp_hi.eq(scalar_r.data.clamp_hi),
+            self.o_params.bias.eq(bias),
+            self.o_params.multiplier.eq(mult),
+            self.o_params.shift.eq(scalar.shift),
+            self.o_params.zero_point.eq(scalar.zero_point),
+            self.o_params.clamp_hi.eq(scalar.clamp_hi),
             self.o_params.func.eq(func),
             self.o_busy.eq(busy | scrubbing),
         ]

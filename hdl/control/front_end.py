@@ -49,7 +49,12 @@ class FrontEnd(wiring.Component):
     - an instruction issues (dispatch) when it passes every check, the hazard tracker
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
       CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
-      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict;
+      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. With
+      ``dispatch="registered"`` the checks and the tracker's answer are registered: an
+      instruction issues (or fails) at the earliest in its second cycle at the front end,
+      acting on the previous cycle's answers (for the same instruction, with nothing issued
+      since, they are the current ones: the hazard does not rise for a waiting instruction,
+      and the checks' state changes only as instructions issue);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
@@ -190,13 +195,21 @@ class FrontEnd(wiring.Component):
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
         weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
                         (a_end > cfg.weight_mem_tiles))
-        tile_mask = Signal(cfg.weight_mem_tiles)
-        for t in range(cfg.weight_mem_tiles):
-            m.d.comb += tile_mask[t].eq((t >= a) & (t < a_end))
+        # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
+        # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
+        tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
+        ones = Const((1 << tiles) - 1, tiles)
+        tile_mask = Signal(tiles)
+        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
+                                 ~(ones << a_end[:tile_bits])[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~written) != 0)
         weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~have_active)
-        weight_overflow = is_[Opcode.READ_WEIGHTS] & (queued + count >
-                                                       cfg.weight_fifo_depth + 1)
+        # queued + count > depth + 1 without a 16-bit adder: count alone is too large, or
+        # (then it fits in over_bits) the sum of its low bits is.
+        over_bits = (cfg.weight_fifo_depth + 1).bit_length() + 1
+        weight_overflow = is_[Opcode.READ_WEIGHTS] & (
+            (count > cfg.weight_fifo_depth + 1) |
+            (queued + count[:over_bits] > cfg.weight_fifo_depth + 1))
         error_code = Signal(ErrorCode)
         checks = [   # in priority order: the first that fails is reported
             (unknown, ErrorCode.UNKNOWN_OPCODE),
@@ -215,13 +228,34 @@ class FrontEnd(wiring.Component):
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
         hazard = self.o_hazards.hazard
+        fetching = Signal()
+        settled = Signal()      # the checks and `hazard` may be acted on
+        if cfg.dispatch == "registered":
+            # Last cycle's answers, and whether they were for this beat: it was offered at
+            # fetch and not taken, so it is the same beat (the stream rules) and nothing
+            # issued since. (A resynchronisation word never settles: it is taken at once.)
+            error_q = Signal(ErrorCode)
+            hazard_q = Signal()
+            m.d.sync += [
+                error_q.eq(error_code),
+                hazard_q.eq(hazard),
+                settled.eq(fetching & self.i_host.valid & ~self.i_host.ready),
+            ]
+            error_code, hazard = error_q, hazard_q
+        else:
+            m.d.comb += settled.eq(1)
 
         # Dispatch streams: valid once the instruction may issue but for its engine.
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
-        fetching = Signal()
+        # For waveforms only (nothing reads it): the opcode of the instruction waiting at
+        # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
+        # beat, data too).
+        fetch_opcode = Signal(Opcode)
+        with m.If(fetching & self.i_host.valid):
+            m.d.comb += fetch_opcode.eq(op)
         may_issue = Signal()
-        m.d.comb += may_issue.eq(fetching & self.i_host.valid & ~resync &
+        m.d.comb += may_issue.eq(fetching & self.i_host.valid & settled & ~resync &
                                  (error_code == ErrorCode.NONE) & ~hazard)
         for o, port in engines.items():
             m.d.comb += [port.valid.eq(may_issue & is_[o]), port.payload.eq(word)]
@@ -285,7 +319,7 @@ class FrontEnd(wiring.Component):
                         # Restart the program; not an instruction.
                         m.d.comb += self.i_host.ready.eq(1)
                         m.d.sync += [halted.eq(0), index.eq(0)]
-                    with m.Elif(error_code != ErrorCode.NONE):
+                    with m.Elif(settled & (error_code != ErrorCode.NONE)):
                         m.d.comb += self.i_host.ready.eq(1)
                         m.d.sync += [status.error.eq(1), status.code.eq(error_code),
                                      halted.eq(0)]
@@ -330,7 +364,7 @@ class FrontEnd(wiring.Component):
                                 with m.If(mm.switch):
                                     m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
                     with m.Else():
-                        m.d.comb += self.o_raw_stall.eq(hazard)
+                        m.d.comb += self.o_raw_stall.eq(settled & hazard)
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),
                                     ("WEIGHT_ROWS", self.o_wm_write)):

@@ -57,10 +57,10 @@ class HazardQuerySignature(wiring.Signature):
 class _Range:
     """A tracked half-open range ``[lo, hi)``."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, width: int):
         self.valid = Signal(name=f"{name}_valid")
-        self.lo = Signal(ADDR_END_BITS, name=f"{name}_lo")
-        self.hi = Signal(ADDR_END_BITS, name=f"{name}_hi")
+        self.lo = Signal(width, name=f"{name}_lo")
+        self.hi = Signal(width, name=f"{name}_hi")
 
     def hits(self, lo, hi):
         return self.valid & (self.lo < hi) & (lo < self.hi)
@@ -98,6 +98,19 @@ class HazardTracker(wiring.Component):
     a running instruction's whole range until its engine is done, so they do not depend on
     what the unified buffer returns when a read and a write of one row meet in a cycle.
 
+    Parameters
+    ----------
+    end_bits : int
+        Width of the recorded ranges and of the compares, 1 to :data:`ADDR_END_BITS` (the
+        default, which covers every instruction). The tracker sees only the low
+        ``end_bits`` bits of the address and count fields, so it is exact for instructions
+        whose ranges (``a + count``; for MATMUL and ACTIVATE also ``b`` plus the rows at
+        ``b``) end below ``2**end_bits``: on a configuration whose memories hold at most
+        ``2**end_bits - 1`` rows and tiles, every instruction the front end dispatches (an
+        instruction that fails its range checks is reported whatever the tracker says).
+        The core passes :attr:`~hdl.config.TPUConfig.range_end_bits`: 17 bits -> 9 for
+        256-row memories, about half the tracker's logic.
+
     Members
     -------
     i_query : In(HazardQuerySignature())
@@ -111,7 +124,11 @@ class HazardTracker(wiring.Component):
         for coverage: ``hazard`` is their OR).
     """
 
-    def __init__(self):
+    def __init__(self, *, end_bits: int = ADDR_END_BITS):
+        if not isinstance(end_bits, int) or not 1 <= end_bits <= ADDR_END_BITS:
+            raise ValueError(f"end_bits={end_bits!r} is not supported; allowed: 1 to "
+                             f"{ADDR_END_BITS}")
+        self.end_bits = end_bits
         super().__init__({
             "i_query":             In(HazardQuerySignature()),
             "i_matmul_retire":     In(1),
@@ -126,21 +143,22 @@ class HazardTracker(wiring.Component):
         q = self.i_query
         instr = q.instr
         op = instr.opcode
-        a, b, count = instr.a, instr.b, instr.count
+        width = self.end_bits
+        a, b, count = instr.a[:width], instr.b[:width], instr.count[:width]
         av = data.View(Activate, instr.as_value())
         # ACTIVATE writes count / window buffer rows.
         window_log = Mux(av.pool == Pool.MAX4, 2, Mux(av.pool == Pool.MAX2, 1, 0))
-        a_end = Signal(ADDR_END_BITS)
-        b_end = Signal(ADDR_END_BITS)
+        a_end = Signal(width)
+        b_end = Signal(width)
         m.d.comb += [
             a_end.eq(a + count),
             b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
         ]
 
-        mm_ub = [_Range(f"mm{i}_ub") for i in range(MATMUL_SLOTS)]
-        mm_acc = [_Range(f"mm{i}_acc") for i in range(MATMUL_SLOTS)]
-        act_acc, act_ub = _Range("act_acc"), _Range("act_ub")
-        ho_ub, rw_tiles = _Range("ho_ub"), _Range("rw_tiles")
+        mm_ub = [_Range(f"mm{i}_ub", width) for i in range(MATMUL_SLOTS)]
+        mm_acc = [_Range(f"mm{i}_acc", width) for i in range(MATMUL_SLOTS)]
+        act_acc, act_ub = _Range("act_acc", width), _Range("act_ub", width)
+        ho_ub, rw_tiles = _Range("ho_ub", width), _Range("rw_tiles", width)
         m.d.comb += [
             act_acc.valid.eq(self.i_activate_busy),
             act_ub.valid.eq(self.i_activate_busy),

@@ -6,14 +6,12 @@ from amaranth.lib.wiring import In, Out
 
 from ..accumulators import psum_write_layout
 from ..config import TPUConfig
-from ..isa import Instr, Matmul, ub_row_beat
+from ..isa import Matmul, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
 from ..systolic_array import act_row_layout, psum_row_layout
 from .hazards import MATMUL_SLOTS
 
 __all__ = ["MatrixEngine"]
-
-_COUNT = data.Layout.cast(Instr)["count"].width
 
 
 class MatrixEngine(wiring.Component):
@@ -28,7 +26,8 @@ class MatrixEngine(wiring.Component):
     order; pulses ``o_retire`` in the cycle after the last row of the oldest MATMUL has been
     written (``i_acc_written``). After a reset it first writes zeros to every accumulator
     row (``o_idle`` low meanwhile). ``o_array_active`` is high in each cycle a row enters
-    the array.
+    the array. ``count`` is at most the rows of the smaller memory (the front end's range
+    checks): the engine keeps counts that wide.
 
     Members
     -------
@@ -81,14 +80,16 @@ class MatrixEngine(wiring.Component):
         busy = Signal()             # still issuing rows of the newest MATMUL
         ub_next = Signal(self.ub_bits)
         acc_next = Signal(self.acc_bits)
-        left = Signal(_COUNT)
+        # count is at most the smaller memory's rows (the front end's range checks).
+        count_range = range(min(cfg.ub_depth, cfg.acc_depth) + 1)
+        left = Signal(count_range)
         switch = Signal()
         signed_ = Signal()
         accumulate = Signal()
         head = Signal(range(MATMUL_SLOTS))
         tail = Signal(range(MATMUL_SLOTS))
         in_flight = [Signal(name=f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
-        pending = [Signal(_COUNT, name=f"slot{i}_pending") for i in range(MATMUL_SLOTS)]
+        pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(MATMUL_SLOTS)]
 
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
                                            "acc": unsigned(self.acc_bits)})
@@ -115,7 +116,9 @@ class MatrixEngine(wiring.Component):
             meta_a_in.acc.eq(acc_next),
         ]
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
-        last_row = meta_a.w_en & (left == 1)
+        # (With dispatch="registered", only once it has been issued: then the engine's ready
+        # is a function of registers, off the path from the array's stall into dispatch.)
+        last_row = meta_a.w_en & (left == 1) if cfg.dispatch == "direct" else 0
         m.d.comb += [
             cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),
             self.o_idle.eq(~scrubbing & ~busy & ~Cat(*in_flight).any()),

@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -50,6 +51,9 @@ def _fifo(preset: str):
 #: The control proofs' configuration: the "tiny" preset (2x2 array, 64-row memories).
 CONTROL = PRESETS["tiny"]
 
+#: The range width of the icebreaker preset's hazard tracker (its memories' rows and tiles).
+ICEBREAKER_END_BITS = PRESETS["icebreaker"].range_end_bits
+
 #: Their fast forms' and the tests': the smallest memories.
 CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
                          weight_fifo_depth=2, param_slots=2)
@@ -59,16 +63,27 @@ CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_t
 SCRUB_FAST_DEPTH = 22
 
 
-def _control(factory, name: str, summary: str, *, depth: int = 4) -> Proof:
+def _control(factory, name: str, summary: str, *, depth: int = 4,
+             fast_depth: int = 2, **changes) -> Proof:
     # The fast form is the induction itself on the small configuration: a few seconds,
     # where a BMC would need SCRUB_FAST_DEPTH cycles to see more than the reset scrub.
-    return Proof(name, functools.partial(factory, CONTROL), "prove", depth, summary,
-                 fast_harness=functools.partial(factory, CONTROL_FAST), fast_mode="prove",
-                 fast_depth=2)
+    # `changes`: configuration fields that differ from CONTROL's (and CONTROL_FAST's).
+    config, fast = (dataclasses.replace(c, **changes) for c in (CONTROL, CONTROL_FAST))
+    return Proof(name, functools.partial(factory, config), "prove", depth, summary,
+                 fast_harness=functools.partial(factory, fast), fast_mode="prove",
+                 fast_depth=fast_depth)
 
 
 def _hazards(check: str, name: str, summary: str, *, solver: str = "z3",
-             small: int = 4, fast_depth: int | None = None) -> Proof:
+             small: int = 4, fast_depth: int | None = None,
+             end_bits: int | None = None) -> Proof:
+    if end_bits is not None:
+        # The tracker as a core builds it for its memories (see hazards_harness): the whole
+        # induction takes seconds; the fast form is the same at 5 bits.
+        return Proof(name, functools.partial(hazards_harness, check, end_bits=end_bits),
+                     "prove", 2, summary,
+                     fast_harness=functools.partial(hazards_harness, check, end_bits=5),
+                     fast_mode="prove", fast_depth=2, solver=solver)
     # The fast form keeps addresses and counts below `small`: a smoke test (16-bit fields make
     # each BMC step a minute's work).
     return Proof(name, functools.partial(hazards_harness, check), "prove", 2, summary,
@@ -110,6 +125,15 @@ PROOFS: dict[str, Proof] = _table(
              "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes"),
     _control(front_end_stopped_harness, "front_end_stopped",
              "FrontEnd stopped on an error: no dispatch, no writes, one error beat"),
+    _control(matrix_engine_harness, "matrix_engine_streams_registered",
+             "MatrixEngine with dispatch='registered': as matrix_engine_streams",
+             dispatch="registered"),
+    _control(front_end_streams_harness, "front_end_streams_registered",
+             "FrontEnd with dispatch='registered': as front_end_streams",
+             dispatch="registered"),
+    _control(front_end_stopped_harness, "front_end_stopped_registered",
+             "FrontEnd with dispatch='registered': as front_end_stopped",
+             dispatch="registered"),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
     _hazards("ring", "hazards_ring",
@@ -120,6 +144,13 @@ PROOFS: dict[str, Proof] = _table(
     # z3 does not finish this one in 10 minutes; yices does in about a minute.
     _hazards("no_rise", "hazards_no_rise",
              "HazardTracker: hazard does not rise for a waiting instruction", solver="yices"),
+    # The same four at the width the icebreaker core builds the tracker with.
+    *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
+               f"preset's {ICEBREAKER_END_BITS} bits, for ranges its memories hold: as "
+               f"{'hazards' + suffix}", end_bits=ICEBREAKER_END_BITS,
+               solver="yices" if check == "no_rise" else "z3")
+      for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
+                            ("no_rise", "_no_rise"))),
 )
 
 

@@ -120,7 +120,8 @@ def activation_engine_harness(config: TPUConfig) -> Harness:
     Assumed of the environment: the accumulators answer only requests they have been sent;
     the activation unit returns a row on ``i_out`` only for a pooling window it has been given
     on ``o_row`` (its last row marked); the front end dispatches only ACTIVATEs whose count is
-    a multiple of the window (its BAD_FIELD check).
+    a multiple of the window (its BAD_FIELD check) and whose rows fit the accumulators and
+    results the unified buffer (its range checks: the engine's counts are that wide).
     """
 
     def properties(m: Module, ae: ActivationEngine, inside: Inside) -> None:
@@ -128,6 +129,8 @@ def activation_engine_harness(config: TPUConfig) -> Harness:
         cmd = ae.i_activate
         log = window_log2(cmd.payload.pool)
         m.d.comb += Assume(~cmd.valid | ((cmd.payload.count & ((1 << log) - 1)) == 0))
+        m.d.comb += Assume(~cmd.valid | ((cmd.payload.count <= config.acc_depth) &
+                                         ((cmd.payload.count >> log) <= config.ub_depth)))
         count_bits = len(cmd.payload.count) + 2    # up to 4 rows a window: no wrap
         reads = _outstanding(m, ae.o_acc, count_bits, name="acc")
         owed = Signal(count_bits, name="owed")          # windows given, results not taken

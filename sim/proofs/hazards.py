@@ -81,6 +81,7 @@ Check = Literal["rules", "ring", "ranges", "no_rise"]
 
 
 def hazards_harness(check: Check = "rules", *, small: int | None = None,
+                    end_bits: int | None = None,
                     dut_class: type[HazardTracker] = HazardTracker) -> Harness:
     """Harness proving :class:`HazardTracker` (see the module docstring).
 
@@ -96,6 +97,12 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
     small : int, optional
         Assume every address and count field below *small*: a smoke test (the fast forms
         in the tests), not a proof for 16-bit fields.
+    end_bits : int, optional
+        Build the tracker with this range width (as the core does for its memories) and
+        assume what the front end's range checks then guarantee: every range the
+        instruction names ends below ``2**end_bits`` (``a + count``; for MATMUL and
+        ACTIVATE also ``b`` plus its rows at ``b``). The tracker's default (every 16-bit
+        field) if not given.
     dut_class : type
         The design under test: :class:`HazardTracker`, or a deliberately broken variant
         (:class:`RuleDroppedTracker`) for the tests.
@@ -168,6 +175,11 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         # Environment.
         if small is not None:
             m.d.comb += Assume((a < small) & (b < small) & (count < small))
+        if end_bits is not None:
+            b_rows = Mux(is_[Opcode.ACTIVATE], windows, count)
+            m.d.comb += Assume((a + count < 1 << end_bits) &
+                               (~(is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE]) |
+                                (b + b_rows < 1 << end_bits)))
         m.d.comb += [
             Assume(~q.dispatch | ~q.hazard),
             Assume(~retire | (n != 0)),
@@ -261,4 +273,5 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
 
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
-    return Harness(dut_class(), properties, reset="any")
+    dut = dut_class() if end_bits is None else dut_class(end_bits=end_bits)
+    return Harness(dut, properties, reset="any")

@@ -55,6 +55,7 @@ def test_frozen():
     ("weight_mem_tiles", 0, "1 to 4096"),
     ("lut_multipliers", 65, "0 to rows * cols = 64"),
     ("multiplier", "dsp", "'infer' or 'ecp5'"),
+    ("param_store", "ebr", "'auto' or 'block'"),
     ("rows", 4.0, "an int"),
     ("cols", True, "an int"),
 ])
@@ -64,6 +65,13 @@ def test_rejects_bad_values_with_a_clear_message(field, value, allowed):
     message = str(info.value)
     assert f"TPUConfig.{field}={value!r}" in message
     assert allowed in message
+
+
+def test_range_end_bits():
+    """The hazard tracker's width: an exclusive range end in the largest memory."""
+    assert get_config("icebreaker").range_end_bits == 9        # 256 rows: ends 0..256
+    assert TPUConfig(ub_depth=65536).range_end_bits == 17      # the ISA's 16-bit fields + 1
+    assert TPUConfig(ub_depth=16, acc_depth=16, weight_mem_tiles=100).range_end_bits == 7
 
 
 def test_unknown_config_name():

@@ -6,12 +6,16 @@ CI runs 200 constrained-random programs (8 blocks of 25 over three configuration
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from hdl.config import TPUConfig, get_config
 from hdl.core import Core
+from hdl.isa import Opcode
+from sim.gtkw import fst_signals, gtkw_traces, read_enum_filter
 from sim.runner import run
 
 HERE = Path(__file__).parent
@@ -77,3 +81,30 @@ def test_gemm_64x64_default():
 def test_gemm_ragged(config_key: str, size: int):
     """Sizes that are not multiples of the array (tiny holds only 8 weight tiles)."""
     run_core(config_key, "test_gemm", AMTPU_GEMM_SIZE=size)
+
+
+def test_waves_gtkw():
+    """WAVES=1 output: the core's .gtkw shows the instruction at the front end decoded into
+    its fields, the opcode and the error code by name (GTKWave translate filters written from
+    hdl.isa), and every trace it names exists in the waveform."""
+    if shutil.which("fst2vcd") is None:
+        pytest.skip("fst2vcd (Debian package gtkwave) is needed to read the waveform's names")
+    config = get_config("tiny")
+    gtkw = run("core", lambda: Core(config), "tiny", "tb_core", HERE,
+               "test_clear_without_error_does_nothing", label="waves-check", waves=True,
+               config=config)
+    assert gtkw is not None and gtkw.is_file()
+    text = gtkw.read_text()
+    fst = Path(re.search(r'^\[dumpfile\] "([^"]+)"', text, re.MULTILINE)[1])
+    groups = [line[1:] for line in text.splitlines() if line.startswith("-")]
+    assert {"i_host", "o_host", "instruction", "status"} <= set(groups)
+    traces = gtkw_traces(text)
+    missing = [trace for trace in traces if trace not in set(fst_signals(fst).values())]
+    assert not missing, f"{gtkw} names signals not in {fst}: {missing}"
+    lines = text.splitlines()
+    for field in ("fetch_opcode[3:0]", ".opcode[3:0]", ".code[3:0]"):
+        at = next(i for i, line in enumerate(lines) if line.endswith(field))
+        table = Path(lines[at - 1].split(" ", 1)[1])
+        assert lines[at - 1].startswith("^") and table.is_file(), f"{field}: no filter"
+    opcodes = read_enum_filter(gtkw.parent / "opcode.gtkwfilter")
+    assert all(opcodes[op.value] == op.name for op in Opcode)

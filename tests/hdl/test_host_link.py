@@ -287,7 +287,7 @@ def test_data_in_order(config_key: str, seed: int):
     in order, whole, under random stalls on every side. The host waits for each reply and
     sends a frame again after NAK BUSY (the core stalls often, so both buffers fill)."""
     config = get_config(config_key)
-    b = Bench(seed, config=config, rx_idle=0.3, tx_stall=0.3, core_stall=0.6)
+    b = Bench(seed, config=config, rx_idle=0.3, tx_stall=0.3, core_stall=0.9)
     rng = random.Random(seed)
     frames = [random_beats(rng, rng.randint(1, b.max_beats), config) for _ in range(16)]
     frames[0] = random_beats(rng, b.max_beats, config)

@@ -9,7 +9,7 @@ import pytest
 
 from hdl.config import get_config
 from hdl.systolic_array import SystolicArray
-from sim.gtkw import fst_signals
+from sim.gtkw import fst_signals, gtkw_traces
 from sim.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
@@ -69,7 +69,7 @@ def test_waves_gtkw():
     assert gtkw is not None and gtkw.is_file()
     text = gtkw.read_text()
     fst = Path(text.split('[dumpfile] "', 1)[1].split('"', 1)[0])
-    traces = [line for line in text.splitlines() if line and line[0] not in "[*@-"]
+    traces = gtkw_traces(text)
     groups = [line[1:] for line in text.splitlines() if line.startswith("-")]
     assert {"i_act", "i_weight", "o_psum", "pe_0_0"} <= set(groups)
     available = set(fst_signals(fst).values())

@@ -9,10 +9,12 @@ from amaranth.hdl import Fragment, Module, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.control.hazards import HazardTracker
 from hdl.pe import PE
 from hdl.weight_fifo import WeightFIFO
 from sim import formal
 from sim.formal import Harness, Result, run
+from sim.gtkw import gtkw_traces
 from sim.proofs import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
 from sim.proofs.engines import matrix_engine_harness
 from sim.proofs.hazards import RuleDroppedTracker, hazards_harness
@@ -30,7 +32,7 @@ def _assert_counterexample(result: Result, source: str) -> None:
     assert result.gtkw is not None and result.gtkw.parent == result.trace.parent
     text = result.gtkw.read_text()
     assert f'[dumpfile] "{result.trace.resolve()}"' in text
-    traces = [line for line in text.splitlines() if line and line[0] not in "[@-*"]
+    traces = gtkw_traces(text)
     assert traces and set(traces) <= set(formal.vcd_signals(result.trace).values())
     assert any(source in where for where in result.failed), result.failed
     assert "FAILED" in result.report() and str(result.gtkw.name) in result.report()
@@ -191,6 +193,24 @@ def test_hazard_rules_hold_with_the_rule(tmp_path: Path):
     result = run("hazards_ok", hazards_harness("rules", small=4), mode="bmc", depth=4,
                  build_root=tmp_path)
     assert result.status == "bounded", result.report()
+
+
+class _NarrowerTracker(HazardTracker):
+    """A tracker built a bit narrower than the ranges it is given (as if a core passed its
+    memories' width wrong)."""
+
+    def __init__(self, *, end_bits: int):
+        super().__init__(end_bits=end_bits - 1)
+
+
+@pytest.mark.parametrize("check", ["rules", "ranges"])
+def test_narrow_tracker_too_narrow_fails(check: str, tmp_path: Path):
+    """The narrow proofs' assumption is no licence: ranges that end at 2**4 or later, on a
+    4-bit tracker, are caught (wrapped range ends miss conflicts, or record wrong ranges)."""
+    result = run("hazards_narrow_bug", hazards_harness(check, end_bits=5,
+                                                       dut_class=_NarrowerTracker),
+                 mode="bmc", depth=3, build_root=tmp_path)
+    _assert_counterexample(result, "sim/proofs/hazards.py")
 
 
 def test_matrix_engine_scrub_waits_for_ready(tmp_path: Path):

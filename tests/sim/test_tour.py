@@ -1,0 +1,149 @@
+"""The guided tour (sim.tour, `make tour`) without GTKWave: its program's results, its save
+file's names against the waveform, the opcode filter; and the screenshot's PNG encoder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from firmware.asm import disassemble
+from hdl.config import get_config
+from hdl.isa import Opcode
+from sim.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
+from sim.isa_sim import IsaSim
+from sim.screenshot import decode_xwd, encode_png
+from sim.tour import EVENTS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
+
+pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None,
+                                reason="the tour runs on Icarus Verilog (iverilog)")
+
+
+@pytest.fixture(scope="module")
+def tour(tmp_path_factory):
+    if shutil.which("fst2vcd") is None:
+        pytest.skip("fst2vcd (Debian package gtkwave) is needed to read the waveform's names")
+    return run_tour(out_dir=tmp_path_factory.mktemp("tour"))
+
+
+def test_program_is_the_documented_one():
+    """The listing the tour prints is the disassembler's, instruction for instruction."""
+    config = get_config(TOUR_CONFIG)
+    program = tour_program(config)
+    text = disassemble(program.beats, config).splitlines()
+    assert [line for line in text if not line.startswith(".")] == \
+        [line for line, _ in program.listing]
+
+
+def test_results_equal_isa_sim(tour):
+    config = get_config(TOUR_CONFIG)
+    assert tour.received == IsaSim(config).run(tour.program.beats)
+    assert len(tour.received) == tour.program.expected_beats
+
+
+def test_gtkw_names_exist_in_dump(tour):
+    """Every trace of the save file is a signal of the dump, as GTKWave names it (it drops
+    unknown names without a word), and the save file names the dump it was made from."""
+    text = tour.gtkw.read_text()
+    dump = re.search(r'^\[dumpfile\] "([^"]+)"', text, re.MULTILINE)[1]
+    assert (tour.gtkw.parent / dump).resolve() == tour.fst.resolve()
+    traces = gtkw_traces(text)
+    assert traces == tour.traces and len(traces) > 50
+    available = set(fst_signals(tour.fst).values())
+    missing = [trace for trace in traces if trace not in available]
+    assert not missing, f"{tour.gtkw} names signals not in {tour.fst}: {missing}"
+
+
+def test_gtkw_stages_markers_view(tour):
+    text = tour.gtkw.read_text()
+    comments = [line[1:] for line in text.splitlines()
+                if line.startswith("-") and line[1:2].isdigit()]
+    assert [int(line.split()[0]) for line in comments] == list(range(1, 12))
+    # One named marker per event, all inside the view, in the order the data flows.
+    names = re.findall(r"^\[markername\] ([A-Z])(.*)$", text, re.MULTILINE)
+    assert [label for _, label in names] == [label for label, _ in EVENTS.values()] + ["DONE"]
+    zoom = re.search(r"^\*(\S+) (-?\d+) (.*)$", text, re.MULTILINE)
+    marks = [int(t) for t in zoom[3].split()[:len(names)]]
+    assert all(tour.start < t < tour.end for t in marks)
+    assert marks == sorted(marks[:2]) + marks[2:] and marks[-1] == max(marks)
+    assert int(re.search(r"^\[timestart\] (\d+)", text, re.MULTILINE)[1]) == int(tour.start)
+    # The opcode is shown by name: its trace carries the opcode filter.
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.endswith("front_end.fetch_opcode[3:0]"))
+    assert lines[at - 1].startswith("^") and lines[at - 1].endswith("opcode.gtkwfilter")
+
+
+def test_gtkw_rejects_unknown_names(tour, tmp_path):
+    """A trace the dump lacks is an error, not a silently dropped line."""
+    signals = fst_signals(tour.fst)
+    del signals["core.matrix_unit.array.core.pe_1_1.shadow"]
+    with pytest.raises(ValueError, match="pe_1_1.shadow"):
+        write_tour_gtkw(tour.fst, tmp_path / "x.gtkw", get_config(TOUR_CONFIG),
+                        events=tour.events, start=tour.start, end=tour.end, signals=signals)
+
+
+def test_opcode_filter_names_every_opcode(tour):
+    table = read_enum_filter(tour.filters["opcode"])
+    assert {value: table[value] for value in (op.value for op in Opcode)} == \
+        {op.value: op.name for op in Opcode}
+    assert len(table) == 1 << Opcode.as_shape().width
+    for field, enum_type in ENUM_FIELDS.items():
+        table = read_enum_filter(tour.filters[field])
+        assert all(table[member.value] == member.name for member in enum_type)
+
+
+def test_enum_filter_matches_name_and_width():
+    filters = {field: f"{field}.gtkwfilter" for field in ENUM_FIELDS}
+    assert enum_filter("core.front_end.\\o_hazards__instr.opcode[3:0]", filters).name == \
+        "opcode.gtkwfilter"
+    assert enum_filter("core.front_end.fetch_opcode[3:0]", filters) is not None
+    assert enum_filter("core.x.\\i_activate__payload.func[2:0]", filters) is not None
+    assert enum_filter("core.x.opcode[7:0]", filters) is None         # not the enum's width
+    assert enum_filter("core.x.myopcode[3:0]", filters) is None
+
+
+def _read_png(raw: bytes) -> np.ndarray:
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, palette = 8, b"", None
+    while pos < len(raw):
+        (n,) = struct.unpack(">I", raw[pos:pos + 4])
+        kind, body = raw[pos + 4:pos + 8], raw[pos + 8:pos + 8 + n]
+        assert struct.unpack(">I", raw[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body)
+        pos += 12 + n
+        if kind == b"IHDR":
+            width, height, _, colour = struct.unpack(">IIBB", body[:10])
+        elif kind == b"PLTE":
+            palette = np.frombuffer(body, dtype=np.uint8).reshape(-1, 3)
+        elif kind == b"IDAT":
+            idat += body
+    channels = 1 if colour == 3 else 3
+    lines = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(
+        height, 1 + width * channels)
+    assert not lines[:, 0].any()                                       # filter 0 throughout
+    pixels = lines[:, 1:].reshape(height, width, channels)
+    return palette[pixels[:, :, 0]] if colour == 3 else pixels
+
+
+def test_png_encoder_round_trip():
+    rng = np.random.default_rng(3)
+    few = rng.choice(np.array([[0, 0, 0], [255, 255, 255], [10, 200, 30]], dtype=np.uint8),
+                     size=(7, 5))
+    assert np.array_equal(_read_png(encode_png(few)), few)             # indexed
+    many = rng.integers(0, 256, (6, 9, 3), dtype=np.uint8)
+    assert np.array_equal(_read_png(encode_png(many, max_colours=None)), many)   # RGB
+    reduced = _read_png(encode_png(many, max_colours=16))
+    assert len(np.unique(reduced.reshape(-1, 3), axis=0)) <= 16
+
+
+def test_xwd_decoder():
+    """A 2x2 TrueColor dump (32 bits a pixel, LSB first), as Xvfb's 24-bit screen gives."""
+    width, height = 2, 2
+    header = struct.pack(">25I", 100, 7, 2, 24, width, height, 0, 0, 32, 0, 32, 32, width * 4,
+                         4, 0xFF0000, 0xFF00, 0xFF, 8, 256, 0, width, height, 0, 0, 0)
+    pixels = [0x102030, 0xFF0000, 0x00FF00, 0x0000FF]
+    raw = header + b"".join(struct.pack("<I", p) for p in pixels)
+    assert decode_xwd(raw).tolist() == [[[16, 32, 48], [255, 0, 0]], [[0, 255, 0], [0, 0, 255]]]
