@@ -160,11 +160,15 @@ def _array_entry(board_key: str, config: TPUConfig, max_runs: int, freq: float,
     }
 
 
-def sweep(budget_s: float, out_dir: Path = WORK) -> dict:
-    """Run :data:`SWEEP` within ``budget_s``; returns the JSON document."""
+def sweep(budget_s: float, out_dir: Path = WORK, kinds: tuple[str, ...] = ("array", "core")
+          ) -> dict:
+    """Run the builds of :data:`SWEEP` of the given kinds within ``budget_s``; returns the
+    JSON document."""
     started = time.monotonic()
     builds, skipped = [], []
     for kind, board_key, preset, max_runs, freq in SWEEP:
+        if kind not in kinds:
+            continue
         board = BOARDS[board_key]
         config = board_config(board, preset, None)
         label = f"{kind} {board_key} {config_tag(config)}"
@@ -194,6 +198,7 @@ def sweep(budget_s: float, out_dir: Path = WORK) -> dict:
             "config": config_tag(config), "rows": config.rows, "cols": config.cols,
             "lut_multipliers": config.lut_multipliers, "multiplier": config.multiplier,
             "activation_unit": config.activation_unit,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_s": round(time.monotonic() - t0, 1),
             "cpu_s": round((t1_cpu.children_user + t1_cpu.children_system)
                            - (t0_cpu.children_user + t0_cpu.children_system), 1),
@@ -219,9 +224,22 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=2400.0,
                         help="seconds after which no further build starts (default 2400)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--only", choices=("array", "core"), default=None,
+                        help="rebuild only these builds, keeping the others of --out")
     args = parser.parse_args(argv)
     get_config("default")
-    doc = sweep(args.budget)
+    doc = sweep(args.budget, kinds=(args.only,) if args.only else ("array", "core"))
+    if args.only and args.out.exists():
+        old = json.loads(args.out.read_text())
+        kept = [b for b in old["builds"] if b["kind"] != args.only]
+        for b in kept:
+            b.setdefault("date", old["date"])
+        doc["builds"] = [b for k in SWEEP for b in [*kept, *doc["builds"]]
+                         if (b["kind"], b["board"], b["preset"]) == (k[0], k[1], k[2])]
+        doc["total_wall_s"] = round(doc["total_wall_s"] + old["total_wall_s"], 1)
+        doc["skipped"] = old.get("skipped", []) + doc["skipped"]
+        doc["date"] = f'{old["date"]} ({args.only} builds {doc["date"]})'
+        doc["command"] += f" (--only {args.only} on top of the earlier sweep)"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"synth_sweep: {len(doc['builds'])} builds, {len(doc['skipped'])} skipped, "
