@@ -547,9 +547,9 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
                 note = "; ".join(b.get("errors", [])) or (
                     f"does not fit the part: {', '.join(over)}" if over else "fits the part")
             rows.append([b["kind"], b["part"].split(":")[0], b["config"], lut, ff, dsp, bram,
-                         fmax, f"{b['wall_s']:.0f} s", note])
+                         fmax, f"{b['wall_s']:.0f} s", b.get("date", synth["date"])[:10], note])
         out += _table(["what", "board", "config", "LUT4 (LCs on iCE40)", "FF", "DSP",
-                       "block RAM", "Fmax", "time", "notes"], rows)
+                       "block RAM", "Fmax", "time", "date", "notes"], rows)
         if synth.get("skipped"):
             out += [f"Not built within the sweep's budget: {', '.join(synth['skipped'])}.", ""]
         out += [
