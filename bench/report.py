@@ -513,6 +513,8 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         ]
         rows = []
         for b in synth["builds"]:
+            b = {**b, "config": b["config"] + (f" ({b['preset']} preset)" if b.get("preset")
+                                                 in ("icebreaker", "ulx3s") else "")}
             res = b.get("resources", {})
             if b["kind"] == "array":
                 av = b.get("available", {})
@@ -545,7 +547,9 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
                         (("lut4", "LUT4"), ("dsp", "DSP"), ("bram", "block RAM"))
                         if (res.get(key) or 0) > cap[key]]
                 note = "; ".join(b.get("errors", [])) or (
-                    f"does not fit the part: {', '.join(over)}" if over else "fits the part")
+                    f"does not fit the part: {', '.join(over)}" if over else
+                    "within the part's LUT4, DSP and block-RAM counts (yosys, before packing; "
+                    "placement decides)")
             rows.append([b["kind"], b["part"].split(":")[0], b["config"], lut, ff, dsp, bram,
                          fmax, f"{b['wall_s']:.0f} s", b.get("date", synth["date"])[:10], note])
         out += _table(["what", "board", "config", "LUT4 (LCs on iCE40)", "FF", "DSP",
