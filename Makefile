@@ -28,6 +28,10 @@ IMAGES    ?=
 BOARD      ?= icebreaker
 BOARD_ARGS ?=
 
+# `make report`: extra arguments (REPORT_ARGS="--rerun" also measures simulation speed,
+# "--synth" reruns the synthesis sweep, "--cached" only redraws from bench/results/).
+REPORT_ARGS ?=
+
 # pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
 JOBS ?= 2
 ARGS ?=
@@ -45,7 +49,7 @@ APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 # GTKWave (make waves, make tour; its fst2vcd lets .gtkw files name internal signals).
 APT_OPTIONAL := gtkwave
 
-.PHONY: help setup test test-all lint demo synth bitstream bench waves clean
+.PHONY: help setup test test-all lint demo synth bitstream bench report waves clean
 
 help:
 	@printf '%s\n' \
@@ -59,6 +63,7 @@ help:
 	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
 	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
+	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
 	  '  tour      one matmul on the 4x4 core, checked against the ISA simulator, opened in GTKWave (docs/tour.md)' \
 	  '  tour-png  the tour'"'"'s screenshot, docs/img/tour.png (GTKWave under Xvfb: apt-get install xvfb x11-apps)' \
@@ -147,6 +152,9 @@ bench:
 	$(RUN) $(PY) -m bench.gemm
 	$(RUN) $(PY) -m bench.simspeed
 	$(RUN) $(PY) -m bench.transport
+
+report:
+	$(RUN) $(PY) -m bench.report $(REPORT_ARGS)
 
 waves:
 	@if ! command -v gtkwave >/dev/null; then

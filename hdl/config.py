@@ -249,6 +249,7 @@ def get_config(name: str) -> TPUConfig:
         return PRESETS[name]
     rows, sep, cols = name.partition("x")
     if sep and rows.isdigit() and cols.isdigit():
-        return PRESETS["default"].replace(rows=int(rows), cols=int(cols))
+        # host_width=None: the default's 256-bit beat is too narrow above 8 columns.
+        return PRESETS["default"].replace(rows=int(rows), cols=int(cols), host_width=None)
     raise ConfigError(f"unknown configuration {name!r}; allowed: "
                       f"{', '.join(PRESETS)} or 'RxC' such as '4x8'")

@@ -33,6 +33,12 @@ def test_rxc_names():
     assert (cfg.rows, cfg.cols) == (4, 8)
 
 
+@pytest.mark.parametrize("name, host_width", [("4x4", 128), ("8x8", 256), ("16x16", 512)])
+def test_rxc_host_width(name, host_width):
+    # The beat follows the array, as for a TPUConfig built with these rows and cols.
+    assert get_config(name).host_width == host_width
+
+
 def test_frozen():
     with pytest.raises(AttributeError):
         TPUConfig().rows = 4
