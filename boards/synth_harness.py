@@ -17,20 +17,24 @@ figures):
   would: nextpnr-ice40 promotes a high-fanout reset to a global by itself, nextpnr-ecp5 only
   promotes clocks, and the array resets every one of its flip-flops.
 
+:class:`SynthTop` puts the harness on a board: its ports on the pins of an amaranth-boards
+platform's resources, so the platform's own build plan (``platform.prepare``) writes the pin
+and clock constraints.
+
 All harness paths are register to register through at most one LUT (plus the array's own
 combinational ready logic on ``i_act.ready``/``i_weight.ready``), so the harness does not set
 the critical path. The harness is for timing and utilisation figures only: it computes
 nothing useful.
 """
 
-from amaranth.hdl import ClockDomain, Const, Instance, Module, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import ClockDomain, Const, Elaboratable, Instance, Module, Signal
+from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
 from hdl.systolic_array import SystolicArray
 
-__all__ = ["SynthHarness"]
+__all__ = ["SynthHarness", "SynthTop"]
 
 
 class SynthHarness(wiring.Component):
@@ -122,4 +126,54 @@ class SynthHarness(wiring.Component):
         m.d.sync += out.eq(bits[0] if bits else Const(0))
         m.d.comb += self.dout.eq(out)
 
+        return m
+
+
+class SynthTop(Elaboratable):
+    """:class:`SynthHarness` on a board: each harness port on a pin of the platform.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        Configuration of the array.
+    pins : dict
+        Harness port (``clk``, ``btn``, ``din``, ``dout``) -> ``(resource, number)`` or
+        ``(resource, number, subsignal)`` of the platform. Two ports may share a resource
+        through different subsignals (a UART's ``rx`` and ``tx``). The clock's resource
+        carries the platform's clock constraint; the buffers apply the pins' inversion.
+    global_reset : bool
+        Drive the synchronised reset through an ECP5 ``DCCA`` global buffer.
+    """
+
+    PORTS = {"clk": "i", "btn": "i", "din": "i", "dout": "o"}
+
+    def __init__(self, config: TPUConfig, *, pins: dict[str, tuple],
+                 global_reset: bool = False):
+        if set(pins) != set(self.PORTS):
+            raise ValueError(f"pins {sorted(pins)} are not supported; allowed: exactly "
+                             f"{sorted(self.PORTS)}")
+        self.config = config
+        self.pins = dict(pins)
+        self.global_reset = global_reset
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.harness = harness = SynthHarness(self.config,
+                                                      global_reset=self.global_reset)
+        requested = {}
+        for port, spec in self.pins.items():
+            name, number = spec[0], spec[1]
+            if (name, number) not in requested:
+                subsignals = [sub.name for sub in platform.lookup(name, number).ios
+                              if hasattr(sub, "name")]
+                direction = {sub: "-" for sub in subsignals} if subsignals else "-"
+                requested[name, number] = platform.request(name, number, dir=direction)
+            pin = requested[name, number]
+            if len(spec) > 2:
+                pin = getattr(pin, spec[2])
+            m.submodules[f"{port}_buffer"] = buffer = io.Buffer(self.PORTS[port], pin)
+            if self.PORTS[port] == "i":
+                m.d.comb += getattr(harness, port).eq(buffer.i)
+            else:
+                m.d.comb += buffer.o.eq(getattr(harness, port))
         return m
