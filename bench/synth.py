@@ -25,19 +25,18 @@ the real package with the board's real clock pin and global clock network. Every
 amaranth-boards platform's own build plan (:class:`boards.synth_harness.SynthTop` through
 :func:`boards.build.prepare` and :func:`boards.build.run_plan`, as a board build): the
 platform writes the Yosys script, the pin and clock constraints (PCF/LPF) and the build
-script; this bench adds only options (``synth_opts`` ``-dsp`` on iCE40; nextpnr's
-``--seed``, ``--report`` and ``--timing-allow-fail``) and two Yosys lines (the array kept as
-a module, and its ``stat -json``). This is chosen over
-nextpnr's out-of-context mode because nextpnr-ice40 has none, and nextpnr-ecp5's
-``--out-of-context`` skips global clock promotion and routing, which would not measure what a
-board build gets. Every harness path is register to register through one LUT, so the harness
-does not set Fmax (the printed critical path shows what does). The harness is elaborated for
-the board's platform, so vendor primitives (``multiplier="ecp5"``) are instantiated as in a
-board build. On ECP5 the harness drives the
+script; this bench adds only options (``synth_opts`` ``-dsp`` on iCE40; nextpnr's ``--seed``,
+``--report`` and ``--timing-allow-fail``) and two Yosys lines (the array kept as a module, and
+its ``stat -json``). This is chosen over nextpnr's out-of-context mode because nextpnr-ice40
+has none, and nextpnr-ecp5's ``--out-of-context`` skips global clock promotion and routing,
+which would not measure what a board build gets. Every harness path is register to register
+through one LUT, so the harness does not set Fmax (the printed critical path shows what does).
+The harness is elaborated for the board's platform, so vendor primitives
+(``multiplier="ecp5"``) are instantiated as in a board build. On ECP5 the harness drives the
 array's reset through a DCCA global buffer (nextpnr-ecp5 promotes only clocks; nextpnr-ice40
-promotes the reset and the array's clock enable itself). The array is kept as its own
-module (yosys ``keep_hierarchy``) so yosys reports its cells apart from the harness's;
-nextpnr's figures are for the whole design (array + harness).
+promotes the reset and the array's clock enable itself). The array is kept as its own module
+(yosys ``keep_hierarchy``) so yosys reports its cells apart from the harness's; nextpnr's
+figures are for the whole design (array + harness).
 
 Fmax is nextpnr's achieved Fmax for the clock (from ``--report``) against a constraint: the
 platform's clock constraint on the oscillator pin, set to the frequency tried
