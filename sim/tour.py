@@ -53,9 +53,9 @@ from hdl.isa import Func, Opcode, Pool
 from .gtkw import enum_filter, fst_signals, write_enum_filters
 from .verilog import BUILD_ROOT, REPO_ROOT
 
-__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "Trace", "tour_stages", "TourProgram",
-           "tour_program", "decode_rows", "write_tour_gtkw", "TourResult", "run_tour",
-           "open_gtkwave", "main"]
+__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "Trace", "tour_stages",
+           "TourProgram", "tour_program", "decode_rows", "write_tour_gtkw", "TourResult",
+           "run_tour", "open_gtkwave", "main"]
 
 #: The tour's configuration: the 4x4 preset (its 256-row buffer clears in 256 cycles).
 TOUR_CONFIG = "small"
@@ -76,6 +76,11 @@ EVENTS: dict[str, tuple[str, dict[str, int]]] = {
                               "activation_engine.o_ub__ready": 1}),
     "write_host": ("WRITE_HOST", {"o_host__valid": 1, "o_host__ready": 1}),
 }
+
+#: The save file's markers A, B, ... in order: (event name, label); the last, ``done``, is
+#: the DONE beat (the last beat the core sends).
+MARKERS: list[tuple[str, str]] = [*((name, label) for name, (label, _) in EVENTS.items()),
+                                  ("done", "DONE")]
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,7 @@ def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[st
                     filters: dict[str, Path] | None = None) -> list[str]:
     """Write the tour's save file for the waveform *fst*: the clock, then each stage of
     :func:`tour_stages` (a comment line naming it and a group of its traces), the named
-    markers at *events* (times in ps, by :data:`EVENTS` name), the view from *start* to *end*
+    markers at *events* (times in ps, by :data:`MARKERS` name), the view from *start* to *end*
     (ps); ``events["done"]`` marks the DONE beat. Returns the traces, as named in the dump.
     Raises :class:`ValueError` if a trace is not in the dump (GTKWave would silently drop
     it), or if the dump cannot be read."""
@@ -310,8 +315,7 @@ def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[st
         raise ValueError(f"not in {fst}: {', '.join(missing)}")
     traces: list[str] = []
     width, height = WINDOW
-    names = {**{name: label for name, (label, _) in EVENTS.items()}, "done": "DONE"}
-    labels = [(label, events[name]) for name, label in names.items() if name in events]
+    labels = [(label, events[name]) for name, label in MARKERS if name in events]
     with open(gtkw, "w") as f:
         save = GTKWSave(f)
         save.comment(f"amtpu guided tour: one matmul on the {config.name} core (docs/tour.md)")
@@ -357,6 +361,13 @@ class TourResult:
     start: int
     end: int
     traces: list[str]
+    period: int = 10_000        # the clock period, ps
+
+    def cycles(self) -> dict[str, int]:
+        """The events (:attr:`events`, by :data:`MARKERS` name) in cycles counted from the
+        first instruction's issue (LOAD_WEIGHTS, marker A), as docs/tour.md counts them."""
+        first = self.events["load_weights"]
+        return {name: (time - first) // self.period for name, time in self.events.items()}
 
 
 def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourResult:
@@ -413,7 +424,7 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
                                  filters=filters)
     return TourResult(fst=fst, gtkw=gtkw, filters=filters, program=program,
                       received=received, expected=expected, events=events,
-                      start=start, end=end, traces=traces)
+                      start=start, end=end, traces=traces, period=period)
 
 
 def open_gtkwave(gtkw: Path) -> bool:
@@ -449,13 +460,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"tour: relu(X @ W) =\n{program.expected}")
     # The markers, with cycles counted from the first instruction's (as docs/tour.md does).
     print("tour: markers (10 ns clock)")
-    first = result.events.get("load_weights", result.start)
-    for i, (name, label) in enumerate([*((name, label) for name, (label, _) in EVENTS.items()),
-                                       ("done", "DONE")]):
+    cycles = result.cycles()
+    for i, (name, label) in enumerate(MARKERS):
         if name in result.events:
-            time = result.events[name]
-            print(f"    {chr(ord('A') + i)} {label:12} {time / 1000:6.0f} ns  cycle "
-                  f"{(time - first) // 10_000}")
+            print(f"    {chr(ord('A') + i)} {label:12} {result.events[name] / 1000:6.0f} ns  "
+                  f"cycle {cycles[name]}")
     print(f"tour: waveform {result.fst}")
     if result.gtkw is None:
         print("tour: no save file: GTKWave is not installed (its fst2vcd reads the dump's "

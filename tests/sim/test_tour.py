@@ -1,5 +1,6 @@
 """The guided tour (sim.tour, `make tour`) without GTKWave: its program's results, its save
-file's names against the waveform, the opcode filter; and the screenshot's PNG encoder."""
+file's names against the waveform, the opcode filter, the cycle numbers docs/tour.md quotes;
+and the screenshot's PNG encoder."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import shutil
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from hdl.isa import Opcode
 from sim.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
 from sim.isa_sim import IsaSim
 from sim.screenshot import decode_xwd, encode_png
-from sim.tour import EVENTS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
+from sim.tour import EVENTS, MARKERS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None,
                                 reason="the tour runs on Icarus Verilog (iverilog)")
@@ -75,6 +77,40 @@ def test_gtkw_stages_markers_view(tour):
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.endswith("front_end.fetch_opcode[3:0]"))
     assert lines[at - 1].startswith("^") and lines[at - 1].endswith("opcode.gtkwfilter")
+
+
+TOUR_DOC = Path(__file__).resolve().parents[2] / "docs" / "tour.md"
+
+
+def _number(pattern: str, text: str) -> list[int]:
+    """The numbers *pattern*'s groups match in *text* (any run of white space in the pattern
+    matches a line break too); fails if it is not there."""
+    found = re.search(r"\s+".join(pattern.split()), text)
+    assert found, f"docs/tour.md no longer says {pattern!r}"
+    return [int(group) for group in found.groups()]
+
+
+def test_doc_cycles_match_run(tour):
+    """docs/tour.md's marker table (letter, label, time, cycle) is the run's, and so are the
+    view's start, the cycle count from the first instruction to the DONE beat and the array's
+    active cycles it quotes: a change to the core's timing that moves them fails here."""
+    text = TOUR_DOC.read_text()
+    table = [(letter, label, int(ns), int(cycle)) for letter, label, ns, cycle in re.findall(
+        r"^\| ([A-Z]) `([^`]+)` \| (\d+) ns \| (\d+) \|", text, re.MULTILINE)]
+    cycles = tour.cycles()
+    assert all(tour.events[name] % 1000 == 0 for name, _ in MARKERS)
+    assert table == [(chr(ord("A") + i), label, tour.events[name] // 1000, cycles[name])
+                     for i, (name, label) in enumerate(MARKERS)]
+    # Among them the first ReLU row into the buffer (F) and the DONE beat (H).
+    doc = {name: row[3] for (name, _), row in zip(MARKERS, table, strict=True)}
+    assert (doc["activate"], doc["done"]) == (cycles["activate"], cycles["done"])
+    assert _number(r"at (\d+) ns: before that", text) == [tour.start // 1000]
+    assert _number(r"\(time - (\d+) ns\) / (\d+) ns", text) == \
+        [tour.events["load_weights"] // 1000, tour.period // 1000]
+    assert _number(r"(\d+) cycles from the first instruction to the last beat", text) == \
+        [cycles["done"]]
+    rows = len(tour.program.expected)
+    assert _number(r"active (\d+) of those (\d+) cycles", text) == [rows, cycles["done"]]
 
 
 def test_gtkw_rejects_unknown_names(tour, tmp_path):
