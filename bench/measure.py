@@ -163,22 +163,12 @@ def amaranth_stream_speed(size: str, tiles: int, rows: int) -> dict:
     from amaranth.sim import Simulator
 
     from hdl.matrix_unit import MatrixUnit
-    from sim.golden import MatrixUnitModel, to_raw
+    from sim.golden import matrix_unit_stream
 
     config = get_config(size)
     dut = MatrixUnit(config)
-    rng = np.random.default_rng(1)
-    model = MatrixUnitModel(config.rows, config.cols)
-    weights, acts, expected = [], [], []
-    for _ in range(tiles):
-        w = rng.integers(-128, 128, (config.rows, config.cols))
-        model.push_tile(w, signed=True)
-        weights.extend({"data": to_raw(row).tolist(), "signed": 1} for row in w)
-    for _ in range(tiles):
-        x = rng.integers(-128, 128, (rows, config.rows))
-        for i, row in enumerate(x):
-            expected.append(model.push_act(row, signed=True, switch=i == 0))
-            acts.append({"data": to_raw(row).tolist(), "signed": 1, "switch": int(i == 0)})
+    weights, acts, expected = matrix_unit_stream(config.rows, config.cols, tiles, rows,
+                                                 np.random.default_rng(1))
     received: list = []
     total = tiles * rows
     figures: dict = {}

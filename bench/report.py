@@ -31,6 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from firmware.cli import TABLE3  # noqa: E402  (the categories `amtpu demo` prints)
+
 __all__ = ["TABLE3", "peak_ops_per_cycle", "host_bytes_per_cycle", "ridge_point",
            "weight_ridge_point", "roof", "analyse", "plot_cycles_utilisation",
            "plot_roofline", "plot_synthesis", "plot_simspeed", "write_markdown", "main"]
@@ -39,15 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs"
 
-#: TPU v1 Table 3 categories and the counters that measure them (as ``amtpu demo`` prints).
-TABLE3 = (
-    ("array active", "array_active"),
-    ("weight stall", "weight_stall"),
-    ("weight shift", "weight_shift"),
-    ("non-matrix", "non_matrix"),
-    ("RAW stall", "raw_stall"),
-    ("input (host) stall", "host_stall"),
-)
 
 #: TPU v1's measured Table 3 rows (Jouppi et al., ISCA 2017), % of cycles.
 TPU_V1_TABLE3 = {

@@ -17,7 +17,7 @@ import numpy as np
 from cocotb.triggers import FallingEdge
 
 from hdl.systolic_array import act_row_layout, psum_row_layout, weight_row_layout
-from sim.golden import MatrixUnitModel, to_raw
+from sim.golden import matrix_unit_stream
 from sim.runner import config_from_env
 from sim.streams import StreamDriver, StreamMonitor, reset, start_clock
 
@@ -37,17 +37,10 @@ async def test_stream(dut):
     out = StreamMonitor(dut, "o_psum", dut.clk, psum_row_layout(cfg.cols))
     await reset(dut)
 
-    model = MatrixUnitModel(cfg.rows, cfg.cols)
-    expected = []
-    for _ in range(tiles):
-        w = rng.integers(-128, 128, (cfg.rows, cfg.cols))
-        model.push_tile(w, signed=True)
-        weights.extend({"data": to_raw(row).tolist(), "signed": 1} for row in w)
-    for _ in range(tiles):
-        x = rng.integers(-128, 128, (rows_per_tile, cfg.rows))
-        for i, row in enumerate(x):
-            expected.append(model.push_act(row, signed=True, switch=i == 0))
-            acts.append({"data": to_raw(row).tolist(), "signed": 1, "switch": int(i == 0)})
+    weight_items, act_items, expected = matrix_unit_stream(cfg.rows, cfg.cols, tiles,
+                                                           rows_per_tile, rng)
+    weights.extend(weight_items)
+    acts.extend(act_items)
 
     start = time.perf_counter()
     total = tiles * rows_per_tile

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "MatrixUnitModel",
+           "matrix_unit_stream",
            "saturate", "rounding_shift", "requantise", "activate", "max_pool_rows",
            "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE"]
 
@@ -105,6 +106,25 @@ class MatrixUnitModel:
         act_row = np.asarray(act_row, dtype=np.int64).reshape(1, self.rows)
         return matmul(act_row, tile, x_signed=signed, w_signed=w_signed,
                       acc_width=self.acc_width)[0]
+
+
+def matrix_unit_stream(rows: int, cols: int, tiles: int, rows_per_tile: int,
+                       rng: np.random.Generator) -> tuple[list, list, list]:
+    """Random signed int8 weight tiles, each followed by ``rows_per_tile`` activation rows
+    (the first with ``switch``), as the matrix unit's stream items (raw ``data`` fields),
+    and the output rows :class:`MatrixUnitModel` expects: ``(weights, acts, expected)``."""
+    model = MatrixUnitModel(rows, cols)
+    weights, acts, expected = [], [], []
+    for _ in range(tiles):
+        w = rng.integers(-128, 128, (rows, cols))
+        model.push_tile(w, signed=True)
+        weights.extend({"data": to_raw(row).tolist(), "signed": 1} for row in w)
+    for _ in range(tiles):
+        x = rng.integers(-128, 128, (rows_per_tile, rows))
+        for i, row in enumerate(x):
+            expected.append(model.push_act(row, signed=True, switch=i == 0))
+            acts.append({"data": to_raw(row).tolist(), "signed": 1, "switch": int(i == 0)})
+    return weights, acts, expected
 
 
 # Activation unit -----------------------------------------------------------------------------
