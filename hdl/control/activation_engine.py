@@ -125,24 +125,18 @@ class ActivationEngine(wiring.Component):
             with m.If(scrub_slot == cfg.param_slots - 1):
                 m.d.sync += scrubbing.eq(0)
         with m.Else():
-            m.d.comb += pw.ready.eq(1)
-        # A parameter write lands a cycle after it is taken (registered: the front end's
-        # dispatch of LOAD_PARAMS then ends at flip-flops here, not at the memories' write
-        # ports). An ACTIVATE taken in the next cycle reads its slot a cycle later still.
-        w_valid = Signal()
-        p = Signal.like(pw.payload, reset_less=True)
-        m.d.sync += [w_valid.eq(pw.valid & pw.ready), p.eq(pw.payload)]
-        with m.If(~scrubbing):
+            p = pw.payload
             for port in (bias_w, mult_w, scalar_w):
                 m.d.comb += port.addr.eq(p.slot)
             m.d.comb += [
+                pw.ready.eq(1),
                 bias_w.data.eq(p.row), mult_w.data.eq(p.row),
                 scalar_w.data.shift.eq(p.shift),
                 scalar_w.data.zero_point.eq(p.zero_point),
                 scalar_w.data.clamp_hi.eq(p.clamp_hi),
-                scalar_w.en.eq(w_valid & (p.kind == ParamKind.SCALARS)),
-                bias_w.en.eq(w_valid & (p.kind == ParamKind.BIAS)),
-                mult_w.en.eq(w_valid & (p.kind == ParamKind.MULTIPLIER)),
+                scalar_w.en.eq(pw.valid & (p.kind == ParamKind.SCALARS)),
+                bias_w.en.eq(pw.valid & (p.kind == ParamKind.BIAS)),
+                mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
             ]
 
         busy = Signal()
