@@ -69,7 +69,7 @@ from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
-from boards.build import BuildError, prepare, run_plan
+from boards.build import BuildError, clock_critical_path, prepare, run_plan
 from hdl.config import TPUConfig, get_config
 
 __all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "Sdf",
@@ -322,11 +322,9 @@ def build(config: TPUConfig, *, clock_mhz: float, seed: int, work: Path,
 
 def _nextpnr_path(report: dict) -> dict[str, Any] | None:
     """The clock-to-clock critical path of a nextpnr ``--report``."""
-    paths = [p for p in report.get("critical_paths", [])
-             if "<async>" not in p.get("from", "") and "<async>" not in p.get("to", "")]
-    if not paths:
+    steps = clock_critical_path(report)
+    if steps is None:
         return None
-    steps = paths[0]["path"]
     hops = []
     for step in steps:
         if step["type"] in ("clk-to-q", "logic", "setup", "routing"):

@@ -80,6 +80,7 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from boards.build import (
     BuildError,
     ToolRun,
+    clock_critical_path,
     clock_fmax,
     prepare,
     run_plan,
@@ -280,11 +281,9 @@ def _short(cell: str, width: int = 64) -> str:
 
 def critical_path(report: dict) -> dict[str, Any] | None:
     """Summary of the clock-to-clock critical path in a nextpnr ``--report``."""
-    paths = [p for p in report.get("critical_paths", [])
-             if "<async>" not in p.get("from", "") and "<async>" not in p.get("to", "")]
-    if not paths:
+    path = clock_critical_path(report)
+    if path is None:
         return None
-    path = paths[0]["path"]
     logic = sum(step["delay"] for step in path if step["type"] != "routing")
     routing = sum(step["delay"] for step in path if step["type"] == "routing")
     hops = []

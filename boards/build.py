@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["BuildError", "BuildReport", "ToolRun", "prepare", "run_plan", "run_timed", "build",
-           "tool_env", "tool_path", "with_clock", "clock_fmax", "pll_ice40", "pll_ecp5",
+           "tool_env", "tool_path", "with_clock", "clock_fmax", "clock_critical_path",
+           "pll_ice40", "pll_ecp5",
            "uart_divisor"]
 
 BUILD_ROOT = Path("build") / "boards"
@@ -179,6 +180,15 @@ def clock_fmax(report: dict) -> tuple[float, float]:
         raise BuildError("nextpnr reported no clock")
     worst = min(fmax.values(), key=lambda entry: entry["achieved"])
     return float(worst["achieved"]), float(worst["constraint"])
+
+
+def clock_critical_path(report: dict) -> list[dict] | None:
+    """The steps (``clk-to-q``, ``logic``, ``routing``, ``setup``) of the first
+    clock-to-clock critical path in a nextpnr ``--report`` (not those from or to an
+    asynchronous input or output), or ``None``."""
+    paths = [p for p in report.get("critical_paths", [])
+             if "<async>" not in p.get("from", "") and "<async>" not in p.get("to", "")]
+    return paths[0]["path"] if paths else None
 
 
 def _parse_report(path: Path) -> tuple[float, dict[str, tuple[int, int]]]:
