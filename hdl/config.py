@@ -10,10 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
-           "ACTIVATION_UNITS", "PARAM_STORES", "DISPATCH_MODES"]
+           "ACTIVATION_UNITS", "PARAM_STORES", "DISPATCH_MODES", "OPERAND_KINDS"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
-MULTIPLIERS = ("infer", "ecp5")
+MULTIPLIERS = ("infer", "ecp5", "ice40")
+
+#: Which operands the core multiplies (:attr:`TPUConfig.operands`).
+OPERAND_KINDS = ("any", "int8")
 
 #: How the activation unit is built (:attr:`TPUConfig.activation_unit`).
 ACTIVATION_UNITS = ("pipelined", "serial")
@@ -74,7 +77,11 @@ class TPUConfig:
         How the other PEs build their multiplier and its registers. ``"infer"``: a plain
         ``*`` that synthesis maps to a DSP block, registers in the fabric (any part).
         ``"ecp5"``: an instantiated ECP5 ``MULT18X18D`` holding the operand and product
-        registers (ECP5 parts only; same timing, higher Fmax). See :class:`hdl.pe.PE`.
+        registers (ECP5 parts only; same timing, higher Fmax). ``"ice40"``: two PEs' products
+        in one iCE40 ``SB_MAC16`` in its dual 8x8 mode, its input and product registers the
+        PEs' (iCE40 parts; needs ``operands="int8"``, since the block's signedness is fixed:
+        a 4x4 array takes the UP5K's 8 blocks). See :class:`hdl.pe.PE` and
+        :class:`hdl.dual_mult.DualMultiplier`.
     activation_unit : str
         ``"pipelined"``: one requantisation datapath per column, a row a cycle
         (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
@@ -98,6 +105,13 @@ class TPUConfig:
         the range adders and compares into the dispatch and everything it enables (one
         cycle more per instruction, not per data beat; the iCE40's critical path). Same
         results.
+    operands : str
+        ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
+        ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a
+        ``LOAD_WEIGHTS`` or ``MATMUL`` with ``signed`` clear stops the core with
+        ``ErrorCode.SIGNEDNESS`` before it has any effect, and the products fit 8 x 8
+        multipliers (``multiplier="ice40"``). Compile for such a core with int8 inputs
+        (:func:`firmware.quant.quantise` ``input_signed=True``).
     """
 
     rows: int = 8
@@ -116,6 +130,7 @@ class TPUConfig:
     counter_bits: int = 48
     param_store: str = "auto"
     dispatch: str = "direct"
+    operands: str = "any"
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -164,6 +179,12 @@ class TPUConfig:
               " or ".join(repr(value) for value in PARAM_STORES))
         check("dispatch", isinstance(self.dispatch, str) and self.dispatch in DISPATCH_MODES,
               " or ".join(repr(value) for value in DISPATCH_MODES))
+        check("operands", isinstance(self.operands, str) and self.operands in OPERAND_KINDS,
+              " or ".join(repr(value) for value in OPERAND_KINDS))
+        if self.multiplier == "ice40" and self.operands != "int8":
+            raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
+                              f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "
+                              f"block), not operands={self.operands!r}")
 
     # Derived properties -------------------------------------------------------------------
 
@@ -187,6 +208,20 @@ class TPUConfig:
     def product_width(self) -> int:
         """Width of one signed product of two operands extended to ``data_width + 1`` bits."""
         return 2 * (self.data_width + 1)
+
+    @property
+    def operand_range(self) -> tuple[int, int]:
+        """Smallest and largest operand value the core multiplies."""
+        return (-128, 127) if self.operands == "int8" else (-128, 255)
+
+    def psum_bits(self, terms: int) -> int:
+        """Bits of a signed sum of *terms* products (of operands in :attr:`operand_range`),
+        which can then never wrap: the width of a partial sum ``terms`` PEs down a column,
+        sign-extended to ``acc_width`` at the array's bottom edge."""
+        lo, hi = self.operand_range
+        products = (lo * hi, max(lo * lo, hi * hi))
+        low, high = terms * min(products), terms * max(products)
+        return max((-low - 1).bit_length(), high.bit_length()) + 1
 
     @property
     def macs(self) -> int:

@@ -75,6 +75,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
     WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
     BAD_FIELD        = 8   # function, pooling or slot out of range, count not a multiple
                            # of the pooling window
+    SIGNEDNESS       = 9   # LOAD_WEIGHTS or MATMUL of uint8 operands (signed clear) on a
+                           # core built for int8 only (TPUConfig.operands="int8")
 
 
 #: Performance counters, in the order READ_COUNTERS sends them (one beat each, 48 bits).

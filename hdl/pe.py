@@ -17,7 +17,7 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["PE", "weight_bus_layout", "PE_MULTIPLIERS", "VERILOG_SIM_PLATFORM"]
 
 #: Values of :class:`PE`'s ``multiplier``.
-PE_MULTIPLIERS = ("infer", "ecp5", "lut")
+PE_MULTIPLIERS = ("infer", "ecp5", "lut", "ice40")
 
 #: The ``platform`` that :func:`sim.verilog.generate` elaborates designs with: Verilog for
 #: Icarus or Verilator, which have simulation models of the vendor primitives
@@ -94,6 +94,13 @@ class PE(wiring.Component):
           of 3). Adds the ``i_en`` port.
         - ``"lut"``: the same product built from shifted partial products, which synthesis
           keeps in LUT logic (for parts with fewer DSP blocks than PEs).
+        - ``"ice40"``: the product comes from outside, from a
+          :class:`~hdl.dual_mult.DualMultiplier` that the array shares between two PEs (one
+          iCE40 ``SB_MAC16``): the cell sends the low 8 bits of the operands on ``o_mul_a``
+          and ``o_mul_w`` (int8 operands only: the core checks the instructions' ``signed``
+          flags, see :attr:`hdl.config.TPUConfig.operands`) and takes the product on
+          ``i_product`` two cycles later; the block's input and product registers are the
+          cell's, so the timing is that of ``"infer"`` (``latency`` 3). Adds those ports.
     use_dsp : bool, optional
         The older spelling: ``False`` is ``multiplier="lut"``, ``True`` changes nothing.
 
@@ -127,6 +134,10 @@ class PE(wiring.Component):
         Only with ``multiplier="ecp5"``: clock enable of every register of the cell. An
         ``EnableInserter`` around the cell does not reach an instance's registers, so the
         enable it applies must also drive ``i_en``.
+    o_mul_a, o_mul_w : Out(signed(data_width))
+        Only with ``multiplier="ice40"``: the operands for the shared multiplier.
+    i_product : In(signed(2 * data_width))
+        Only with ``multiplier="ice40"``: their product, two cycles later.
     """
 
     def __init__(self, *, data_width: int = 8, acc_width: int = 32, row: int = 0,
@@ -162,6 +173,10 @@ class PE(wiring.Component):
         }
         if multiplier == "ecp5":
             members["i_en"] = In(1, init=1)
+        if multiplier == "ice40":
+            members["o_mul_a"] = Out(signed(data_width))
+            members["o_mul_w"] = Out(signed(data_width))
+            members["i_product"] = In(signed(2 * data_width))
         super().__init__(members)
 
     @property
@@ -196,7 +211,12 @@ class PE(wiring.Component):
         else:
             a_in, w_in = self.i_act, weight
 
-        if instantiate:
+        if self.multiplier == "ice40":
+            # Operand and product registers in the shared SB_MAC16 (the array's).
+            product = self.i_product
+            m.d.comb += [self.o_mul_a.eq(a_in[:self.data_width]),
+                         self.o_mul_w.eq(w_in[:self.data_width])]
+        elif instantiate:
             # The block's A/B input registers are the operand registers, its output register
             # the product register; CE0 gates all three.
             product = Signal(product_shape)

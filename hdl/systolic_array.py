@@ -5,6 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import TPUConfig
+from .dual_mult import DualMultiplier
 from .pe import PE, weight_bus_layout
 
 __all__ = ["SystolicArray", "act_row_layout", "weight_row_layout", "psum_row_layout",
@@ -193,9 +194,12 @@ class SystolicArray(wiring.Component):
             with m.Else():
                 m.d.sync += shifted.eq(shifted + 1)
 
-        # Array grid.
+        # Array grid. A partial sum r + 1 PEs down a column is a sum of r + 1 products,
+        # which never wraps in cfg.psum_bits(r + 1) bits: the adders and registers are that
+        # wide, and the bottom edge sign-extends to acc_width (the same numbers, less logic).
         first_lut = rows * cols - cfg.lut_multipliers
-        pes = [[PE(data_width=cfg.data_width, acc_width=cfg.acc_width, row=r,
+        pes = [[PE(data_width=cfg.data_width,
+                   acc_width=min(cfg.acc_width, cfg.psum_bits(r + 1)), row=r,
                    row_bits=row_bits,
                    multiplier=cfg.multiplier if r * cols + c < first_lut else "lut")
                 for c in range(cols)] for r in range(rows)]
@@ -212,6 +216,18 @@ class SystolicArray(wiring.Component):
                     core.submodules[f"pe_{r}_{c}"] = EnableInserter(en)(pe)
                 else:
                     core.submodules[f"pe_{r}_{c}"] = pe
+
+        # multiplier="ice40": the PEs' products two to a DualMultiplier (one SB_MAC16), in
+        # row-major order; with an odd number the last one has a block of its own.
+        shared = [pe for row in pes for pe in row if "i_product" in pe.signature.members]
+        for index in range(0, len(shared), 2):
+            pair = shared[index:index + 2]
+            mult = DualMultiplier()
+            m.submodules[f"mac_{index // 2}"] = mult
+            m.d.comb += mult.i_en.eq(enable(f"mac_{index // 2}") if registered else advance)
+            for pe, a, b, p in zip(pair, (mult.i_a0, mult.i_a1), (mult.i_b0, mult.i_b1),
+                                   (mult.o_p0, mult.o_p1), strict=False):  # a pair or one
+                m.d.comb += [a.eq(pe.o_mul_a), b.eq(pe.o_mul_w), pe.i_product.eq(p)]
 
         # Left edge: activation row r enters row r after r + 1 registers.
         for r in range(rows):

@@ -97,14 +97,16 @@ beats are consumed). The first failing check, in this order, sets the error:
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
    ACTIVATE; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0`` or
    ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots``.
-3. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL) or
+3. SIGNEDNESS: LOAD_WEIGHTS or MATMUL with ``signed`` clear on a core built for int8 only
+   (``operands="int8"``).
+4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL) or
    ``count / window`` (ACTIVATE).
-4. ACC_RANGE: ``acc_addr + count > acc_depth`` (MATMUL, ACTIVATE).
-5. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS).
-6. WEIGHT_UNWRITTEN: READ_WEIGHTS of a tile no LOAD_WEIGHTS has written.
-7. WEIGHT_EMPTY: MATMUL with ``switch`` and an empty queue, or without ``switch`` and no
+5. ACC_RANGE: ``acc_addr + count > acc_depth`` (MATMUL, ACTIVATE).
+6. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS).
+7. WEIGHT_UNWRITTEN: READ_WEIGHTS of a tile no LOAD_WEIGHTS has written.
+8. WEIGHT_EMPTY: MATMUL with ``switch`` and an empty queue, or without ``switch`` and no
    active tile yet.
-8. WEIGHT_OVERFLOW: READ_WEIGHTS that would make the queue longer than
+9. WEIGHT_OVERFLOW: READ_WEIGHTS that would make the queue longer than
    ``weight_fifo_depth + 1`` tiles.
 
 The status then holds the error code and the failing instruction's index (``halted`` is
@@ -374,6 +376,10 @@ class IsaSim:
         if count == 0:
             raise _Error(isa.ErrorCode.BAD_FIELD)
 
+    def _check_signed(self, f) -> None:
+        if self.config.operands == "int8" and not f["signed"]:
+            raise _Error(isa.ErrorCode.SIGNEDNESS)
+
     def _check_ub(self, addr: int, n: int) -> None:
         if addr + n > self.config.ub_depth:
             raise _Error(isa.ErrorCode.UB_RANGE)
@@ -416,6 +422,7 @@ class IsaSim:
 
     def _op_load_weights(self, f) -> None:
         self._check_count(f["count"])
+        self._check_signed(f)
         self._check_tiles(f["tile"], f["count"])
         rows, cols = self.config.rows, self.config.cols
         size = data.Layout.cast(isa.weight_row_beat(cols)).size
@@ -446,6 +453,7 @@ class IsaSim:
     def _op_matmul(self, f) -> None:
         count, ub_addr, acc_addr = f["count"], f["ub_addr"], f["acc_addr"]
         self._check_count(count)
+        self._check_signed(f)
         self._check_ub(ub_addr, count)
         self._check_acc(acc_addr, count)
         if not self.queue if f["switch"] else self.active is None:

@@ -187,6 +187,9 @@ class FrontEnd(wiring.Component):
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |
             (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
+        # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
+        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
+                      if cfg.operands == "int8" else Const(0))
         # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
         ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
                      (a_end > cfg.ub_depth)) |
@@ -214,6 +217,7 @@ class FrontEnd(wiring.Component):
         checks = [   # in priority order: the first that fails is reported
             (unknown, ErrorCode.UNKNOWN_OPCODE),
             (bad_field, ErrorCode.BAD_FIELD),
+            (signedness, ErrorCode.SIGNEDNESS),
             (ub_range, ErrorCode.UB_RANGE),
             (acc_range, ErrorCode.ACC_RANGE),
             (weight_range, ErrorCode.WEIGHT_RANGE),

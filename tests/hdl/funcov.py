@@ -157,9 +157,11 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     whole memory (then a transfer of all of a deeper memory is not promised)."""
     depths = {"ub": config.ub_depth, "acc": config.acc_depth, "tile": config.weight_mem_tiles}
     points = [f"op.{op.name.lower()}" for op in isa.Opcode] + ["resync_word"]
-    points += [f"matmul.{flag}={v}" for flag in ("switch", "accumulate", "signed")
-               for v in (0, 1)]
-    points += [f"load_weights.signed={v}" for v in (0, 1)]
+    # A core for int8 only refuses signed=0 (a SIGNEDNESS error): valid programs set it.
+    signs = (1,) if config.operands == "int8" else (0, 1)
+    points += [f"matmul.{flag}={v}" for flag in ("switch", "accumulate") for v in (0, 1)]
+    points += [f"matmul.signed={v}" for v in signs]
+    points += [f"load_weights.signed={v}" for v in signs]
     points += [f"activate.func={f.name.lower()}" for f in isa.Func]
     points += [f"activate.pool={p.name.lower()}" for p in isa.Pool]
     points += ["activate.longer_than_matmul_latency"]

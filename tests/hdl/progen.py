@@ -205,7 +205,7 @@ class _Generator:
         cfg = self.cfg
         count = count or self.count(cfg.weight_mem_tiles)
         tile = self.start(cfg.weight_mem_tiles, count) if tile is None else tile
-        signed = self.chance(0.5)
+        signed = cfg.operands == "int8" or self.chance(0.5)
         tiles = random_bytes(self.rng, (count, cfg.rows, cfg.cols), signed)
         self._emit(lambda: self.prog.load_weights(tile, tiles, signed=signed),
                    isa.Opcode.LOAD_WEIGHTS, 8 * cfg.cols)
@@ -261,7 +261,8 @@ class _Generator:
         acc = self.start(cfg.acc_depth, count) if acc is None else acc
         self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
                                             accumulate=self.chance(0.5),
-                                            signed=self.chance(0.5)), isa.Opcode.MATMUL)
+                                            signed=(cfg.operands == "int8" or
+                                                    self.chance(0.5))), isa.Opcode.MATMUL)
         if switch:
             self.queued -= 1
             self.have_active = True

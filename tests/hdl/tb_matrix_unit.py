@@ -72,7 +72,7 @@ async def test_prefetch(dut):
     tb = MatrixTestbench(dut, cfg, seed=360)
     await tb.reset()
     for _ in range(depth + 2):
-        w_signed = bool(tb.rng.integers(2))
+        w_signed = tb.random_signed()
         tb.queue_tile(tb.operands((cfg.rows, cfg.cols), w_signed), w_signed)
     await ClockCycles(dut.clk, (depth + 3) * cfg.rows + 20)
     await ReadOnly()

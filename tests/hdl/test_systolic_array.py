@@ -46,6 +46,23 @@ def test_lut_multipliers():
 
 
 @pytest.mark.parametrize("group", GROUPS)
+def test_ice40_dual_multipliers(group: str):
+    """``multiplier="ice40"``: the products two to an ``SB_MAC16`` (the simulation model
+    ``sim/models/SB_MAC16.v``), int8 operands only, under the same stimulus (extremes:
+    -128 x -128 and 127 x 127 down every column), stalls and back-pressure."""
+    config = get_config("small").replace(multiplier="ice40", operands="int8")
+    run("systolic_array", lambda: SystolicArray(config), "small-ice40", "tb_systolic_array",
+        HERE, GROUPS[group], label=group, config=config, sim="icarus")
+
+
+def test_ice40_odd_count():
+    """Nine PEs: four shared blocks and one PE with a block of its own."""
+    config = get_config("3x3").replace(multiplier="ice40", operands="int8")
+    run("systolic_array", lambda: SystolicArray(config), "3x3-ice40", "tb_systolic_array",
+        HERE, GROUPS["random"], label="random", config=config, sim="icarus")
+
+
+@pytest.mark.parametrize("group", GROUPS)
 def test_registered_enable(group: str):
     """``multiplier="ecp5"`` on a non-square array: PEs two cycles longer (``array_latency``
     = rows + cols + 4, checked to the cycle by test_back_to_back) and the registered enable
