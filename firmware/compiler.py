@@ -539,8 +539,14 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
 
     ``batch_size``: images per batch program; by default the largest up to ``max_batch``
     whose tensors fit the unified buffer. Raises :class:`CompileError` naming the stage and
-    the memory when even one image does not fit, or for a graph the compiler cannot map.
+    the memory when even one image does not fit, for a graph the compiler cannot map, or for
+    a uint8 network input on a core for int8 only (``operands="int8"``: quantise with
+    ``input_signed=True``).
     """
+    if config.operands == "int8" and not network.input_q.signed:
+        raise CompileError(f"{network.name}: its input is uint8, but the {config.name} core "
+                           f"takes int8 operands only (operands='int8'); quantise it with "
+                           f"int8 input (firmware.quant.quantise(..., input_signed=True))")
     layouts = _layouts(config, network)
     tiles, params, _, _ = _tiles_and_params(config, network, layouts)
     if batch_size is not None:

@@ -148,7 +148,8 @@ def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 
     ``x`` is M x K and ``w`` K x N, int8 (or uint8 with ``x_signed``/``w_signed`` False);
     ``bias`` and ``multiplier`` are per-column int32 (or scalars); ``shift`` (0..63),
     ``zero_point`` and ``clamp_hi`` (int8) apply to every column. Raises ValueError if the
-    weights or one batch row per chunk do not fit the configuration's memories.
+    weights or one batch row per chunk do not fit the configuration's memories, or for a uint8
+    operand on a core for int8 only (``operands="int8"``).
 
     ``measure``: after the loads, SYNC and CLEAR_COUNTERS before the first MATMUL, and
     READ_COUNTERS (which waits until every unit is idle) before the HALT, so
@@ -161,6 +162,10 @@ def gemm_program(config: TPUConfig, x, w, *, bias=0, multiplier=1, shift: int = 
     m, k = x.shape
     n = w.shape[1]
     for name, values, signed in (("x", x, x_signed), ("w", w, w_signed)):
+        if not signed and config.operands == "int8":
+            raise ValueError(f"{name} is uint8 ({name}_signed=False), but the {config.name} "
+                             f"core takes int8 operands only (operands='int8'); allowed: "
+                             f"{name}_signed=True")
         lo, hi = golden.operand_range(signed)
         if values.min() < lo or values.max() > hi:
             raise ValueError(f"{name} holds values outside {lo}..{hi}")

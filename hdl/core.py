@@ -94,8 +94,10 @@ class Core(wiring.Component):
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
         else:
+            # Its 18x18 partial products on MULT18X18D with the ECP5 build; inferred otherwise
+            # (an SB_MAC16's dual 8x8 mode does not suit them).
             au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
-                                multiplier=cfg.multiplier)
+                                multiplier="ecp5" if cfg.multiplier == "ecp5" else "infer")
         m.submodules.activation = au
 
         # Host side.

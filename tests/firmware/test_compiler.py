@@ -679,3 +679,25 @@ def test_inputs_checked_before_running():
         next(compiled.batches(np.zeros((2, 5), dtype=np.int64)))
     with pytest.raises(ValueError, match="-128..127"):
         next(compiled.batches(np.full((2, 4), 128)))
+
+
+# A core for int8 operands only -------------------------------------------------------------
+
+def test_int8_only_core():
+    """``operands="int8"``: a uint8 network input is refused with the fix named; quantised
+    with int8 input, the network runs (the ISA simulator, which stops on any uint8 operand
+    with SIGNEDNESS) and equals the int8 reference, -128 and 127 inputs included."""
+    rng = np.random.default_rng(SEED + 900)
+    print(f"seed {SEED + 900}")
+    config = get_config("tiny").replace(operands="int8")
+    net = nn.Network((6,), [nn.Dense(random_weights(rng, (6, 5)), rng.normal(size=5)),
+                            nn.ReLU(), nn.Dense(random_weights(rng, (5, 3)), rng.normal(size=3))])
+    data = np.abs(rng.normal(size=(9, 6)))              # non-negative: uint8 by default
+    with pytest.raises(CompileError, match=r"its input is uint8, but the 2x2 core takes int8 "
+                                           r"operands only .*input_signed=True"):
+        compile_network(quantise(net, data), config)
+    qnet = quantise(net, data, input_signed=True)
+    x_q = qnet.quantise_input(data)
+    x_q[0, :] = -128
+    x_q[1, :] = 127
+    check_on_core(qnet, config, x_q, "int8-only tiny")

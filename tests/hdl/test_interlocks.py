@@ -244,3 +244,37 @@ def test_one_past_the_end(pair, case: str):
     assert (status.error, status.code, status.instr_index) == (True, code, good), \
         f"{what}: status {status}, expected {code.name} at {good}"
     pair.check_state(what, resync=True)
+
+
+#: A core for int8 only, its products two to an SB_MAC16 (the iCE40's dual 8x8 mode).
+INT8_ONLY = get_config("tiny").replace(multiplier="ice40", operands="int8")
+
+
+@pytest.mark.parametrize("case", ["load_weights", "matmul"])
+def test_uint8_refused_on_int8_core(pair, case: str):
+    """``operands="int8"``: a LOAD_WEIGHTS or MATMUL with ``signed`` clear stops the core
+    with SIGNEDNESS at its index, before it has any effect (no data beat of the refused
+    LOAD_WEIGHTS is written); the int8 work before it is done, and after the
+    resynchronisation word the whole state equals the ISA simulator's."""
+    pair = pair(INT8_ONLY)
+    cfg = pair.config
+    seed = SEED + 300 + (case == "matmul")
+    print(f"seed {seed}, {case}")
+    rng = np.random.default_rng(seed)
+    p = Program(cfg)
+    p.load_weights(0, rng.integers(-128, 128, (2, cfg.rows, cfg.cols)))
+    p.read_host(0, np.array([[-128] * cfg.ub_row, [127] * cfg.ub_row]))
+    p.read_weights(0, 1)
+    p.matmul(0, 0, 2, switch=True)
+    good = p.instructions
+    if case == "load_weights":
+        p.load_weights(1, rng.integers(0, 256, (1, cfg.rows, cfg.cols)), signed=False)
+    else:
+        p.matmul(0, 2, 2, signed=False)
+    p.halt()
+    what = f"seed {seed}, {case} signed=0 on an int8-only core"
+    pair.run(p.beats, what)
+    status = pair.rtl.status()
+    assert (status.error, status.code, status.instr_index) == \
+        (True, isa.ErrorCode.SIGNEDNESS, good), f"{what}: status {status}"
+    pair.check_state(what, resync=True)

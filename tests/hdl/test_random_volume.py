@@ -10,8 +10,9 @@ the RTL's coverage counters, which hazard rules stalled the core and which engin
 each test prints its table and fails if a point the generator promises for its configuration
 was never hit. The tables also appear at the end of the pytest run.
 
-CI (``make test``) runs :data:`FAST` (1,100 programs on four configurations, a non-square one
-and one so small that the ends of every memory come up in most programs); ``make test-all``
+CI (``make test``) runs :data:`FAST` (1,400 programs on six configurations: a non-square
+one, one so small that the ends of every memory come up in most programs, the iCEBreaker's,
+and an int8-only one on paired SB_MAC16 products); ``make test-all``
 adds :data:`SLOW` (8,000 more, on three more configurations: one-row tiles, a tall array and
 the default 8x8 core). The simulator is Verilator: one build per configuration, then 8 to 25
 times Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides it.
@@ -59,16 +60,22 @@ CONFIGS: dict[str, TPUConfig] = {
     "default": get_config("default"),
     # The iCEBreaker's core: 2x2, the serial activation unit, 32-bit counters.
     "icebreaker": get_config("icebreaker"),
+    # int8 operands only, the products two to an SB_MAC16 (the model), an odd count (four
+    # shared blocks and one alone), the serial activation unit.
+    "int8": TPUConfig(rows=3, cols=3, ub_depth=32, acc_depth=32, weight_mem_tiles=5,
+                      weight_fifo_depth=2, param_slots=2, multiplier="ice40",
+                      operands="int8", activation_unit="serial", counter_bits=32),
 }
 
 #: Programs from one reset to the next.
 BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
-             "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000}
-FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150}
+             "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
+             "int8": 900_000}
+FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150, "int8": 150}
 SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 850}
+        "default": 500, "icebreaker": 850, "int8": 850}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
