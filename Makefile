@@ -28,6 +28,9 @@ IMAGES    ?=
 BOARD      ?= icebreaker
 BOARD_ARGS ?=
 
+# `make synth`: extra arguments (SYNTH_ARGS="--board ice40 --multiplier ice40").
+SYNTH_ARGS ?=
+
 # `make report`: extra arguments (REPORT_ARGS="--rerun" also measures simulation speed,
 # "--synth" reruns the synthesis sweep, "--cached" only redraws from bench/results/).
 REPORT_ARGS ?=
@@ -59,7 +62,7 @@ help:
 	  '  test-all  all tests, including the slow (large configuration) ones' \
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
-	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP)' \
+	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP; SYNTH_ARGS="--board ice40 --multiplier ice40")' \
 	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
 	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
@@ -138,7 +141,7 @@ demo:
 	  $(if $(PORT),--port $(PORT))
 
 synth:
-	$(RUN) $(PY) -m bench.synth
+	$(RUN) $(PY) -m bench.synth $(SYNTH_ARGS)
 
 bitstream:
 	$(RUN) $(PY) -m boards.$(BOARD) $(BOARD_ARGS)
