@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, ClockSignal, Const, EnableInserter, Instance, Modu
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .pe import VERILOG_SIM_PLATFORM
+from .pe import vendor_instance
 
 __all__ = ["DualMultiplier", "SB_MAC16_PARAMS"]
 
@@ -59,7 +59,8 @@ class DualMultiplier(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        if _instantiate(platform):
+        if vendor_instance(platform, "iCE40",
+                           "DualMultiplier instantiates an iCE40 SB_MAC16"):
             out = Signal(32, name="mac_o")
             zero16, zero = Const(0, 16), Const(0, 1)
             m.submodules.mac = Instance(
@@ -86,15 +87,3 @@ class DualMultiplier(wiring.Component):
         m.submodules.regs = EnableInserter(self.i_en)(regs)
         return m
 
-
-def _instantiate(platform) -> bool:
-    """Whether :class:`DualMultiplier` instantiates the ``SB_MAC16`` for *platform*; raises
-    for a platform whose part has none."""
-    if platform is None or platform == "formal":
-        return False
-    if platform == VERILOG_SIM_PLATFORM or getattr(platform, "family", None) == "iCE40":
-        return True
-    name = platform if isinstance(platform, str) else type(platform).__name__
-    raise ValueError(f"DualMultiplier instantiates an iCE40 SB_MAC16, which platform "
-                     f"{name!r} does not have; allowed: an iCE40 platform, "
-                     f"{VERILOG_SIM_PLATFORM!r}, 'formal' or None")

@@ -255,17 +255,26 @@ class PE(wiring.Component):
         return m
 
 
+def vendor_instance(platform, family: str, what: str) -> bool:
+    """Whether a block built on a *family* primitive instantiates it for *platform*: on a
+    *family* platform (``platform.family``) and :data:`VERILOG_SIM_PLATFORM` (which has the
+    simulation models), not for ``None`` (``amaranth.sim``) or ``"formal"`` (the block's
+    fabric registers instead). Raises for any other platform, naming *what* the block
+    instantiates."""
+    if platform is None or platform == "formal":
+        return False
+    if platform == VERILOG_SIM_PLATFORM or getattr(platform, "family", None) == family:
+        return True
+    name = platform if isinstance(platform, str) else type(platform).__name__
+    raise ValueError(f"{what}, which platform {name!r} does not have; allowed: an {family} "
+                     f"platform, {VERILOG_SIM_PLATFORM!r}, 'formal' or None")
+
+
 def _ecp5_instance(platform) -> bool:
     """Whether ``multiplier="ecp5"`` instantiates the ``MULT18X18D`` for *platform* (see
     :class:`PE`); raises for a platform whose part has none."""
-    if platform is None or platform == "formal":
-        return False
-    if platform == VERILOG_SIM_PLATFORM or getattr(platform, "family", None) == "ecp5":
-        return True
-    name = platform if isinstance(platform, str) else type(platform).__name__
-    raise ValueError(f"PE multiplier='ecp5' instantiates an ECP5 MULT18X18D, which platform "
-                     f"{name!r} does not have; allowed: an ECP5 platform, "
-                     f"{VERILOG_SIM_PLATFORM!r}, 'formal' or None")
+    return vendor_instance(platform, "ecp5",
+                           "PE multiplier='ecp5' instantiates an ECP5 MULT18X18D")
 
 
 def _mult18x18d(m: Module, *, a, b, p, ce) -> Instance:
