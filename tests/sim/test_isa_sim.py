@@ -491,3 +491,34 @@ def test_requantise_shift_63_extreme():
     # Exact: (2**62 + 2**62) >> 63 == 1.
     got = golden.requantise([-2**31], [0], [-2**31], 63, 0)
     assert got.tolist() == [1]
+
+
+@pytest.mark.parametrize("case", ["load_weights", "matmul", "count0_first", "ub_range_after"])
+def test_signedness_on_int8_core(case: str):
+    """``operands="int8"``: LOAD_WEIGHTS or MATMUL with ``signed`` clear fails with SIGNEDNESS
+    before any effect; BAD_FIELD (count 0) is checked before it, UB_RANGE after it. The same
+    instructions on a core for both kinds run."""
+    cfg = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
+                    operands="int8")
+    E = isa.ErrorCode
+    setup = Program(cfg)
+    setup.load_weights(0, np.full((1, 2, 2), -128))
+    setup.read_host(0, np.full((2, cfg.ub_row), 127))
+    setup.read_weights(0, 1)
+    bad, code = {
+        "load_weights": (encode(isa.Opcode.LOAD_WEIGHTS, tile=1, count=1, signed=0),
+                         E.SIGNEDNESS),
+        "matmul": (encode(isa.Opcode.MATMUL, ub_addr=0, acc_addr=0, count=2, switch=1,
+                          signed=0), E.SIGNEDNESS),
+        "count0_first": (encode(isa.Opcode.MATMUL, count=0, switch=1, signed=0), E.BAD_FIELD),
+        "ub_range_after": (encode(isa.Opcode.MATMUL, ub_addr=15, count=2, switch=1, signed=0),
+                           E.SIGNEDNESS),
+    }[case]
+    sim = IsaSim(cfg)
+    sim.feed(setup.beats + [bad])
+    assert (sim.status.error, sim.status.code, sim.status.instr_index) == (True, code, 3)
+    assert sim.queue and sim.active is None and not sim.weight_written[1]
+    if case in ("load_weights", "matmul"):
+        both = IsaSim(cfg.replace(operands="any"))
+        both.feed(setup.beats + [bad])
+        assert not both.status.error
