@@ -25,12 +25,21 @@ class Accumulators(wiring.Component):
     a reduction longer than the array is summed in place (TPU v1's accumulators). Rows are
     taken one per cycle without back-pressure: a read-modify-write pipeline of two stages,
     with the read port transparent to the write port so back-to-back rows to the same
-    address add up correctly.
+    address add up correctly. A row taken in cycle ``c`` is written in cycle ``c + 1``
+    (``o_written`` high then).
+
+    With ``registered_read`` the old sums are registered as they leave the block RAM, so the
+    adder starts at a flip-flop instead of at the RAM's slow output (the ECP5 build's
+    critical path): three stages, a row taken in cycle ``c`` is written in cycle ``c + 2``.
+    The row right behind it read its old sums before that write, so when it goes to the same
+    address it adds to the value just written (a register of the last write) instead.
 
     Parameters
     ----------
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
+    registered_read : bool
+        The three-stage pipeline above (one more cycle from a row to ``o_written``).
 
     Members
     -------
@@ -43,8 +52,10 @@ class Accumulators(wiring.Component):
         ``r.data``, in order.
     """
 
-    def __init__(self, *, depth: int, cols: int, acc_width: int = 32):
+    def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
+                 registered_read: bool = False):
         self.depth = depth
+        self.registered_read = registered_read
         self.cols = cols
         self.acc_width = acc_width
         self.addr_bits = max(1, (depth - 1).bit_length())
@@ -74,14 +85,32 @@ class Accumulators(wiring.Component):
         write_b = Signal.like(self.i_psum.payload)
         m.d.sync += [valid_b.eq(self.i_psum.valid), write_b.eq(self.i_psum.payload)]
 
-        # Stage B: add (or not) and write.
+        if not self.registered_read:
+            # Stage B: add (or not) and write.
+            valid_w, write_w, old = valid_b, write_b, rmw.data
+        else:
+            # Stage B: register the old sums. Stage C: add (or not) and write; a row whose
+            # address the previous cycle wrote takes that write's sums, which its read (one
+            # cycle before that write) did not see.
+            valid_w = Signal()
+            write_w = Signal.like(self.i_psum.payload)
+            old_q = Signal(row)
+            last = Signal(row)
+            last_addr = Signal.like(write_b.addr)
+            last_valid = Signal()
+            m.d.sync += [valid_w.eq(valid_b), write_w.eq(write_b), old_q.eq(rmw.data),
+                         last.eq(wr.data), last_addr.eq(wr.addr), last_valid.eq(wr.en)]
+            forward = Signal()
+            m.d.comb += forward.eq(last_valid & (last_addr == write_w.addr))
+            old = Signal(row)
+            m.d.comb += old.eq(Mux(forward, last, old_q))
         m.d.comb += [
-            wr.en.eq(valid_b),
-            wr.addr.eq(write_b.addr),
-            self.o_written.eq(valid_b),
+            wr.en.eq(valid_w),
+            wr.addr.eq(write_w.addr),
+            self.o_written.eq(valid_w),
         ]
         for c in range(self.cols):
-            m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) + write_b.data[c])
+            m.d.comb += wr.data[c].eq(Mux(write_w.accumulate, old[c], 0) + write_w.data[c])
 
         serve_reads(m, rd, [self.r.addr], [self.r.data])
         return m

@@ -6,12 +6,12 @@ falling edge) and keeps a numpy model of the memory, in int32 with ``golden.wrap
 it checks, as observed and documented by ``Accumulators``:
 
 - ``i_psum`` is always ready (after reset);
-- a row accepted in cycle ``c`` is written at the end of cycle ``c + 1``, and ``o_written``
-  is high in exactly that cycle ``c + 1``;
+- a row accepted in cycle ``c`` is written at the end of cycle ``c + L``, and ``o_written``
+  is high in exactly that cycle ``c + L`` (``L`` = 1; 2 with ``registered_read``);
 - the row it adds to is the memory's row *including* the write of cycle ``c`` (the RMW read
   is transparent), so back-to-back rows to one address add up;
-- the read client is read-before-write: a read accepted in cycle ``c + 1`` (while the row is
-  being written) returns the old row, one accepted in ``c + 2`` the new one.
+- the read client is read-before-write: a read accepted in cycle ``c + L`` (while the row is
+  being written) returns the old row, one accepted in ``c + L + 1`` the new one.
 
 Reads go to an in-order scoreboard fed by that model. The memory keeps its contents from one
 cocotb test to the next, so every test starts by overwriting every row.
@@ -55,6 +55,11 @@ def sizes_from_env() -> tuple[int, int]:
     return int(value["depth"]), int(value["cols"])
 
 
+def latency_from_env() -> int:
+    """Cycles from taking a row to writing it: 2 with ``registered_read``, else 1."""
+    return 2 if json.loads(os.environ.get(ENV, "{}")).get("registered_read") else 1
+
+
 class Testbench:
     """Clock, reset, psum driver, read-address driver, response monitor with scoreboard and
     the per-cycle sampler holding the memory model."""
@@ -62,6 +67,7 @@ class Testbench:
     def __init__(self, dut, seed: int, *, psum_idle=None, read_idle=None, backpressure=None):
         self.dut = dut
         self.depth, self.cols = sizes_from_env()
+        self.latency = latency_from_env()
         self.addr_bits = max(1, (self.depth - 1).bit_length())
         self.seed = seed
         self.log = dut._log
@@ -99,7 +105,9 @@ class Testbench:
 
     async def _sample(self) -> None:
         dut = self.dut
-        pending: dict | None = None     # row accepted last cycle: written this cycle
+        # Rows accepted in the last `latency` cycles (None: none), oldest first: the first
+        # is written this cycle.
+        pipe: list[dict | None] = [None] * self.latency
         while True:
             await FallingEdge(dut.clk)
             await ReadOnly()
@@ -114,9 +122,10 @@ class Testbench:
                 read_addr = dut.r__addr__payload.value.to_unsigned()
                 self.scoreboard.expect(self.memory[read_addr].copy())
             written = bool(dut.o_written.value)
+            pending = pipe.pop(0)
             if written != (pending is not None):
                 self._fail(f"o_written {int(written)}, expected {int(pending is not None)} "
-                           f"(row {len(self.accepted)} accepted the cycle before: "
+                           f"(a row accepted {self.latency} cycle(s) before: "
                            f"{pending is not None})")
             if pending is not None:
                 addr = pending["addr"]
@@ -124,10 +133,11 @@ class Testbench:
                 self.memory[addr] = wrap(old + np.asarray(pending["data"], dtype=np.int64))
                 self.written += 1
                 self.read_during_write += read_addr == addr
-                pending = None
+            taken = None
             if dut.i_psum__valid.value and dut.i_psum__ready.value:
-                pending = unpack(self.psum_layout, dut.i_psum__payload.value.to_unsigned())
-                self.accepted.append(pending)
+                taken = unpack(self.psum_layout, dut.i_psum__payload.value.to_unsigned())
+                self.accepted.append(taken)
+            pipe.append(taken)
 
     # Stimulus -------------------------------------------------------------------------------
 
@@ -266,9 +276,9 @@ async def test_read_during_write(dut):
     await RisingEdge(dut.clk)
     request = tb.queue_psum(addr, True)
     new = wrap(np.asarray(old) + np.asarray(request["data"])).tolist()
-    # Next falling edge: the row is accepted; one idle read slot, then reads in the write's
-    # cycle and in the cycle after it.
-    tb.reader.set_idle_generator(itertools.chain([True], never()))
+    # Next falling edge: the row is accepted; `latency` idle read slots, then reads in the
+    # write's cycle and in the cycle after it.
+    tb.reader.set_idle_generator(itertools.chain([True] * tb.latency, never()))
     tb.queue_read(addr)
     tb.queue_read(addr)
     await tb.wait_done()
@@ -277,7 +287,7 @@ async def test_read_during_write(dut):
         f"reads of row {addr} in the write cycle and the next: got {got}, expected "
         f"[{old}, {new}] (seed {tb.seed})")
     assert tb.read_during_write >= 1
-    assert tb.reader.sent_cycles[-2] == tb.psum.sent_cycles[-1] + 1
+    assert tb.reader.sent_cycles[-2] == tb.psum.sent_cycles[-1] + tb.latency
     await tb.finish()
 
 
@@ -286,7 +296,7 @@ async def test_read_during_write(dut):
 async def test_random(dut, pattern: str):
     """Random addresses (hot rows and anywhere), random overwrite/accumulate, extreme and
     random sums, with concurrent reads under idle and backpressure; every read checked
-    against the model, o_written once per row exactly a cycle after it."""
+    against the model, o_written once per row exactly ``latency`` cycles after it."""
     seed = 430 + PATTERNS.index(pattern)
     stalls = {
         "none": {},

@@ -24,10 +24,16 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_accumulators.py"))
 
 
+@pytest.mark.parametrize("registered_read", [False, True], ids=["", "registered"])
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("size", SIZES)
-def test_accumulators(size: str, group: str):
+def test_accumulators(size: str, group: str, registered_read: bool):
+    """Both pipelines (``registered_read``: the old sums registered out of the RAM, a cycle
+    longer, the last write forwarded to the row behind it)."""
     depth, cols = SIZES[size]
-    run("accumulators", lambda: Accumulators(depth=depth, cols=cols, acc_width=32), size,
-        "tb_accumulators", HERE, GROUPS[group], label=group,
-        extra_env={"AMTPU_ACC": json.dumps({"depth": depth, "cols": cols})})
+    run("accumulators", lambda: Accumulators(depth=depth, cols=cols, acc_width=32,
+                                             registered_read=registered_read),
+        size + ("-registered" if registered_read else ""), "tb_accumulators", HERE,
+        GROUPS[group], label=group,
+        extra_env={"AMTPU_ACC": json.dumps({"depth": depth, "cols": cols,
+                                            "registered_read": registered_read})})
