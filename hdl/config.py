@@ -22,7 +22,7 @@ ACTIVATION_UNITS = ("pipelined", "serial")
 PARAM_STORES = ("auto", "block")
 
 #: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
-DISPATCH_MODES = ("direct", "registered")
+DISPATCH_MODES = ("direct", "registered", "ahead")
 
 
 class ConfigError(ValueError):
@@ -96,8 +96,13 @@ class TPUConfig:
         checks and the tracker's answer are registered and the instruction issues at the
         earliest in its second cycle, so that no path runs from the instruction word through
         the range adders and compares into the dispatch and everything it enables (one
-        cycle more per instruction, not per data beat; the iCE40's critical path). Same
-        results.
+        cycle more per instruction, not per data beat; the iCE40's critical path).
+        ``"ahead"``: as ``"registered"``, and the decision to issue is itself taken a cycle
+        ahead into flip-flops (one per opcode), from the engines' readiness in the cycle
+        before it issues, so that nothing from the instruction word or an engine's ready
+        runs combinationally into the dispatch and what it enables in every engine (an
+        instruction that waits for its engine issues a cycle after the engine is ready;
+        about a dozen flip-flops more; the ECP5's critical path). Same results.
     """
 
     rows: int = 8
@@ -238,8 +243,8 @@ PRESETS: dict[str, TPUConfig] = {
                             activation_unit="serial", counter_bits=32,
                             param_store="block", dispatch="registered"),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
-    # activation unit's partial products too), the front end's answers registered.
-    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="registered"),
+    # activation unit's partial products too), the front end's dispatch decided ahead.
+    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="ahead"),
 }
 
 

@@ -230,17 +230,16 @@ class FrontEnd(wiring.Component):
         hazard = self.o_hazards.hazard
         fetching = Signal()
         settled = Signal()      # the checks and `hazard` may be acted on
-        if cfg.dispatch == "registered":
+        if cfg.dispatch in ("registered", "ahead"):
             # Last cycle's answers, and whether they were for this beat: it was offered at
             # fetch and not taken, so it is the same beat (the stream rules) and nothing
             # issued since. (A resynchronisation word never settles: it is taken at once.)
             error_q = Signal(ErrorCode)
             hazard_q = Signal()
-            m.d.sync += [
-                error_q.eq(error_code),
-                hazard_q.eq(hazard),
-                settled.eq(fetching & self.i_host.valid & ~self.i_host.ready),
-            ]
+            stays = Signal()    # the beat offered at fetch is not taken: it is there next cycle
+            m.d.comb += stays.eq(fetching & self.i_host.valid & ~self.i_host.ready)
+            m.d.sync += [error_q.eq(error_code), hazard_q.eq(hazard), settled.eq(stays)]
+            error_now, hazard_now = error_code, hazard
             error_code, hazard = error_q, hazard_q
         else:
             m.d.comb += settled.eq(1)
@@ -254,11 +253,6 @@ class FrontEnd(wiring.Component):
         fetch_opcode = Signal(Opcode)
         with m.If(fetching & self.i_host.valid):
             m.d.comb += fetch_opcode.eq(op)
-        may_issue = Signal()
-        m.d.comb += may_issue.eq(fetching & self.i_host.valid & settled & ~resync &
-                                 (error_code == ErrorCode.NONE) & ~hazard)
-        for o, port in engines.items():
-            m.d.comb += [port.valid.eq(may_issue & is_[o]), port.payload.eq(word)]
         busy = Signal()         # the engine (or the whole core) cannot take it yet
         with m.Switch(op):
             for o, port in engines.items():
@@ -268,8 +262,34 @@ class FrontEnd(wiring.Component):
                 m.d.comb += busy.eq(self.i_activate_busy)
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)
-        dispatch = Signal()
-        m.d.comb += [dispatch.eq(may_issue & ~busy), self.o_hazards.dispatch.eq(dispatch)]
+        dispatch = Signal()     # the instruction issues (as the front end takes it)
+        fail = Signal()         # the instruction fails a check (as the front end takes it)
+        # One-hot opcode of the instruction that issues: what each opcode's dispatch enables.
+        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in Opcode}
+        if cfg.dispatch == "ahead":
+            # Decided a cycle ahead into flip-flops, for the beat that stays: next cycle its
+            # registered answers are this cycle's, and nothing issues in between, so neither
+            # the checks nor the hazard change (see the contract) and no engine that is ready
+            # now stops being ready (its ready falls only as it takes an instruction; the core
+            # becomes busy, and an ACTIVATE starts, only with a dispatch). So the dispatch and
+            # each dispatch stream's valid start at a flip-flop of their own.
+            may = stays & ~resync & (error_now == ErrorCode.NONE) & ~hazard_now & ~busy
+            m.d.sync += [dispatch.eq(may),
+                         fail.eq(stays & ~resync & (error_now != ErrorCode.NONE))]
+            for o in Opcode:
+                m.d.sync += issue[o].eq(may & is_[o])
+        else:
+            m.d.comb += [
+                fail.eq(self.i_host.valid & ~resync & settled &
+                        (error_code != ErrorCode.NONE)),
+                dispatch.eq(fetching & self.i_host.valid & settled & ~resync &
+                            (error_code == ErrorCode.NONE) & ~hazard & ~busy),
+            ]
+            for o in Opcode:
+                m.d.comb += issue[o].eq(dispatch & is_[o])
+        for o, port in engines.items():
+            m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
+        m.d.comb += self.o_hazards.dispatch.eq(dispatch)
 
         # Host transfers.
         addr = Signal(max(self.ub_bits, self.wm_bits))   # a row, or tile * rows + row
@@ -302,6 +322,53 @@ class FrontEnd(wiring.Component):
         ]
 
         host_wait = Signal()
+
+        def resync_actions():
+            # Restart the program; not an instruction.
+            m.d.comb += self.i_host.ready.eq(1)
+            m.d.sync += [halted.eq(0), index.eq(0)]
+
+        def fail_actions():
+            m.d.comb += self.i_host.ready.eq(1)
+            m.d.sync += [status.error.eq(1), status.code.eq(error_code), halted.eq(0)]
+            m.next = "ERROR_BEAT"
+
+        def issue_actions():
+            m.d.comb += [
+                self.i_host.ready.eq(1),
+                self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
+                                      ~issue[Opcode.CLEAR_COUNTERS]),
+            ]
+            m.d.sync += [halted.eq(0), index.eq(index + 1)]
+            with m.If(issue[Opcode.READ_HOST]):
+                m.d.sync += [addr.eq(a), left.eq(count)]
+                m.next = "HOST_ROWS"
+            with m.If(issue[Opcode.LOAD_WEIGHTS]):
+                m.d.sync += [
+                    addr.eq(a * rows), left.eq(count * rows), signed_.eq(lw.signed),
+                    written.eq(written | tile_mask),
+                ]
+                m.next = "WEIGHT_ROWS"
+            with m.If(issue[Opcode.LOAD_PARAMS]):
+                m.d.comb += [
+                    self.o_param_write.valid.eq(1),
+                    self.o_param_write.payload.slot.eq(lp.slot),
+                    self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
+                ]
+                m.d.sync += slot.eq(lp.slot)
+                m.next = "PARAM_BIAS"
+            with m.If(issue[Opcode.READ_COUNTERS]):
+                m.d.sync += [counter.eq(0), counter_beat.eq(self.i_counter_value)]
+                m.next = "SEND_COUNTERS"
+            with m.If(issue[Opcode.CLEAR_COUNTERS]):
+                m.d.comb += self.o_clear_counters.eq(1)
+            with m.If(issue[Opcode.HALT]):
+                m.next = "SEND_DONE"
+            with m.If(issue[Opcode.READ_WEIGHTS]):
+                m.d.sync += queued.eq(queued + count)
+            with m.If(issue[Opcode.MATMUL] & mm.switch):
+                m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+
         with m.FSM(name="front_end"):
             with m.State("SCRUB"):
                 m.d.comb += [scrubbing.eq(1), self.o_ub_write.valid.eq(1)]
@@ -314,57 +381,27 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                with m.If(self.i_host.valid):
-                    with m.If(resync):
-                        # Restart the program; not an instruction.
-                        m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [halted.eq(0), index.eq(0)]
-                    with m.Elif(settled & (error_code != ErrorCode.NONE)):
-                        m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [status.error.eq(1), status.code.eq(error_code),
-                                     halted.eq(0)]
-                        m.next = "ERROR_BEAT"
-                    with m.Elif(dispatch):
-                        m.d.comb += [
-                            self.i_host.ready.eq(1),
-                            self.o_instruction.eq(~is_[Opcode.READ_COUNTERS] &
-                                                  ~is_[Opcode.CLEAR_COUNTERS]),
-                        ]
-                        m.d.sync += [halted.eq(0), index.eq(index + 1)]
-                        with m.Switch(op):
-                            with m.Case(Opcode.READ_HOST):
-                                m.d.sync += [addr.eq(a), left.eq(count)]
-                                m.next = "HOST_ROWS"
-                            with m.Case(Opcode.LOAD_WEIGHTS):
-                                m.d.sync += [
-                                    addr.eq(a * rows), left.eq(count * rows),
-                                    signed_.eq(lw.signed),
-                                    written.eq(written | tile_mask),
-                                ]
-                                m.next = "WEIGHT_ROWS"
-                            with m.Case(Opcode.LOAD_PARAMS):
-                                m.d.comb += [
-                                    self.o_param_write.valid.eq(1),
-                                    self.o_param_write.payload.slot.eq(lp.slot),
-                                    self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
-                                ]
-                                m.d.sync += slot.eq(lp.slot)
-                                m.next = "PARAM_BIAS"
-                            with m.Case(Opcode.READ_COUNTERS):
-                                m.d.sync += [counter.eq(0),
-                                             counter_beat.eq(self.i_counter_value)]
-                                m.next = "SEND_COUNTERS"
-                            with m.Case(Opcode.CLEAR_COUNTERS):
-                                m.d.comb += self.o_clear_counters.eq(1)
-                            with m.Case(Opcode.HALT):
-                                m.next = "SEND_DONE"
-                            with m.Case(Opcode.READ_WEIGHTS):
-                                m.d.sync += queued.eq(queued + count)
-                            with m.Case(Opcode.MATMUL):
-                                with m.If(mm.switch):
-                                    m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+                if cfg.dispatch == "ahead":
+                    # dispatch and fail imply a valid beat that is not the resynchronisation
+                    # word: tested first, they take the beat straight from their flip-flops.
+                    with m.If(dispatch):
+                        issue_actions()
+                    with m.Elif(fail):
+                        fail_actions()
+                    with m.Elif(self.i_host.valid & resync):
+                        resync_actions()
                     with m.Else():
                         m.d.comb += self.o_raw_stall.eq(settled & hazard)
+                else:
+                    with m.If(self.i_host.valid):
+                        with m.If(resync):
+                            resync_actions()
+                        with m.Elif(fail):
+                            fail_actions()
+                        with m.Elif(dispatch):
+                            issue_actions()
+                        with m.Else():
+                            m.d.comb += self.o_raw_stall.eq(settled & hazard)
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),
                                     ("WEIGHT_ROWS", self.o_wm_write)):

@@ -14,6 +14,14 @@ rest of :class:`hdl.core.Core`, each a property another proof checks:
   (:mod:`sim.proofs.engines`): in the cycle LOAD_PARAMS issues, the front end sends its
   first write without looking at ``o_param_write.ready``;
 
+With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also:
+
+- an engine's ``ready`` does not fall unless it takes an instruction, ``i_activate_busy``
+  rises only in the cycle after an ACTIVATE is dispatched, and ``i_idle`` does not fall
+  unless something is dispatched (:mod:`sim.proofs.engines` checks the first of each engine
+  and the second; the third is each engine's ``o_idle``/``o_busy`` there, the weight loader's
+  under the matrix unit's tiles changing only with its rows or a MATMUL's switch);
+
 ``i_counter_value`` is free: the counters keep counting (``cycles`` every cycle) while a
 READ_COUNTERS beat waits for the host, and the front end holds the value it sampled (the
 proof found the beat carrying the live counter before that register existed).
@@ -69,6 +77,28 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             Assume(fresh | ~(fe.i_write_host_busy & ~busy_1) | took_1),
             Assume(fe.i_activate_busy | fe.o_param_write.ready),
         ]
+        if config.dispatch == "ahead":
+            for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
+                port = getattr(fe, name)
+                ready_1 = past(m, port.ready, name=f"{name}_ready_1")
+                fired_1 = past(m, _fire(port), name=f"{name}_took_1")
+                m.d.comb += [
+                    Assume(fresh | ~ready_1 | port.ready | fired_1),
+                    # Invariant: it was decided on a ready engine that took nothing since.
+                    Assert(fresh | ~port.valid | (ready_1 & ~fired_1),
+                           f"{name}: valid only after a cycle the engine was ready and idle"),
+                ]
+            act_busy_1 = past(m, fe.i_activate_busy, name="activate_busy_1")
+            act_took_1 = past(m, _fire(fe.o_activate), name="activate_took_1")
+            idle_1 = past(m, fe.i_idle, name="idle_1")
+            m.d.comb += [
+                Assume(fresh | ~(fe.i_activate_busy & ~act_busy_1) | act_took_1),
+                Assume(fresh | ~idle_1 | fe.i_idle | dispatch_1),
+                # Invariant: LOAD_PARAMS issues after a cycle no ACTIVATE ran or started.
+                Assert(fresh | ~inside.signal("issue_load_params") |
+                       (~act_busy_1 & ~act_took_1),
+                       "LOAD_PARAMS issues after a cycle the activation engine was idle"),
+            ]
 
     return Harness(FrontEnd(config), properties, reset="any")
 

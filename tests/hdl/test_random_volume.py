@@ -59,16 +59,20 @@ CONFIGS: dict[str, TPUConfig] = {
     "default": get_config("default"),
     # The iCEBreaker's core: 2x2, the serial activation unit, 32-bit counters.
     "icebreaker": get_config("icebreaker"),
+    # The ULX3S preset's dispatch="ahead" on a small non-square core.
+    "wide-ahead": get_config("wide").replace(dispatch="ahead"),
 }
 
 #: Programs from one reset to the next.
 BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
-             "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000}
-FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150}
+             "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
+             "wide-ahead": 900_000}
+FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150,
+        "wide-ahead": 150}
 SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 850}
+        "default": 500, "icebreaker": 850, "wide-ahead": 850}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
