@@ -31,6 +31,7 @@ from ..isa import (
 from ..ports import MemWriteSignature, addr_bits
 from ..systolic_array import weight_row_layout
 from .activation_engine import ParamKind, param_write_layout, window_log2
+from .dispatch import ENGINE_OPCODES, Dispatch
 from .hazards import ADDR_END_BITS, HazardQuerySignature
 
 __all__ = ["FrontEnd"]
@@ -49,12 +50,11 @@ class FrontEnd(wiring.Component):
     - an instruction issues (dispatch) when it passes every check, the hazard tracker
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
       CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
-      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. With
-      ``dispatch="registered"`` the checks and the tracker's answer are registered: an
-      instruction issues (or fails) at the earliest in its second cycle at the front end,
-      acting on the previous cycle's answers (for the same instruction, with nothing issued
-      since, they are the current ones: the hazard does not rise for a waiting instruction,
-      and the checks' state changes only as instructions issue);
+      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. In
+      which cycle is :attr:`~hdl.config.TPUConfig.dispatch`'s (:class:`~hdl.control.dispatch.
+      Dispatch`): with ``"registered"`` and ``"ahead"`` at the earliest in its second cycle
+      at the front end, on the previous cycle's answers (with ``"ahead"`` also the previous
+      cycle's engine readiness);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
@@ -227,69 +227,40 @@ class FrontEnd(wiring.Component):
 
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
-        hazard = self.o_hazards.hazard
         fetching = Signal()
-        settled = Signal()      # the checks and `hazard` may be acted on
-        if cfg.dispatch in ("registered", "ahead"):
-            # Last cycle's answers, and whether they were for this beat: it was offered at
-            # fetch and not taken, so it is the same beat (the stream rules) and nothing
-            # issued since. (A resynchronisation word never settles: it is taken at once.)
-            error_q = Signal(ErrorCode)
-            hazard_q = Signal()
-            stays = Signal()    # the beat offered at fetch is not taken: it is there next cycle
-            m.d.comb += stays.eq(fetching & self.i_host.valid & ~self.i_host.ready)
-            m.d.sync += [error_q.eq(error_code), hazard_q.eq(hazard), settled.eq(stays)]
-            error_now, hazard_now = error_code, hazard
-            error_code, hazard = error_q, hazard_q
-        else:
-            m.d.comb += settled.eq(1)
 
-        # Dispatch streams: valid once the instruction may issue but for its engine.
+        # Dispatch: whether the instruction at fetch issues or fails now (see Dispatch).
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
+        m.submodules.dispatch = decide = Dispatch(cfg)
+        m.d.comb += [
+            decide.i_waiting.eq(fetching & self.i_host.valid),
+            decide.i_taken.eq(self.i_host.ready),
+            decide.i_resync.eq(resync),
+            decide.i_opcode.eq(op),
+            decide.i_error.eq(error_code),
+            decide.i_failed.eq(Cat(*(failed for failed, _ in checks)).any()),
+            decide.i_hazard.eq(self.o_hazards.hazard),
+            decide.i_engine_ready.eq(Cat(*(engines[o].ready for o in ENGINE_OPCODES))),
+            decide.i_activate_busy.eq(self.i_activate_busy),
+            decide.i_idle.eq(self.i_idle),
+        ]
+        settled, error_code, hazard = decide.o_settled, decide.o_error, decide.o_hazard
+        dispatch = Signal()     # the instruction issues (as the front end takes it)
+        fail = Signal()         # the instruction fails a check (as the front end takes it)
+        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in Opcode}
+        m.d.comb += [dispatch.eq(decide.o_dispatch), fail.eq(decide.o_fail),
+                     self.o_hazards.dispatch.eq(dispatch)]
+        for o in Opcode:
+            m.d.comb += issue[o].eq(decide.o_issue[o.value])
+        for o, port in engines.items():
+            m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
         # For waveforms only (nothing reads it): the opcode of the instruction waiting at
         # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
         # beat, data too).
         fetch_opcode = Signal(Opcode)
         with m.If(fetching & self.i_host.valid):
             m.d.comb += fetch_opcode.eq(op)
-        busy = Signal()         # the engine (or the whole core) cannot take it yet
-        with m.Switch(op):
-            for o, port in engines.items():
-                with m.Case(o):
-                    m.d.comb += busy.eq(~port.ready)
-            with m.Case(Opcode.LOAD_PARAMS):
-                m.d.comb += busy.eq(self.i_activate_busy)
-            with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
-                m.d.comb += busy.eq(~self.i_idle)
-        dispatch = Signal()     # the instruction issues (as the front end takes it)
-        fail = Signal()         # the instruction fails a check (as the front end takes it)
-        # One-hot opcode of the instruction that issues: what each opcode's dispatch enables.
-        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in Opcode}
-        if cfg.dispatch == "ahead":
-            # Decided a cycle ahead into flip-flops, for the beat that stays: next cycle its
-            # registered answers are this cycle's, and nothing issues in between, so neither
-            # the checks nor the hazard change (see the contract) and no engine that is ready
-            # now stops being ready (its ready falls only as it takes an instruction; the core
-            # becomes busy, and an ACTIVATE starts, only with a dispatch). So the dispatch and
-            # each dispatch stream's valid start at a flip-flop of their own.
-            may = stays & ~resync & (error_now == ErrorCode.NONE) & ~hazard_now & ~busy
-            m.d.sync += [dispatch.eq(may),
-                         fail.eq(stays & ~resync & (error_now != ErrorCode.NONE))]
-            for o in Opcode:
-                m.d.sync += issue[o].eq(may & is_[o])
-        else:
-            m.d.comb += [
-                fail.eq(self.i_host.valid & ~resync & settled &
-                        (error_code != ErrorCode.NONE)),
-                dispatch.eq(fetching & self.i_host.valid & settled & ~resync &
-                            (error_code == ErrorCode.NONE) & ~hazard & ~busy),
-            ]
-            for o in Opcode:
-                m.d.comb += issue[o].eq(dispatch & is_[o])
-        for o, port in engines.items():
-            m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
-        m.d.comb += self.o_hazards.dispatch.eq(dispatch)
 
         # Host transfers.
         addr = Signal(max(self.ub_bits, self.wm_bits))   # a row, or tile * rows + row
@@ -383,7 +354,7 @@ class FrontEnd(wiring.Component):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
                 if cfg.dispatch == "ahead":
                     # dispatch and fail imply a valid beat that is not the resynchronisation
-                    # word: tested first, they take the beat straight from their flip-flops.
+                    # word: tested first, they take the beat straight from their registers.
                     with m.If(dispatch):
                         issue_actions()
                     with m.Elif(fail):
