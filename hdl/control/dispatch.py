@@ -95,8 +95,9 @@ class Dispatch(wiring.Component):
         op = self.i_opcode
         is_ = {o: op == o for o in Opcode}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
+        engine_ready = zip(ENGINE_OPCODES, self.i_engine_ready, strict=True)
         m.d.comb += busy.eq(
-            Cat(*(is_[o] & ~ready for o, ready in zip(ENGINE_OPCODES, self.i_engine_ready))).any()
+            Cat(*(is_[o] & ~ready for o, ready in engine_ready)).any()
             | (is_[Opcode.LOAD_PARAMS] & self.i_activate_busy)
             | ((is_[Opcode.SYNC] | is_[Opcode.HALT] | is_[Opcode.READ_COUNTERS] |
                 is_[Opcode.CLEAR_COUNTERS]) & ~self.i_idle))
