@@ -26,15 +26,17 @@ class Dispatch(wiring.Component):
       are still its own (the hazard does not rise for a waiting instruction, and the checks'
       state changes only as instructions issue). A beat issues or fails at the earliest in its
       second cycle;
-    - ``"ahead"``: as ``"registered"``, and the part of the decision that depends on the
-      opcode and the engines' readiness is registered too, taken a cycle ahead for the beat
-      that stays: the dispatch (and each opcode's) is then one LUT of three flip-flops (that
-      part, whether a check failed, the hazard), not a LUT cone from the instruction word and
-      the engines' ``ready``. It relies on the engines: a ready engine stays ready until it
-      takes an instruction, the activation engine becomes busy and the core stops being
-      idle only as something is dispatched (each a proved property,
-      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle
-      after the engine is ready.
+    - ``"ahead"``: the front end registers the beat's range ends (its checks and the hazard
+      tracker's answer are the beat's own from its second cycle), the answers are registered,
+      and the part of the decision that depends on the opcode and the engines' readiness is
+      registered too, taken a cycle ahead for the beat that stays: a beat issues or fails at the
+      earliest in its third cycle, and the dispatch (and each opcode's) is one LUT of three
+      flip-flops (that part, whether a check failed, the hazard), not a LUT cone from the
+      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
+      stays ready until it takes an instruction, the activation engine becomes busy and the core
+      stops being idle only as something is dispatched (each a proved property,
+      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle after
+      the engine is ready.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
     word; the front end takes the beat in that cycle.
@@ -108,16 +110,21 @@ class Dispatch(wiring.Component):
         else:
             stays = Signal()    # offered and not taken: the same beat is there next cycle
             m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
-            m.d.sync += [self.o_settled.eq(stays), self.o_error.eq(self.i_error),
-                         self.o_hazard.eq(self.i_hazard)]
+            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
+            if mode == "registered":
+                m.d.sync += self.o_settled.eq(stays)
         if mode == "ahead":
+            # The answers are the beat's own once it has stayed a cycle (`stayed`): registered
+            # then, they may be acted on a cycle later.
+            stayed = Signal()
             failed_q = Signal()
             ready_go = Signal()     # it will issue next cycle, if it passes checks and hazard
             ready_issue = Signal.like(self.o_issue)
-            m.d.sync += [failed_q.eq(self.i_failed),
-                         ready_go.eq(stays & ~self.i_resync & ~busy)]
+            own = stays & stayed & ~self.i_resync
+            m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), ready_go.eq(own & ~busy)]
             for o in Opcode:
-                m.d.sync += ready_issue[o.value].eq(stays & ~self.i_resync & ~busy & is_[o])
+                m.d.sync += ready_issue[o.value].eq(own & ~busy & is_[o])
+            m.d.sync += self.o_settled.eq(own)
             clear = ~failed_q & ~self.o_hazard
             m.d.comb += [
                 self.o_fail.eq(self.o_settled & failed_q),

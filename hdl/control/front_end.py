@@ -53,8 +53,8 @@ class FrontEnd(wiring.Component):
       it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. In
       which cycle is :attr:`~hdl.config.TPUConfig.dispatch`'s (:class:`~hdl.control.dispatch.
       Dispatch`): with ``"registered"`` and ``"ahead"`` at the earliest in its second cycle
-      at the front end, on the previous cycle's answers (with ``"ahead"`` also the previous
-      cycle's engine readiness);
+      at the front end, on the previous cycle's answers (with ``"ahead"`` in its third,
+      its range ends registered, and on the previous cycle's engine readiness);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
@@ -165,12 +165,13 @@ class FrontEnd(wiring.Component):
         window_log = Signal(2)
         a_end = Signal(ADDR_END_BITS)
         b_end = Signal(ADDR_END_BITS)
-        m.d.comb += [
-            window_log.eq(window_log2(av.pool)),
-            a_end.eq(a + count),
-            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
-            self.o_hazards.instr.eq(word),
-        ]
+        # With dispatch="ahead", registered: the ends of the beat offered last cycle, the
+        # beat's own once it has stayed a cycle (Dispatch waits for that).
+        ends = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
+        m.d.comb += [window_log.eq(window_log2(av.pool)), self.o_hazards.instr.eq(word),
+                     self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
+        ends += [a_end.eq(a + count),
+                 b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
