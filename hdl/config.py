@@ -25,7 +25,7 @@ ACTIVATION_UNITS = ("pipelined", "serial")
 PARAM_STORES = ("auto", "block")
 
 #: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
-DISPATCH_MODES = ("direct", "registered")
+DISPATCH_MODES = ("direct", "registered", "ahead")
 
 
 class ConfigError(ValueError):
@@ -103,8 +103,15 @@ class TPUConfig:
         checks and the tracker's answer are registered and the instruction issues at the
         earliest in its second cycle, so that no path runs from the instruction word through
         the range adders and compares into the dispatch and everything it enables (one
-        cycle more per instruction, not per data beat; the iCE40's critical path). Same
-        results.
+        cycle more per instruction, not per data beat; the iCE40's critical path).
+        ``"ahead"``: as ``"registered"``, and the ends of the instruction's ranges are
+        registered before the checks and the hazard tracker compare them, and what depends
+        on its opcode and the engines' readiness is decided a cycle ahead into flip-flops
+        (one per opcode), so that no adder starts those compares and nothing from the word or
+        an engine's ready runs combinationally into the dispatch and what it enables in every
+        engine (an instruction issues at the earliest in its third cycle, and one that waits
+        for its engine a cycle after the engine is ready; some 50 flip-flops more; the
+        ECP5's critical path). See :class:`hdl.control.dispatch.Dispatch`. Same results.
     operands : str
         ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
         ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a
@@ -273,8 +280,8 @@ PRESETS: dict[str, TPUConfig] = {
                             activation_unit="serial", counter_bits=32,
                             param_store="block", dispatch="registered"),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
-    # activation unit's partial products too), the front end's answers registered.
-    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="registered"),
+    # activation unit's partial products too), the front end's dispatch decided ahead.
+    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="ahead"),
 }
 
 

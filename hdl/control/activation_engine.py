@@ -37,7 +37,8 @@ def param_write_layout(cols: int, slots: int) -> data.StructLayout:
 class ActivationEngine(wiring.Component):
     """Runs ACTIVATE behind later instructions and holds the parameter slots.
 
-    Contract: takes an ACTIVATE on ``i_activate`` while idle; one cycle later (the
+    Contract: takes an ACTIVATE on ``i_activate`` while idle (once ready, it stays ready
+    until it takes one); one cycle later (the
     parameter store presents the slot) reads accumulator rows ``acc_addr..`` in order into
     the activation unit, marking the last row of each pooling window, and writes each
     result row to the next unified-buffer row from ``ub_addr`` (``cols`` results, the rest

@@ -31,6 +31,7 @@ from ..isa import (
 from ..ports import MemWriteSignature, addr_bits
 from ..systolic_array import weight_row_layout
 from .activation_engine import ParamKind, param_write_layout, window_log2
+from .dispatch import ENGINE_OPCODES, Dispatch
 from .hazards import ADDR_END_BITS, HazardQuerySignature
 
 __all__ = ["FrontEnd"]
@@ -49,12 +50,11 @@ class FrontEnd(wiring.Component):
     - an instruction issues (dispatch) when it passes every check, the hazard tracker
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
       CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
-      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. With
-      ``dispatch="registered"`` the checks and the tracker's answer are registered: an
-      instruction issues (or fails) at the earliest in its second cycle at the front end,
-      acting on the previous cycle's answers (for the same instruction, with nothing issued
-      since, they are the current ones: the hazard does not rise for a waiting instruction,
-      and the checks' state changes only as instructions issue);
+      it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. In
+      which cycle is :attr:`~hdl.config.TPUConfig.dispatch`'s (:class:`~hdl.control.dispatch.
+      Dispatch`): with ``"registered"`` and ``"ahead"`` at the earliest in its second cycle
+      at the front end, on the previous cycle's answers (with ``"ahead"`` in its third,
+      its range ends registered, and on the previous cycle's engine readiness);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
@@ -165,12 +165,13 @@ class FrontEnd(wiring.Component):
         window_log = Signal(2)
         a_end = Signal(ADDR_END_BITS)
         b_end = Signal(ADDR_END_BITS)
-        m.d.comb += [
-            window_log.eq(window_log2(av.pool)),
-            a_end.eq(a + count),
-            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
-            self.o_hazards.instr.eq(word),
-        ]
+        # With dispatch="ahead", registered: the ends of the beat offered last cycle, the
+        # beat's own once it has stayed a cycle (Dispatch waits for that).
+        ends = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
+        m.d.comb += [window_log.eq(window_log2(av.pool)), self.o_hazards.instr.eq(word),
+                     self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
+        ends += [a_end.eq(a + count),
+                 b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
@@ -231,49 +232,40 @@ class FrontEnd(wiring.Component):
 
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
-        hazard = self.o_hazards.hazard
         fetching = Signal()
-        settled = Signal()      # the checks and `hazard` may be acted on
-        if cfg.dispatch == "registered":
-            # Last cycle's answers, and whether they were for this beat: it was offered at
-            # fetch and not taken, so it is the same beat (the stream rules) and nothing
-            # issued since. (A resynchronisation word never settles: it is taken at once.)
-            error_q = Signal(ErrorCode)
-            hazard_q = Signal()
-            m.d.sync += [
-                error_q.eq(error_code),
-                hazard_q.eq(hazard),
-                settled.eq(fetching & self.i_host.valid & ~self.i_host.ready),
-            ]
-            error_code, hazard = error_q, hazard_q
-        else:
-            m.d.comb += settled.eq(1)
 
-        # Dispatch streams: valid once the instruction may issue but for its engine.
+        # Dispatch: whether the instruction at fetch issues or fails now (see Dispatch).
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
+        m.submodules.dispatch = decide = Dispatch(cfg)
+        m.d.comb += [
+            decide.i_waiting.eq(fetching & self.i_host.valid),
+            decide.i_taken.eq(self.i_host.ready),
+            decide.i_resync.eq(resync),
+            decide.i_opcode.eq(op),
+            decide.i_error.eq(error_code),
+            decide.i_failed.eq(Cat(*(failed for failed, _ in checks)).any()),
+            decide.i_hazard.eq(self.o_hazards.hazard),
+            decide.i_engine_ready.eq(Cat(*(engines[o].ready for o in ENGINE_OPCODES))),
+            decide.i_activate_busy.eq(self.i_activate_busy),
+            decide.i_idle.eq(self.i_idle),
+        ]
+        settled, error_code, hazard = decide.o_settled, decide.o_error, decide.o_hazard
+        dispatch = Signal()     # the instruction issues (as the front end takes it)
+        fail = Signal()         # the instruction fails a check (as the front end takes it)
+        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in Opcode}
+        m.d.comb += [dispatch.eq(decide.o_dispatch), fail.eq(decide.o_fail),
+                     self.o_hazards.dispatch.eq(dispatch)]
+        for o in Opcode:
+            m.d.comb += issue[o].eq(decide.o_issue[o.value])
+        for o, port in engines.items():
+            m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
         # For waveforms only (nothing reads it): the opcode of the instruction waiting at
         # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
         # beat, data too).
         fetch_opcode = Signal(Opcode)
         with m.If(fetching & self.i_host.valid):
             m.d.comb += fetch_opcode.eq(op)
-        may_issue = Signal()
-        m.d.comb += may_issue.eq(fetching & self.i_host.valid & settled & ~resync &
-                                 (error_code == ErrorCode.NONE) & ~hazard)
-        for o, port in engines.items():
-            m.d.comb += [port.valid.eq(may_issue & is_[o]), port.payload.eq(word)]
-        busy = Signal()         # the engine (or the whole core) cannot take it yet
-        with m.Switch(op):
-            for o, port in engines.items():
-                with m.Case(o):
-                    m.d.comb += busy.eq(~port.ready)
-            with m.Case(Opcode.LOAD_PARAMS):
-                m.d.comb += busy.eq(self.i_activate_busy)
-            with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
-                m.d.comb += busy.eq(~self.i_idle)
-        dispatch = Signal()
-        m.d.comb += [dispatch.eq(may_issue & ~busy), self.o_hazards.dispatch.eq(dispatch)]
 
         # Host transfers.
         addr = Signal(max(self.ub_bits, self.wm_bits))   # a row, or tile * rows + row
@@ -306,6 +298,53 @@ class FrontEnd(wiring.Component):
         ]
 
         host_wait = Signal()
+
+        def resync_actions():
+            # Restart the program; not an instruction.
+            m.d.comb += self.i_host.ready.eq(1)
+            m.d.sync += [halted.eq(0), index.eq(0)]
+
+        def fail_actions():
+            m.d.comb += self.i_host.ready.eq(1)
+            m.d.sync += [status.error.eq(1), status.code.eq(error_code), halted.eq(0)]
+            m.next = "ERROR_BEAT"
+
+        def issue_actions():
+            m.d.comb += [
+                self.i_host.ready.eq(1),
+                self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
+                                      ~issue[Opcode.CLEAR_COUNTERS]),
+            ]
+            m.d.sync += [halted.eq(0), index.eq(index + 1)]
+            with m.If(issue[Opcode.READ_HOST]):
+                m.d.sync += [addr.eq(a), left.eq(count)]
+                m.next = "HOST_ROWS"
+            with m.If(issue[Opcode.LOAD_WEIGHTS]):
+                m.d.sync += [
+                    addr.eq(a * rows), left.eq(count * rows), signed_.eq(lw.signed),
+                    written.eq(written | tile_mask),
+                ]
+                m.next = "WEIGHT_ROWS"
+            with m.If(issue[Opcode.LOAD_PARAMS]):
+                m.d.comb += [
+                    self.o_param_write.valid.eq(1),
+                    self.o_param_write.payload.slot.eq(lp.slot),
+                    self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
+                ]
+                m.d.sync += slot.eq(lp.slot)
+                m.next = "PARAM_BIAS"
+            with m.If(issue[Opcode.READ_COUNTERS]):
+                m.d.sync += [counter.eq(0), counter_beat.eq(self.i_counter_value)]
+                m.next = "SEND_COUNTERS"
+            with m.If(issue[Opcode.CLEAR_COUNTERS]):
+                m.d.comb += self.o_clear_counters.eq(1)
+            with m.If(issue[Opcode.HALT]):
+                m.next = "SEND_DONE"
+            with m.If(issue[Opcode.READ_WEIGHTS]):
+                m.d.sync += queued.eq(queued + count)
+            with m.If(issue[Opcode.MATMUL] & mm.switch):
+                m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+
         with m.FSM(name="front_end"):
             with m.State("SCRUB"):
                 m.d.comb += [scrubbing.eq(1), self.o_ub_write.valid.eq(1)]
@@ -318,57 +357,27 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                with m.If(self.i_host.valid):
-                    with m.If(resync):
-                        # Restart the program; not an instruction.
-                        m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [halted.eq(0), index.eq(0)]
-                    with m.Elif(settled & (error_code != ErrorCode.NONE)):
-                        m.d.comb += self.i_host.ready.eq(1)
-                        m.d.sync += [status.error.eq(1), status.code.eq(error_code),
-                                     halted.eq(0)]
-                        m.next = "ERROR_BEAT"
-                    with m.Elif(dispatch):
-                        m.d.comb += [
-                            self.i_host.ready.eq(1),
-                            self.o_instruction.eq(~is_[Opcode.READ_COUNTERS] &
-                                                  ~is_[Opcode.CLEAR_COUNTERS]),
-                        ]
-                        m.d.sync += [halted.eq(0), index.eq(index + 1)]
-                        with m.Switch(op):
-                            with m.Case(Opcode.READ_HOST):
-                                m.d.sync += [addr.eq(a), left.eq(count)]
-                                m.next = "HOST_ROWS"
-                            with m.Case(Opcode.LOAD_WEIGHTS):
-                                m.d.sync += [
-                                    addr.eq(a * rows), left.eq(count * rows),
-                                    signed_.eq(lw.signed),
-                                    written.eq(written | tile_mask),
-                                ]
-                                m.next = "WEIGHT_ROWS"
-                            with m.Case(Opcode.LOAD_PARAMS):
-                                m.d.comb += [
-                                    self.o_param_write.valid.eq(1),
-                                    self.o_param_write.payload.slot.eq(lp.slot),
-                                    self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
-                                ]
-                                m.d.sync += slot.eq(lp.slot)
-                                m.next = "PARAM_BIAS"
-                            with m.Case(Opcode.READ_COUNTERS):
-                                m.d.sync += [counter.eq(0),
-                                             counter_beat.eq(self.i_counter_value)]
-                                m.next = "SEND_COUNTERS"
-                            with m.Case(Opcode.CLEAR_COUNTERS):
-                                m.d.comb += self.o_clear_counters.eq(1)
-                            with m.Case(Opcode.HALT):
-                                m.next = "SEND_DONE"
-                            with m.Case(Opcode.READ_WEIGHTS):
-                                m.d.sync += queued.eq(queued + count)
-                            with m.Case(Opcode.MATMUL):
-                                with m.If(mm.switch):
-                                    m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+                if cfg.dispatch == "ahead":
+                    # dispatch and fail imply a valid beat that is not the resynchronisation
+                    # word: tested first, they take the beat straight from their registers.
+                    with m.If(dispatch):
+                        issue_actions()
+                    with m.Elif(fail):
+                        fail_actions()
+                    with m.Elif(self.i_host.valid & resync):
+                        resync_actions()
                     with m.Else():
                         m.d.comb += self.o_raw_stall.eq(settled & hazard)
+                else:
+                    with m.If(self.i_host.valid):
+                        with m.If(resync):
+                            resync_actions()
+                        with m.Elif(fail):
+                            fail_actions()
+                        with m.Elif(dispatch):
+                            issue_actions()
+                        with m.Else():
+                            m.d.comb += self.o_raw_stall.eq(settled & hazard)
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),
                                     ("WEIGHT_ROWS", self.o_wm_write)):

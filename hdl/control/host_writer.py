@@ -14,7 +14,8 @@ __all__ = ["HostWriter"]
 class HostWriter(wiring.Component):
     """Runs WRITE_HOST behind later instructions and owns the output stream.
 
-    Contract: takes a WRITE_HOST on ``i_write_host`` while idle; reads buffer rows
+    Contract: takes a WRITE_HOST on ``i_write_host`` while idle (once ready, it stays ready
+    until it takes one); reads buffer rows
     ``ub_addr..`` in order as the host takes them and sends each as one beat (the row in the
     low bits); ``o_busy`` is high from the cycle after it takes an instruction until its last
     beat has been taken. A beat on ``i_beat`` (the front end's counters, DONE and error

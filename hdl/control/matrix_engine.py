@@ -18,16 +18,18 @@ class MatrixEngine(wiring.Component):
     """Runs MATMULs behind later instructions, up to :data:`~hdl.control.hazards.MATMUL_SLOTS`
     in flight, rows back to back.
 
-    Contract: takes a MATMUL on ``i_matmul`` while a slot is free and the previous MATMUL's
-    last row is being (or has been) issued, so rows of consecutive MATMULs enter the array
-    with no gap; reads buffer rows ``ub_addr..`` in order, one a cycle, and sends each with
-    its instruction's ``switch`` (first row only) and ``signed`` flags to the array; writes
-    each output row to accumulator row ``acc_addr + i`` (added if ``accumulate``), in
-    order; pulses ``o_retire`` in the cycle after the last row of the oldest MATMUL has been
-    written (``i_acc_written``). After a reset it first writes zeros to every accumulator
-    row (``o_idle`` low meanwhile). ``o_array_active`` is high in each cycle a row enters
-    the array. ``count`` is at most the rows of the smaller memory (the front end's range
-    checks): the engine keeps counts that wide.
+    Contract: takes a MATMUL on ``i_matmul`` while a slot is free and the previous MATMUL's last
+    row is being (or has been) issued, so rows of consecutive MATMULs enter the array with no
+    gap (with ``dispatch`` "registered" or "ahead", once it has been issued: then ``ready``,
+    once high, stays high until it takes one); reads buffer rows ``ub_addr..`` in order, one a
+    cycle, and sends each with its instruction's ``switch`` (first row only) and ``signed``
+    flags to the array; writes each output row to accumulator row ``acc_addr + i`` (added if
+    ``accumulate``), in order; pulses ``o_retire`` in the cycle after the last row of the oldest
+    MATMUL has been written (``i_acc_written``). After a reset it first writes zeros to every
+    accumulator row (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
+    ``o_array_active`` is high in each cycle a row enters the array. ``count`` is at most the
+    rows of the smaller memory (the front end's range checks): the engine keeps counts that
+    wide.
 
     Members
     -------
@@ -116,8 +118,9 @@ class MatrixEngine(wiring.Component):
             meta_a_in.acc.eq(acc_next),
         ]
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
-        # (With dispatch="registered", only once it has been issued: then the engine's ready
-        # is a function of registers, off the path from the array's stall into dispatch.)
+        # (With dispatch="registered" or "ahead", only once it has been issued: then the
+        # engine's ready is a function of registers, off the path from the array's stall into
+        # dispatch, and falls only as it takes a MATMUL, which "ahead" relies on.)
         last_row = meta_a.w_en & (left == 1) if cfg.dispatch == "direct" else 0
         m.d.comb += [
             cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),

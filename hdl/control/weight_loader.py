@@ -17,11 +17,12 @@ class WeightLoader(wiring.Component):
     the weight memory, a row a cycle as the FIFO takes them, into the matrix unit.
 
     Contract: takes an instruction on ``i_read_weights`` only when the previous one has
-    delivered all its rows; requests the rows in address order and passes the responses on
-    unchanged and in order (each row carries its tile's signedness); ``o_busy`` is high from
-    the cycle after it takes an instruction until its last row has left; ``o_idle`` also
-    waits until the matrix unit has no tile in flight (every queued tile is whole in the
-    shadow registers, or none is queued), which SYNC, HALT and the counter instructions need.
+    delivered all its rows, and once ready stays ready until it takes one; requests the rows in
+    address order and passes the responses on unchanged and in order (each row carries its
+    tile's signedness); ``o_busy`` is high from the cycle after it takes an instruction until
+    its last row has left; ``o_idle`` also waits until the matrix unit has no tile in flight
+    (every queued tile is whole in the shadow registers, or none is queued), which SYNC, HALT
+    and the counter instructions need.
 
     Members
     -------

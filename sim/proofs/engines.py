@@ -11,8 +11,11 @@ offers a beat only while no WRITE_HOST runs).
 
 Each harness also checks the engine's side of the contracts the hazard and front-end proofs
 assume of it: ``o_busy`` rises only in the cycle after the engine takes an instruction (or
-after a reset), the engine takes one only while not busy, and the matrix engine retires only
-MATMULs in flight and never holds more than :data:`~hdl.control.hazards.MATMUL_SLOTS`.
+after a reset), the engine takes one only while not busy, its ``ready`` does not fall
+unless it takes an instruction (with ``dispatch="ahead"`` the front end issues on last
+cycle's ready), and the matrix engine retires only MATMULs in flight, never holds more than
+:data:`~hdl.control.hazards.MATMUL_SLOTS`, and its ``o_idle`` does not fall unless it takes
+one (SYNC, HALT and the counter instructions wait on it).
 
 Auxiliary invariants on the engines' counters (through :class:`sim.formal.Inside`) make
 k-induction close.
@@ -54,6 +57,15 @@ def _busy_contract(m: Module, cmd, busy, *, name: str) -> None:
     ]
 
 
+def _ready_holds(m: Module, cmd, *, name: str) -> None:
+    """``cmd.ready`` does not fall unless an instruction was taken."""
+    prefix = name.replace(" ", "_")
+    ready_1 = past(m, cmd.ready, name=f"{prefix}_ready_1")
+    took = past(m, _fire(cmd), name=f"{prefix}_took_for_ready_1")
+    m.d.comb += Assert(was_reset(m) | ~ready_1 | cmd.ready | took,
+                       f"{name}: ready does not fall unless an instruction is taken")
+
+
 def _outstanding(m: Module, client, width: int, *, name: str) -> Signal:
     """Read requests of memory read *client* not yet answered; assumes the memory answers
     only requests it has been sent (at least a cycle later)."""
@@ -78,6 +90,18 @@ def weight_loader_harness(config: TPUConfig) -> Harness:
         m.d.comb += Assume(~cmd.valid | ((p.count != 0) &
                                          (p.tile + p.count <= config.weight_mem_tiles)))
         _busy_contract(m, cmd, wl.o_busy, name="weight loader")
+        _ready_holds(m, cmd, name="weight loader")
+        # o_idle also waits for the matrix unit (no tile, or a whole one in the shadow
+        # registers), which changes that way only with rows from here or a MATMUL's switch,
+        # and a MATMUL in flight keeps the matrix engine busy: assumed here.
+        matrix_done = (wl.i_matrix.tiles == 0) | wl.i_matrix.shadow_full
+        matrix_done_1 = past(m, matrix_done, name="wl_matrix_done_1")
+        wl_busy_1 = past(m, wl.o_busy, name="wl_busy_for_idle_1")
+        m.d.comb += Assume(~matrix_done_1 | matrix_done | wl_busy_1)
+        idle_1 = past(m, wl.o_idle, name="wl_idle_1")
+        took_1 = past(m, _fire(cmd), name="wl_took_for_idle_1")
+        m.d.comb += Assert(was_reset(m) | ~idle_1 | wl.o_idle | took_1,
+                           "weight loader: o_idle does not fall unless it takes an instruction")
         reads = _outstanding(m, wl.o_wm, len(inside.signal("pending")), name="wm")
         m.d.comb += Assert(inside.signal("pending") == inside.signal("req_left") + reads,
                            "every row is requested or answered")
@@ -92,6 +116,14 @@ def matrix_engine_harness(config: TPUConfig) -> Harness:
 
     def properties(m: Module, me: MatrixEngine, inside: Inside) -> None:
         all_stream_rules(m, me)
+        if config.dispatch != "direct":
+            # (With dispatch="direct" the next MATMUL may be taken as the last row of the
+            # current one is issued: ready follows the array's stall, and falls with it.)
+            _ready_holds(m, me.i_matmul, name="matrix engine")
+        idle_1 = past(m, me.o_idle, name="me_idle_1")
+        took_1 = past(m, _fire(me.i_matmul), name="me_took_for_idle_1")
+        m.d.comb += Assert(was_reset(m) | ~idle_1 | me.o_idle | took_1,
+                           "matrix engine: o_idle does not fall unless it takes a MATMUL")
         in_flight = Signal(range(MATMUL_SLOTS + 1), name="me_in_flight")
         m.d.sync += in_flight.eq(in_flight + _fire(me.i_matmul) - me.o_retire)
         slots = [inside.signal(f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
@@ -137,6 +169,7 @@ def activation_engine_harness(config: TPUConfig) -> Harness:
         m.d.sync += owed.eq(owed + (_fire(ae.o_row) & ae.o_row.payload.last) - _fire(ae.i_out))
         m.d.comb += Assume(~ae.i_out.valid | (owed != 0))
         _busy_contract(m, cmd, ae.o_busy, name="activation engine")
+        _ready_holds(m, cmd, name="activation engine")
         m.d.comb += Assert(ae.o_busy | ae.i_param_write.ready,
                            "parameter writes are taken whenever the engine is not busy")
 
@@ -172,6 +205,7 @@ def host_writer_harness(config: TPUConfig) -> Harness:
         reads = _outstanding(m, hw.o_ub, count_bits, name="ub")
         m.d.comb += Assume(~hw.i_beat.valid | ~(hw.o_busy | hw.i_write_host.valid))
         _busy_contract(m, hw.i_write_host, hw.o_busy, name="host writer")
+        _ready_holds(m, hw.i_write_host, name="host writer")
 
         resp_left, req_left = inside.signal("resp_left"), inside.signal("req_left")
         m.d.comb += [

@@ -6,13 +6,22 @@ four dispatch streams, ``o_beat``, ``o_ub_write``, ``o_wm_write``, ``o_param_wri
 ``valid`` and its payload until the transfer, given that ``i_host`` does. Assumed of the
 rest of :class:`hdl.core.Core`, each a property another proof checks:
 
-- the hazard tracker's ``hazard`` does not rise while the instruction it is asked about
-  stays the same and nothing is dispatched (checked by :mod:`sim.proofs.hazards`);
+- the hazard tracker's ``hazard`` does not rise while the instruction it is asked about (its
+  word and range ends) stays the same and nothing is dispatched (checked by
+  :mod:`sim.proofs.hazards`);
 - ``i_write_host_busy`` rises only in the cycle after a WRITE_HOST is dispatched (the host
   writer's busy contract, :mod:`sim.proofs.engines`);
 - the activation engine takes a parameter write whenever it is not busy
   (:mod:`sim.proofs.engines`): in the cycle LOAD_PARAMS issues, the front end sends its
   first write without looking at ``o_param_write.ready``;
+
+With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also:
+
+- an engine's ``ready`` does not fall unless it takes an instruction, ``i_activate_busy``
+  rises only in the cycle after an ACTIVATE is dispatched, and ``i_idle`` does not fall
+  unless something is dispatched (:mod:`sim.proofs.engines` checks the first of each engine
+  and the second; the third is each engine's ``o_idle``/``o_busy`` there, the weight loader's
+  under the matrix unit's tiles changing only with its rows or a MATMUL's switch);
 
 ``i_counter_value`` is free: the counters keep counting (``cycles`` every cycle) while a
 READ_COUNTERS beat waits for the host, and the front end holds the value it sampled (the
@@ -60,15 +69,37 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         q = fe.o_hazards
         hazard_1 = past(m, q.hazard, name="hazard_1")
         dispatch_1 = past(m, q.dispatch, name="dispatch_1")
-        instr_1 = past(m, q.instr.as_value(), name="instr_1")
-        m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
-                           (q.instr.as_value() != instr_1))
+        query = Cat(q.instr.as_value(), q.a_end, q.b_end)
+        query_1 = past(m, query, name="query_1")
+        m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 | (query != query_1))
         busy_1 = past(m, fe.i_write_host_busy, name="write_host_busy_1")
         took_1 = past(m, _fire(fe.o_write_host), name="write_host_took_1")
         m.d.comb += [
             Assume(fresh | ~(fe.i_write_host_busy & ~busy_1) | took_1),
             Assume(fe.i_activate_busy | fe.o_param_write.ready),
         ]
+        if config.dispatch == "ahead":
+            for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
+                port = getattr(fe, name)
+                ready_1 = past(m, port.ready, name=f"{name}_ready_1")
+                fired_1 = past(m, _fire(port), name=f"{name}_took_1")
+                m.d.comb += [
+                    Assume(fresh | ~ready_1 | port.ready | fired_1),
+                    # Invariant: it was decided on a ready engine that took nothing since.
+                    Assert(fresh | ~port.valid | (ready_1 & ~fired_1),
+                           f"{name}: valid only after a cycle the engine was ready and idle"),
+                ]
+            act_busy_1 = past(m, fe.i_activate_busy, name="activate_busy_1")
+            act_took_1 = past(m, _fire(fe.o_activate), name="activate_took_1")
+            idle_1 = past(m, fe.i_idle, name="idle_1")
+            m.d.comb += [
+                Assume(fresh | ~(fe.i_activate_busy & ~act_busy_1) | act_took_1),
+                Assume(fresh | ~idle_1 | fe.i_idle | dispatch_1),
+                # Invariant: LOAD_PARAMS issues after a cycle no ACTIVATE ran or started.
+                Assert(fresh | ~inside.signal("issue_load_params") |
+                       (~act_busy_1 & ~act_took_1),
+                       "LOAD_PARAMS issues after a cycle the activation engine was idle"),
+            ]
 
     return Harness(FrontEnd(config), properties, reset="any")
 

@@ -22,15 +22,19 @@ HERE = Path(__file__).parent
 PROGRAMS_PER_BLOCK = 25
 
 
+#: Configurations that are no preset: the tiny core with the ULX3S preset's dispatch="ahead".
+CONFIGS = {"tiny-ahead": get_config("tiny").replace(dispatch="ahead")}
+
+
 def run_core(config_key: str, testcase: str, **env):
-    config = get_config(config_key)
+    config = CONFIGS.get(config_key) or get_config(config_key)
     run("core", lambda: Core(config), config_key, "tb_core", HERE, testcase,
         extra_env={k: str(v) for k, v in env.items()}, config=config)
 
 
 # (configuration, first block, blocks): block b runs seeds 1000 + 25 b .. 1000 + 25 b + 24,
 # so every block has seeds of its own.
-_FAST = (("tiny", 0, 4), ("small", 4, 2), ("wide", 6, 2))
+_FAST = (("tiny", 0, 4), ("small", 4, 2), ("wide", 6, 2), ("tiny-ahead", 8, 2))
 _SLOW = (("tiny", 10, 8), ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2),
          ("large", 26, 1))
 RANDOM_BLOCKS = (
@@ -47,17 +51,17 @@ def test_random_programs(config_key: str, block: int):
              AMTPU_SEED=1000 + block * PROGRAMS_PER_BLOCK)
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-ahead"])
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead"])
 def test_errors(config_key: str):
     run_core(config_key, "test_error")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "wide"])
+@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-ahead"])
 def test_status_clear_and_reset(config_key: str):
     """D1 (halted cleared by an error), D4 (i_clear without an error), D2 (reset clears the
     memories)."""

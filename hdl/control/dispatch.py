@@ -1,0 +1,142 @@
+"""The front end's dispatch decision: whether the instruction at fetch issues, fails or waits."""
+
+from amaranth.hdl import Cat, Module, Shape, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import TPUConfig
+from ..isa import ErrorCode, Opcode
+
+__all__ = ["Dispatch", "ENGINE_OPCODES"]
+
+#: The opcodes the front end hands to an engine on a dispatch stream, in ``i_engine_ready``
+#: order.
+ENGINE_OPCODES = (Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE, Opcode.WRITE_HOST)
+
+
+class Dispatch(wiring.Component):
+    """Decides, for the instruction waiting at the front end's fetch, whether it issues (its
+    checks pass, the hazard tracker reports no conflict, and its engine can take it: for SYNC,
+    HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS no ACTIVATE
+    runs) or fails a check, as :attr:`~hdl.config.TPUConfig.dispatch` says:
+
+    - ``"direct"``: on this cycle's answers;
+    - ``"registered"``: on last cycle's checks and hazard, for a beat that was offered and
+      not taken then (``o_settled``): the same beat, with nothing issued since, so the answers
+      are still its own (the hazard does not rise for a waiting instruction, and the checks'
+      state changes only as instructions issue). A beat issues or fails at the earliest in its
+      second cycle;
+    - ``"ahead"``: the front end registers the beat's range ends (its checks and the hazard
+      tracker's answer are the beat's own from its second cycle), the answers are registered,
+      and the part of the decision that depends on the opcode and the engines' readiness is
+      registered too, taken a cycle ahead for the beat that stays: a beat issues or fails at the
+      earliest in its third cycle, and the dispatch (and each opcode's) is one LUT of three
+      flip-flops (that part, whether a check failed, the hazard), not a LUT cone from the
+      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
+      stays ready until it takes an instruction, the activation engine becomes busy and the core
+      stops being idle only as something is dispatched (each a proved property,
+      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle after
+      the engine is ready.
+
+    ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
+    word; the front end takes the beat in that cycle.
+
+    Members
+    -------
+    i_waiting : In(1)
+        A beat waits at fetch.
+    i_taken : In(1)
+        The front end takes it this cycle.
+    i_resync : In(1)
+        It is the resynchronisation word.
+    i_opcode : In(Opcode)
+    i_error : In(ErrorCode)
+        Its checks' answer, this cycle (the first that fails).
+    i_failed : In(1)
+        Some check fails (``i_error`` is not NONE), this cycle.
+    i_hazard : In(1)
+        The hazard tracker's answer, this cycle.
+    i_engine_ready : In(len(ENGINE_OPCODES))
+        Each engine's ``ready`` (:data:`ENGINE_OPCODES` order).
+    i_activate_busy, i_idle : In(1)
+    o_settled : Out(1)
+        The answers below are the beat's own and may be acted on.
+    o_error : Out(ErrorCode)
+    o_hazard : Out(1)
+        The answers acted on (registered but with ``"direct"``).
+    o_dispatch, o_fail : Out(1)
+        The instruction issues, or fails a check, this cycle.
+    o_issue : Out(2 ** opcode width)
+        ``o_dispatch``, one-hot by opcode (bit ``opcode.value``).
+    """
+
+    def __init__(self, config: TPUConfig):
+        self.config = config
+        super().__init__({
+            "i_waiting":       In(1),
+            "i_taken":         In(1),
+            "i_resync":        In(1),
+            "i_opcode":        In(Opcode),
+            "i_error":         In(ErrorCode),
+            "i_failed":        In(1),
+            "i_hazard":        In(1),
+            "i_engine_ready":  In(len(ENGINE_OPCODES)),
+            "i_activate_busy": In(1),
+            "i_idle":          In(1),
+            "o_settled":       Out(1),
+            "o_error":         Out(ErrorCode),
+            "o_hazard":        Out(1),
+            "o_dispatch":      Out(1),
+            "o_fail":          Out(1),
+            "o_issue":         Out(1 << Shape.cast(Opcode).width),
+        })
+
+    def elaborate(self, platform):
+        mode = self.config.dispatch
+        m = Module()
+        op = self.i_opcode
+        is_ = {o: op == o for o in Opcode}
+        busy = Signal()         # the engine (or the whole core) cannot take it yet
+        engine_ready = zip(ENGINE_OPCODES, self.i_engine_ready, strict=True)
+        m.d.comb += busy.eq(
+            Cat(*(is_[o] & ~ready for o, ready in engine_ready)).any()
+            | (is_[Opcode.LOAD_PARAMS] & self.i_activate_busy)
+            | ((is_[Opcode.SYNC] | is_[Opcode.HALT] | is_[Opcode.READ_COUNTERS] |
+                is_[Opcode.CLEAR_COUNTERS]) & ~self.i_idle))
+        waiting = self.i_waiting & ~self.i_resync
+        if mode == "direct":
+            m.d.comb += [self.o_settled.eq(1), self.o_error.eq(self.i_error),
+                         self.o_hazard.eq(self.i_hazard)]
+        else:
+            stays = Signal()    # offered and not taken: the same beat is there next cycle
+            m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
+            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
+            if mode == "registered":
+                m.d.sync += self.o_settled.eq(stays)
+        if mode == "ahead":
+            # The answers are the beat's own once it has stayed a cycle (`stayed`): registered
+            # then, they may be acted on a cycle later.
+            stayed = Signal()
+            failed_q = Signal()
+            ready_go = Signal()     # it will issue next cycle, if it passes checks and hazard
+            ready_issue = Signal.like(self.o_issue)
+            own = stays & stayed & ~self.i_resync
+            m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), ready_go.eq(own & ~busy)]
+            for o in Opcode:
+                m.d.sync += ready_issue[o.value].eq(own & ~busy & is_[o])
+            m.d.sync += self.o_settled.eq(own)
+            clear = ~failed_q & ~self.o_hazard
+            m.d.comb += [
+                self.o_fail.eq(self.o_settled & failed_q),
+                self.o_dispatch.eq(ready_go & clear),
+                self.o_issue.eq(ready_issue & clear.replicate(len(ready_issue))),
+            ]
+        else:
+            m.d.comb += [
+                self.o_fail.eq(waiting & self.o_settled & (self.o_error != ErrorCode.NONE)),
+                self.o_dispatch.eq(waiting & self.o_settled & (self.o_error == ErrorCode.NONE) &
+                                   ~self.o_hazard & ~busy),
+            ]
+            for o in Opcode:
+                m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
+        return m
