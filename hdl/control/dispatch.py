@@ -26,17 +26,17 @@ class Dispatch(wiring.Component):
       are still its own (the hazard does not rise for a waiting instruction, and the checks'
       state changes only as instructions issue). A beat issues or fails at the earliest in its
       second cycle;
-    - ``"ahead"``: the front end registers the beat's range ends (its checks and the hazard
-      tracker's answer are the beat's own from its second cycle), the answers are registered,
-      and the part of the decision that depends on the opcode and the engines' readiness is
-      registered too, taken a cycle ahead for the beat that stays: a beat issues or fails at the
-      earliest in its third cycle, and the dispatch (and each opcode's) is one LUT of three
-      flip-flops (that part, whether a check failed, the hazard), not a LUT cone from the
-      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
-      stays ready until it takes an instruction, the activation engine becomes busy and the core
-      stops being idle only as something is dispatched (each a proved property,
-      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle after
-      the engine is ready.
+    - ``"ahead"``: the front end registers the beat's range ends and the word it asks the hazard
+      tracker about (its checks and the tracker's answer are the beat's own from its second
+      cycle), the answers are registered, and the part of the decision that depends on the
+      opcode and the engines' readiness is registered too, taken a cycle ahead for the beat that
+      stays: a beat issues or fails at the earliest in its third cycle, and the dispatch (and
+      each opcode's) is one LUT of three flip-flops (that part, whether a check failed, the
+      hazard), not a LUT cone from the instruction word and the engines' ``ready``. It relies on
+      the engines: a ready engine stays ready until it takes an instruction, the activation
+      engine becomes busy and the core stops being idle only as something is dispatched (each a
+      proved property, :mod:`sim.proofs.engines`). An instruction that waits for its engine
+      issues a cycle after the engine is ready.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
     word; the front end takes the beat in that cycle.

@@ -165,13 +165,15 @@ class FrontEnd(wiring.Component):
         window_log = Signal(2)
         a_end = Signal(ADDR_END_BITS)
         b_end = Signal(ADDR_END_BITS)
-        # With dispatch="ahead", registered: the ends of the beat offered last cycle, the
-        # beat's own once it has stayed a cycle (Dispatch waits for that).
-        ends = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
-        m.d.comb += [window_log.eq(window_log2(av.pool)), self.o_hazards.instr.eq(word),
-                     self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
-        ends += [a_end.eq(a + count),
-                 b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
+        # With dispatch="ahead", registered, and so is the word the hazard tracker is asked
+        # about: the beat offered last cycle's, its own once it has stayed a cycle (Dispatch
+        # waits for that), so that neither the checks' compares nor the tracker's adders and
+        # compares start at the beat.
+        ahead = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
+        m.d.comb += window_log.eq(window_log2(av.pool))
+        ahead += [a_end.eq(a + count),
+                  b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
+                  self.o_hazards.instr.eq(word)]
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
