@@ -1,6 +1,6 @@
 """The front end's dispatch decision: whether the instruction at fetch issues, fails or waits."""
 
-from amaranth.hdl import Cat, Module, Shape, Signal
+from amaranth.hdl import Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -97,12 +97,14 @@ class Dispatch(wiring.Component):
         op = self.i_opcode
         is_ = {o: op == o for o in Opcode}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
-        engine_ready = zip(ENGINE_OPCODES, self.i_engine_ready, strict=True)
-        m.d.comb += busy.eq(
-            Cat(*(is_[o] & ~ready for o, ready in engine_ready)).any()
-            | (is_[Opcode.LOAD_PARAMS] & self.i_activate_busy)
-            | ((is_[Opcode.SYNC] | is_[Opcode.HALT] | is_[Opcode.READ_COUNTERS] |
-                is_[Opcode.CLEAR_COUNTERS]) & ~self.i_idle))
+        with m.Switch(op):
+            for o, ready in zip(ENGINE_OPCODES, self.i_engine_ready, strict=True):
+                with m.Case(o):
+                    m.d.comb += busy.eq(~ready)
+            with m.Case(Opcode.LOAD_PARAMS):
+                m.d.comb += busy.eq(self.i_activate_busy)
+            with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
+                m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync
         if mode == "direct":
             m.d.comb += [self.o_settled.eq(1), self.o_error.eq(self.i_error),
