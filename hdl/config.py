@@ -105,13 +105,14 @@ class TPUConfig:
         the range adders and compares into the dispatch and everything it enables (one
         cycle more per instruction, not per data beat; the iCE40's critical path).
         ``"ahead"``: as ``"registered"``, and the ends of the instruction's ranges are
-        registered before the checks and the hazard tracker compare them, and what depends
-        on its opcode and the engines' readiness is decided a cycle ahead into flip-flops
-        (one per opcode), so that no adder starts those compares and nothing from the word or
-        an engine's ready runs combinationally into the dispatch and what it enables in every
-        engine (an instruction issues at the earliest in its third cycle, and one that waits
-        for its engine a cycle after the engine is ready; some 50 flip-flops more; the
-        ECP5's critical path). See :class:`hdl.control.dispatch.Dispatch`. Same results.
+        registered before the checks compare them, and so is the word the hazard tracker is
+        asked about, and what depends on its opcode and the engines' readiness is decided a
+        cycle ahead into flip-flops (one per opcode), so that no adder starts those compares and
+        nothing from the word or an engine's ready runs combinationally into the dispatch and
+        what it enables in every engine (an instruction issues at the earliest in its third
+        cycle, and one that waits for its engine a cycle after the engine is ready; some 50
+        flip-flops more; the ECP5's critical path). See :class:`hdl.control.dispatch.Dispatch`.
+        Same results.
     operands : str
         ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
         ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a

@@ -1,6 +1,6 @@
 """The front end's dispatch decision: whether the instruction at fetch issues, fails or waits."""
 
-from amaranth.hdl import Cat, Module, Shape, Signal
+from amaranth.hdl import Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -26,17 +26,17 @@ class Dispatch(wiring.Component):
       are still its own (the hazard does not rise for a waiting instruction, and the checks'
       state changes only as instructions issue). A beat issues or fails at the earliest in its
       second cycle;
-    - ``"ahead"``: the front end registers the beat's range ends (its checks and the hazard
-      tracker's answer are the beat's own from its second cycle), the answers are registered,
-      and the part of the decision that depends on the opcode and the engines' readiness is
-      registered too, taken a cycle ahead for the beat that stays: a beat issues or fails at the
-      earliest in its third cycle, and the dispatch (and each opcode's) is one LUT of three
-      flip-flops (that part, whether a check failed, the hazard), not a LUT cone from the
-      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
-      stays ready until it takes an instruction, the activation engine becomes busy and the core
-      stops being idle only as something is dispatched (each a proved property,
-      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle after
-      the engine is ready.
+    - ``"ahead"``: the front end registers the beat's range ends and the word it asks the hazard
+      tracker about (its checks and the tracker's answer are the beat's own from its second
+      cycle), the answers are registered, and the part of the decision that depends on the
+      opcode and the engines' readiness is registered too, taken a cycle ahead for the beat that
+      stays: a beat issues or fails at the earliest in its third cycle, and the dispatch (and
+      each opcode's) is one LUT of three flip-flops (that part, whether a check failed, the
+      hazard), not a LUT cone from the instruction word and the engines' ``ready``. It relies on
+      the engines: a ready engine stays ready until it takes an instruction, the activation
+      engine becomes busy and the core stops being idle only as something is dispatched (each a
+      proved property, :mod:`sim.proofs.engines`). An instruction that waits for its engine
+      issues a cycle after the engine is ready.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
     word; the front end takes the beat in that cycle.
@@ -97,12 +97,14 @@ class Dispatch(wiring.Component):
         op = self.i_opcode
         is_ = {o: op == o for o in Opcode}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
-        engine_ready = zip(ENGINE_OPCODES, self.i_engine_ready, strict=True)
-        m.d.comb += busy.eq(
-            Cat(*(is_[o] & ~ready for o, ready in engine_ready)).any()
-            | (is_[Opcode.LOAD_PARAMS] & self.i_activate_busy)
-            | ((is_[Opcode.SYNC] | is_[Opcode.HALT] | is_[Opcode.READ_COUNTERS] |
-                is_[Opcode.CLEAR_COUNTERS]) & ~self.i_idle))
+        with m.Switch(op):
+            for o, ready in zip(ENGINE_OPCODES, self.i_engine_ready, strict=True):
+                with m.Case(o):
+                    m.d.comb += busy.eq(~ready)
+            with m.Case(Opcode.LOAD_PARAMS):
+                m.d.comb += busy.eq(self.i_activate_busy)
+            with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
+                m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync
         if mode == "direct":
             m.d.comb += [self.o_settled.eq(1), self.o_error.eq(self.i_error),

@@ -165,13 +165,15 @@ class FrontEnd(wiring.Component):
         window_log = Signal(2)
         a_end = Signal(ADDR_END_BITS)
         b_end = Signal(ADDR_END_BITS)
-        # With dispatch="ahead", registered: the ends of the beat offered last cycle, the
-        # beat's own once it has stayed a cycle (Dispatch waits for that).
-        ends = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
-        m.d.comb += [window_log.eq(window_log2(av.pool)), self.o_hazards.instr.eq(word),
-                     self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
-        ends += [a_end.eq(a + count),
-                 b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
+        # With dispatch="ahead", registered, and so is the word the hazard tracker is asked
+        # about: the beat offered last cycle's, its own once it has stayed a cycle (Dispatch
+        # waits for that), so that neither the checks' compares nor the tracker's adders and
+        # compares start at the beat.
+        ahead = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
+        m.d.comb += window_log.eq(window_log2(av.pool))
+        ahead += [a_end.eq(a + count),
+                  b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
+                  self.o_hazards.instr.eq(word)]
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
@@ -310,22 +312,33 @@ class FrontEnd(wiring.Component):
             m.next = "ERROR_BEAT"
 
         def issue_actions():
-            m.d.comb += [
-                self.i_host.ready.eq(1),
-                self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
-                                      ~issue[Opcode.CLEAR_COUNTERS]),
-            ]
+            m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [halted.eq(0), index.eq(index + 1)]
-            with m.If(issue[Opcode.READ_HOST]):
+            if cfg.dispatch == "ahead":     # each opcode's from its own register
+                m.d.comb += self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
+                                                  ~issue[Opcode.CLEAR_COUNTERS])
+                for o in Opcode:
+                    with m.If(issue[o]):
+                        opcode_actions(o)
+            else:
+                m.d.comb += self.o_instruction.eq(~is_[Opcode.READ_COUNTERS] &
+                                                  ~is_[Opcode.CLEAR_COUNTERS])
+                with m.Switch(op):
+                    for o in Opcode:
+                        with m.Case(o):
+                            opcode_actions(o)
+
+        def opcode_actions(o):
+            if o == Opcode.READ_HOST:
                 m.d.sync += [addr.eq(a), left.eq(count)]
                 m.next = "HOST_ROWS"
-            with m.If(issue[Opcode.LOAD_WEIGHTS]):
+            elif o == Opcode.LOAD_WEIGHTS:
                 m.d.sync += [
                     addr.eq(a * rows), left.eq(count * rows), signed_.eq(lw.signed),
                     written.eq(written | tile_mask),
                 ]
                 m.next = "WEIGHT_ROWS"
-            with m.If(issue[Opcode.LOAD_PARAMS]):
+            elif o == Opcode.LOAD_PARAMS:
                 m.d.comb += [
                     self.o_param_write.valid.eq(1),
                     self.o_param_write.payload.slot.eq(lp.slot),
@@ -333,17 +346,18 @@ class FrontEnd(wiring.Component):
                 ]
                 m.d.sync += slot.eq(lp.slot)
                 m.next = "PARAM_BIAS"
-            with m.If(issue[Opcode.READ_COUNTERS]):
+            elif o == Opcode.READ_COUNTERS:
                 m.d.sync += [counter.eq(0), counter_beat.eq(self.i_counter_value)]
                 m.next = "SEND_COUNTERS"
-            with m.If(issue[Opcode.CLEAR_COUNTERS]):
+            elif o == Opcode.CLEAR_COUNTERS:
                 m.d.comb += self.o_clear_counters.eq(1)
-            with m.If(issue[Opcode.HALT]):
+            elif o == Opcode.HALT:
                 m.next = "SEND_DONE"
-            with m.If(issue[Opcode.READ_WEIGHTS]):
+            elif o == Opcode.READ_WEIGHTS:
                 m.d.sync += queued.eq(queued + count)
-            with m.If(issue[Opcode.MATMUL] & mm.switch):
-                m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
+            elif o == Opcode.MATMUL:
+                with m.If(mm.switch):
+                    m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
 
         with m.FSM(name="front_end"):
             with m.State("SCRUB"):

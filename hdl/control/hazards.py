@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import Instr, Opcode
+from ..isa import Activate, Instr, Opcode, Pool
 
 __all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS",
            "HAZARD_RULES"]
@@ -40,11 +40,6 @@ class HazardQuerySignature(wiring.Signature):
     -------
     instr : Out(Instr)
         The instruction word at the front end.
-    a_end, b_end : Out(ADDR_END_BITS)
-        The exclusive ends of its ranges: ``a + count``, and ``b`` plus its rows at ``b``
-        (``count``; for ACTIVATE ``count`` over its pooling window). The front end computes
-        them for its own checks (with ``dispatch="ahead"`` a cycle after the word arrives:
-        the tracker's answer is the word's own from its second cycle).
     dispatch : Out(1)
         The instruction issues this cycle (the tracker records its ranges).
     hazard : In(1)
@@ -54,8 +49,6 @@ class HazardQuerySignature(wiring.Signature):
     def __init__(self):
         super().__init__({
             "instr":    Out(Instr),
-            "a_end":    Out(ADDR_END_BITS),
-            "b_end":    Out(ADDR_END_BITS),
             "dispatch": Out(1),
             "hazard":   In(1),
         })
@@ -151,9 +144,16 @@ class HazardTracker(wiring.Component):
         instr = q.instr
         op = instr.opcode
         width = self.end_bits
-        a, b = instr.a[:width], instr.b[:width]
-        # The front end's range ends (ACTIVATE writes count / window buffer rows), as wide.
-        a_end, b_end = q.a_end[:width], q.b_end[:width]
+        a, b, count = instr.a[:width], instr.b[:width], instr.count[:width]
+        av = data.View(Activate, instr.as_value())
+        # ACTIVATE writes count / window buffer rows.
+        window_log = Mux(av.pool == Pool.MAX4, 2, Mux(av.pool == Pool.MAX2, 1, 0))
+        a_end = Signal(width)
+        b_end = Signal(width)
+        m.d.comb += [
+            a_end.eq(a + count),
+            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
+        ]
 
         mm_ub = [_Range(f"mm{i}_ub", width) for i in range(MATMUL_SLOTS)]
         mm_acc = [_Range(f"mm{i}_acc", width) for i in range(MATMUL_SLOTS)]

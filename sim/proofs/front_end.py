@@ -6,9 +6,8 @@ four dispatch streams, ``o_beat``, ``o_ub_write``, ``o_wm_write``, ``o_param_wri
 ``valid`` and its payload until the transfer, given that ``i_host`` does. Assumed of the
 rest of :class:`hdl.core.Core`, each a property another proof checks:
 
-- the hazard tracker's ``hazard`` does not rise while the instruction it is asked about (its
-  word and range ends) stays the same and nothing is dispatched (checked by
-  :mod:`sim.proofs.hazards`);
+- the hazard tracker's ``hazard`` does not rise while the instruction it is asked about
+  stays the same and nothing is dispatched (checked by :mod:`sim.proofs.hazards`);
 - ``i_write_host_busy`` rises only in the cycle after a WRITE_HOST is dispatched (the host
   writer's busy contract, :mod:`sim.proofs.engines`);
 - the activation engine takes a parameter write whenever it is not busy
@@ -69,9 +68,9 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         q = fe.o_hazards
         hazard_1 = past(m, q.hazard, name="hazard_1")
         dispatch_1 = past(m, q.dispatch, name="dispatch_1")
-        query = Cat(q.instr.as_value(), q.a_end, q.b_end)
-        query_1 = past(m, query, name="query_1")
-        m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 | (query != query_1))
+        instr_1 = past(m, q.instr.as_value(), name="instr_1")
+        m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
+                           (q.instr.as_value() != instr_1))
         busy_1 = past(m, fe.i_write_host_busy, name="write_host_busy_1")
         took_1 = past(m, _fire(fe.o_write_host), name="write_host_took_1")
         m.d.comb += [

@@ -123,11 +123,6 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         a, b, count = instr.a, instr.b, instr.count
         pool = data.View(Activate, instr.as_value()).pool
         windows = Mux(pool == Pool.MAX4, count[2:], Mux(pool == Pool.MAX2, count[1:], count))
-        # The front end gives the ends of the instruction's ranges with it.
-        m.d.comb += [
-            Assume(q.a_end == a + count),
-            Assume(q.b_end == b + Mux(op == Opcode.ACTIVATE, windows, count)),
-        ]
         is_ = {o: (op == o) for o in Opcode}
         x = {name: Signal(name=f"x_{name}") for name in
              ("ub_read", "ub_write", "acc_read", "acc_write", "tile_read", "tile_write")}
