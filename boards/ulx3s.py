@@ -37,7 +37,7 @@ PARTS = {
 # The `ulx3s` preset: the 8x8 array and the activation unit's products on registered
 # MULT18X18D, the front end's dispatch decided ahead. At 75 MHz it met timing with the
 # dispatch registered (nextpnr's Fmax 75.66 MHz, seed 1); the target is 150 MHz: asked for
-# it, 87.0 MHz with dispatch="ahead" (79.2 MHz registered), limited by the hazard tracker's
+# it, 82.0-87.0 MHz with dispatch="ahead" (79.2 MHz registered), limited by the hazard tracker's
 # range adders and compares into the front end's registered answer.
 BOARD_CONFIG = "ulx3s"
 CLOCK_MHZ = 75.0
