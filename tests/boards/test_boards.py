@@ -67,12 +67,12 @@ def test_icebreaker_plan():
 
 def test_ulx3s_plan():
     top = ULX3STop(get_config("small"), workdir=Path("build/boards/test-pll"))
-    assert (top.clock_hz, top.divisor) == (75_000_000, 25)
+    assert (top.clock_hz, top.divisor) == (80_000_000, 27)     # 2.96 Mbaud, 1.2 % low
     files = _plan_files(ULX3S_85F_Platform(), top)
     lpf = files["top.lpf"]
     assert 'LOCATE COMP "uart_0__rx__io" SITE "M1"' in lpf
     assert 'LOCATE COMP "uart_0__tx__io" SITE "L4"' in lpf
-    assert any(line.startswith("FREQUENCY NET") and "75000000" in line.replace(".0", "")
+    assert any(line.startswith("FREQUENCY NET") and "80000000" in line.replace(".0", "")
                for line in lpf.splitlines()), lpf
     assert "EHXPLLL" in files["top.il"]
 
@@ -96,3 +96,11 @@ def test_report_reads_nextpnr(tmp_path: Path):
     path.write_text(json.dumps({"fmax": {}, "utilization": {}}))
     with pytest.raises(BuildError, match="reported no clock"):
         _parse_report(path)
+
+
+def test_demo_clock_is_the_ulx3s_clock():
+    """The demo's images/s are at the clock the ULX3S build meets (a copy, as firmware does
+    not import the boards)."""
+    from boards import ulx3s
+    from firmware import cli
+    assert cli.DEFAULT_CLOCK_MHZ == ulx3s.CLOCK_MHZ
