@@ -558,10 +558,10 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "route longer. On the iCE40UP5K the 8 SB_MAC16 hold 8 products and the rest are "
             "LUT multipliers, which set the clock; 8x8 does not fit the part's 5,280 LCs. The "
             "whole core with the host link (`make bitstream`, README): the ULX3S build "
-            "(`ulx3s` preset, 8x8) meets 75 MHz (Fmax 75.66 MHz, 9.6 GOPS), limited by the "
-            "engines' readiness into the front end's dispatch, not the array; the "
-            "iCEBreaker build (`icebreaker` preset, 2x2) meets 24 MHz (24.67 MHz) in 4,943 "
-            "of 5,280 logic cells.",
+            "(`ulx3s` preset, 8x8) meets 75 MHz (Fmax 78.21 MHz, 9.6 GOPS), limited by the "
+            "hazard tracker's range compares into the front end's registered answer, not the "
+            "array; the iCEBreaker build (`icebreaker` preset, 2x2) meets 24 MHz (25.69 MHz) "
+            "in 4,966 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "

@@ -21,7 +21,7 @@ __all__ = ["main", "demo"]
 
 #: Clock for images per second: the clock the whole 8x8 core meets on the ULX3S 85F
 #: (`make bitstream BOARD=ulx3s`, the ulx3s preset, boards.ulx3s.CLOCK_MHZ).
-DEFAULT_CLOCK_MHZ = 80.0
+DEFAULT_CLOCK_MHZ = 75.0
 
 #: TPU v1 Table 3 categories and the counters that measure them.
 TABLE3 = (
