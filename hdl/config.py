@@ -218,6 +218,25 @@ class TPUConfig:
         return 2 * (self.data_width + 1)
 
     @property
+    def products_per_dsp(self) -> int:
+        """Products one DSP block holds: two with ``multiplier="ice40"`` (an SB_MAC16's dual
+        8x8 mode), else one."""
+        return 2 if self.multiplier == "ice40" else 1
+
+    @property
+    def dsp_blocks(self) -> int:
+        """DSP blocks the array's products take (those not in LUTs, :attr:`lut_multipliers`)."""
+        return -(-(self.macs - self.lut_multipliers) // self.products_per_dsp)
+
+    @property
+    def registered_datapath(self) -> bool:
+        """Whether this is the build for Fmax (``multiplier="ecp5"``): the systolic array's
+        enable is a register decided a cycle ahead, and the accumulators register the old sums
+        out of their block RAM (see :class:`hdl.systolic_array.SystolicArray` and
+        :class:`hdl.accumulators.Accumulators`)."""
+        return self.multiplier == "ecp5"
+
+    @property
     def operand_range(self) -> tuple[int, int]:
         """Smallest and largest operand value the core multiplies."""
         return (-128, 127) if self.operands == "int8" else (-128, 255)

@@ -89,11 +89,9 @@ class Core(wiring.Component):
         m.submodules.weight_memory = wm = WeightMemory(
             tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
-        # The ECP5 build (the one for Fmax, as the array's registered enable) registers the
-        # old sums out of the block RAM before the add.
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
-            registered_read=cfg.multiplier == "ecp5")
+            registered_read=cfg.registered_datapath)
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
         else:

@@ -131,7 +131,7 @@ class SystolicArray(wiring.Component):
     def registered_enable(self) -> bool:
         """Whether the pipeline's enable is a register (``multiplier="ecp5"``, the build for
         Fmax; see the class docstring)."""
-        return self.config.multiplier == "ecp5"
+        return self.config.registered_datapath
 
     def elaborate(self, platform):
         cfg = self.config
