@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from .activation import acc_row_layout, lut_table
 from .isa import Func
-from .ports import requant_params_layout
+from .ports import ParamColumnSignature
 
 __all__ = ["SerialActivationUnit", "element_cycles"]
 
@@ -14,7 +14,7 @@ __all__ = ["SerialActivationUnit", "element_cycles"]
 def element_cycles(shift: int) -> int:
     """Cycles :class:`SerialActivationUnit` spends on one element with rounding ``shift``."""
     s = max(shift - 1, 0)
-    return 1 + 32 + (s // 8 + s % 8) + 3
+    return 2 + 32 + (s // 8 + s % 8) + 3
 
 
 class SerialActivationUnit(wiring.Component):
@@ -23,16 +23,19 @@ class SerialActivationUnit(wiring.Component):
     the parallel unit would exhaust (the iCE40UP5K: the parallel unit's 32 x 32 multipliers,
     64-bit rounding shifters and saturations per column take more than the whole part).
 
-    Each element takes :func:`element_cycles` cycles: one to add the bias, 32 for a
-    shift-and-add signed multiply (one 33-bit adder), ``(shift - 1) // 8 + (shift - 1) % 8``
-    for the arithmetic right shift (by 8 or by 1 a cycle), one for rounding, saturation and
-    the zero point, one for the function (and the table's address), one for the table read
-    and pooling. A row of ``cols`` elements therefore takes ``cols`` times that (38 to 51
-    cycles an element), against one
-    row a cycle for the parallel unit; on a board the host link is slower still.
+    Each element takes :func:`element_cycles` cycles: one to read the column's bias, one to
+    add it, 32 for a shift-and-add signed multiply (one 33-bit adder),
+    ``(shift - 1) // 8 + (shift - 1) % 8`` for the arithmetic right shift (by 8 or by 1 a
+    cycle), one for rounding, saturation and the zero point, one for the function (and the
+    table's address), one for the table read and pooling. A row of ``cols`` elements therefore
+    takes ``cols`` times that (39 to 52 cycles an element), against one row a cycle for the
+    parallel unit; on a board the host link is slower still.
 
     The row is read from ``i_row`` while it waits (a stream's payload holds until it is
-    taken) and taken when its last element is done, so the unit holds no copy of it.
+    taken) and taken when its last element is done, so the unit holds no copy of it. The
+    parameters are read the same way, one word at a time from the activation engine's
+    parameter store (``params``): the column's multiplier is selected the cycle before the
+    element starts, its bias the cycle after, so the unit holds no parameter row either.
 
     Members
     -------
@@ -40,8 +43,9 @@ class SerialActivationUnit(wiring.Component):
         Sums, with ``last`` on the final row of each pooling window.
     o_row : Out(stream.Signature(ArrayLayout(signed(8), cols)))
         Activations, one row per pooling window.
-    i_params : In(requant_params_layout(cols))
-        The requantisation parameters and the function, held while a row is in flight.
+    params : Out(ParamColumnSignature(cols))
+        The requantisation parameters, a column's word at a time, and the function (held
+        while a row is in flight).
     o_busy : Out(1)
         A row is being worked on.
     """
@@ -54,14 +58,14 @@ class SerialActivationUnit(wiring.Component):
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
-            "i_params": In(requant_params_layout(cols)),
+            "params":   Out(ParamColumnSignature(cols)),
             "o_busy":   Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         cols = self.cols
-        params = self.i_params
+        params = self.params
         row = self.i_row.payload
 
         col = Signal(range(cols))
@@ -76,9 +80,10 @@ class SerialActivationUnit(wiring.Component):
 
         product = Cat(lo, hi).as_signed()  # 64 bits
 
-        # Bias add and operand selection for the current column.
+        # The column's multiplier is read in the cycle before LOAD, its bias in LOAD; the sum
+        # and its bias are added in BIAS.
         t = Signal(signed(32))
-        m.d.comb += t.eq(row.data[col] + params.bias[col])
+        m.d.comb += [t.eq(row.data[col] + params.word), params.col.eq(col)]
 
         # One multiply step: add (or, for the multiplier's sign bit, subtract) the
         # multiplicand into the upper half, then shift the 64-bit pair right by one. One
@@ -141,13 +146,18 @@ class SerialActivationUnit(wiring.Component):
 
         with m.FSM(name="serial_activation"):
             with m.State("IDLE"):
-                # A row that closes a window needs the output register free.
+                # Column 0's multiplier is selected. A row that closes a window needs the
+                # output register free.
+                m.d.comb += params.multiplier.eq(1)
                 with m.If(self.i_row.valid & (~row.last | ~self.o_row.valid)):
                     m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.comb += self.o_busy.eq(1)
-                m.d.sync += [mcand.eq(t), lo.eq(params.multiplier[col]), hi.eq(0),
-                             step.eq(0)]
+                m.d.sync += [lo.eq(params.word), hi.eq(0), step.eq(0)]
+                m.next = "BIAS"
+            with m.State("BIAS"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += mcand.eq(t)
                 m.next = "MULTIPLY"
             with m.State("MULTIPLY"):
                 m.d.comb += self.o_busy.eq(1)
@@ -182,6 +192,8 @@ class SerialActivationUnit(wiring.Component):
                         m.d.sync += self.o_row.valid.eq(1)
                     m.next = "IDLE"
                 with m.Else():
+                    # The next column's multiplier.
+                    m.d.comb += [params.col.eq(col + 1), params.multiplier.eq(1)]
                     m.d.sync += col.eq(col + 1)
                     m.next = "LOAD"
 

@@ -96,7 +96,11 @@ class TPUConfig:
         ``cols`` int32 biases, one of multipliers and the scalars each). ``"auto"``: as
         synthesis chooses (so small a memory lands in flip-flops or distributed RAM).
         ``"block"``: in block RAM (iCE40: 10 EBR for a 2-column row, where flip-flops took
-        about 450 logic cells), for small parts. Same timing and results.
+        about 450 logic cells), for small parts. Same timing and results. For the pipelined
+        unit only: the serial unit reads a word at a time, so with
+        ``activation_unit="serial"`` the slots are always one 32-bit-wide block RAM, a word
+        per column, kind and slot (``"auto"``; see
+        :class:`hdl.control.activation_engine.ActivationEngine`).
     dispatch : str
         ``"direct"``: an instruction may issue in its first cycle at the front end (its
         checks and the hazard tracker's answer decide in that cycle). ``"registered"``: the
@@ -185,6 +189,10 @@ class TPUConfig:
         check("param_store", isinstance(self.param_store, str) and
               self.param_store in PARAM_STORES,
               " or ".join(repr(value) for value in PARAM_STORES))
+        if self.activation_unit == "serial" and self.param_store != "auto":
+            raise ConfigError(f"TPUConfig.param_store={self.param_store!r} is not supported "
+                              f"with activation_unit='serial' (its parameters are always a "
+                              f"32-bit word per column in block RAM); allowed: 'auto'")
         check("dispatch", isinstance(self.dispatch, str) and self.dispatch in DISPATCH_MODES,
               " or ".join(repr(value) for value in DISPATCH_MODES))
         check("operands", isinstance(self.operands, str) and self.operands in OPERAND_KINDS,
@@ -298,7 +306,7 @@ PRESETS: dict[str, TPUConfig] = {
     "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
                             param_slots=2, weight_fifo_depth=2,
                             activation_unit="serial", counter_bits=32,
-                            param_store="block", dispatch="registered"),
+                            dispatch="registered"),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
     # activation unit's partial products too), the front end's dispatch decided ahead.
     "ulx3s": TPUConfig(multiplier="ecp5", dispatch="ahead"),

@@ -140,7 +140,10 @@ class Core(wiring.Component):
         wiring.connect(m, ae.o_acc, acc.r)
         wiring.connect(m, ae.o_row, au.i_row)
         wiring.connect(m, au.o_row, ae.i_out)
-        m.d.comb += au.i_params.eq(ae.o_params)
+        if cfg.activation_unit == "serial":
+            wiring.connect(m, au.params, ae.params)
+        else:
+            m.d.comb += au.i_params.eq(ae.o_params)
 
         # Coverage taps.
         m.d.comb += [

@@ -13,7 +13,7 @@ from amaranth.lib.wiring import In, Out
 from .isa import COUNTERS, Func, param_row_beat
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
-           "requant_params_layout", "MatrixStatusSignature", "CounterEventsSignature",
+           "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature", "CounterEventsSignature",
            "COUNTER_EVENTS"]
 
 
@@ -63,6 +63,36 @@ def requant_params_layout(cols: int) -> data.StructLayout:
         "clamp_hi":   signed(8),
         "func":       Func,
     })
+
+
+class ParamColumnSignature(wiring.Signature):
+    """The requantisation parameters one column at a time, for
+    :class:`~hdl.activation_serial.SerialActivationUnit`: the unit selects a column's bias or
+    multiplier and reads it as ``word`` one cycle later (a synchronous block-RAM read); the
+    scalars and the function are held while a row is in flight.
+
+    Members
+    -------
+    col : Out(range(cols))
+        The column whose word to read.
+    multiplier : Out(1)
+        Read its multiplier (else its bias).
+    word : In(signed(32))
+        The word selected in the previous cycle.
+    shift, zero_point, clamp_hi, func : In
+        As in :func:`requant_params_layout`.
+    """
+
+    def __init__(self, cols: int):
+        super().__init__({
+            "col":        Out(range(cols)),
+            "multiplier": Out(1),
+            "word":       In(signed(32)),
+            "shift":      In(6),
+            "zero_point": In(signed(8)),
+            "clamp_hi":   In(signed(8)),
+            "func":       In(Func),
+        })
 
 
 class MatrixStatusSignature(wiring.Signature):

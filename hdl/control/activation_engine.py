@@ -1,14 +1,15 @@
 """The activation engine: ACTIVATE, accumulators -> activation unit -> unified buffer, and the
 requantisation parameter store LOAD_PARAMS fills."""
 
-from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..activation import acc_row_layout
 from ..config import TPUConfig
 from ..isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
-from ..ports import MemReadSignature, MemWriteSignature, addr_bits, requant_params_layout
+from ..ports import (MemReadSignature, MemWriteSignature, ParamColumnSignature, addr_bits,
+                     requant_params_layout)
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
 
@@ -64,12 +65,22 @@ class ActivationEngine(wiring.Component):
     o_ub : Out(MemWriteSignature(ub_bits, ub_row))
         Unified-buffer write client.
     o_params : Out(requant_params_layout(cols))
-        Parameters for the activation unit.
+        Parameters for the activation unit (``activation_unit="pipelined"``): whole rows,
+        from a memory per row kind (``param_store``).
+    params : In(ParamColumnSignature(cols))
+        Parameters for the serial unit (``activation_unit="serial"``, instead of
+        ``o_params``), which reads them a word at a time: the store is one 32-bit-wide block
+        RAM, a word per column and kind and one for the scalars in each slot (the scalars
+        are read into a register when an ACTIVATE starts, one cycle more before its first
+        read). A bias or multiplier row is written a column a cycle: the engine takes it
+        (``ready``) in the cycle it writes the last column. (iCE40, 4 columns: 2 EBR where a
+        memory per row kind took 18 and their registered rows 256 flip-flops.)
     o_busy : Out(1)
     """
 
     def __init__(self, config: TPUConfig):
         cfg = self.config = config
+        self.column_store = cfg.activation_unit == "serial"
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.acc_bits = addr_bits(cfg.acc_depth)
         ub_row = ub_row_beat(cfg.ub_row)
@@ -82,63 +93,14 @@ class ActivationEngine(wiring.Component):
             "o_row":         Out(stream.Signature(acc_row_layout(cfg.cols, cfg.acc_width))),
             "i_out":         In(stream.Signature(data.ArrayLayout(signed(8), cfg.cols))),
             "o_ub":          Out(MemWriteSignature(self.ub_bits, ub_row)),
-            "o_params":      Out(requant_params_layout(cfg.cols)),
+            **({"params": In(ParamColumnSignature(cfg.cols))} if self.column_store else
+               {"o_params": Out(requant_params_layout(cfg.cols))}),
             "o_busy":        Out(1),
         })
 
     def elaborate(self, platform):
         cfg = self.config
         m = Module()
-
-        # Parameter store: per-slot bias and multiplier rows, and the scalars.
-        pw = self.i_param_write
-        scalars = data.StructLayout({"shift": pw.payload.shift.shape(),
-                                     "zero_point": pw.payload.zero_point.shape(),
-                                     "clamp_hi": pw.payload.clamp_hi.shape()})
-        row = param_row_beat(cfg.cols)
-        # param_store="block": in block RAM, a read during a write of its slot left undefined
-        # (it never happens while an ACTIVATE runs), so that yosys does not emulate it with
-        # a register per bit. The read ports are asynchronous and their rows registered
-        # below: a synchronous read, in the form yosys merges into the block RAM.
-        attrs = ({"ram_style": "block", "no_rw_check": 1} if cfg.param_store == "block"
-                 else None)
-        m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
-                                                         init=[], attrs=attrs)
-        m.submodules.mult_mem = mult_mem = memory.Memory(shape=row, depth=cfg.param_slots,
-                                                         init=[], attrs=attrs)
-        m.submodules.scalar_mem = scalar_mem = memory.Memory(shape=scalars,
-                                                             depth=cfg.param_slots, init=[],
-                                                             attrs=attrs)
-        bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
-                                    scalar_mem.write_port())
-        bias_r, mult_r, scalar_r = (bias_mem.read_port(domain="comb"),
-                                    mult_mem.read_port(domain="comb"),
-                                    scalar_mem.read_port(domain="comb"))
-
-        # After reset: zero every slot, one a cycle.
-        scrubbing = Signal(init=1)
-        scrub_slot = Signal(range(cfg.param_slots))
-        with m.If(scrubbing):
-            m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
-            for port in (bias_w, mult_w, scalar_w):
-                m.d.comb += port.addr.eq(scrub_slot)
-            m.d.sync += scrub_slot.eq(scrub_slot + 1)
-            with m.If(scrub_slot == cfg.param_slots - 1):
-                m.d.sync += scrubbing.eq(0)
-        with m.Else():
-            p = pw.payload
-            for port in (bias_w, mult_w, scalar_w):
-                m.d.comb += port.addr.eq(p.slot)
-            m.d.comb += [
-                pw.ready.eq(1),
-                bias_w.data.eq(p.row), mult_w.data.eq(p.row),
-                scalar_w.data.shift.eq(p.shift),
-                scalar_w.data.zero_point.eq(p.zero_point),
-                scalar_w.data.clamp_hi.eq(p.clamp_hi),
-                scalar_w.en.eq(pw.valid & (p.kind == ParamKind.SCALARS)),
-                bias_w.en.eq(pw.valid & (p.kind == ParamKind.BIAS)),
-                mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
-            ]
 
         busy = Signal()
         run = Signal()
@@ -150,22 +112,14 @@ class ActivationEngine(wiring.Component):
         out_left = Signal(range(cfg.ub_depth + 1))
         func = Signal(Func)
         slot = Signal(range(cfg.param_slots))
+        take = Signal()
 
-        bias = Signal(row, reset_less=True)
-        mult = Signal(row, reset_less=True)
-        scalar = Signal(scalars, reset_less=True)
-        for port in (bias_r, mult_r, scalar_r):
-            m.d.comb += port.addr.eq(slot)
-        m.d.sync += [bias.eq(bias_r.data), mult.eq(mult_r.data), scalar.eq(scalar_r.data)]
-        m.d.comb += [
-            self.o_params.bias.eq(bias),
-            self.o_params.multiplier.eq(mult),
-            self.o_params.shift.eq(scalar.shift),
-            self.o_params.zero_point.eq(scalar.zero_point),
-            self.o_params.clamp_hi.eq(scalar.clamp_hi),
-            self.o_params.func.eq(func),
-            self.o_busy.eq(busy | scrubbing),
-        ]
+        # The parameter store: after a reset it zeroes every slot (``scrubbing``), then takes
+        # LOAD_PARAMS' writes; ``params_ready`` says, while an ACTIVATE waits to run, that
+        # its slot's parameters are presented from the next cycle.
+        store = self._column_store if self.column_store else self._row_store
+        scrubbing, params_ready = store(m, slot, func, busy, run, take)
+        m.d.comb += self.o_busy.eq(busy | scrubbing)
 
         cmd = self.i_activate
         a = cmd.payload
@@ -174,7 +128,8 @@ class ActivationEngine(wiring.Component):
             log.eq(window_log2(a.pool)),
             cmd.ready.eq(~busy & ~scrubbing),
         ]
-        with m.If(cmd.valid & cmd.ready):
+        m.d.comb += take.eq(cmd.valid & cmd.ready)
+        with m.If(take):
             m.d.sync += [
                 busy.eq(1), run.eq(0),
                 acc_next.eq(a.acc_addr), req_left.eq(a.count), resp_index.eq(0),
@@ -182,8 +137,7 @@ class ActivationEngine(wiring.Component):
                 out_left.eq(a.count >> log), func.eq(a.func), slot.eq(a.slot),
             ]
         with m.Elif(busy):
-            # The parameter memories need a cycle to present the new slot.
-            m.d.sync += run.eq(1)
+            m.d.sync += run.eq(params_ready)
 
         m.d.comb += [
             self.o_acc.addr.valid.eq(run & (req_left != 0)),
@@ -207,6 +161,157 @@ class ActivationEngine(wiring.Component):
             with m.If(out_left == 1):
                 m.d.sync += [busy.eq(0), run.eq(0)]
         return m
+
+    def _scalars_layout(self) -> data.StructLayout:
+        p = self.i_param_write.payload
+        return data.StructLayout({"shift": p.shift.shape(), "zero_point": p.zero_point.shape(),
+                                  "clamp_hi": p.clamp_hi.shape()})
+
+    def _scrub(self, m: Module, depth: int):
+        """``(scrubbing, addr)``: after a reset, ``addr`` counts through ``depth`` words, one a
+        cycle, while ``scrubbing``."""
+        scrubbing = Signal(init=1)
+        addr = Signal(range(depth))
+        with m.If(scrubbing):
+            m.d.sync += addr.eq(addr + 1)
+            with m.If(addr == depth - 1):
+                m.d.sync += scrubbing.eq(0)
+        return scrubbing, addr
+
+    def _row_store(self, m: Module, slot, func, busy, run, take):
+        """Per-slot bias and multiplier rows and the scalars, each in a memory of its own, the
+        slot's rows presented whole on ``o_params``."""
+        cfg = self.config
+        pw = self.i_param_write
+        scalars = self._scalars_layout()
+        row = param_row_beat(cfg.cols)
+        # param_store="block": in block RAM, a read during a write of its slot left undefined
+        # (it never happens while an ACTIVATE runs), so that yosys does not emulate it with
+        # a register per bit. The read ports are asynchronous and their rows registered
+        # below: a synchronous read, in the form yosys merges into the block RAM.
+        attrs = ({"ram_style": "block", "no_rw_check": 1} if cfg.param_store == "block"
+                 else None)
+        m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
+                                                         init=[], attrs=attrs)
+        m.submodules.mult_mem = mult_mem = memory.Memory(shape=row, depth=cfg.param_slots,
+                                                         init=[], attrs=attrs)
+        m.submodules.scalar_mem = scalar_mem = memory.Memory(shape=scalars,
+                                                             depth=cfg.param_slots, init=[],
+                                                             attrs=attrs)
+        bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
+                                    scalar_mem.write_port())
+        bias_r, mult_r, scalar_r = (bias_mem.read_port(domain="comb"),
+                                    mult_mem.read_port(domain="comb"),
+                                    scalar_mem.read_port(domain="comb"))
+
+        scrubbing, scrub_slot = self._scrub(m, cfg.param_slots)
+        with m.If(scrubbing):
+            m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
+            for port in (bias_w, mult_w, scalar_w):
+                m.d.comb += port.addr.eq(scrub_slot)
+        with m.Else():
+            p = pw.payload
+            for port in (bias_w, mult_w, scalar_w):
+                m.d.comb += port.addr.eq(p.slot)
+            m.d.comb += [
+                pw.ready.eq(1),
+                bias_w.data.eq(p.row), mult_w.data.eq(p.row),
+                scalar_w.data.shift.eq(p.shift),
+                scalar_w.data.zero_point.eq(p.zero_point),
+                scalar_w.data.clamp_hi.eq(p.clamp_hi),
+                scalar_w.en.eq(pw.valid & (p.kind == ParamKind.SCALARS)),
+                bias_w.en.eq(pw.valid & (p.kind == ParamKind.BIAS)),
+                mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
+            ]
+
+        bias = Signal(row, reset_less=True)
+        mult = Signal(row, reset_less=True)
+        scalar = Signal(scalars, reset_less=True)
+        for port in (bias_r, mult_r, scalar_r):
+            m.d.comb += port.addr.eq(slot)
+        m.d.sync += [bias.eq(bias_r.data), mult.eq(mult_r.data), scalar.eq(scalar_r.data)]
+        m.d.comb += [
+            self.o_params.bias.eq(bias),
+            self.o_params.multiplier.eq(mult),
+            self.o_params.shift.eq(scalar.shift),
+            self.o_params.zero_point.eq(scalar.zero_point),
+            self.o_params.clamp_hi.eq(scalar.clamp_hi),
+            self.o_params.func.eq(func),
+        ]
+        # The memories present the new slot a cycle after it is taken.
+        return scrubbing, 1
+
+    def _column_store(self, m: Module, slot, func, busy, run, take):
+        """One 32-bit word per slot, column and kind (bias, multiplier) and one for the
+        scalars, in one block RAM; the serial unit reads the words it needs on ``params``."""
+        cfg = self.config
+        pw = self.i_param_write
+        p = pw.payload
+        scalars = self._scalars_layout()
+        # A word's address: its kind (0 bias, 1 multiplier, 2 the scalars, at column 0), its
+        # column, its slot.
+        col_bits = (cfg.cols - 1).bit_length()
+        depth = cfg.param_slots << (col_bits + 2)
+
+        def address(kind, col, slot_):
+            return Cat(kind, col, slot_)
+
+
+        m.submodules.param_mem = mem = memory.Memory(
+            shape=unsigned(32), depth=depth, init=[],
+            attrs={"ram_style": "block", "no_rw_check": 1})
+        wr = mem.write_port()
+        rd = mem.read_port()
+
+        scrubbing, scrub_addr = self._scrub(m, depth)
+        wcol = Signal(range(cfg.cols))          # the column of a row being written
+        last_col = wcol == cfg.cols - 1
+        with m.If(scrubbing):
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(scrub_addr), wr.data.eq(0)]
+        with m.Elif(p.kind == ParamKind.SCALARS):
+            word = Signal(scalars)
+            m.d.comb += [
+                word.shift.eq(p.shift), word.zero_point.eq(p.zero_point),
+                word.clamp_hi.eq(p.clamp_hi),
+                pw.ready.eq(1),
+                wr.en.eq(pw.valid),
+                wr.addr.eq(address(Const(2, 2), Const(0, col_bits), p.slot)),
+                wr.data.eq(word),
+            ]
+        with m.Else():
+            # A row, a column a cycle; taken with its last column.
+            m.d.comb += [
+                pw.ready.eq(last_col),
+                wr.en.eq(pw.valid),
+                wr.addr.eq(address(Cat(p.kind == ParamKind.MULTIPLIER, 0), wcol, p.slot)),
+                wr.data.eq(p.row[wcol]),
+            ]
+            with m.If(pw.valid):
+                m.d.sync += wcol.eq(Mux(last_col, 0, wcol + 1))
+
+        # While an ACTIVATE waits to run, its scalars are read (``fetched`` in the cycle the
+        # word arrives) into a register; while it runs, the unit's selection.
+        fetched = Signal()
+        with m.If(take):
+            m.d.sync += fetched.eq(0)
+        with m.Elif(busy & ~run):
+            m.d.sync += fetched.eq(1)
+        sel = self.params
+        with m.If(run):
+            m.d.comb += rd.addr.eq(address(Cat(sel.multiplier, 0), sel.col, slot))
+        with m.Else():
+            m.d.comb += rd.addr.eq(address(Const(2, 2), Const(0, col_bits), slot))
+        scalar = Signal(scalars, reset_less=True)
+        with m.If(fetched & ~run):
+            m.d.sync += scalar.eq(rd.data)
+        m.d.comb += [
+            sel.word.eq(rd.data),
+            sel.shift.eq(scalar.shift),
+            sel.zero_point.eq(scalar.zero_point),
+            sel.clamp_hi.eq(scalar.clamp_hi),
+            sel.func.eq(func),
+        ]
+        return scrubbing, fetched
 
 
 def window_log2(pool):

@@ -125,6 +125,9 @@ PROOFS: dict[str, Proof] = _table(
              "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots"),
     _control(activation_engine_harness, "activation_engine_streams",
              "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract"),
+    _control(activation_engine_harness, "activation_engine_streams_serial",
+             "ActivationEngine for the serial unit (its parameters a column at a time): as "
+             "activation_engine_streams", activation_unit="serial"),
     _control(host_writer_harness, "host_writer_streams",
              "HostWriter: stream rules on o_ub.addr, o_host; busy contract"),
     _control(front_end_streams_harness, "front_end_streams",

@@ -10,9 +10,10 @@ rest of :class:`hdl.core.Core`, each a property another proof checks:
   stays the same and nothing is dispatched (checked by :mod:`sim.proofs.hazards`);
 - ``i_write_host_busy`` rises only in the cycle after a WRITE_HOST is dispatched (the host
   writer's busy contract, :mod:`sim.proofs.engines`);
-- the activation engine takes a parameter write whenever it is not busy
+- the activation engine takes a scalar parameter write whenever it is not busy
   (:mod:`sim.proofs.engines`): in the cycle LOAD_PARAMS issues, the front end sends its
-  first write without looking at ``o_param_write.ready``;
+  first write, the scalars, without looking at ``o_param_write.ready`` (a bias or
+  multiplier row may wait: the serial unit's store writes it a column a cycle);
 
 With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also:
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
 
 from hdl.config import TPUConfig
+from hdl.control.activation_engine import ParamKind
 from hdl.control.front_end import FrontEnd
 from hdl.isa import ERROR_MAGIC, INSTR_BITS, RESYNC_WORD, ErrorBeat
 
@@ -75,7 +77,8 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         took_1 = past(m, _fire(fe.o_write_host), name="write_host_took_1")
         m.d.comb += [
             Assume(fresh | ~(fe.i_write_host_busy & ~busy_1) | took_1),
-            Assume(fe.i_activate_busy | fe.o_param_write.ready),
+            Assume(fe.i_activate_busy | fe.o_param_write.ready |
+                   (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
         ]
         if config.dispatch == "ahead":
             for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):

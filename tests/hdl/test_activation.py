@@ -6,9 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from amaranth.hdl import Module, Mux, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
-from hdl.activation import ActivationUnit
+from hdl.activation import ActivationUnit, acc_row_layout
 from hdl.activation_serial import SerialActivationUnit
+from hdl.ports import requant_params_layout
 from sim.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
@@ -44,12 +48,41 @@ def test_activation_ecp5(group: str):
         extra_env={"AMTPU_ACT": json.dumps({"cols": 4})})
 
 
+class SerialWithParamRows(wiring.Component):
+    """The serial unit behind the pipelined unit's ports, so that the same bench drives both:
+    its ``params`` words read from whole parameter rows on ``i_params`` with the activation
+    engine's store's timing (the word selected in one cycle is there the next)."""
+
+    def __init__(self, cols: int):
+        self.cols = cols
+        super().__init__({
+            "i_row":    In(stream.Signature(acc_row_layout(cols, 32))),
+            "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
+            "i_params": In(requant_params_layout(cols)),
+            "o_busy":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unit = unit = SerialActivationUnit(cols=self.cols, acc_width=32)
+        wiring.connect(m, wiring.flipped(self.i_row), unit.i_row)
+        wiring.connect(m, unit.o_row, wiring.flipped(self.o_row))
+        p, sel = self.i_params, unit.params
+        m.d.comb += [
+            self.o_busy.eq(unit.o_busy),
+            sel.shift.eq(p.shift), sel.zero_point.eq(p.zero_point),
+            sel.clamp_hi.eq(p.clamp_hi), sel.func.eq(p.func),
+        ]
+        m.d.sync += sel.word.eq(Mux(sel.multiplier, p.multiplier[sel.col], p.bias[sel.col]))
+        return m
+
+
 @pytest.mark.parametrize("group", ["function", "directed-serial"])
 def test_serial_activation(group: str):
     """The serial unit (one datapath time-shared over 4 columns) against the same golden
     checks as the pipelined unit; the throughput test is the pipelined unit's alone."""
     tests = GROUPS["function"] if group == "function" else \
         [t for t in GROUPS["directed"] if t != "test_throughput"]
-    run("activation_serial", lambda: SerialActivationUnit(cols=4, acc_width=32), "c4",
+    run("activation_serial", lambda: SerialWithParamRows(4), "c4",
         "tb_activation", HERE, tests, label=group,
         extra_env={"AMTPU_ACT": json.dumps({"cols": 4, "serial": True})})
