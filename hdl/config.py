@@ -124,6 +124,13 @@ class TPUConfig:
         ``ErrorCode.SIGNEDNESS`` before it has any effect, and the products fit 8 x 8
         multipliers (``multiplier="ice40"``). Compile for such a core with int8 inputs
         (:func:`firmware.quant.quantise` ``input_signed=True``).
+    matmul_slots : int
+        MATMULs that may be in flight at once (issuing, in the array, or being accumulated),
+        1 to 8: the matrix engine's slots and the hazard tracker's recorded ranges (each slot
+        a buffer range and an accumulator range, four compares against an instruction's two
+        ranges). A MATMUL waits for a free slot; with fewer slots, short MATMULs back to back
+        wait for the oldest to drain from the array. Fewer saves logic on small parts
+        (iCE40: some 50 logic cells a slot). Same results.
     """
 
     rows: int = 8
@@ -143,6 +150,7 @@ class TPUConfig:
     param_store: str = "auto"
     dispatch: str = "direct"
     operands: str = "any"
+    matmul_slots: int = 4
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -153,7 +161,7 @@ class TPUConfig:
 
         for name in ("rows", "cols", "data_width", "acc_width", "weight_fifo_depth",
                      "ub_depth", "acc_depth", "weight_mem_tiles", "param_slots",
-                     "lut_multipliers", "counter_bits"):
+                     "lut_multipliers", "counter_bits", "matmul_slots"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
@@ -186,6 +194,7 @@ class TPUConfig:
               self.activation_unit in ACTIVATION_UNITS,
               " or ".join(repr(value) for value in ACTIVATION_UNITS))
         check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
+        check("matmul_slots", 1 <= self.matmul_slots <= 8, "1 to 8")
         check("param_store", isinstance(self.param_store, str) and
               self.param_store in PARAM_STORES,
               " or ".join(repr(value) for value in PARAM_STORES))
@@ -306,7 +315,7 @@ PRESETS: dict[str, TPUConfig] = {
     "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
                             param_slots=2, weight_fifo_depth=2,
                             activation_unit="serial", counter_bits=32,
-                            dispatch="registered"),
+                            dispatch="registered", matmul_slots=2),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
     # activation unit's partial products too), the front end's dispatch decided ahead.
     "ulx3s": TPUConfig(multiplier="ecp5", dispatch="ahead"),

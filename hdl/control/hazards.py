@@ -9,7 +9,8 @@ from ..isa import Activate, Instr, Opcode, Pool
 __all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS",
            "HAZARD_RULES"]
 
-#: MATMULs that may be in flight at once (issuing, in the array, or being accumulated).
+#: MATMULs that may be in flight at once (issuing, in the array, or being accumulated), unless
+#: a configuration says otherwise (:attr:`~hdl.config.TPUConfig.matmul_slots`).
 MATMUL_SLOTS = 4
 
 #: Width of an exclusive range end: an address field plus a count field can carry.
@@ -73,7 +74,7 @@ class HazardTracker(wiring.Component):
     """Records the unified-buffer, accumulator and weight-tile ranges of every unfinished
     instruction and tells the front end when its instruction must wait.
 
-    Tracked (recorded at dispatch): each in-flight MATMUL (up to :data:`MATMUL_SLOTS`, its
+    Tracked (recorded at dispatch): each in-flight MATMUL (up to ``slots``, its
     buffer rows read and accumulator rows written, until ``i_matmul_retire`` retires the
     oldest), the running ACTIVATE (accumulator rows read, buffer rows written, while
     ``i_activate_busy``), the running WRITE_HOST (buffer rows read, while
@@ -110,6 +111,9 @@ class HazardTracker(wiring.Component):
         instruction that fails its range checks is reported whatever the tracker says).
         The core passes :attr:`~hdl.config.TPUConfig.range_end_bits`: 17 bits -> 9 for
         256-row memories, about half the tracker's logic.
+    slots : int
+        MATMULs in flight the matrix engine allows (default :data:`MATMUL_SLOTS`, 1 to 8);
+        the core passes :attr:`~hdl.config.TPUConfig.matmul_slots`.
 
     Members
     -------
@@ -124,11 +128,14 @@ class HazardTracker(wiring.Component):
         for coverage: ``hazard`` is their OR).
     """
 
-    def __init__(self, *, end_bits: int = ADDR_END_BITS):
+    def __init__(self, *, end_bits: int = ADDR_END_BITS, slots: int = MATMUL_SLOTS):
         if not isinstance(end_bits, int) or not 1 <= end_bits <= ADDR_END_BITS:
             raise ValueError(f"end_bits={end_bits!r} is not supported; allowed: 1 to "
                              f"{ADDR_END_BITS}")
+        if not isinstance(slots, int) or not 1 <= slots <= 8:
+            raise ValueError(f"slots={slots!r} is not supported; allowed: 1 to 8")
         self.end_bits = end_bits
+        self.slots = slots
         super().__init__({
             "i_query":             In(HazardQuerySignature()),
             "i_matmul_retire":     In(1),
@@ -144,6 +151,7 @@ class HazardTracker(wiring.Component):
         instr = q.instr
         op = instr.opcode
         width = self.end_bits
+        slots = self.slots
         a, b, count = instr.a[:width], instr.b[:width], instr.count[:width]
         av = data.View(Activate, instr.as_value())
         # ACTIVATE writes count / window buffer rows.
@@ -155,8 +163,8 @@ class HazardTracker(wiring.Component):
             b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
         ]
 
-        mm_ub = [_Range(f"mm{i}_ub", width) for i in range(MATMUL_SLOTS)]
-        mm_acc = [_Range(f"mm{i}_acc", width) for i in range(MATMUL_SLOTS)]
+        mm_ub = [_Range(f"mm{i}_ub", width) for i in range(slots)]
+        mm_acc = [_Range(f"mm{i}_acc", width) for i in range(slots)]
         act_acc, act_ub = _Range("act_acc", width), _Range("act_ub", width)
         ho_ub, rw_tiles = _Range("ho_ub", width), _Range("rw_tiles", width)
         m.d.comb += [
@@ -167,16 +175,16 @@ class HazardTracker(wiring.Component):
         ]
 
         # Record at dispatch.
-        head = Signal(range(MATMUL_SLOTS))
-        tail = Signal(range(MATMUL_SLOTS))
+        head = Signal(range(slots))
+        tail = Signal(range(slots))
         with m.If(q.dispatch):
             with m.Switch(op):
                 with m.Case(Opcode.MATMUL):
-                    for i in range(MATMUL_SLOTS):
+                    for i in range(slots):
                         with m.If(tail == i):
                             m.d.sync += [mm_ub[i].valid.eq(1), *mm_ub[i].record(a, a_end),
                                          mm_acc[i].valid.eq(1), *mm_acc[i].record(b, b_end)]
-                    m.d.sync += tail.eq(Mux(tail == MATMUL_SLOTS - 1, 0, tail + 1))
+                    m.d.sync += tail.eq(Mux(tail == slots - 1, 0, tail + 1))
                 with m.Case(Opcode.ACTIVATE):
                     m.d.sync += [*act_acc.record(a, a_end), *act_ub.record(b, b_end)]
                 with m.Case(Opcode.WRITE_HOST):
@@ -184,10 +192,10 @@ class HazardTracker(wiring.Component):
                 with m.Case(Opcode.READ_WEIGHTS):
                     m.d.sync += rw_tiles.record(a, a_end)
         with m.If(self.i_matmul_retire):
-            for i in range(MATMUL_SLOTS):
+            for i in range(slots):
                 with m.If(head == i):
                     m.d.sync += [mm_ub[i].valid.eq(0), mm_acc[i].valid.eq(0)]
-            m.d.sync += head.eq(Mux(head == MATMUL_SLOTS - 1, 0, head + 1))
+            m.d.sync += head.eq(Mux(head == slots - 1, 0, head + 1))
 
         # The rules.
         mm_ub_hit_a = Cat(*(r.hits(a, a_end) for r in mm_ub)).any()

@@ -9,14 +9,13 @@ from ..config import TPUConfig
 from ..isa import Matmul, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
 from ..systolic_array import act_row_layout, psum_row_layout
-from .hazards import MATMUL_SLOTS
 
 __all__ = ["MatrixEngine"]
 
 
 class MatrixEngine(wiring.Component):
-    """Runs MATMULs behind later instructions, up to :data:`~hdl.control.hazards.MATMUL_SLOTS`
-    in flight, rows back to back.
+    """Runs MATMULs behind later instructions, up to ``config.matmul_slots`` in flight, rows
+    back to back.
 
     Contract: takes a MATMUL on ``i_matmul`` while a slot is free and the previous MATMUL's last
     row is being (or has been) issued, so rows of consecutive MATMULs enter the array with no
@@ -70,6 +69,7 @@ class MatrixEngine(wiring.Component):
         cfg = self.config
         m = Module()
         cmd = self.i_matmul
+        slots = cfg.matmul_slots
 
         # After reset: zero every accumulator row, one a cycle as the accumulators take them.
         scrubbing = Signal(init=1)
@@ -88,10 +88,10 @@ class MatrixEngine(wiring.Component):
         switch = Signal()
         signed_ = Signal()
         accumulate = Signal()
-        head = Signal(range(MATMUL_SLOTS))
-        tail = Signal(range(MATMUL_SLOTS))
-        in_flight = [Signal(name=f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
-        pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(MATMUL_SLOTS)]
+        head = Signal(range(slots))
+        tail = Signal(range(slots))
+        in_flight = [Signal(name=f"slot{i}_valid") for i in range(slots)]
+        pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(slots)]
 
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
                                            "acc": unsigned(self.acc_bits)})
@@ -133,10 +133,10 @@ class MatrixEngine(wiring.Component):
                 ub_next.eq(p.ub_addr), acc_next.eq(p.acc_addr), left.eq(p.count),
                 switch.eq(p.switch), signed_.eq(p.signed), accumulate.eq(p.accumulate),
             ]
-            for i in range(MATMUL_SLOTS):
+            for i in range(slots):
                 with m.If(tail == i):
                     m.d.sync += [in_flight[i].eq(1), pending[i].eq(p.count)]
-            m.d.sync += tail.eq(Mux(tail == MATMUL_SLOTS - 1, 0, tail + 1))
+            m.d.sync += tail.eq(Mux(tail == slots - 1, 0, tail + 1))
         with m.Elif(meta_a.w_en):
             m.d.sync += [ub_next.eq(ub_next + 1), acc_next.eq(acc_next + 1),
                          left.eq(left - 1), switch.eq(0)]
@@ -174,11 +174,11 @@ class MatrixEngine(wiring.Component):
 
         # Retire MATMULs as their last row is written (a scrub row's write is no MATMUL's:
         # its slot is not in flight).
-        for i in range(MATMUL_SLOTS):
+        for i in range(slots):
             with m.If(self.i_acc_written & (head == i) & in_flight[i]):
                 m.d.sync += pending[i].eq(pending[i] - 1)
                 with m.If(pending[i] == 1):
                     m.d.comb += self.o_retire.eq(1)
                     m.d.sync += [in_flight[i].eq(0),
-                                 head.eq(Mux(head == MATMUL_SLOTS - 1, 0, head + 1))]
+                                 head.eq(Mux(head == slots - 1, 0, head + 1))]
         return m

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hdl.config import PRESETS, TPUConfig
+from hdl.control.hazards import MATMUL_SLOTS
 
 from ..formal import FORMAL_ROOT, Proof, Result, run
 from .engines import (
@@ -53,6 +54,8 @@ CONTROL = PRESETS["tiny"]
 
 #: The range width of the icebreaker preset's hazard tracker (its memories' rows and tiles).
 ICEBREAKER_END_BITS = PRESETS["icebreaker"].range_end_bits
+#: And its MATMUL slots.
+ICEBREAKER_SLOTS = PRESETS["icebreaker"].matmul_slots
 
 #: Their fast forms' and the tests': the smallest memories.
 CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
@@ -76,13 +79,15 @@ def _control(factory, name: str, summary: str, *, depth: int = 4,
 
 def _hazards(check: str, name: str, summary: str, *, solver: str = "z3",
              small: int = 4, fast_depth: int | None = None,
-             end_bits: int | None = None) -> Proof:
+             end_bits: int | None = None, slots: int = MATMUL_SLOTS) -> Proof:
     if end_bits is not None:
         # The tracker as a core builds it for its memories (see hazards_harness): the whole
         # induction takes seconds; the fast form is the same at 5 bits.
-        return Proof(name, functools.partial(hazards_harness, check, end_bits=end_bits),
+        return Proof(name, functools.partial(hazards_harness, check, end_bits=end_bits,
+                                             slots=slots),
                      "prove", 2, summary,
-                     fast_harness=functools.partial(hazards_harness, check, end_bits=5),
+                     fast_harness=functools.partial(hazards_harness, check, end_bits=5,
+                                                    slots=slots),
                      fast_mode="prove", fast_depth=2, solver=solver)
     # The fast form keeps addresses and counts below `small`: a smoke test (16-bit fields make
     # each BMC step a minute's work).
@@ -137,6 +142,10 @@ PROOFS: dict[str, Proof] = _table(
     _control(matrix_engine_harness, "matrix_engine_streams_registered",
              "MatrixEngine with dispatch='registered': as matrix_engine_streams",
              dispatch="registered"),
+    _control(matrix_engine_harness, "matrix_engine_streams_icebreaker",
+             f"MatrixEngine with dispatch='registered' and {ICEBREAKER_SLOTS} MATMUL slots "
+             f"(the icebreaker preset's): as matrix_engine_streams",
+             dispatch="registered", matmul_slots=ICEBREAKER_SLOTS),
     _control(front_end_streams_harness, "front_end_streams_registered",
              "FrontEnd with dispatch='registered': as front_end_streams",
              dispatch="registered"),
@@ -161,10 +170,11 @@ PROOFS: dict[str, Proof] = _table(
     # z3 does not finish this one in 10 minutes; yices does in about a minute.
     _hazards("no_rise", "hazards_no_rise",
              "HazardTracker: hazard does not rise for a waiting instruction", solver="yices"),
-    # The same four at the width the icebreaker core builds the tracker with.
+    # The same four at the width and slots the icebreaker core builds the tracker with.
     *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
-               f"preset's {ICEBREAKER_END_BITS} bits, for ranges its memories hold: as "
-               f"{'hazards' + suffix}", end_bits=ICEBREAKER_END_BITS,
+               f"preset's {ICEBREAKER_END_BITS} bits and {ICEBREAKER_SLOTS} MATMUL slots, "
+               f"for ranges its memories hold: as {'hazards' + suffix}",
+               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS,
                solver="yices" if check == "no_rise" else "z3")
       for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
                             ("no_rise", "_no_rise"))),

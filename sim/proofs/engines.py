@@ -14,7 +14,7 @@ assume of it: ``o_busy`` rises only in the cycle after the engine takes an instr
 after a reset), the engine takes one only while not busy, its ``ready`` does not fall
 unless it takes an instruction (with ``dispatch="ahead"`` the front end issues on last
 cycle's ready), and the matrix engine retires only MATMULs in flight, never holds more than
-:data:`~hdl.control.hazards.MATMUL_SLOTS`, and its ``o_idle`` does not fall unless it takes
+:attr:`~hdl.config.TPUConfig.matmul_slots`, and its ``o_idle`` does not fall unless it takes
 one (SYNC, HALT and the counter instructions wait on it).
 
 Auxiliary invariants on the engines' counters (through :class:`sim.formal.Inside`) make
@@ -27,7 +27,6 @@ from amaranth.hdl import Assert, Assume, Module, Signal
 
 from hdl.config import TPUConfig
 from hdl.control.activation_engine import ActivationEngine, ParamKind, window_log2
-from hdl.control.hazards import MATMUL_SLOTS
 from hdl.control.host_writer import HostWriter
 from hdl.control.matrix_engine import MatrixEngine
 from hdl.control.weight_loader import WeightLoader
@@ -111,8 +110,10 @@ def weight_loader_harness(config: TPUConfig) -> Harness:
 
 def matrix_engine_harness(config: TPUConfig) -> Harness:
     """Stream rules of :class:`MatrixEngine` (``o_ub.addr``, ``o_act``, ``o_acc``), its
-    MATMUL slots (retire only one in flight, at most ``MATMUL_SLOTS``), with every input
+    MATMUL slots (retire only one in flight, at most ``config.matmul_slots``), with every input
     free."""
+
+    SLOTS = config.matmul_slots
 
     def properties(m: Module, me: MatrixEngine, inside: Inside) -> None:
         all_stream_rules(m, me)
@@ -124,22 +125,22 @@ def matrix_engine_harness(config: TPUConfig) -> Harness:
         took_1 = past(m, _fire(me.i_matmul), name="me_took_for_idle_1")
         m.d.comb += Assert(was_reset(m) | ~idle_1 | me.o_idle | took_1,
                            "matrix engine: o_idle does not fall unless it takes a MATMUL")
-        in_flight = Signal(range(MATMUL_SLOTS + 1), name="me_in_flight")
+        in_flight = Signal(range(SLOTS + 1), name="me_in_flight")
         m.d.sync += in_flight.eq(in_flight + _fire(me.i_matmul) - me.o_retire)
-        slots = [inside.signal(f"slot{i}_valid") for i in range(MATMUL_SLOTS)]
+        slots = [inside.signal(f"slot{i}_valid") for i in range(SLOTS)]
         m.d.comb += [
             Assert(~me.o_retire | (in_flight != 0), "retires only a MATMUL in flight"),
-            Assert(~_fire(me.i_matmul) | (in_flight != MATMUL_SLOTS),
-                   f"at most {MATMUL_SLOTS} MATMULs in flight"),
+            Assert(~_fire(me.i_matmul) | (in_flight != SLOTS),
+                   f"at most {SLOTS} MATMULs in flight"),
         ]
         # Invariant: the valid slots are the `in_flight` ones from `head` on, up to `tail`.
         head, tail = inside.signal("head"), inside.signal("tail")
         m.d.comb += [
-            Assert(in_flight <= MATMUL_SLOTS, "in flight: within the slots"),
-            Assert(tail == (head + in_flight) % MATMUL_SLOTS, "tail follows head"),
+            Assert(in_flight <= SLOTS, "in flight: within the slots"),
+            Assert(tail == (head + in_flight) % SLOTS, "tail follows head"),
         ]
-        for i in range(MATMUL_SLOTS):
-            m.d.comb += Assert(slots[i] == (((i - head) % MATMUL_SLOTS) < in_flight),
+        for i in range(SLOTS):
+            m.d.comb += Assert(slots[i] == (((i - head) % SLOTS) < in_flight),
                                f"slot {i} is valid when it is among those in flight")
 
     return Harness(MatrixEngine(config), properties, reset="any")

@@ -32,7 +32,7 @@ Assumed of the environment (the front end and the engines; each is checked of th
 
 - ``dispatch`` only while ``hazard`` is low;
 - ``i_matmul_retire`` only while a MATMUL is in flight, and a MATMUL dispatched only while
-  fewer than :data:`~hdl.control.hazards.MATMUL_SLOTS` are;
+  fewer than the tracker's slots are;
 - each busy level (``i_activate_busy``, ``i_write_host_busy``, ``i_read_weights_busy``)
   rises exactly in the cycle after a dispatch of its engine's opcode, and its opcode is
   dispatched only while it is low (so it falls once per instruction); after a reset it may
@@ -81,7 +81,7 @@ Check = Literal["rules", "ring", "ranges", "no_rise"]
 
 
 def hazards_harness(check: Check = "rules", *, small: int | None = None,
-                    end_bits: int | None = None,
+                    end_bits: int | None = None, slots: int = MATMUL_SLOTS,
                     dut_class: type[HazardTracker] = HazardTracker) -> Harness:
     """Harness proving :class:`HazardTracker` (see the module docstring).
 
@@ -103,6 +103,8 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         instruction names ends below ``2**end_bits`` (``a + count``; for MATMUL and
         ACTIVATE also ``b`` plus its rows at ``b``). The tracker's default (every 16-bit
         field) if not given.
+    slots : int
+        The tracker's MATMUL slots (as the core builds it for its ``matmul_slots``).
     dut_class : type
         The design under test: :class:`HazardTracker`, or a deliberately broken variant
         (:class:`RuleDroppedTracker`) for the tests.
@@ -137,26 +139,26 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         ]
         dispatch = {o: q.dispatch & is_[o] for o in Opcode}
 
-        # Shadow: the in-flight MATMULs, a ring of MATMUL_SLOTS entries with its own
+        # Shadow: the in-flight MATMULs, a ring of `slots` entries with its own
         # pointers; dispatch fills the entry at `mm_tail`, a retirement empties the oldest,
         # at `mm_head`. Entry k: live, reads the row, writes the row.
-        n = Signal(range(MATMUL_SLOTS + 1), name="mm_in_flight")
-        mm_head = Signal(range(MATMUL_SLOTS), name="mm_head")
-        mm_tail = Signal(range(MATMUL_SLOTS), name="mm_tail")
-        live = [Signal(name=f"mm{k}_live") for k in range(MATMUL_SLOTS)]
-        mm_ub = [Signal(name=f"mm{k}_reads_row") for k in range(MATMUL_SLOTS)]
-        mm_acc = [Signal(name=f"mm{k}_writes_row") for k in range(MATMUL_SLOTS)]
+        n = Signal(range(slots + 1), name="mm_in_flight")
+        mm_head = Signal(range(slots), name="mm_head")
+        mm_tail = Signal(range(slots), name="mm_tail")
+        live = [Signal(name=f"mm{k}_live") for k in range(slots)]
+        mm_ub = [Signal(name=f"mm{k}_reads_row") for k in range(slots)]
+        mm_acc = [Signal(name=f"mm{k}_writes_row") for k in range(slots)]
         retire = hz.i_matmul_retire
-        for k in range(MATMUL_SLOTS):
+        for k in range(slots):
             with m.If(retire & (mm_head == k)):
                 m.d.sync += live[k].eq(0)
             with m.If(dispatch[Opcode.MATMUL] & (mm_tail == k)):
                 m.d.sync += [live[k].eq(1), mm_ub[k].eq(within(a, count)),
                              mm_acc[k].eq(within(b, count))]
         with m.If(retire):
-            m.d.sync += mm_head.eq((mm_head + 1) % MATMUL_SLOTS)
+            m.d.sync += mm_head.eq((mm_head + 1) % slots)
         with m.If(dispatch[Opcode.MATMUL]):
-            m.d.sync += mm_tail.eq((mm_tail + 1) % MATMUL_SLOTS)
+            m.d.sync += mm_tail.eq((mm_tail + 1) % slots)
         m.d.sync += n.eq(n + dispatch[Opcode.MATMUL] - retire)
 
         # Shadow: the running ACTIVATE, WRITE_HOST and READ_WEIGHTS (recorded at dispatch,
@@ -183,7 +185,7 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         m.d.comb += [
             Assume(~q.dispatch | ~q.hazard),
             Assume(~retire | (n != 0)),
-            Assume(~dispatch[Opcode.MATMUL] | (n != MATMUL_SLOTS)),
+            Assume(~dispatch[Opcode.MATMUL] | (n != slots)),
         ]
         engines = {Opcode.ACTIVATE: hz.i_activate_busy, Opcode.WRITE_HOST: hz.i_write_host_busy,
                    Opcode.READ_WEIGHTS: hz.i_read_weights_busy}
@@ -198,11 +200,11 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
             ]
 
         # Unfinished instructions and the row.
-        ub_read = Cat(*(live[i] & mm_ub[i] for i in range(MATMUL_SLOTS)),
+        ub_read = Cat(*(live[i] & mm_ub[i] for i in range(slots)),
                       hz.i_write_host_busy & ho_ub).any()
         ub_write = hz.i_activate_busy & act_ub
         acc_read = hz.i_activate_busy & act_acc
-        acc_write = Cat(*(live[i] & mm_acc[i] for i in range(MATMUL_SLOTS))).any()
+        acc_write = Cat(*(live[i] & mm_acc[i] for i in range(slots))).any()
         tile_read = hz.i_read_weights_busy & rw_tile
         raw = Signal(name="raw")
         war = Signal(name="war")
@@ -236,16 +238,16 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
             return (lo <= row) & (row < hi)
 
         ring = [
-            (n <= MATMUL_SLOTS, "in flight: within the slots"),
+            (n <= slots, "in flight: within the slots"),
             (head == mm_head, "the oldest MATMUL's slot"),
             (tail == mm_tail, "the next MATMUL's slot"),
-            (mm_tail == (mm_head + n) % MATMUL_SLOTS, "the ring's pointers"),
+            (mm_tail == (mm_head + n) % slots, "the ring's pointers"),
         ]
-        for h in range(MATMUL_SLOTS):
-            for i in range(MATMUL_SLOTS):
-                ring.append(((mm_head != h) | (live[(h + i) % MATMUL_SLOTS] == (i < n)),
+        for h in range(slots):
+            for i in range(slots):
+                ring.append(((mm_head != h) | (live[(h + i) % slots] == (i < n)),
                              "live entries: the n from the oldest on"))
-        for k in range(MATMUL_SLOTS):
+        for k in range(slots):
             ring += [
                 (inside.signal(f"mm{k}_ub_valid") == live[k], f"slot {k} valid"),
                 (inside.signal(f"mm{k}_acc_valid") == live[k], f"slot {k} valid"),
@@ -273,5 +275,6 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
 
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
-    dut = dut_class() if end_bits is None else dut_class(end_bits=end_bits)
+    dut = dut_class(slots=slots) if end_bits is None else dut_class(end_bits=end_bits,
+                                                                    slots=slots)
     return Harness(dut, properties, reset="any")

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from firmware.asm import field_specs
 from hdl import isa
 from hdl.config import TPUConfig
-from hdl.control.hazards import HAZARD_RULES, MATMUL_SLOTS
+from hdl.control.hazards import HAZARD_RULES
 from sim.host_bridge import OVERLAPS
 from sim.isa_sim import POOL_WINDOW
 
@@ -174,7 +174,7 @@ def promised_points(config: TPUConfig, rtl: bool = True,
                     max_count is None or depths[memory] <= max_count)):
                 points.append(f"{op}.{memory}.{point}")
     points += ["weight_queue.full", "weight_queue.drained",
-               f"matmul.run_of_{MATMUL_SLOTS + 1}"]
+               f"matmul.run_of_{config.matmul_slots + 1}"]
     points += ["reserved_fields_set"]
     if config.host_width > isa.INSTR_BITS:
         points += ["instr_bits_above_64"]
@@ -326,8 +326,8 @@ class ProgramObserver:
                 self._setups(name, ranges)
                 self._recent[name] = ranges
             self._run = self._run + 1 if opcode == isa.Opcode.MATMUL else 0
-            if self._run == MATMUL_SLOTS + 1:
-                hit(f"matmul.run_of_{MATMUL_SLOTS + 1}")
+            if self._run == self.config.matmul_slots + 1:
+                hit(f"matmul.run_of_{self.config.matmul_slots + 1}")
             for data in beats[i:i + data_beats]:
                 if int(data) >> rows_bits[row]:
                     hit("data_bits_above_row")

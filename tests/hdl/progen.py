@@ -41,7 +41,7 @@ from funcov import RESERVED_BITS
 from firmware.asm import Program
 from hdl import isa
 from hdl.config import TPUConfig
-from hdl.control.hazards import HAZARD_RULES, MATMUL_SLOTS
+from hdl.control.hazards import HAZARD_RULES
 from hdl.core import ACTIVITY
 from hdl.isa import Func, Pool
 from sim.isa_sim import POOL_WINDOW, IsaSim
@@ -449,7 +449,8 @@ class _Generator:
         tiles, then an ACTIVATE of the first one's rows (it waits for the oldest slot)."""
         first = None
         short = min(2 * self.cfg.rows, self.cfg.ub_depth, self.cfg.acc_depth)
-        for _ in range(self.integer(MATMUL_SLOTS + 1, MATMUL_SLOTS + 3)):
+        slots = self.cfg.matmul_slots
+        for _ in range(self.integer(slots + 1, slots + 3)):
             if self.queued and self.chance(0.3):
                 ranges = self.matmul(count=self.count(short), switch=True)
             else:

@@ -22,7 +22,6 @@ from progen import random_bytes, random_program
 
 from firmware.asm import Program, decode, disassemble
 from firmware.gemm import gemm_program, gemm_reference
-from hdl.control.hazards import MATMUL_SLOTS
 from hdl.isa import (
     COUNTERS,
     DONE_MAGIC,
@@ -148,7 +147,7 @@ class Testbench:
         a reset, or every engine draining the most it may hold (MATMULs in flight, an
         ACTIVATE, a WRITE_HOST, a full weight queue)."""
         cfg = self.config
-        rows = (cfg.ub_depth + (MATMUL_SLOTS + 1) * cfg.acc_depth +
+        rows = (cfg.ub_depth + (cfg.matmul_slots + 1) * cfg.acc_depth +
                 (cfg.weight_fifo_depth + 1) * cfg.rows)
         return TIMEOUT_BASE + QUIET_PER_ROW * rows
 

@@ -56,6 +56,8 @@ def test_frozen():
     ("lut_multipliers", 65, "0 to rows * cols = 64"),
     ("multiplier", "dsp", "'infer' or 'ecp5'"),
     ("param_store", "ebr", "'auto' or 'block'"),
+    ("matmul_slots", 0, "1 to 8"),
+    ("matmul_slots", 9, "1 to 8"),
     ("rows", 4.0, "an int"),
     ("cols", True, "an int"),
 ])
@@ -77,3 +79,11 @@ def test_range_end_bits():
 def test_unknown_config_name():
     with pytest.raises(ConfigError, match="unknown configuration 'huge'.*tiny"):
         get_config("huge")
+
+
+def test_serial_unit_keeps_its_own_param_store():
+    """The serial activation unit reads its parameters a word at a time from a store of its
+    own kind: asking it for another is an error that says so."""
+    with pytest.raises(ConfigError, match="param_store='block' is not supported with "
+                                          "activation_unit='serial'.*allowed: 'auto'"):
+        TPUConfig(activation_unit="serial", param_store="block")

@@ -52,7 +52,7 @@ CONFIGS: dict[str, TPUConfig] = {
     # Odd array, the smallest memories allowed, three tiles (the queue holds them all), two
     # parameter slots: the first and last row of every memory in most programs.
     "edge": TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
-                      weight_fifo_depth=2, param_slots=2),
+                      weight_fifo_depth=2, param_slots=2, matmul_slots=1),
     # test-all only: one-row tiles, a one-tile weight FIFO, one parameter slot; a tall array.
     "thin": TPUConfig(rows=1, cols=3, ub_depth=16, acc_depth=32, weight_mem_tiles=2,
                       weight_fifo_depth=1, param_slots=1),
