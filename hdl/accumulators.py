@@ -23,10 +23,13 @@ class Accumulators(wiring.Component):
 
     Each row on ``i_psum`` either overwrites its row or is added to it (``accumulate``), so
     a reduction longer than the array is summed in place (TPU v1's accumulators). Rows are
-    taken one per cycle without back-pressure: a read-modify-write pipeline of two stages,
-    with the read port transparent to the write port so back-to-back rows to the same
-    address add up correctly. A row taken in cycle ``c`` is written in cycle ``c + 1``
-    (``o_written`` high then).
+    taken one per cycle without back-pressure: a read-modify-write pipeline of two stages.
+    A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). With
+    ``bypass`` the read port is transparent to the write port, so back-to-back rows to the
+    same address add up correctly; without it (no read-during-write bypass: on an iCE40 a
+    register and a multiplexer per bit of the row, 256 logic cells for 4 columns) the client
+    must not send a row that accumulates into the address of the row it sent in the cycle
+    before (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them).
 
     With ``registered_read`` the old sums are registered as they leave the block RAM, so the
     adder starts at a flip-flop instead of at the RAM's slow output (the ECP5 build's
@@ -39,7 +42,10 @@ class Accumulators(wiring.Component):
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
     registered_read : bool
-        The three-stage pipeline above (one more cycle from a row to ``o_written``).
+        The three-stage pipeline above (one more cycle from a row to ``o_written``); needs
+        ``bypass``.
+    bypass : bool
+        Back-to-back rows to one address add up (see above).
 
     Members
     -------
@@ -53,7 +59,11 @@ class Accumulators(wiring.Component):
     """
 
     def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
-                 registered_read: bool = False):
+                 registered_read: bool = False, bypass: bool = True):
+        if registered_read and not bypass:
+            raise ValueError("Accumulators registered_read=True needs bypass=True (the row "
+                             "two behind a write reads through it)")
+        self.bypass = bypass
         self.depth = depth
         self.registered_read = registered_read
         self.cols = cols
@@ -72,7 +82,7 @@ class Accumulators(wiring.Component):
         row = data.ArrayLayout(signed(self.acc_width), self.cols)
         m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[])
         wr = mem.write_port()
-        rmw = mem.read_port(transparent_for=(wr,))
+        rmw = mem.read_port(transparent_for=(wr,) if self.bypass else ())
         rd = mem.read_port()
 
         # Stage A: take the row, read the old sums.

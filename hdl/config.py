@@ -254,6 +254,14 @@ class TPUConfig:
         return self.multiplier == "ecp5"
 
     @property
+    def acc_bypass(self) -> bool:
+        """Whether the accumulators read through a write to the same row in the same cycle
+        (see :class:`hdl.accumulators.Accumulators`' ``bypass``): only the build for Fmax
+        (:attr:`registered_datapath`), whose registered read needs it; elsewhere the matrix
+        engine leaves a cycle between two rows that would need it."""
+        return self.registered_datapath
+
+    @property
     def operand_range(self) -> tuple[int, int]:
         """Smallest and largest operand value the core multiplies."""
         return (-128, 127) if self.operands == "int8" else (-128, 255)

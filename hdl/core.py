@@ -92,7 +92,7 @@ class Core(wiring.Component):
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
-            registered_read=cfg.registered_datapath)
+            registered_read=cfg.registered_datapath, bypass=cfg.acc_bypass)
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
         else:

@@ -22,7 +22,9 @@ class MatrixEngine(wiring.Component):
     gap (with ``dispatch`` "registered" or "ahead", once it has been issued: then ``ready``,
     once high, stays high until it takes one); reads buffer rows ``ub_addr..`` in order, one a
     cycle, and sends each with its instruction's ``switch`` (first row only) and ``signed``
-    flags to the array; writes each output row to accumulator row ``acc_addr + i`` (added if
+    flags to the array (with ``acc_gap``, a row that accumulates into the accumulator row of
+    the row sent in the cycle before waits a cycle: see
+    :class:`~hdl.accumulators.Accumulators`' ``bypass``); writes each output row to accumulator row ``acc_addr + i`` (added if
     ``accumulate``), in order; pulses ``o_retire`` in the cycle after the last row of the oldest
     MATMUL has been written (``i_acc_written``). After a reset it first writes zeros to every
     accumulator row (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
@@ -49,6 +51,8 @@ class MatrixEngine(wiring.Component):
 
     def __init__(self, config: TPUConfig):
         cfg = self.config = config
+        #: Rows are spaced for accumulators without a read-during-write bypass.
+        self.acc_gap = not cfg.acc_bypass
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.acc_bits = addr_bits(cfg.acc_depth)
         ub_row = ub_row_beat(cfg.ub_row)
@@ -143,13 +147,21 @@ class MatrixEngine(wiring.Component):
             with m.If(left == 1):
                 m.d.sync += busy.eq(0)
 
-        # Buffer rows (with their metadata) into the array.
+        # Buffer rows (with their metadata) into the array. The array's pipeline moves every
+        # cycle (the accumulators are always ready), so rows sent in consecutive cycles reach
+        # the accumulators in consecutive cycles.
         act = self.o_act
+        wait = Signal()         # it would add to the accumulator row of last cycle's row
+        if self.acc_gap:
+            sent = Signal()
+            sent_acc = Signal(self.acc_bits)
+            m.d.sync += [sent.eq(act.valid & act.ready), sent_acc.eq(meta_a_out.acc)]
+            m.d.comb += wait.eq(sent & meta_a_out.accumulate & (meta_a_out.acc == sent_acc))
         m.d.comb += [
-            act.valid.eq(ub.data.valid & meta_a.r_rdy),
+            act.valid.eq(ub.data.valid & meta_a.r_rdy & ~wait),
             act.payload.signed.eq(meta_a_out.signed),
             act.payload.switch.eq(meta_a_out.switch),
-            ub.data.ready.eq(act.ready & meta_a.r_rdy),
+            ub.data.ready.eq(act.ready & meta_a.r_rdy & ~wait),
             meta_a.r_en.eq(act.valid & act.ready),
             meta_b.w_en.eq(act.valid & act.ready),
             meta_b_in.accumulate.eq(meta_a_out.accumulate),

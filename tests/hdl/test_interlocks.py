@@ -278,3 +278,32 @@ def test_uint8_refused_on_int8_core(pair, case: str):
     assert (status.error, status.code, status.instr_index) == \
         (True, isa.ErrorCode.SIGNEDNESS, good), f"{what}: status {status}"
     pair.check_state(what, resync=True)
+
+
+@pytest.mark.parametrize("config_key", ["tiny", "small"])
+def test_back_to_back_accumulation_into_one_row(pair, config_key: str):
+    """MATMULs whose first row accumulates into the row the one before wrote last, issued
+    back to back (one-row MATMULs into one row, and longer ones overlapping by a row): the
+    accumulators of these cores have no read-during-write bypass, so the matrix engine must
+    leave a cycle between such rows (:attr:`hdl.config.TPUConfig.acc_bypass`); every sum
+    equals the ISA simulator's."""
+    pair = pair(config_key)
+    cfg = pair.config
+    seed = SEED + 400
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    p = Program(cfg)
+    p.load_weights(0, rng.integers(-128, 128, (1, cfg.rows, cfg.cols)))
+    p.read_host(0, rng.integers(-128, 128, (16, cfg.ub_row)))
+    p.read_weights(0, 1)
+    p.matmul(0, 5, 1, switch=True)
+    for ub in range(1, 6):
+        p.matmul(ub, 5, 1, accumulate=True)         # five more into row 5
+    p.matmul(6, 8, 3, accumulate=True)              # rows 8..10
+    p.matmul(9, 10, 3, accumulate=True)             # its first row is the last one's
+    p.matmul(12, 12, 1, accumulate=True)
+    p.matmul(13, 12, 2, accumulate=False)           # overwrites: no wait needed
+    p.halt()
+    what = f"seed {seed}: back-to-back accumulation into one row ({config_key})"
+    pair.run(p.beats, what)
+    pair.check_state(what)
