@@ -248,7 +248,9 @@ def main(argv=None) -> int:
                          if (b["kind"], b["board"], b["preset"]) == (k[0], k[1], k[2])]
         doc["total_wall_s"] = round(doc["total_wall_s"] + old["total_wall_s"], 1)
         doc["skipped"] = old.get("skipped", []) + doc["skipped"]
-        doc["date"] = f'{old["date"]} ({args.only} builds {doc["date"]})'
+        # The date of the full sweep, and of this kind's builds (replacing an earlier one).
+        first = old["date"].split(f" ({args.only} builds ")[0]
+        doc["date"] = f'{first} ({args.only} builds {doc["date"]})'
         doc["command"] += f" (--only {args.only} on top of the earlier sweep)"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -23,6 +23,10 @@ __all__ = ["main", "demo"]
 #: (`make bitstream BOARD=ulx3s`, the ulx3s preset, boards.ulx3s.CLOCK_MHZ).
 DEFAULT_CLOCK_MHZ = 75.0
 
+#: ... and for the icebreaker preset, the clock it meets on the iCEBreaker
+#: (`make bitstream BOARD=icebreaker`, boards.icebreaker.CLOCK_MHZ).
+ICEBREAKER_CLOCK_MHZ = 24.0
+
 #: TPU v1 Table 3 categories and the counters that measure them.
 TABLE3 = (
     ("array active", "array_active"),
@@ -63,7 +67,7 @@ def demo(args: argparse.Namespace) -> int:
     from firmware.models import digits as models
     from firmware.quant import quantise, reference_forward
     from firmware.runtime import open_device, run
-    from hdl.config import get_config
+    from hdl.config import PRESETS, get_config
 
     config = get_config(args.config)
     split = digits()
@@ -120,11 +124,17 @@ def demo(args: argparse.Namespace) -> int:
     cycles = result.counters.get("cycles")
     if cycles:
         per_image = cycles / n
-        clock_note = (" (the 8x8 core's clock on the ULX3S 85F)"
-                      if args.clock_mhz == DEFAULT_CLOCK_MHZ else "")
+        clock_mhz, clock_note = args.clock_mhz, ""
+        if clock_mhz is None:
+            if config == PRESETS["icebreaker"]:
+                clock_mhz, clock_note = (ICEBREAKER_CLOCK_MHZ,
+                                         " (this core's clock on the iCEBreaker)")
+            else:
+                clock_mhz, clock_note = (DEFAULT_CLOCK_MHZ,
+                                         " (the 8x8 core's clock on the ULX3S 85F)")
         print(f"  cycles per image: {per_image:,.1f} ({cycles:,} cycles for {n} images); "
-              f"at {args.clock_mhz:g} MHz{clock_note}: "
-              f"{args.clock_mhz * 1e6 / per_image:,.0f} images/s")
+              f"at {clock_mhz:g} MHz{clock_note}: "
+              f"{clock_mhz * 1e6 / per_image:,.0f} images/s")
     _print_counters(result.counters, config, n)
     wall = t3 - t2
     # A board's cycle count runs from power-up and is no simulation rate.
@@ -170,9 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="test images to run (default: all 360)")
     d.add_argument("--waves", action="store_true",
                    help="write an FST waveform and a .gtkw under build/waves/ (rtl only)")
-    d.add_argument("--clock-mhz", type=float, default=DEFAULT_CLOCK_MHZ,
-                   help=f"clock for images/s (default: {DEFAULT_CLOCK_MHZ:g}, the 8x8 core's "
-                        f"clock on the ULX3S)")
+    d.add_argument("--clock-mhz", type=float, default=None,
+                   help=f"clock for images/s (default: {ICEBREAKER_CLOCK_MHZ:g} for the "
+                        f"icebreaker preset, its clock on the iCEBreaker, else "
+                        f"{DEFAULT_CLOCK_MHZ:g}, the 8x8 core's clock on the ULX3S)")
     d.add_argument("--quiet", action="store_true", help="no progress bar")
     a = sub.add_parser("asm", help="assemble or disassemble (python -m firmware.asm)",
                        add_help=False)

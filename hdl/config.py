@@ -85,7 +85,7 @@ class TPUConfig:
     activation_unit : str
         ``"pipelined"``: one requantisation datapath per column, a row a cycle
         (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
-        the columns with a multi-cycle multiply and shift, 38 to 51 cycles an element
+        the columns with a multi-cycle multiply and shift, 39 to 52 cycles an element
         (:class:`hdl.activation_serial.SerialActivationUnit`), for small parts. Same results.
     counter_bits : int
         Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
@@ -318,11 +318,12 @@ PRESETS: dict[str, TPUConfig] = {
     # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
     "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
     # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's 5,280 logic cells, 8
-    # SB_MAC16 and 30 EBR next to the host link: a 2x2 array (the 4x4 core took 6,218 LUT4,
-    # 4,371 FF and 28 EBR before the link), the serial activation unit, 32-bit counters.
-    "icebreaker": TPUConfig(rows=2, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
-                            param_slots=2, weight_fifo_depth=2,
-                            activation_unit="serial", counter_bits=32,
+    # SB_MAC16 and 30 EBR next to the host link: a 4x2 array of int8 products two to an
+    # SB_MAC16 (a 4x4 core needs some 6,100 logic cells), the serial activation unit, 32-bit
+    # counters, two MATMUL slots.
+    "icebreaker": TPUConfig(rows=4, cols=2, ub_depth=256, acc_depth=256, weight_mem_tiles=16,
+                            param_slots=2, weight_fifo_depth=2, operands="int8",
+                            multiplier="ice40", activation_unit="serial", counter_bits=32,
                             dispatch="registered", matmul_slots=2),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
     # activation unit's partial products too), the front end's dispatch decided ahead.

@@ -13,8 +13,8 @@ from amaranth.lib.wiring import In, Out
 from .isa import COUNTERS, Func, param_row_beat
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
-           "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature", "CounterEventsSignature",
-           "COUNTER_EVENTS"]
+           "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature",
+           "CounterEventsSignature", "COUNTER_EVENTS"]
 
 
 def addr_bits(depth: int) -> int:

@@ -8,8 +8,13 @@ from amaranth.lib.wiring import In, Out
 from ..activation import acc_row_layout
 from ..config import TPUConfig
 from ..isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
-from ..ports import (MemReadSignature, MemWriteSignature, ParamColumnSignature, addr_bits,
-                     requant_params_layout)
+from ..ports import (
+    MemReadSignature,
+    MemWriteSignature,
+    ParamColumnSignature,
+    addr_bits,
+    requant_params_layout,
+)
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
 

@@ -24,10 +24,11 @@ class MatrixEngine(wiring.Component):
     cycle, and sends each with its instruction's ``switch`` (first row only) and ``signed``
     flags to the array (with ``acc_gap``, a row that accumulates into the accumulator row of
     the row sent in the cycle before waits a cycle: see
-    :class:`~hdl.accumulators.Accumulators`' ``bypass``); writes each output row to accumulator row ``acc_addr + i`` (added if
-    ``accumulate``), in order; pulses ``o_retire`` in the cycle after the last row of the oldest
-    MATMUL has been written (``i_acc_written``). After a reset it first writes zeros to every
-    accumulator row (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
+    :class:`~hdl.accumulators.Accumulators`' ``bypass``); writes each output row to
+    accumulator row ``acc_addr + i`` (added if ``accumulate``), in order; pulses ``o_retire``
+    in the cycle after the last row of the oldest MATMUL has been written
+    (``i_acc_written``). After a reset it first writes zeros to every accumulator row
+    (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
     ``o_array_active`` is high in each cycle a row enters the array. ``count`` is at most the
     rows of the smaller memory (the front end's range checks): the engine keeps counts that
     wide.

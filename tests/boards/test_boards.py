@@ -98,9 +98,10 @@ def test_report_reads_nextpnr(tmp_path: Path):
         _parse_report(path)
 
 
-def test_demo_clock_is_the_ulx3s_clock():
-    """The demo's images/s are at the clock the ULX3S build meets (a copy, as firmware does
-    not import the boards)."""
+def test_demo_clock_is_the_boards_clock():
+    """The demo's images/s are at the clock the ULX3S build meets, and for the icebreaker
+    preset at the iCEBreaker's (copies, as firmware does not import the boards)."""
     from boards import ulx3s
     from firmware import cli
     assert cli.DEFAULT_CLOCK_MHZ == ulx3s.CLOCK_MHZ
+    assert cli.ICEBREAKER_CLOCK_MHZ == icebreaker.CLOCK_MHZ
