@@ -262,6 +262,15 @@ class TPUConfig:
         return self.registered_datapath
 
     @property
+    def read_first(self) -> bool:
+        """Whether the unified buffer and the weight memory return the old row to a read that
+        meets a write to its row (see :class:`hdl.unified_buffer.RowMemory`): only the build
+        for Fmax, as placed and timed so; elsewhere the block RAM may return anything then
+        (the hazard rules never let such a read be used), which on the iCE40 saves two
+        registers and a multiplexer per bit of each read port's row."""
+        return self.registered_datapath
+
+    @property
     def operand_range(self) -> tuple[int, int]:
         """Smallest and largest operand value the core multiplies."""
         return (-128, 127) if self.operands == "int8" else (-128, 255)

@@ -86,9 +86,11 @@ class Core(wiring.Component):
         m.submodules.counters = pc = PerfCounters(macs_per_row=cfg.rows * cfg.cols,
                                                   width=cfg.counter_bits)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
-            depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width)
+            depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width,
+            read_first=cfg.read_first)
         m.submodules.weight_memory = wm = WeightMemory(
-            tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width)
+            tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
+            read_first=cfg.read_first)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,

@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In
 
 from .ports import MemReadSignature, MemWriteSignature
 
-__all__ = ["UnifiedBuffer", "RowMemory", "serve_reads", "round_robin"]
+__all__ = ["UnifiedBuffer", "RowMemory", "RegisteredRead", "serve_reads", "round_robin"]
 
 
 def round_robin(m: Module, requests, name: str):
@@ -25,6 +25,25 @@ def round_robin(m: Module, requests, name: str):
             with m.If((last == base) & requests[index]):
                 m.d.comb += grant.eq(index)
     return grant, any_req, last
+
+
+class RegisteredRead:
+    """A synchronous read port of *mem* built as an asynchronous one and a register with an
+    enable (``addr``, ``en``, ``data`` as :meth:`amaranth.lib.memory.Memory.read_port`'s).
+
+    For a memory whose reads may return anything when they meet a write to their row (the
+    ``no_rw_check`` attribute): yosys reads that attribute only as it merges a register into
+    an asynchronous read port. Given a synchronous port instead, it keeps read-before-write
+    on block RAMs that do not promise it (the iCE40's) by delaying every write a cycle and
+    bypassing it to the reads: two registers and a multiplexer per bit of the row."""
+
+    def __init__(self, m: Module, mem: memory.Memory, name: str):
+        port = mem.read_port(domain="comb")
+        self.addr = port.addr
+        self.en = Signal(init=1, name=f"{name}_en")
+        self.data = Signal(port.data.shape(), reset_less=True, name=f"{name}_data")
+        with m.If(self.en):
+            m.d.sync += self.data.eq(port.data)
 
 
 def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r"):
@@ -64,8 +83,10 @@ class RowMemory(wiring.Component):
     clients send an address on ``addr`` and receive the row on ``data``, in order; each
     has a read port of its own (FPGA block RAMs give two ports, or synthesis duplicates the
     memory), so the matrix unit is fed a row every cycle while the host reads too. A read and
-    a write of the same row in one cycle return the old row (read-before-write); clients that
-    need ordering are serialised by the controller's interlocks.
+    a write of the same row in one cycle return the old row (read-before-write) with
+    ``read_first``, else an undefined row on a part (simulation gives the old one); clients
+    that need ordering are serialised by the controller's interlocks, so the core never uses
+    such a read.
 
     Parameters
     ----------
@@ -77,6 +98,10 @@ class RowMemory(wiring.Component):
         Clients of the read and the write port.
     init : iterable, optional
         Initial contents.
+    read_first : bool
+        Reads that meet a write to their row return the old row. Without it the block RAM is
+        told it may return anything then (see :class:`RegisteredRead`: on the iCE40 two
+        registers and a multiplexer per bit of the row fewer).
 
     Members
     -------
@@ -88,7 +113,8 @@ class RowMemory(wiring.Component):
     """
 
     def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
-                 init=()):
+                 init=(), read_first: bool = True):
+        self.read_first = read_first
         self.depth = depth
         self.row_shape = row_shape
         self.addr_bits = max(1, (depth - 1).bit_length())
@@ -100,8 +126,9 @@ class RowMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = memory.Memory(shape=self.row_shape, depth=self.depth,
-                                               init=self._init)
+        m.submodules.mem = mem = memory.Memory(
+            shape=self.row_shape, depth=self.depth, init=self._init,
+            attrs=None if self.read_first else {"no_rw_check": 1})
         wr = mem.write_port()
 
         # Write port.
@@ -115,7 +142,9 @@ class RowMemory(wiring.Component):
             m.d.sync += last_w.eq(grant)
 
         for index, r in enumerate(self.r):
-            serve_reads(m, mem.read_port(), [r.addr], [r.data], name=f"r{index}")
+            port = (mem.read_port() if self.read_first else
+                    RegisteredRead(m, mem, f"r{index}_port"))
+            serve_reads(m, port, [r.addr], [r.data], name=f"r{index}")
         return m
 
 
@@ -129,9 +158,10 @@ class UnifiedBuffer(RowMemory):
     HOST_WRITE, ACT_WRITE = 0, 1
     MATMUL_READ, HOST_READ = 0, 1
 
-    def __init__(self, *, depth: int, row_elems: int, data_width: int = 8):
+    def __init__(self, *, depth: int, row_elems: int, data_width: int = 8,
+                 read_first: bool = True):
         # Two write clients share one port; the two readers have a port each.
         self.row_elems = row_elems
         super().__init__(depth=depth, row_shape=data.ArrayLayout(unsigned(data_width),
                                                                  row_elems),
-                         readers=2, writers=2)
+                         readers=2, writers=2, read_first=read_first)

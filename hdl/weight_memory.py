@@ -16,7 +16,9 @@ class WeightMemory(RowMemory):
     members and their protocol.
     """
 
-    def __init__(self, *, tiles: int, rows: int, cols: int, data_width: int = 8):
+    def __init__(self, *, tiles: int, rows: int, cols: int, data_width: int = 8,
+                 read_first: bool = True):
         self.tiles = tiles
         self.rows = rows
-        super().__init__(depth=tiles * rows, row_shape=weight_row_layout(cols, data_width))
+        super().__init__(depth=tiles * rows, row_shape=weight_row_layout(cols, data_width),
+                         read_first=read_first)

@@ -15,6 +15,7 @@ from ..ports import (
     addr_bits,
     requant_params_layout,
 )
+from ..unified_buffer import RegisteredRead
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
 
@@ -266,7 +267,9 @@ class ActivationEngine(wiring.Component):
             shape=unsigned(32), depth=depth, init=[],
             attrs={"ram_style": "block", "no_rw_check": 1})
         wr = mem.write_port()
-        rd = mem.read_port()
+        # A read that meets a write returns anything (no_rw_check): the words are written only
+        # while no ACTIVATE runs, and the scalars are read only as one starts.
+        rd = RegisteredRead(m, mem, "param")
 
         scrubbing, scrub_addr = self._scrub(m, depth)
         wcol = Signal(range(cfg.cols))          # the column of a row being written

@@ -13,7 +13,8 @@ it checks, as observed and documented by ``Accumulators``:
   psum driver keeps the block's rule instead: it leaves a cycle before a row that
   accumulates into the address of the row it sent in the cycle before;
 - the read client is read-before-write: a read accepted in cycle ``c + L`` (while the row is
-  being written) returns the old row, one accepted in ``c + L + 1`` the new one.
+  being written) returns the old row, one accepted in ``c + L + 1`` the new one (without
+  ``bypass`` the first is undefined on a part, and simulation's old row is not checked).
 
 Reads go to an in-order scoreboard fed by that model. The memory keeps its contents from one
 cocotb test to the next, so every test starts by overwriting every row.
@@ -307,9 +308,12 @@ async def test_read_during_write(dut):
     tb.queue_read(addr)
     await tb.wait_done()
     got = tb.monitor.received[-2:]
-    assert got == [old, new], (
+    # Without the bypass the block RAM may return anything to the read in the write's cycle
+    # (no_rw_check: the core never uses such a read); simulation gives the old row.
+    want = [old, new] if tb.bypass else [got[0], new]
+    assert got == want, (
         f"reads of row {addr} in the write cycle and the next: got {got}, expected "
-        f"[{old}, {new}] (seed {tb.seed})")
+        f"{want} (seed {tb.seed})")
     assert tb.read_during_write >= 1
     assert tb.reader.sent_cycles[-2] == tb.psum.sent_cycles[-1] + tb.latency
     await tb.finish()

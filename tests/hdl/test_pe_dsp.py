@@ -58,9 +58,9 @@ HERE = Path(__file__).parent
 
 def test_config_field():
     assert TPUConfig().multiplier == "infer"
-    # Only the ECP5 board's preset instantiates vendor multipliers.
-    assert {name for name, preset in PRESETS.items() if preset.multiplier != "infer"} == \
-        {"ulx3s"}
+    # Only the board presets instantiate vendor multipliers (MULT18X18D, SB_MAC16).
+    assert {name: preset.multiplier for name, preset in PRESETS.items()
+            if preset.multiplier != "infer"} == {"ulx3s": "ecp5", "icebreaker": "ice40"}
     assert get_config("small").replace(multiplier="ecp5").multiplier == "ecp5"
     for bad in ("dsp", "ECP5", None, 1):
         with pytest.raises(ConfigError, match=rf"TPUConfig.multiplier={bad!r} is not "

@@ -25,10 +25,16 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_unified_buffer.py"))
 
 
+@pytest.mark.parametrize("read_first", [True, False], ids=["", "no-read-first"])
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("size", SIZES)
-def test_unified_buffer(size: str, group: str):
+def test_unified_buffer(size: str, group: str, read_first: bool):
+    """Both read ports: read-before-write, and the registered asynchronous read whose
+    same-cycle collisions are left to the block RAM (the iCE40 build's)."""
     depth, row_elems = SIZES[size]
-    run("unified_buffer", lambda: UnifiedBuffer(depth=depth, row_elems=row_elems), size,
-        "tb_unified_buffer", HERE, GROUPS[group], label=group,
-        extra_env={"AMTPU_UB": json.dumps({"depth": depth, "row_elems": row_elems})})
+    run("unified_buffer", lambda: UnifiedBuffer(depth=depth, row_elems=row_elems,
+                                                read_first=read_first),
+        size + ("" if read_first else "-no-read-first"), "tb_unified_buffer", HERE,
+        GROUPS[group], label=group,
+        extra_env={"AMTPU_UB": json.dumps({"depth": depth, "row_elems": row_elems,
+                                           "read_first": read_first})})
