@@ -98,8 +98,9 @@ class MatrixEngine(wiring.Component):
         in_flight = [Signal(name=f"slot{i}_valid") for i in range(slots)]
         pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(slots)]
 
+        # gap: the row accumulates into the accumulator row of the row issued before it.
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
-                                           "acc": unsigned(self.acc_bits)})
+                                           "gap": 1, "acc": unsigned(self.acc_bits)})
         meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
         # Unbuffered: a row's metadata must be readable the cycle after its UB read was
         # issued, when the row arrives, or the read port would idle every other cycle.
@@ -122,6 +123,13 @@ class MatrixEngine(wiring.Component):
             meta_a_in.accumulate.eq(accumulate),
             meta_a_in.acc.eq(acc_next),
         ]
+        if self.acc_gap:
+            # Decided as the row is issued, so that no compare sits on the path from the
+            # buffer's response to the array's ready (the iCE40 core's critical path).
+            issued_acc = Signal(self.acc_bits)
+            with m.If(meta_a.w_en):
+                m.d.sync += issued_acc.eq(acc_next)
+            m.d.comb += meta_a_in.gap.eq(accumulate & (acc_next == issued_acc))
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
         # (With dispatch="registered" or "ahead", only once it has been issued: then the
         # engine's ready is a function of registers, off the path from the array's stall into
@@ -154,10 +162,11 @@ class MatrixEngine(wiring.Component):
         act = self.o_act
         wait = Signal()         # it would add to the accumulator row of last cycle's row
         if self.acc_gap:
+            # Rows enter in the order they were issued: the row sent last cycle is the one
+            # issued before this one.
             sent = Signal()
-            sent_acc = Signal(self.acc_bits)
-            m.d.sync += [sent.eq(act.valid & act.ready), sent_acc.eq(meta_a_out.acc)]
-            m.d.comb += wait.eq(sent & meta_a_out.accumulate & (meta_a_out.acc == sent_acc))
+            m.d.sync += sent.eq(act.valid & act.ready)
+            m.d.comb += wait.eq(sent & meta_a_out.gap)
         m.d.comb += [
             act.valid.eq(ub.data.valid & meta_a.r_rdy & ~wait),
             act.payload.signed.eq(meta_a_out.signed),
