@@ -98,9 +98,11 @@ class MatrixEngine(wiring.Component):
         in_flight = [Signal(name=f"slot{i}_valid") for i in range(slots)]
         pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(slots)]
 
-        # gap: the row accumulates into the accumulator row of the row issued before it.
+        # gap (acc_gap only): the row accumulates into the accumulator row of the row issued
+        # before it.
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
-                                           "gap": 1, "acc": unsigned(self.acc_bits)})
+                                           **({"gap": 1} if self.acc_gap else {}),
+                                           "acc": unsigned(self.acc_bits)})
         meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
         # Unbuffered: a row's metadata must be readable the cycle after its UB read was
         # issued, when the row arrives, or the read port would idle every other cycle.
