@@ -26,8 +26,8 @@ class Accumulators(wiring.Component):
     taken one per cycle without back-pressure: a read-modify-write pipeline of two stages.
     A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). With
     ``bypass`` the read port is transparent to the write port, so back-to-back rows to the
-    same address add up correctly; without it (no read-during-write bypass: on an iCE40 a
-    register and a multiplexer per bit of the row, 256 logic cells for 4 columns) the client
+    same address add up correctly; without it (no read-during-write bypass: 144 logic cells
+    fewer on a 4x4 iCE40 core) the client
     must not send a row that accumulates into the address of the row it sent in the cycle
     before (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
     and a read of ``r`` in the cycle its row is written returns an undefined row on a part

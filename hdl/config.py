@@ -130,7 +130,8 @@ class TPUConfig:
         a buffer range and an accumulator range, four compares against an instruction's two
         ranges). A MATMUL waits for a free slot; with fewer slots, short MATMULs back to back
         wait for the oldest to drain from the array. Fewer saves logic on small parts
-        (iCE40: some 50 logic cells a slot). Same results.
+        (iCE40, 256-row memories: 4 slots to 2 took 280 logic cells off a 4x4 core). Same
+        results.
     """
 
     rows: int = 8
