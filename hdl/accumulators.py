@@ -27,9 +27,9 @@ class Accumulators(wiring.Component):
     A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). With
     ``bypass`` the read port is transparent to the write port, so back-to-back rows to the
     same address add up correctly; without it (no read-during-write bypass: 144 logic cells
-    fewer on a 4x4 iCE40 core) the client
-    must not send a row that accumulates into the address of the row it sent in the cycle
-    before (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
+    fewer on a 4x4 iCE40 core) the client must not send a row that accumulates into the
+    address of the row it sent in the cycle before
+    (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
     and a read of ``r`` in the cycle its row is written returns an undefined row on a part
     (the block RAM is told it may: the core's hazard rules never let an ACTIVATE read rows a
     MATMUL writes). With the bypass, that read returns the old row.
@@ -137,4 +137,3 @@ class Accumulators(wiring.Component):
 
         serve_reads(m, rd, [self.r.addr], [self.r.data])
         return m
-

@@ -193,8 +193,7 @@ class ActivationEngine(wiring.Component):
         row = param_row_beat(cfg.cols)
         # param_store="block": in block RAM, a read during a write of its slot left undefined
         # (it never happens while an ACTIVATE runs), so that yosys does not emulate it with
-        # a register per bit. The read ports are asynchronous and their rows registered
-        # below: a synchronous read, in the form yosys merges into the block RAM.
+        # a register per bit (RegisteredRead: the form in which yosys honours that).
         attrs = ({"ram_style": "block", "no_rw_check": 1} if cfg.param_store == "block"
                  else None)
         m.submodules.bias_mem = bias_mem = memory.Memory(shape=row, depth=cfg.param_slots,
@@ -206,9 +205,9 @@ class ActivationEngine(wiring.Component):
                                                              attrs=attrs)
         bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
                                     scalar_mem.write_port())
-        bias_r, mult_r, scalar_r = (bias_mem.read_port(domain="comb"),
-                                    mult_mem.read_port(domain="comb"),
-                                    scalar_mem.read_port(domain="comb"))
+        bias_r, mult_r, scalar_r = (RegisteredRead(m, bias_mem, "bias"),
+                                    RegisteredRead(m, mult_mem, "mult"),
+                                    RegisteredRead(m, scalar_mem, "scalar"))
 
         scrubbing, scrub_slot = self._scrub(m, cfg.param_slots)
         with m.If(scrubbing):
@@ -230,15 +229,12 @@ class ActivationEngine(wiring.Component):
                 mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
             ]
 
-        bias = Signal(row, reset_less=True)
-        mult = Signal(row, reset_less=True)
-        scalar = Signal(scalars, reset_less=True)
+        scalar = scalar_r.data
         for port in (bias_r, mult_r, scalar_r):
             m.d.comb += port.addr.eq(slot)
-        m.d.sync += [bias.eq(bias_r.data), mult.eq(mult_r.data), scalar.eq(scalar_r.data)]
         m.d.comb += [
-            self.o_params.bias.eq(bias),
-            self.o_params.multiplier.eq(mult),
+            self.o_params.bias.eq(bias_r.data),
+            self.o_params.multiplier.eq(mult_r.data),
             self.o_params.shift.eq(scalar.shift),
             self.o_params.zero_point.eq(scalar.zero_point),
             self.o_params.clamp_hi.eq(scalar.clamp_hi),
@@ -262,6 +258,8 @@ class ActivationEngine(wiring.Component):
         def address(kind, col, slot_):
             return Cat(kind, col, slot_)
 
+        def scalars_at(slot_):
+            return address(Const(2, 2), Const(0, col_bits), slot_)
 
         m.submodules.param_mem = mem = memory.Memory(
             shape=unsigned(32), depth=depth, init=[],
@@ -283,7 +281,7 @@ class ActivationEngine(wiring.Component):
                 word.clamp_hi.eq(p.clamp_hi),
                 pw.ready.eq(1),
                 wr.en.eq(pw.valid),
-                wr.addr.eq(address(Const(2, 2), Const(0, col_bits), p.slot)),
+                wr.addr.eq(scalars_at(p.slot)),
                 wr.data.eq(word),
             ]
         with m.Else():
@@ -308,7 +306,7 @@ class ActivationEngine(wiring.Component):
         with m.If(run):
             m.d.comb += rd.addr.eq(address(Cat(sel.multiplier, 0), sel.col, slot))
         with m.Else():
-            m.d.comb += rd.addr.eq(address(Const(2, 2), Const(0, col_bits), slot))
+            m.d.comb += rd.addr.eq(scalars_at(slot))
         scalar = Signal(scalars, reset_less=True)
         with m.If(fetched & ~run):
             m.d.sync += scalar.eq(rd.data)
