@@ -160,6 +160,7 @@ class Core(wiring.Component):
         ev = pc.i_events
         m.d.comb += [
             fe.i_counter_value.eq(pc.o_value),
+            fe.i_counter_valid.eq(pc.o_valid),
             pc.i_select.eq(fe.o_counter_select),
             ev.instructions.eq(fe.o_instruction),
             ev.raw_stall.eq(fe.o_raw_stall),

@@ -267,9 +267,10 @@ class LoadParams(data.Struct):
 
 class ReadCounters(data.Struct):
     """Send the performance counters to the host, one beat each, in :data:`COUNTERS` order.
-    Timing: waits until every unit is idle, then one beat a cycle as the host takes them.
-    Each value is sampled as the previous beat is taken (the first as READ_COUNTERS issues)
-    and held while the host stalls."""
+    Timing: waits until every unit is idle, then a beat at most every two cycles as the host
+    takes them. Each value is sampled after the previous beat is taken (the first after
+    READ_COUNTERS issues), within 8 cycles (the counters take turns to be shown), and held
+    while the host stalls."""
     opcode: Opcode
     _pad:   60
 

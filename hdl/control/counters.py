@@ -1,13 +1,17 @@
 """Performance counters in TPU v1's Table 3 categories."""
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import COUNTER_BITS, COUNTERS
 from ..ports import CounterEventsSignature
 
-__all__ = ["PerfCounters"]
+__all__ = ["PerfCounters", "RING"]
+
+#: The counters the bank stores, in the order of its ring: every counter but
+#: ``useful_macs``, which is ``array_active`` times ``macs_per_row``.
+RING = tuple(name for name in COUNTERS if name != "useful_macs")
 
 
 class PerfCounters(wiring.Component):
@@ -17,6 +21,16 @@ class PerfCounters(wiring.Component):
     the cycle's other events); ``cycles`` counts every cycle, ``useful_macs`` adds
     ``macs_per_row`` for each ``array_active`` cycle, ``non_matrix`` counts the cycles with
     ``other_work`` and no ``array_active``; the others count the cycles their event is high.
+
+    The counters of :data:`RING` move one place round a ring every cycle, each adding its
+    event as it moves, and ``o_value`` shows the one at the ring's head: the counter
+    ``i_select`` names is shown (``o_valid``) one cycle in every ``len(RING)`` = 8. A
+    multiplexer choosing any counter at any time took 224 of the iCE40UP5K's 5,280 logic
+    cells for 32-bit counters; the ring costs a few for its events, and a counter a logic
+    cell a bit as before (each register loads its neighbour plus one, an increment on the
+    carry chain). ``useful_macs`` is ``array_active`` times ``macs_per_row``, computed from
+    it as it is shown (both wrap at ``2**width`` and clear together, so they are the same
+    number).
 
     Parameters
     ----------
@@ -31,54 +45,72 @@ class PerfCounters(wiring.Component):
     i_events : In(CounterEventsSignature())
         The events, one bit each.
     i_select : In(range(len(COUNTERS)))
-        Which counter ``o_value`` shows (:data:`~hdl.isa.COUNTERS` order).
+        Which counter to show (:data:`~hdl.isa.COUNTERS` order).
+    o_valid : Out(1)
+        ``o_value`` is the selected counter's value in this cycle (from a register, at
+        most ``len(RING)`` cycles after ``i_select`` changes).
     o_value : Out(COUNTER_BITS)
-        The selected counter's value (combinational).
+        The counter at the ring's head (combinational).
     """
 
     def __init__(self, *, macs_per_row: int, width: int = COUNTER_BITS):
         if not 1 <= width <= COUNTER_BITS:
             raise ValueError(f"counter width {width} is not supported; allowed: 1 to "
                              f"{COUNTER_BITS}")
+        if not isinstance(macs_per_row, int) or macs_per_row < 1:
+            raise ValueError(f"macs_per_row={macs_per_row!r} is not supported; allowed: a "
+                             f"positive int")
         self.macs_per_row = macs_per_row
         self.width = width
         super().__init__({
             "i_events": In(CounterEventsSignature()),
             "i_select": In(range(len(COUNTERS))),
+            "o_valid":  Out(1),
             "o_value":  Out(COUNTER_BITS),
         })
 
     def elaborate(self, platform):
         m = Module()
         ev = self.i_events
-        bumps = {
-            "cycles":       (1, 1),
-            "instructions": (ev.instructions, 1),
-            "array_active": (ev.array_active, 1),
-            "useful_macs":  (ev.array_active, self.macs_per_row),
-            "weight_stall": (ev.weight_stall, 1),
-            "weight_shift": (ev.weight_shift, 1),
-            "non_matrix":   (ev.other_work & ~ev.array_active, 1),
-            "raw_stall":    (ev.raw_stall, 1),
-            "host_stall":   (ev.host_stall, 1),
+        n = len(RING)
+        assert n & (n - 1) == 0, "the ring's position wraps as a power of two"
+        events = {
+            "cycles":       Const(1),
+            "instructions": ev.instructions,
+            "array_active": ev.array_active,
+            "weight_stall": ev.weight_stall,
+            "weight_shift": ev.weight_shift,
+            "non_matrix":   ev.other_work & ~ev.array_active,
+            "raw_stall":    ev.raw_stall,
+            "host_stall":   ev.host_stall,
         }
-        # useful_macs is array_active times macs_per_row (one event, one clear, both wrap at
-        # 2**width): for a power of two, array_active shifted rather than a counter of its own.
-        derived = self.macs_per_row & (self.macs_per_row - 1) == 0
-        counters = {}
-        for name in COUNTERS:
-            if name == "useful_macs" and derived:
-                continue
-            counter = Signal(self.width, name=f"count_{name}")
-            event, amount = bumps[name]
+        ring = [Signal(self.width, name=f"count_{i}") for i in range(n)]
+        # Place p holds counter RING[(p + head) % n]; next cycle it holds its neighbour's,
+        # RING[(p + 1 + head) % n], plus that counter's event of this cycle.
+        head = Signal(range(n))
+        m.d.sync += head.eq(head + 1)
+        event_bits = Cat(*(events[name] for name in RING))
+        moved = Signal(n)
+        m.d.comb += moved.eq(Cat(event_bits, event_bits).bit_select((head + 1)[:len(head)], n))
+        for p in range(n):
             with m.If(ev.clear):
-                m.d.sync += counter.eq(0)
-            with m.Elif(event):
-                m.d.sync += counter.eq(counter + amount)
-            counters[name] = counter
-        if derived:
-            log2 = self.macs_per_row.bit_length() - 1
-            counters["useful_macs"] = (counters["array_active"] << log2)[:self.width]
-        counters = [counters[name] for name in COUNTERS]
-        m.d.comb += self.o_value.eq(Cat(*counters).word_select(self.i_select, self.width))
+                m.d.sync += ring[p].eq(0)
+            with m.Else():
+                m.d.sync += ring[p].eq(ring[(p + 1) % n] + moved[p])
+
+        # Showing: the selected counter is at the head when its place in RING comes round.
+        select = self.i_select
+        place = Signal(range(n))
+        for i, name in enumerate(COUNTERS):
+            with m.If(select == i):
+                m.d.comb += place.eq(RING.index("array_active" if name == "useful_macs"
+                                                else name))
+        macs = Signal(self.width)
+        shown = ring[0]
+        m.d.comb += macs.eq(sum(shown << b for b in range(self.macs_per_row.bit_length())
+                                if self.macs_per_row >> b & 1))
+        m.d.comb += [
+            self.o_valid.eq(head == place),
+            self.o_value.eq(Mux(select == COUNTERS.index("useful_macs"), macs, shown)),
+        ]
         return m

@@ -89,10 +89,13 @@ class FrontEnd(wiring.Component):
         Every engine is idle.
     i_activate_busy, i_write_host_busy : In(1)
     o_counter_select : Out(range(len(COUNTERS)))
+    i_counter_valid : In(1)
     i_counter_value : In(COUNTER_BITS)
-        The counter the front end samples next, and its value. READ_COUNTERS samples the
-        first counter as it issues and each next one as the previous beat is taken; a beat
-        holds its sampled value while the host stalls.
+        The counter the front end samples next, and its value when valid
+        (:class:`~hdl.control.counters.PerfCounters` shows each in turn). READ_COUNTERS
+        samples each counter in the first cycle it is shown after the instruction issues
+        (the first) or the previous beat is taken; a beat holds its sampled value while the
+        host stalls.
     o_instruction, o_raw_stall, o_host_stall, o_clear_counters, o_host_work : Out(1)
         Counter events: an instruction completed; waiting on a conflict; waiting for a beat;
         CLEAR_COUNTERS; a host transfer moved a beat.
@@ -123,6 +126,7 @@ class FrontEnd(wiring.Component):
             "i_activate_busy":   In(1),
             "i_write_host_busy": In(1),
             "o_counter_select":  Out(range(len(COUNTERS))),
+            "i_counter_valid":   In(1),
             "i_counter_value":   In(COUNTER_BITS),
             "o_instruction":     Out(1),
             "o_raw_stall":       Out(1),
@@ -276,10 +280,10 @@ class FrontEnd(wiring.Component):
         slot = Signal.like(self.o_param_write.payload.slot)
         counter = Signal(range(len(COUNTERS)))
         # A counter beat's payload is held in a register: the counters keep counting while
-        # the host stalls, and a stream's payload must not change before the transfer. The
-        # next counter is selected ahead and latched as the current beat is taken.
+        # the host stalls, and a stream's payload must not change before the transfer. It is
+        # sampled when the counter bank shows the counter, then offered.
         counter_beat = Signal(COUNTER_BITS)
-        sending_counters = Signal()
+        counter_held = Signal()
         beat_out = self.o_beat
         scrubbing = Signal()
         scrub_addr = Signal(range(cfg.ub_depth))
@@ -293,7 +297,7 @@ class FrontEnd(wiring.Component):
             self.o_param_write.payload.shift.eq(lp.shift),
             self.o_param_write.payload.zero_point.eq(lp.zero_point.as_signed()),
             self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),
-            self.o_counter_select.eq(Mux(sending_counters, counter + 1, 0)),
+            self.o_counter_select.eq(counter),
             beat_out.payload.eq(counter_beat),
             self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid |
                                 beat_out.valid),
@@ -347,7 +351,7 @@ class FrontEnd(wiring.Component):
                 m.d.sync += slot.eq(lp.slot)
                 m.next = "PARAM_BIAS"
             elif o == Opcode.READ_COUNTERS:
-                m.d.sync += [counter.eq(0), counter_beat.eq(self.i_counter_value)]
+                m.d.sync += [counter.eq(0), counter_held.eq(0)]
                 m.next = "SEND_COUNTERS"
             elif o == Opcode.CLEAR_COUNTERS:
                 m.d.comb += self.o_clear_counters.eq(1)
@@ -418,12 +422,15 @@ class FrontEnd(wiring.Component):
                     with m.If(self.i_host.valid & self.o_param_write.ready):
                         m.next = after
             with m.State("SEND_COUNTERS"):
-                m.d.comb += [sending_counters.eq(1), beat_out.valid.eq(1)]
-                with m.If(beat_out.ready):
-                    m.d.sync += [counter.eq(counter + 1), counter_beat.eq(self.i_counter_value)]
-                    with m.If(counter == len(COUNTERS) - 1):
-                        m.d.comb += self.o_instruction.eq(1)
-                        m.next = "FETCH"
+                with m.If(counter_held):
+                    m.d.comb += beat_out.valid.eq(1)
+                    with m.If(beat_out.ready):
+                        m.d.sync += [counter.eq(counter + 1), counter_held.eq(0)]
+                        with m.If(counter == len(COUNTERS) - 1):
+                            m.d.comb += self.o_instruction.eq(1)
+                            m.next = "FETCH"
+                with m.Elif(self.i_counter_valid):
+                    m.d.sync += [counter_beat.eq(self.i_counter_value), counter_held.eq(1)]
             with m.State("SEND_DONE"):
                 m.d.comb += [
                     beat_out.valid.eq(1),
