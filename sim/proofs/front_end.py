@@ -23,9 +23,10 @@ With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also
   and the second; the third is each engine's ``o_idle``/``o_busy`` there, the weight loader's
   under the matrix unit's tiles changing only with its rows or a MATMUL's switch);
 
-``i_counter_valid`` and ``i_counter_value`` are free: the counters keep counting (``cycles`` every cycle) while a
-READ_COUNTERS beat waits for the host, and the front end holds the value it sampled (the
-proof found the beat carrying the live counter before that register existed).
+``i_counter_valid`` and ``i_counter_value`` are free: the counters keep counting
+(``cycles`` every cycle) while a READ_COUNTERS beat waits for the host, and the front end
+holds the value it sampled (the proof found the beat carrying the live counter before that
+register existed).
 
 Stopped (:func:`front_end_stopped_harness`), with every input free: from the cycle
 ``o_status.error`` is high until it falls (``i_clear`` or the resynchronisation word):
