@@ -13,8 +13,7 @@ __all__ = ["SerialActivationUnit", "element_cycles"]
 
 def element_cycles(shift: int) -> int:
     """Cycles :class:`SerialActivationUnit` spends on one element with rounding ``shift``."""
-    s = max(shift - 1, 0)
-    return 2 + 32 + (s // 8 + s % 8) + 3
+    return 2 + 32 + max(shift - 1, 0) + 3
 
 
 class SerialActivationUnit(wiring.Component):
@@ -25,11 +24,11 @@ class SerialActivationUnit(wiring.Component):
 
     Each element takes :func:`element_cycles` cycles: one to read the column's bias, one to
     add it, 32 for a shift-and-add signed multiply (one 33-bit adder),
-    ``(shift - 1) // 8 + (shift - 1) % 8`` for the arithmetic right shift (by 8 or by 1 a
-    cycle), one for rounding, saturation and the zero point, one for the function (and the
-    table's address), one for the table read and pooling. A row of ``cols`` elements therefore
-    takes ``cols`` times that (39 to 52 cycles an element), against one row a cycle for the
-    parallel unit; on a board the host link is slower still.
+    ``shift - 1`` for the arithmetic right shift (a bit a cycle: a shifter by 8 as well took
+    100 of the iCE40UP5K's logic cells), one for rounding, saturation and the zero point, one
+    for the function (and the table's address), one for the table read and pooling. A row of
+    ``cols`` elements therefore takes ``cols`` times that (37 to 99 cycles an element),
+    against one row a cycle for the parallel unit.
 
     The row is read from ``i_row`` while it waits (a stream's payload holds until it is
     taken) and taken when its last element is done, so the unit holds no copy of it. The
@@ -168,9 +167,7 @@ class SerialActivationUnit(wiring.Component):
                     m.next = "SHIFT"
             with m.State("SHIFT"):
                 m.d.comb += self.o_busy.eq(1)
-                with m.If(left >= 8):
-                    m.d.sync += [Cat(lo, hi).eq(product >> 8), left.eq(left - 8)]
-                with m.Elif(left != 0):
+                with m.If(left != 0):
                     m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1)]
                 with m.Else():
                     m.d.sync += q.eq(q_next)

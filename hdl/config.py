@@ -85,7 +85,7 @@ class TPUConfig:
     activation_unit : str
         ``"pipelined"``: one requantisation datapath per column, a row a cycle
         (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
-        the columns with a multi-cycle multiply and shift, 39 to 52 cycles an element
+        the columns with a multi-cycle multiply and shift, 37 to 99 cycles an element
         (:class:`hdl.activation_serial.SerialActivationUnit`), for small parts. Same results.
     counter_bits : int
         Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a

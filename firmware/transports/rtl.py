@@ -32,6 +32,7 @@ from amaranth.lib import data
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl import isa
+from hdl.activation_serial import element_cycles
 from hdl.config import PRESETS, TPUConfig
 from sim import host_bridge, runner
 from sim.host_bridge import DEFAULT_IN_DEPTH, DEFAULT_OUT_DEPTH, HostBridge
@@ -55,10 +56,10 @@ class SimulatorExited(DeviceError):
 
 def idle_cycles(config: TPUConfig) -> int:
     """Cycles a receive waits by default with the core neither taking nor sending a beat:
-    10,000, plus for the serial activation unit (about 50 cycles an element) the longest
-    ACTIVATE (every accumulator row)."""
+    10,000, plus for the serial activation unit (up to 99 cycles an element) the longest
+    ACTIVATE (every accumulator row, at the largest shift)."""
     if config.activation_unit == "serial":
-        return 10_000 + 50 * config.cols * config.acc_depth
+        return 10_000 + element_cycles(63) * config.cols * config.acc_depth
     return 10_000
 
 

@@ -29,6 +29,7 @@ from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
 from hdl.activation import ActivationUnit, acc_row_layout, lut_table
+from hdl.activation_serial import element_cycles
 from hdl.isa import Func
 from hdl.ports import requant_params_layout
 from sim.golden import (
@@ -69,9 +70,9 @@ def cols_from_env() -> int:
 
 def row_cycles_from_env() -> int:
     """Cycles the unit may take per row before a drain times out: a few for the pipelined
-    unit, ``cols`` elements of at most 50 cycles for the serial one."""
+    unit, ``cols`` elements at the largest shift for the serial one."""
     env = json.loads(os.environ.get(ENV, '{"cols": 2}'))
-    return 50 * int(env["cols"]) + 10 if env.get("serial") else 20
+    return element_cycles(63) * int(env["cols"]) + 10 if env.get("serial") else 20
 
 
 @dataclass
