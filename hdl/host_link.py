@@ -313,42 +313,45 @@ class HostLink(wiring.Component):
         lb_ready = Signal()
         tx_kind = Signal(8)
         tx_seq = Signal(8, reset_less=True)
-        tx_code = Signal(8, reset_less=True)
         tx_crc = Signal(16, reset_less=True)
         idx = Signal(range(max(beat_bytes, _STATUS_REPLY_BYTES, self.info_bytes)))
-        snap = Signal(_STATUS_REPLY_BYTES * 8, reset_less=True)
         info = Const(int.from_bytes(self.info.pack(), "little"), self.info_bytes * 8)
         entry = _REPLY(replies.r_data)
         last = Signal()
 
+        # The payload of a NAK, STATUS_REPLY or BEAT frame: one register, loaded as the frame
+        # starts (the core's beat is stable until taken, at the last byte) and shifted right a
+        # byte as each byte is sent, so that the byte to send is always its low byte. No byte
+        # select, and the core's output logic ends at these flip-flops rather than running on
+        # into the CRC and the transmit register. INFO_REPLY's constant is selected by `idx`
+        # instead: its 29 bytes would widen the register beyond an iCEBreaker beat (128 bits
+        # at most), and there the flip-flops added cost more than the select.
+        tx_buf = Signal(max(self.config.host_width, _STATUS_REPLY_BYTES * 8), reset_less=True)
         payload = Signal(8)
-        # A BEAT frame's payload: the core's beat, copied as the frame starts (it is stable
-        # until taken, at the last byte) and shifted a byte at a time, so that the core's
-        # output logic ends at these flip-flops rather than running on through a byte select
-        # into the CRC and the transmit register.
-        out_beat = Signal(self.config.host_width, reset_less=True)
+        m.d.comb += payload.eq(tx_buf[:8])
         with m.Switch(tx_kind):
             with m.Case(kind_of[lp.Kind.NAK]):
-                m.d.comb += [payload.eq(tx_code), last.eq(1)]
+                m.d.comb += last.eq(1)
             with m.Case(kind_of[lp.Kind.STATUS_REPLY]):
-                m.d.comb += [payload.eq(snap.word_select(idx, 8)),
-                             last.eq(idx == _STATUS_REPLY_BYTES - 1)]
+                m.d.comb += last.eq(idx == _STATUS_REPLY_BYTES - 1)
             with m.Case(kind_of[lp.Kind.INFO_REPLY]):
                 m.d.comb += [payload.eq(info.word_select(idx, 8)),
                              last.eq(idx == self.info_bytes - 1)]
             with m.Case(kind_of[lp.Kind.BEAT]):
-                m.d.comb += [payload.eq(out_beat[:8]), last.eq(idx == beat_bytes - 1)]
+                m.d.comb += last.eq(idx == beat_bytes - 1)
 
         sending_beat = Signal()
         with m.FSM(name="tx") as fsm:
             with m.State("IDLE"):
                 with m.If(replies.r_rdy):
                     m.d.comb += replies.r_en.eq(1)
-                    m.d.sync += [
-                        tx_seq.eq(entry.seq), tx_code.eq(entry.code),
-                        snap.eq(Cat(self.i_status.as_value(), cycles, last_seq,
-                                    pending, Const(0, 6), seq_valid)),
-                    ]
+                    m.d.sync += tx_seq.eq(entry.seq)
+                    with m.If(entry.kind == _Reply.NAK):
+                        m.d.sync += tx_buf[:8].eq(entry.code)
+                    with m.Else():
+                        m.d.sync += tx_buf[:_STATUS_REPLY_BYTES * 8].eq(
+                            Cat(self.i_status.as_value(), cycles, last_seq, pending,
+                                Const(0, 6), seq_valid))
                     with m.Switch(entry.kind):
                         for reply_kind, frame_kind in (
                                 (_Reply.ACK, lp.Kind.ACK), (_Reply.NAK, lp.Kind.NAK),
@@ -359,7 +362,7 @@ class HostLink(wiring.Component):
                     m.next = "START"
                 with m.Elif(self.i_host.valid & ~reset_pending):
                     m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq),
-                                 out_beat.eq(self.i_host.payload)]
+                                 tx_buf[:self.config.host_width].eq(self.i_host.payload)]
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
@@ -381,7 +384,7 @@ class HostLink(wiring.Component):
             with m.State("PAYLOAD"):
                 m.d.comb += [lb_valid.eq(1), lb_data.eq(payload)]
                 with m.If(lb_ready):
-                    m.d.sync += [idx.eq(idx + 1), out_beat.eq(out_beat[8:])]
+                    m.d.sync += [idx.eq(idx + 1), tx_buf.eq(tx_buf[8:])]
                     with m.If(last):
                         m.next = "CRC_LO"
                         with m.If(tx_kind == kind_of[lp.Kind.BEAT]):
@@ -405,9 +408,9 @@ class HostLink(wiring.Component):
             m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
 
         # The logical byte is registered before the escaping, so that the UART's handshake
-        # and the escape logic do not reach back through the byte select into the core's
-        # beat and its ready (on the iCE40 that path set the clock). The register takes a
-        # byte only when empty, a byte every other cycle at most: far above any baud rate.
+        # and the escape logic do not reach back into the core's ready (on the iCE40 that
+        # path set the clock). The register takes a byte only when empty, a byte every other
+        # cycle at most: far above any baud rate.
         out_valid = Signal()
         out_raw = Signal(reset_less=True)
         out_data = Signal(8, reset_less=True)
