@@ -1,9 +1,10 @@
 """FIFO of whole weight tiles between the weight source and the systolic array."""
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .block_fifo import BlockFIFO
 from .systolic_array import weight_row_layout
 
 __all__ = ["WeightFIFO"]
@@ -55,7 +56,7 @@ class WeightFIFO(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
-        m.submodules.rows = rows = fifo.SyncFIFOBuffered(
+        m.submodules.rows = rows = BlockFIFO(
             width=len(self.i_row.payload.as_value()), depth=self.rows * self.depth)
         wiring.connect(m, wiring.flipped(self.i_row), rows.w_stream)
 

@@ -5,6 +5,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..accumulators import psum_write_layout
+from ..block_fifo import BlockFIFO
 from ..config import TPUConfig
 from ..isa import Matmul, ub_row_beat
 from ..ports import MemReadSignature, addr_bits
@@ -107,7 +108,7 @@ class MatrixEngine(wiring.Component):
         # Unbuffered: a row's metadata must be readable the cycle after its UB read was
         # issued, when the row arrives, or the read port would idle every other cycle.
         m.submodules.meta_a = meta_a = fifo.SyncFIFO(width=meta_a_layout.size, depth=4)
-        m.submodules.meta_b = meta_b = fifo.SyncFIFOBuffered(
+        m.submodules.meta_b = meta_b = BlockFIFO(
             width=meta_b_layout.size, depth=cfg.array_latency + 2)
         meta_a_in = data.View(meta_a_layout, meta_a.w_data)
         meta_a_out = data.View(meta_a_layout, meta_a.r_data)

@@ -18,7 +18,7 @@ checks, every cycle, on the ports:
 - the stream rules: assumed on ``i_row``, asserted on ``o_row``.
 
 For k-induction, auxiliary invariants tie the counts to the FIFO's counters and the picked
-row to its place in the underlying ``SyncFIFOBuffered`` (its output register or its memory,
+row to its place in the underlying ``BlockFIFO`` (its output register or its memory,
 read through an extra port).
 """
 
@@ -54,7 +54,7 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
     """
     capacity = rows * depth
     if capacity < 2:
-        raise ValueError("the proof follows SyncFIFOBuffered's memory: rows * depth >= 2")
+        raise ValueError("the proof follows BlockFIFO's memory: rows * depth >= 2")
     dut = dut_class(rows=rows, cols=cols, data_width=data_width, depth=depth)
 
     def properties(m: Module, fifo: WeightFIFO, inside: Inside) -> None:
@@ -86,7 +86,7 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
             Assert((out_phase == 0) | fifo.o_row.valid, "no gap within a tile"),
         ]
         if rows >= 2:
-            # With one-row tiles, o_tiles counts a tile a cycle before SyncFIFOBuffered
+            # With one-row tiles, o_tiles counts a tile a cycle before BlockFIFO
             # offers it (its read latency); with more rows, the first row is there in time.
             m.d.comb += Assert((fifo.o_tiles == 0) | fifo.o_row.valid,
                                "a counted tile is offered")
