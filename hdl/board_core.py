@@ -9,10 +9,17 @@ from .core import Core
 from .host_link import HostLink
 from .uart import UARTReceiver, UARTTransmitter
 
-__all__ = ["BoardCore", "RUNNING_HOLD_S"]
+__all__ = ["BoardCore", "RUNNING_HOLD_S", "running_epoch_bits"]
 
-#: How long ``o_running`` stays lit after the core last took or sent a beat, in seconds.
+#: How long ``o_running`` stays lit at least after the core last took or sent a beat, in
+#: seconds (less than four times that).
 RUNNING_HOLD_S = 0.05
+
+
+def running_epoch_bits(clock_hz: int) -> int:
+    """log2 of the cycles of one epoch of ``o_running``'s hold: the smallest power of two
+    that lasts :data:`RUNNING_HOLD_S`."""
+    return max(1, (max(1, int(clock_hz * RUNNING_HOLD_S)) - 1).bit_length())
 
 
 class BoardCore(wiring.Component):
@@ -46,8 +53,10 @@ class BoardCore(wiring.Component):
     o_tx : Out(1, init=1)
         UART line to the host.
     o_running : Out(1)
-        For an LED: high while the core takes or sends beats, and for
-        :data:`RUNNING_HOLD_S` after the last one (so a short burst is visible).
+        For an LED: high while the core takes or sends beats, and after the last one until
+        the end of the epoch after its own (epochs of ``2**running_epoch_bits(clock_hz)``
+        cycles of the link's cycle counter: :data:`RUNNING_HOLD_S` to four times it), so a
+        short burst is visible.
     o_error : Out(1)
         For an LED: the core's error flag (``o_status.error``), until CLEAR, the
         resynchronisation word or RESET.
@@ -88,14 +97,19 @@ class BoardCore(wiring.Component):
             self.o_error.eq(core.o_status.error),
         ]
 
-        hold = max(1, int(self.clock_hz * RUNNING_HOLD_S))
-        left = Signal(range(hold + 1))
+        # Two flags, this epoch's and the last one's, against a counter of its own: the
+        # epochs are bits of the link's cycle counter.
+        bit = running_epoch_bits(self.clock_hz)
         moved = Signal()        # (registered: the core's ready comes from deep in it)
         m.d.sync += moved.eq((core.i_host.valid & core.i_host.ready) |
                              (core.o_host.valid & core.o_host.ready))
-        with m.If(moved):
-            m.d.sync += left.eq(hold)
-        with m.Elif(left != 0):
-            m.d.sync += left.eq(left - 1)
-        m.d.sync += self.o_running.eq(left != 0)     # (registered: it drives a pin)
+        epoch = Signal()
+        now = Signal()          # a beat moved in this epoch
+        before = Signal()       # ... in the one before
+        m.d.sync += epoch.eq(link.o_cycles[bit])
+        with m.If(epoch != link.o_cycles[bit]):
+            m.d.sync += [before.eq(now | moved), now.eq(0)]
+        with m.Elif(moved):
+            m.d.sync += now.eq(1)
+        m.d.sync += self.o_running.eq(moved | now | before)     # (registered: a pin)
         return m

@@ -103,6 +103,8 @@ class HostLink(wiring.Component):
         To the core's ``i_clear``.
     o_core_reset : Out(1)
         One-cycle pulse: reset the core (a synchronous reset of its clock domain).
+    o_cycles : Out(CYCLE_BITS)
+        The free-running cycle counter (for the board's LED timing).
     """
 
     def __init__(self, config: TPUConfig, *, max_beats: int = 16, clock_hz: int):
@@ -129,6 +131,7 @@ class HostLink(wiring.Component):
             "i_status":     In(Status),
             "o_clear":      Out(1),
             "o_core_reset": Out(1),
+            "o_cycles":     Out(CYCLE_BITS),
         })
 
     def elaborate(self, platform):
@@ -159,7 +162,7 @@ class HostLink(wiring.Component):
         clear_pending = Signal()
         reset_pending = Signal()
         beat_seq = Signal(8)
-        cycles = Signal(CYCLE_BITS)
+        cycles = self.o_cycles
         m.d.sync += cycles.eq(cycles + 1)
 
         # Receive ---------------------------------------------------------------------------

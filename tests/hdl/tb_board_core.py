@@ -27,6 +27,7 @@ from cocotb.triggers import Event, FallingEdge, First, Timer
 from firmware.asm import Program
 from hdl import isa
 from hdl import link_protocol as lp
+from hdl.board_core import running_epoch_bits
 from hdl.isa import ErrorCode, Func
 from hdl.link_protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
 from sim.isa_sim import IsaSim
@@ -293,8 +294,8 @@ async def test_program(dut):
     st = await host.status(3)
     assert (st.status, st.pending, st.data_seq, st.seq_valid) == \
         (host.ref.status.as_bits(), 0, host.data_seq, True), st
-    # The LED goes dark once the core has been quiet for RUNNING_HOLD_S.
-    await Timer(int(CLOCK_HZ * 0.05 + 100) * CLK_NS, "ns")
+    # The LED goes dark by the end of the epoch after the last beat's (two epochs at most).
+    await Timer(((2 << running_epoch_bits(CLOCK_HZ)) + 100) * CLK_NS, "ns")
     assert int(dut.o_running.value) == 0, "o_running still lit long after the last beat"
     host.stop()
 

@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 CONFIG_KEY = "tiny"
 DIVISOR = 4
 MAX_BEATS = 4
-CLOCK_HZ = 20_000           # what INFO_REPLY reports; the LED's hold is 1,000 cycles
+CLOCK_HZ = 20_000           # what INFO_REPLY reports; the LED's epoch is 1,024 cycles
 TESTS = cocotb_test_names(HERE / "tb_board_core.py")
 
 
