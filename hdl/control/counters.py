@@ -1,11 +1,13 @@
 """Performance counters in TPU v1's Table 3 categories."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import COUNTER_BITS, COUNTERS
-from ..ports import CounterEventsSignature
+from ..ports import COUNTER_EVENTS, CounterEventsSignature
 
 __all__ = ["PerfCounters", "RING"]
 
@@ -21,6 +23,9 @@ class PerfCounters(wiring.Component):
     the cycle's other events); ``cycles`` counts every cycle, ``useful_macs`` adds
     ``macs_per_row`` for each ``array_active`` cycle, ``non_matrix`` counts the cycles with
     ``other_work`` and no ``array_active``; the others count the cycles their event is high.
+    The events are registered as they arrive (they come late in the cycle, from the
+    engines' handshakes, and each is the carry into a counter's whole chain), so a value
+    shown in cycle ``t`` counts the events up to cycle ``t - 2``.
 
     The counters of :data:`RING` move one place round a ring every cycle, each adding its
     event as it moves, and ``o_value`` shows the one at the ring's head: the counter
@@ -71,11 +76,15 @@ class PerfCounters(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ev = self.i_events
+        ev = SimpleNamespace(**{name: Signal(name=f"event_{name}") for name in COUNTER_EVENTS})
+        for name in COUNTER_EVENTS:
+            m.d.sync += getattr(ev, name).eq(getattr(self.i_events, name))
+        counting = Signal()     # every cycle's event, registered as the others are
+        m.d.sync += counting.eq(1)
         n = len(RING)
         assert n & (n - 1) == 0, "the ring's position wraps as a power of two"
         events = {
-            "cycles":       Const(1),
+            "cycles":       counting,
             "instructions": ev.instructions,
             "array_active": ev.array_active,
             "weight_stall": ev.weight_stall,

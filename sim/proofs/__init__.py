@@ -56,6 +56,8 @@ CONTROL = PRESETS["tiny"]
 ICEBREAKER_END_BITS = PRESETS["icebreaker"].range_end_bits
 #: And its MATMUL slots.
 ICEBREAKER_SLOTS = PRESETS["icebreaker"].matmul_slots
+#: And its dispatch.
+ICEBREAKER_DISPATCH = PRESETS["icebreaker"].dispatch
 
 #: Their fast forms' and the tests': the smallest memories.
 CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
@@ -143,9 +145,9 @@ PROOFS: dict[str, Proof] = _table(
              "MatrixEngine with dispatch='registered': as matrix_engine_streams",
              dispatch="registered"),
     _control(matrix_engine_harness, "matrix_engine_streams_icebreaker",
-             f"MatrixEngine with dispatch='registered' and {ICEBREAKER_SLOTS} MATMUL slots "
-             f"(the icebreaker preset's): as matrix_engine_streams",
-             dispatch="registered", matmul_slots=ICEBREAKER_SLOTS),
+             f"MatrixEngine with dispatch={ICEBREAKER_DISPATCH!r} and {ICEBREAKER_SLOTS} MATMUL "
+             f"slots (the icebreaker preset's): as matrix_engine_streams",
+             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS),
     _control(front_end_streams_harness, "front_end_streams_registered",
              "FrontEnd with dispatch='registered': as front_end_streams",
              dispatch="registered"),
