@@ -28,7 +28,7 @@ from hdl.config import PRESETS, TPUConfig, get_config
 
 __all__ = ["ICEBreakerTop", "BOARD_CONFIG", "main"]
 
-#: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR): a 4x3 array
+#: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR): a 4x4 array
 #: of int8 products, two to an SB_MAC16 (see :data:`hdl.config.PRESETS`).
 BOARD_CONFIG = "icebreaker"
 CLOCK_MHZ = 24.0
