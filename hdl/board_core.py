@@ -97,7 +97,7 @@ class BoardCore(wiring.Component):
             self.o_error.eq(core.o_status.error),
         ]
 
-        # Two flags, this epoch's and the last one's, against a counter of its own: the
+        # Two flags, this epoch's and the last one's, instead of a counter of its own: the
         # epochs are bits of the link's cycle counter.
         bit = running_epoch_bits(self.clock_hz)
         moved = Signal()        # (registered: the core's ready comes from deep in it)
