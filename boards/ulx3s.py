@@ -121,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(PRESETS)})")
     parser.add_argument("--clock", type=float, default=CLOCK_MHZ, help="core clock, MHz")
     parser.add_argument("--baud", type=int, default=BAUD, help="UART baud rate")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="nextpnr's placement seed (default 1, nextpnr's own); "
+                             "Fmax moves by a few per cent from seed to seed")
     args = parser.parse_args(argv)
     config = get_config(args.config)
     board = f"ulx3s-{args.part.lower()}"
     top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud)
     try:
         report = build(PARTS[args.part](), top, board=board, config=config,
-                       clock_hz=top.clock_hz, baud=args.baud)
+                       clock_hz=top.clock_hz, baud=args.baud, nextpnr_opts=f"--seed {args.seed}")
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
