@@ -36,7 +36,7 @@ PARTS = {
 }
 # The `ulx3s` preset: the 8x8 array and the activation unit's products on registered
 # MULT18X18D, the front end's dispatch decided ahead, the accumulators' read registered. At
-# 75 MHz it meets timing (nextpnr's Fmax 80.28 MHz, seed 1); asked for 80 MHz, nextpnr's
+# 75 MHz it meets timing (nextpnr's Fmax 81.35 MHz, seed 1); asked for 80 MHz, nextpnr's
 # router did not finish in 40 minutes. The target is 150 MHz: asked for it, 79.6-87.0 MHz
 # from build to build, limited by the hazard tracker's range adders and compares into the
 # front end's registered answer (12.2-12.8 ns, two thirds routing).
