@@ -114,26 +114,31 @@ class Accumulators(wiring.Component):
         else:
             # Stage B: register the old sums. Stage C: add (or not) and write; a row whose
             # address the previous cycle wrote takes that write's sums, which its read (one
-            # cycle before that write) did not see.
+            # cycle before that write) did not see. Which of the two it adds to is decided in
+            # stage B, against the write in progress then, into two flip-flops: no address
+            # compare runs into the adders.
             valid_w = Signal()
             write_w = Signal.like(self.i_psum.payload)
             old_q = Signal(row)
             last = Signal(row)
-            last_addr = Signal.like(write_b.addr)
-            last_valid = Signal()
+            use_old = Signal()      # stage C adds to the sums read
+            use_last = Signal()     # ... to those written in the cycle before
+            forward = valid_w & (write_w.addr == write_b.addr)
             m.d.sync += [valid_w.eq(valid_b), write_w.eq(write_b), old_q.eq(rmw.data),
-                         last.eq(wr.data), last_addr.eq(wr.addr), last_valid.eq(wr.en)]
-            forward = Signal()
-            m.d.comb += forward.eq(last_valid & (last_addr == write_w.addr))
-            old = Signal(row)
-            m.d.comb += old.eq(Mux(forward, last, old_q))
+                         last.eq(wr.data),
+                         use_old.eq(write_b.accumulate & ~forward),
+                         use_last.eq(write_b.accumulate & forward)]
         m.d.comb += [
             wr.en.eq(valid_w),
             wr.addr.eq(write_w.addr),
             self.o_written.eq(valid_w),
         ]
         for c in range(self.cols):
-            m.d.comb += wr.data[c].eq(Mux(write_w.accumulate, old[c], 0) + write_w.data[c])
+            if not self.registered_read:
+                addend = Mux(write_w.accumulate, old[c], 0)
+            else:
+                addend = (Mux(use_old, old_q[c], 0) | Mux(use_last, last[c], 0)).as_signed()
+            m.d.comb += wr.data[c].eq(addend + write_w.data[c])
 
         serve_reads(m, rd, [self.r.addr], [self.r.data])
         return m

@@ -25,7 +25,7 @@ ACTIVATION_UNITS = ("pipelined", "serial")
 PARAM_STORES = ("auto", "block")
 
 #: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
-DISPATCH_MODES = ("direct", "registered", "ahead")
+DISPATCH_MODES = ("direct", "registered", "ahead", "pipelined")
 
 
 class ConfigError(ValueError):
@@ -115,8 +115,10 @@ class TPUConfig:
         nothing from the word or an engine's ready runs combinationally into the dispatch and
         what it enables in every engine (an instruction issues at the earliest in its third
         cycle, and one that waits for its engine a cycle after the engine is ready; some 50
-        flip-flops more; the ECP5's critical path). See :class:`hdl.control.dispatch.Dispatch`.
-        Same results.
+        flip-flops more). ``"pipelined"``: as ``"ahead"``, and the checks' answers are
+        registered before they are combined, so that no check's logic runs into the dispatch
+        (an instruction issues at the earliest in its fourth cycle; the ECP5's). See
+        :class:`hdl.control.dispatch.Dispatch`. Same results.
     operands : str
         ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
         ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a
@@ -337,8 +339,8 @@ PRESETS: dict[str, TPUConfig] = {
                             multiplier="ice40", activation_unit="serial", counter_bits=32,
                             dispatch="ahead", matmul_slots=2),
     # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
-    # activation unit's partial products too), the front end's dispatch decided ahead.
-    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="ahead"),
+    # activation unit's partial products too), the front end's dispatch pipelined.
+    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="pipelined"),
 }
 
 

@@ -37,6 +37,10 @@ class Dispatch(wiring.Component):
       engine becomes busy and the core stops being idle only as something is dispatched (each a
       proved property, :mod:`sim.proofs.engines`). An instruction that waits for its engine
       issues a cycle after the engine is ready.
+    - ``"pipelined"``: as ``"ahead"``, and the front end registers its checks' answers
+      before they are combined (``i_error`` and ``i_failed`` are the beat's own from its
+      third cycle), so that no check's logic (the range compares, the tile masks) runs into
+      the dispatch's registers: a beat issues or fails at the earliest in its fourth cycle.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
     word; the front end takes the beat in that cycle.
@@ -115,14 +119,19 @@ class Dispatch(wiring.Component):
             m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
             if mode == "registered":
                 m.d.sync += self.o_settled.eq(stays)
-        if mode == "ahead":
-            # The answers are the beat's own once it has stayed a cycle (`stayed`): registered
-            # then, they may be acted on a cycle later.
+        if mode in ("ahead", "pipelined"):
+            # The answers are the beat's own once it has stayed a cycle (`stayed`; with
+            # "pipelined", whose checks' answers come a cycle later, two: `stayed2`):
+            # registered then, they may be acted on a cycle later.
             stayed = Signal()
             failed_q = Signal()
             ready_go = Signal()     # it will issue next cycle, if it passes checks and hazard
             ready_issue = Signal.like(self.o_issue)
             own = stays & stayed & ~self.i_resync
+            if mode == "pipelined":
+                stayed2 = Signal()
+                m.d.sync += stayed2.eq(stays & stayed)
+                own = own & stayed2
             m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), ready_go.eq(own & ~busy)]
             for o in Opcode:
                 m.d.sync += ready_issue[o.value].eq(own & ~busy & is_[o])

@@ -173,11 +173,12 @@ class FrontEnd(wiring.Component):
         # about: the beat offered last cycle's, its own once it has stayed a cycle (Dispatch
         # waits for that), so that neither the checks' compares nor the tracker's adders and
         # compares start at the beat.
-        ahead = m.d.sync if cfg.dispatch == "ahead" else m.d.comb
+        ahead = m.d.sync if cfg.dispatch in ("ahead", "pipelined") else m.d.comb
         m.d.comb += window_log.eq(window_log2(av.pool))
         ahead += [a_end.eq(a + count),
                   b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
                   self.o_hazards.instr.eq(word)]
+        m.d.comb += [self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
@@ -232,6 +233,12 @@ class FrontEnd(wiring.Component):
             (weight_empty, ErrorCode.WEIGHT_EMPTY),
             (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
         ]
+        if cfg.dispatch == "pipelined":
+            # The checks' answers registered (the beat's own from its third cycle; Dispatch
+            # waits for that), so that no check's logic runs into the dispatch's registers.
+            checked = Signal(len(checks))
+            m.d.sync += checked.eq(Cat(*(failed for failed, _ in checks)))
+            checks = [(checked[i], code) for i, (_, code) in enumerate(checks)]
         for failed, code in reversed(checks):    # later assignments win
             with m.If(failed):
                 m.d.comb += error_code.eq(code)
@@ -318,7 +325,7 @@ class FrontEnd(wiring.Component):
         def issue_actions():
             m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [halted.eq(0), index.eq(index + 1)]
-            if cfg.dispatch == "ahead":     # each opcode's from its own register
+            if cfg.dispatch in ("ahead", "pipelined"):  # each opcode's from its own register
                 m.d.comb += self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
                                                   ~issue[Opcode.CLEAR_COUNTERS])
                 for o in Opcode:
@@ -375,7 +382,7 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                if cfg.dispatch == "ahead":
+                if cfg.dispatch in ("ahead", "pipelined"):
                     # dispatch and fail imply a valid beat that is not the resynchronisation
                     # word: tested first, they take the beat straight from their registers.
                     with m.If(dispatch):

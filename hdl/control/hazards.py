@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import Activate, Instr, Opcode, Pool
+from ..isa import Instr, Opcode
 
 __all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS",
            "HAZARD_RULES"]
@@ -41,6 +41,11 @@ class HazardQuerySignature(wiring.Signature):
     -------
     instr : Out(Instr)
         The instruction word at the front end.
+    a_end, b_end : Out(ADDR_END_BITS)
+        The exclusive ends of its ranges, ``a + count`` and ``b`` plus the rows at ``b``
+        (``count``; an ACTIVATE's ``count`` over its pooling window), as the front end
+        computes them for its range checks (with ``dispatch="ahead"`` registered along with
+        ``instr``), so that no adder starts the tracker's compares.
     dispatch : Out(1)
         The instruction issues this cycle (the tracker records its ranges).
     hazard : In(1)
@@ -50,6 +55,8 @@ class HazardQuerySignature(wiring.Signature):
     def __init__(self):
         super().__init__({
             "instr":    Out(Instr),
+            "a_end":    Out(ADDR_END_BITS),
+            "b_end":    Out(ADDR_END_BITS),
             "dispatch": Out(1),
             "hazard":   In(1),
         })
@@ -152,16 +159,8 @@ class HazardTracker(wiring.Component):
         op = instr.opcode
         width = self.end_bits
         slots = self.slots
-        a, b, count = instr.a[:width], instr.b[:width], instr.count[:width]
-        av = data.View(Activate, instr.as_value())
-        # ACTIVATE writes count / window buffer rows.
-        window_log = Mux(av.pool == Pool.MAX4, 2, Mux(av.pool == Pool.MAX2, 1, 0))
-        a_end = Signal(width)
-        b_end = Signal(width)
-        m.d.comb += [
-            a_end.eq(a + count),
-            b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
-        ]
+        a, b = instr.a[:width], instr.b[:width]
+        a_end, b_end = q.a_end[:width], q.b_end[:width]
 
         mm_ub = [_Range(f"mm{i}_ub", width) for i in range(slots)]
         mm_acc = [_Range(f"mm{i}_acc", width) for i in range(slots)]

@@ -22,8 +22,10 @@ HERE = Path(__file__).parent
 PROGRAMS_PER_BLOCK = 25
 
 
-#: Configurations that are no preset: the tiny core with the ULX3S preset's dispatch="ahead".
-CONFIGS = {"tiny-ahead": get_config("tiny").replace(dispatch="ahead")}
+#: Configurations that are no preset: the tiny core with the iCEBreaker preset's
+#: dispatch="ahead" and with the ULX3S preset's "pipelined".
+CONFIGS = {"tiny-ahead": get_config("tiny").replace(dispatch="ahead"),
+           "tiny-pipelined": get_config("tiny").replace(dispatch="pipelined")}
 
 
 def run_core(config_key: str, testcase: str, **env):
@@ -34,7 +36,8 @@ def run_core(config_key: str, testcase: str, **env):
 
 # (configuration, first block, blocks): block b runs seeds 1000 + 25 b .. 1000 + 25 b + 24,
 # so every block has seeds of its own.
-_FAST = (("tiny", 0, 4), ("small", 4, 2), ("wide", 6, 2), ("tiny-ahead", 8, 2))
+_FAST = (("tiny", 0, 4), ("small", 4, 2), ("wide", 6, 2), ("tiny-ahead", 8, 2),
+         ("tiny-pipelined", 27, 2))
 _SLOW = (("tiny", 10, 8), ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2),
          ("large", 26, 1))
 RANDOM_BLOCKS = (
@@ -51,12 +54,13 @@ def test_random_programs(config_key: str, block: int):
              AMTPU_SEED=1000 + block * PROGRAMS_PER_BLOCK)
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-ahead"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-ahead",
+                                        "tiny-pipelined"])
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead", "tiny-pipelined"])
 def test_errors(config_key: str):
     run_core(config_key, "test_error")
 

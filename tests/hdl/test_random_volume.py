@@ -66,10 +66,10 @@ CONFIGS: dict[str, TPUConfig] = {
     "int8": TPUConfig(rows=3, cols=3, ub_depth=32, acc_depth=32, weight_mem_tiles=5,
                       weight_fifo_depth=2, param_slots=2, multiplier="ice40",
                       operands="int8", activation_unit="serial", counter_bits=32),
-    # The ULX3S preset's build for Fmax on a small non-square core: dispatch="ahead", the
+    # The ULX3S preset's build for Fmax on a small non-square core: dispatch="pipelined", the
     # PEs on MULT18X18D (the model) with the array's registered enable, the accumulators'
     # registered read.
-    "wide-ahead": get_config("wide").replace(dispatch="ahead", multiplier="ecp5"),
+    "wide-pipelined": get_config("wide").replace(dispatch="pipelined", multiplier="ecp5"),
 }
 
 #: Programs from one reset to the next.
@@ -77,11 +77,11 @@ BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
-             "int8": 900_000, "wide-ahead": 1_000_000}
+             "int8": 900_000, "wide-pipelined": 1_000_000}
 FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150, "int8": 150,
-        "wide-ahead": 150}
+        "wide-pipelined": 150}
 SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 850, "int8": 850, "wide-ahead": 850}
+        "default": 500, "icebreaker": 850, "int8": 850, "wide-pipelined": 850}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
