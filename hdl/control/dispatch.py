@@ -31,12 +31,13 @@ class Dispatch(wiring.Component):
       cycle), the answers are registered, and the part of the decision that depends on the
       opcode and the engines' readiness is registered too, taken a cycle ahead for the beat that
       stays: a beat issues or fails at the earliest in its third cycle, and the dispatch (and
-      each opcode's) is one LUT of three flip-flops (that part, whether a check failed, the
-      hazard), not a LUT cone from the instruction word and the engines' ``ready``. It relies on
-      the engines: a ready engine stays ready until it takes an instruction, the activation
-      engine becomes busy and the core stops being idle only as something is dispatched (each a
-      proved property, :mod:`sim.proofs.engines`). An instruction that waits for its engine
-      issues a cycle after the engine is ready.
+      each opcode's) is one LUT of four flip-flops (that part, whether a check failed, the
+      hazard, whether the beat was not taken last cycle), not a LUT cone from the instruction
+      word and the engines' ``ready``. It relies on the engines: a ready engine stays ready
+      until it takes an instruction, the activation engine becomes busy and the core stops
+      being idle only as something is dispatched (each a proved property,
+      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle
+      after the engine is ready.
     - ``"pipelined"``: as ``"ahead"``, and the front end registers its checks' answers
       before they are combined (``i_error`` and ``i_failed`` are the beat's own from its
       third cycle), so that no check's logic (the range compares, the tile masks) runs into
@@ -127,16 +128,21 @@ class Dispatch(wiring.Component):
             failed_q = Signal()
             ready_go = Signal()     # it will issue next cycle, if it passes checks and hazard
             ready_issue = Signal.like(self.o_issue)
-            own = stays & stayed & ~self.i_resync
+            # `held`: the beat is there and its answers are its own; `stays` (whether the front
+            # end does not take it this cycle, a long path) goes into `stayed` alone, and is
+            # ANDed in as that register.
+            held = self.i_waiting & stayed & ~self.i_resync
             if mode == "pipelined":
                 stayed2 = Signal()
                 m.d.sync += stayed2.eq(stays & stayed)
-                own = own & stayed2
-            m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), ready_go.eq(own & ~busy)]
+                held = held & stayed2
+            settled = Signal()
+            m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), settled.eq(held),
+                         ready_go.eq(held & ~busy)]
             for o in Opcode:
-                m.d.sync += ready_issue[o.value].eq(own & ~busy & is_[o])
-            m.d.sync += self.o_settled.eq(own)
-            clear = ~failed_q & ~self.o_hazard
+                m.d.sync += ready_issue[o.value].eq(held & ~busy & is_[o])
+            m.d.comb += self.o_settled.eq(settled & stayed)
+            clear = ~failed_q & ~self.o_hazard & stayed
             m.d.comb += [
                 self.o_fail.eq(self.o_settled & failed_q),
                 self.o_dispatch.eq(ready_go & clear),

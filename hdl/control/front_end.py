@@ -236,9 +236,14 @@ class FrontEnd(wiring.Component):
         if cfg.dispatch == "pipelined":
             # The checks' answers registered (the beat's own from its third cycle; Dispatch
             # waits for that), so that no check's logic runs into the dispatch's registers.
+            # The tile check keeps its tiles (`unwritten`), ORed a cycle later: its masks and
+            # the wide OR together were the longest.
             checked = Signal(len(checks))
-            m.d.sync += checked.eq(Cat(*(failed for failed, _ in checks)))
-            checks = [(checked[i], code) for i, (_, code) in enumerate(checks)]
+            unwritten = Signal(tiles)
+            m.d.sync += [checked.eq(Cat(*(failed for failed, _ in checks))),
+                         unwritten.eq(Mux(is_[Opcode.READ_WEIGHTS], tile_mask & ~written, 0))]
+            checks = [(unwritten.any() if code == ErrorCode.WEIGHT_UNWRITTEN else checked[i], code)
+                      for i, (_, code) in enumerate(checks)]
         for failed, code in reversed(checks):    # later assignments win
             with m.If(failed):
                 m.d.comb += error_code.eq(code)
