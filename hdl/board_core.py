@@ -1,7 +1,7 @@
 """The platform-independent top of a board build: a UART, the host link and the core."""
 
 from amaranth.hdl import Module, ResetInserter, Signal
-from amaranth.lib import wiring
+from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import TPUConfig
@@ -45,6 +45,12 @@ class BoardCore(wiring.Component):
         Beats a DATA frame may carry (the link's frame buffers).
     clock_hz : int
         The clock, reported in INFO_REPLY and used for the LED's hold time.
+    register_beats : bool
+        Pass the core's beats to the link through a register (a one-entry
+        :class:`~amaranth.lib.fifo.SyncFIFOBuffered`, reset with the core), so that no path
+        runs from the unified buffer's block RAM output through the link's frame logic
+        (the ULX3S build's critical path at 100 MHz); a beat every other cycle at most,
+        which the UART is far below. ``host_width`` flip-flops more.
 
     Members
     -------
@@ -62,8 +68,10 @@ class BoardCore(wiring.Component):
         resynchronisation word or RESET.
     """
 
-    def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int):
+    def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int,
+                 register_beats: bool = False):
         self.config = config
+        self.register_beats = register_beats
         self.divisor = divisor
         self.max_beats = max_beats
         self.clock_hz = clock_hz
@@ -85,12 +93,20 @@ class BoardCore(wiring.Component):
         m.submodules.link = link = self._link
         core = Core(self.config)
         m.submodules.core = ResetInserter(link.o_core_reset)(core)
+        if not self.register_beats:
+            wiring.connect(m, core.o_host, link.i_host)
+        else:
+            slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
+            m.submodules.beat_register = ResetInserter(link.o_core_reset)(slot)
+            m.d.comb += [slot.w_data.eq(core.o_host.payload), slot.w_en.eq(core.o_host.valid),
+                         core.o_host.ready.eq(slot.w_rdy),
+                         link.i_host.payload.eq(slot.r_data), link.i_host.valid.eq(slot.r_rdy),
+                         slot.r_en.eq(link.i_host.ready)]
 
         m.d.comb += [rx.i_rx.eq(self.i_rx), self.o_tx.eq(tx.o_tx)]
         wiring.connect(m, rx.o_data, link.i_rx)
         wiring.connect(m, link.o_tx, tx.i_data)
         wiring.connect(m, link.o_host, core.i_host)
-        wiring.connect(m, core.o_host, link.i_host)
         m.d.comb += [
             link.i_status.eq(core.o_status),
             core.i_clear.eq(link.o_clear),
