@@ -45,33 +45,20 @@ class BoardCore(wiring.Component):
         Beats a DATA frame may carry (the link's frame buffers).
     clock_hz : int
         The clock, reported in INFO_REPLY and used for the LED's hold time.
-    register_beats : bool
-        Pass the core's beats to the link through a register (a one-entry
-        :class:`~amaranth.lib.fifo.SyncFIFOBuffered`, reset with the core), so that no path
-        runs from the unified buffer's block RAM output through the link's frame logic
-        (the ULX3S build's critical path at 100 MHz); a beat every other cycle at most,
-        which the UART is far below. ``host_width`` flip-flops more.
-
-    Members
-    -------
-    i_rx : In(1, init=1)
-        UART line from the host.
-    o_tx : Out(1, init=1)
-        UART line to the host.
-    o_running : Out(1)
-        For an LED: high while the core takes or sends beats, and after the last one until
-        the end of the epoch after its own (epochs of ``2**running_epoch_bits(clock_hz)``
-        cycles of the link's cycle counter: :data:`RUNNING_HOLD_S` to four times it), so a
-        short burst is visible.
-    o_error : Out(1)
-        For an LED: the core's error flag (``o_status.error``), until CLEAR, the
-        resynchronisation word or RESET.
+    register_link : bool
+        Register the paths between the link and the core, for fast clocks (the ULX3S's):
+        the core's beats reach the link through a one-entry
+        :class:`~amaranth.lib.fifo.SyncFIFOBuffered` (reset with the core), so that no path
+        runs from the unified buffer's block RAM output through the link's frame logic; and
+        the link's core reset is registered before it fans out to the whole core, the link
+        taking no beat in that cycle. A beat every other cycle at most, which the UART is far
+        below; ``host_width`` flip-flops more.
     """
 
     def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int,
-                 register_beats: bool = False):
+                 register_link: bool = False):
         self.config = config
-        self.register_beats = register_beats
+        self.register_link = register_link
         self.divisor = divisor
         self.max_beats = max_beats
         self.clock_hz = clock_hz
@@ -92,15 +79,19 @@ class BoardCore(wiring.Component):
         m.submodules.uart_tx = tx = self._tx
         m.submodules.link = link = self._link
         core = Core(self.config)
-        m.submodules.core = ResetInserter(link.o_core_reset)(core)
-        if not self.register_beats:
+        if not self.register_link:
+            m.submodules.core = ResetInserter(link.o_core_reset)(core)
             wiring.connect(m, core.o_host, link.i_host)
         else:
+            core_reset = Signal()
+            m.d.sync += core_reset.eq(link.o_core_reset)
+            m.submodules.core = ResetInserter(core_reset)(core)
             slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
-            m.submodules.beat_register = ResetInserter(link.o_core_reset)(slot)
+            m.submodules.beat_register = ResetInserter(core_reset)(slot)
             m.d.comb += [slot.w_data.eq(core.o_host.payload), slot.w_en.eq(core.o_host.valid),
                          core.o_host.ready.eq(slot.w_rdy),
-                         link.i_host.payload.eq(slot.r_data), link.i_host.valid.eq(slot.r_rdy),
+                         link.i_host.payload.eq(slot.r_data),
+                         link.i_host.valid.eq(slot.r_rdy & ~core_reset),
                          slot.r_en.eq(link.i_host.ready)]
 
         m.d.comb += [rx.i_rx.eq(self.i_rx), self.o_tx.eq(tx.o_tx)]

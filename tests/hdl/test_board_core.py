@@ -18,9 +18,9 @@ CLOCK_HZ = 20_000           # what INFO_REPLY reports; the LED's epoch is 1,024 
 TESTS = cocotb_test_names(HERE / "tb_board_core.py")
 
 
-def _factory(register_beats=False):
+def _factory(register_link=False):
     return BoardCore(get_config(CONFIG_KEY), divisor=DIVISOR, max_beats=MAX_BEATS,
-                     clock_hz=CLOCK_HZ, register_beats=register_beats)
+                     clock_hz=CLOCK_HZ, register_link=register_link)
 
 
 #: The error cases run in one simulation (each resets the board first): one simulator start.
@@ -31,9 +31,9 @@ def test_bench_lists_its_tests():
     assert "test_program" in TESTS and len(ERROR_CASES) >= 7
 
 
-def _run(testcase, register_beats=False):
-    suffix = "-reg" if register_beats else ""
-    run("board_core", lambda: _factory(register_beats),
+def _run(testcase, register_link=False):
+    suffix = "-reg" if register_link else ""
+    run("board_core", lambda: _factory(register_link),
         f"{CONFIG_KEY}-d{DIVISOR}-b{MAX_BEATS}{suffix}", "tb_board_core",
         HERE, testcase, config=get_config(CONFIG_KEY),
         extra_env={"AMTPU_DIVISOR": str(DIVISOR), "AMTPU_MAX_BEATS": str(MAX_BEATS),
@@ -52,6 +52,6 @@ def test_error_cases():
 
 
 def test_registered_beats():
-    """As the ULX3S builds it: the core's beats through a register (``register_beats``); the
+    """As the ULX3S builds it: the core's beats and reset through registers (``register_link``); the
     program, then the error cases."""
-    _run(["test_program", *ERROR_CASES], register_beats=True)
+    _run(["test_program", *ERROR_CASES], register_link=True)
