@@ -78,7 +78,8 @@ class Core(wiring.Component):
         m.submodules.front_end = fe = FrontEnd(cfg)
         # The front end dispatches only ranges that fit the memories: compare that wide.
         m.submodules.hazards = hz = HazardTracker(end_bits=cfg.range_end_bits,
-                                                  slots=cfg.matmul_slots)
+                                                  slots=cfg.matmul_slots,
+                                                  late=cfg.dispatch == "pipelined")
         m.submodules.weight_loader = wl = WeightLoader(cfg)
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)

@@ -263,7 +263,10 @@ class FrontEnd(wiring.Component):
             decide.i_opcode.eq(op),
             decide.i_error.eq(error_code),
             decide.i_failed.eq(Cat(*(failed for failed, _ in checks)).any()),
-            decide.i_hazard.eq(self.o_hazards.hazard),
+            # ("pipelined": the answer a cycle later, registered inside the tracker; the
+            # beat's own from its third cycle, as its checks' answers.)
+            decide.i_hazard.eq(self.o_hazards.hazard_late if cfg.dispatch == "pipelined"
+                               else self.o_hazards.hazard),
             decide.i_engine_ready.eq(Cat(*(engines[o].ready for o in ENGINE_OPCODES))),
             decide.i_activate_busy.eq(self.i_activate_busy),
             decide.i_idle.eq(self.i_idle),

@@ -50,6 +50,10 @@ class HazardQuerySignature(wiring.Signature):
         The instruction issues this cycle (the tracker records its ranges).
     hazard : In(1)
         The instruction conflicts with an unfinished one and must wait.
+    hazard_late : In(1)
+        ``hazard`` a cycle later, from the rules' answers registered (a tracker built with
+        ``late=True``, for ``dispatch="pipelined"``: no range compare runs into the
+        dispatch); low otherwise.
     """
 
     def __init__(self):
@@ -59,6 +63,7 @@ class HazardQuerySignature(wiring.Signature):
             "b_end":    Out(ADDR_END_BITS),
             "dispatch": Out(1),
             "hazard":   In(1),
+            "hazard_late": In(1),
         })
 
 
@@ -121,6 +126,8 @@ class HazardTracker(wiring.Component):
     slots : int
         MATMULs in flight the matrix engine allows (default :data:`MATMUL_SLOTS`, 1 to 8);
         the core passes :attr:`~hdl.config.TPUConfig.matmul_slots`.
+    late : bool
+        Also answer ``hazard_late``: ten flip-flops more.
 
     Members
     -------
@@ -135,7 +142,8 @@ class HazardTracker(wiring.Component):
         for coverage: ``hazard`` is their OR).
     """
 
-    def __init__(self, *, end_bits: int = ADDR_END_BITS, slots: int = MATMUL_SLOTS):
+    def __init__(self, *, end_bits: int = ADDR_END_BITS, slots: int = MATMUL_SLOTS,
+                 late: bool = False):
         if not isinstance(end_bits, int) or not 1 <= end_bits <= ADDR_END_BITS:
             raise ValueError(f"end_bits={end_bits!r} is not supported; allowed: 1 to "
                              f"{ADDR_END_BITS}")
@@ -143,6 +151,7 @@ class HazardTracker(wiring.Component):
             raise ValueError(f"slots={slots!r} is not supported; allowed: 1 to 8")
         self.end_bits = end_bits
         self.slots = slots
+        self.late = late
         super().__init__({
             "i_query":             In(HazardQuerySignature()),
             "i_matmul_retire":     In(1),
@@ -216,4 +225,8 @@ class HazardTracker(wiring.Component):
         for i, (opcode, hit) in enumerate(rules.values()):
             m.d.comb += self.o_rules[i].eq((op == opcode) & hit)
         m.d.comb += q.hazard.eq(self.o_rules.any())
+        if self.late:
+            rules_q = Signal.like(self.o_rules)
+            m.d.sync += rules_q.eq(self.o_rules)
+            m.d.comb += q.hazard_late.eq(rules_q.any())
         return m

@@ -74,6 +74,16 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         instr_1 = past(m, q.instr.as_value(), name="instr_1")
         m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
                            (q.instr.as_value() != instr_1))
+        if config.dispatch == "pipelined":
+            # The answer it uses, a cycle later: no rise but within two cycles of a dispatch
+            # or a new word.
+            late_1 = past(m, q.hazard_late, name="hazard_late_1")
+            dispatch_2 = past(m, dispatch_1, name="dispatch_2")
+            instr_2 = past(m, instr_1, name="instr_2")
+            fresh_1 = past(m, fresh, name="was_reset_1")
+            m.d.comb += Assume(fresh | fresh_1 | ~(q.hazard_late & ~late_1) | dispatch_1 |
+                               dispatch_2 | (q.instr.as_value() != instr_1) |
+                               (instr_1 != instr_2))
         busy_1 = past(m, fe.i_write_host_busy, name="write_host_busy_1")
         took_1 = past(m, _fire(fe.o_write_host), name="write_host_took_1")
         m.d.comb += [
