@@ -558,11 +558,11 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "route longer. On the iCE40UP5K the 8 SB_MAC16 hold 8 products and the rest are "
             "LUT multipliers, which set the clock; 8x8 does not fit the part's 5,280 LCs. The "
             "whole core with the host link (`make bitstream`, README): the ULX3S build "
-            "(`ulx3s` preset, 8x8) meets 75 MHz (Fmax 81.35 MHz, 9.6 GOPS), limited by the "
-            "control path (the hazard tracker's and the front end's range compares, the "
-            "accumulators' forwarding compare), not the array; the iCEBreaker build "
+            "(`ulx3s` preset, 8x8) meets 90 MHz (Fmax 94.45 MHz, 11.5 GOPS), limited by the "
+            "control path's routing across the die (the dispatch into the hazard tracker's "
+            "slots, 8.9 of 10.6 ns routing), not the array; the iCEBreaker build "
             "(`icebreaker` preset, 4x4 int8, the products two to an SB_MAC16) meets 24 MHz "
-            "(26.81-27.77 MHz) in 5,144 of 5,280 logic cells.",
+            "(25.12 MHz) in 5,098 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "
