@@ -53,6 +53,21 @@ class BoardCore(wiring.Component):
         the link's core reset is registered before it fans out to the whole core, the link
         taking no beat in that cycle. A beat every other cycle at most, which the UART is far
         below; ``host_width`` flip-flops more.
+
+    Members
+    -------
+    i_rx : In(1, init=1)
+        UART line from the host.
+    o_tx : Out(1, init=1)
+        UART line to the host.
+    o_running : Out(1)
+        For an LED: high while the core takes or sends beats, and after the last one until
+        the end of the epoch after its own (epochs of ``2**running_epoch_bits(clock_hz)``
+        cycles of the link's cycle counter: :data:`RUNNING_HOLD_S` to four times it), so a
+        short burst is visible.
+    o_error : Out(1)
+        For an LED: the core's error flag (``o_status.error``), until CLEAR, the
+        resynchronisation word or RESET.
     """
 
     def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int,

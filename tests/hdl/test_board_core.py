@@ -52,6 +52,6 @@ def test_error_cases():
 
 
 def test_registered_beats():
-    """As the ULX3S builds it: the core's beats and reset through registers (``register_link``); the
-    program, then the error cases."""
+    """As the ULX3S builds it: the core's beats and reset through registers
+    (``register_link``); the program, then the error cases."""
     _run(["test_program", *ERROR_CASES], register_link=True)
