@@ -288,6 +288,12 @@ class TPUConfig:
         return max((-low - 1).bit_length(), high.bit_length()) + 1
 
     @property
+    def dispatch_ahead(self) -> bool:
+        """Whether the front end decides the dispatch a cycle ahead (:attr:`dispatch`
+        ``"ahead"`` or ``"pipelined"``)."""
+        return self.dispatch in ("ahead", "pipelined")
+
+    @property
     def macs(self) -> int:
         """Multiply-accumulates the array performs per cycle at full utilisation."""
         return self.rows * self.cols

@@ -120,7 +120,7 @@ class Dispatch(wiring.Component):
             m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
             if mode == "registered":
                 m.d.sync += self.o_settled.eq(stays)
-        if mode in ("ahead", "pipelined"):
+        if self.config.dispatch_ahead:
             # The answers are the beat's own once it has stayed a cycle (`stayed`; with
             # "pipelined", whose checks' answers come a cycle later, two: `stayed2`):
             # registered then, they may be acted on a cycle later.

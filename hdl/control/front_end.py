@@ -173,7 +173,7 @@ class FrontEnd(wiring.Component):
         # about: the beat offered last cycle's, its own once it has stayed a cycle (Dispatch
         # waits for that), so that neither the checks' compares nor the tracker's adders and
         # compares start at the beat.
-        ahead = m.d.sync if cfg.dispatch in ("ahead", "pipelined") else m.d.comb
+        ahead = m.d.sync if cfg.dispatch_ahead else m.d.comb
         m.d.comb += window_log.eq(window_log2(av.pool))
         ahead += [a_end.eq(a + count),
                   b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
@@ -333,7 +333,7 @@ class FrontEnd(wiring.Component):
         def issue_actions():
             m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [halted.eq(0), index.eq(index + 1)]
-            if cfg.dispatch in ("ahead", "pipelined"):  # each opcode's from its own register
+            if cfg.dispatch_ahead:  # each opcode's from its own register
                 m.d.comb += self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
                                                   ~issue[Opcode.CLEAR_COUNTERS])
                 for o in Opcode:
@@ -390,7 +390,7 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                if cfg.dispatch in ("ahead", "pipelined"):
+                if cfg.dispatch_ahead:
                     # dispatch and fail imply a valid beat that is not the resynchronisation
                     # word: tested first, they take the beat straight from their registers.
                     with m.If(dispatch):

@@ -58,11 +58,11 @@ class HazardQuerySignature(wiring.Signature):
 
     def __init__(self):
         super().__init__({
-            "instr":    Out(Instr),
-            "a_end":    Out(ADDR_END_BITS),
-            "b_end":    Out(ADDR_END_BITS),
-            "dispatch": Out(1),
-            "hazard":   In(1),
+            "instr":       Out(Instr),
+            "a_end":       Out(ADDR_END_BITS),
+            "b_end":       Out(ADDR_END_BITS),
+            "dispatch":    Out(1),
+            "hazard":      In(1),
             "hazard_late": In(1),
         })
 

@@ -91,7 +91,7 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             Assume(fe.i_activate_busy | fe.o_param_write.ready |
                    (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
         ]
-        if config.dispatch in ("ahead", "pipelined"):
+        if config.dispatch_ahead:
             for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
                 port = getattr(fe, name)
                 ready_1 = past(m, port.ready, name=f"{name}_ready_1")
