@@ -1,7 +1,9 @@
 """The core's control: a front end and the engines it dispatches to, one component each.
 
 - :class:`~hdl.control.front_end.FrontEnd`: fetch, decode, error checks, dispatch, host
-  transfers, status, in-band error beat and resynchronisation;
+  transfers, status, in-band error beat and resynchronisation; its
+  :class:`~hdl.control.checks.Checks` (the error checks) and
+  :class:`~hdl.control.dispatch.Dispatch` (when an instruction issues);
 - :class:`~hdl.control.hazards.HazardTracker`: the ranges of unfinished instructions and the
   rules that make a later instruction wait;
 - :class:`~hdl.control.weight_loader.WeightLoader` (READ_WEIGHTS),

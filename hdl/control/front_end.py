@@ -15,7 +15,6 @@ from ..isa import (
     Activate,
     ErrorBeat,
     ErrorCode,
-    Func,
     Instr,
     LoadParams,
     LoadWeights,
@@ -30,9 +29,10 @@ from ..isa import (
 )
 from ..ports import MemWriteSignature, addr_bits
 from ..systolic_array import weight_row_layout
-from .activation_engine import ParamKind, param_write_layout, window_log2
+from .activation_engine import ParamKind, param_write_layout
+from .checks import Checks
 from .dispatch import ENGINE_OPCODES, Dispatch
-from .hazards import ADDR_END_BITS, HazardQuerySignature
+from .hazards import HazardQuerySignature
 
 __all__ = ["FrontEnd"]
 
@@ -57,7 +57,8 @@ class FrontEnd(wiring.Component):
       its range ends registered, and on the previous cycle's engine readiness);
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
-    - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order) sets
+    - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order;
+      :class:`~hdl.control.checks.Checks`) sets
       the sticky status before the instruction has any effect; the front end then sends an
       error beat (:class:`~hdl.isa.ErrorBeat`) once no WRITE_HOST runs, and discards every
       beat until :data:`~hdl.isa.RESYNC_WORD` or ``i_clear``, which restart the program.
@@ -162,91 +163,22 @@ class FrontEnd(wiring.Component):
         instr = data.View(Instr, word)
         op = instr.opcode
         mm = data.View(Matmul, word)
-        av = data.View(Activate, word)
         lw = data.View(LoadWeights, word)
         lp = data.View(LoadParams, word)
-        a, b, count = instr.a, instr.b, instr.count
-        window_log = Signal(2)
-        a_end = Signal(ADDR_END_BITS)
-        b_end = Signal(ADDR_END_BITS)
-        # With dispatch="ahead", registered, and so is the word the hazard tracker is asked
-        # about: the beat offered last cycle's, its own once it has stayed a cycle (Dispatch
-        # waits for that), so that neither the checks' compares nor the tracker's adders and
-        # compares start at the beat.
+        a, count = instr.a, instr.count
+        # The checks (with dispatch="ahead" or "pipelined" they answer from the beat's second
+        # or third cycle; Dispatch waits for that). The word the hazard tracker is asked about
+        # is registered with their range ends, which it takes too.
+        m.submodules.checks = checks = Checks(cfg)
+        m.d.comb += [checks.i_word.eq(word), checks.i_written.eq(written),
+                     checks.i_queued.eq(queued), checks.i_have_active.eq(have_active),
+                     self.o_hazards.a_end.eq(checks.o_a_end),
+                     self.o_hazards.b_end.eq(checks.o_b_end)]
         ahead = m.d.sync if cfg.dispatch_ahead else m.d.comb
-        m.d.comb += window_log.eq(window_log2(av.pool))
-        ahead += [a_end.eq(a + count),
-                  b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count)),
-                  self.o_hazards.instr.eq(word)]
-        m.d.comb += [self.o_hazards.a_end.eq(a_end), self.o_hazards.b_end.eq(b_end)]
+        ahead += self.o_hazards.instr.eq(word)
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
             m.d.comb += is_[o].eq(op == o)
-        unknown = ~Cat(*is_.values()).any()
-        needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
-                       is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
-                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
-        window_mask = Signal(2)
-        m.d.comb += window_mask.eq((1 << window_log) - 1)
-        bad_field = (
-            (needs_count & (count == 0)) |
-            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > Func.TANH.value) |
-                                     (av.pool.as_value() == 3) |
-                                     ((count & window_mask) != 0) |
-                                     (av.slot >= cfg.param_slots))) |
-            (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
-        # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
-        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
-                      if cfg.operands == "int8" else Const(0))
-        # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
-        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
-                     (a_end > cfg.ub_depth)) |
-                    (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
-        acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
-                     (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
-        weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
-                        (a_end > cfg.weight_mem_tiles))
-        # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
-        # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
-        tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
-        ones = Const((1 << tiles) - 1, tiles)
-        tile_mask = Signal(tiles)
-        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
-                                 ~(ones << a_end[:tile_bits])[:tiles])
-        weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~written) != 0)
-        weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~have_active)
-        # queued + count > depth + 1 without a 16-bit adder: count alone is too large, or
-        # (then it fits in over_bits) the sum of its low bits is.
-        over_bits = (cfg.weight_fifo_depth + 1).bit_length() + 1
-        weight_overflow = is_[Opcode.READ_WEIGHTS] & (
-            (count > cfg.weight_fifo_depth + 1) |
-            (queued + count[:over_bits] > cfg.weight_fifo_depth + 1))
-        error_code = Signal(ErrorCode)
-        checks = [   # in priority order: the first that fails is reported
-            (unknown, ErrorCode.UNKNOWN_OPCODE),
-            (bad_field, ErrorCode.BAD_FIELD),
-            (signedness, ErrorCode.SIGNEDNESS),
-            (ub_range, ErrorCode.UB_RANGE),
-            (acc_range, ErrorCode.ACC_RANGE),
-            (weight_range, ErrorCode.WEIGHT_RANGE),
-            (weight_unwritten, ErrorCode.WEIGHT_UNWRITTEN),
-            (weight_empty, ErrorCode.WEIGHT_EMPTY),
-            (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
-        ]
-        if cfg.dispatch == "pipelined":
-            # The checks' answers registered (the beat's own from its third cycle; Dispatch
-            # waits for that), so that no check's logic runs into the dispatch's registers.
-            # The tile check keeps its tiles (`unwritten`), ORed a cycle later: its masks and
-            # the wide OR together were the longest.
-            checked = Signal(len(checks))
-            unwritten = Signal(tiles)
-            m.d.sync += [checked.eq(Cat(*(failed for failed, _ in checks))),
-                         unwritten.eq(Mux(is_[Opcode.READ_WEIGHTS], tile_mask & ~written, 0))]
-            checks = [(unwritten.any() if code == ErrorCode.WEIGHT_UNWRITTEN else checked[i], code)
-                      for i, (_, code) in enumerate(checks)]
-        for failed, code in reversed(checks):    # later assignments win
-            with m.If(failed):
-                m.d.comb += error_code.eq(code)
 
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
@@ -261,8 +193,8 @@ class FrontEnd(wiring.Component):
             decide.i_taken.eq(self.i_host.ready),
             decide.i_resync.eq(resync),
             decide.i_opcode.eq(op),
-            decide.i_error.eq(error_code),
-            decide.i_failed.eq(Cat(*(failed for failed, _ in checks)).any()),
+            decide.i_error.eq(checks.o_error),
+            decide.i_failed.eq(checks.o_failed),
             # ("pipelined": the answer a cycle later, registered inside the tracker; the
             # beat's own from its third cycle, as its checks' answers.)
             decide.i_hazard.eq(self.o_hazards.hazard_late if cfg.dispatch == "pipelined"
@@ -354,7 +286,7 @@ class FrontEnd(wiring.Component):
             elif o == Opcode.LOAD_WEIGHTS:
                 m.d.sync += [
                     addr.eq(a * rows), left.eq(count * rows), signed_.eq(lw.signed),
-                    written.eq(written | tile_mask),
+                    written.eq(written | checks.o_tile_mask),
                 ]
                 m.next = "WEIGHT_ROWS"
             elif o == Opcode.LOAD_PARAMS:

@@ -1,0 +1,170 @@
+"""The front end's error checks: whether the instruction at fetch may run, and if not, why."""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import TPUConfig
+from ..isa import (
+    INSTR_BITS,
+    Activate,
+    ErrorCode,
+    Func,
+    Instr,
+    LoadParams,
+    LoadWeights,
+    Matmul,
+    Opcode,
+)
+from .activation_engine import window_log2
+from .hazards import ADDR_END_BITS
+
+__all__ = ["Checks"]
+
+
+class Checks(wiring.Component):
+    """Checks the instruction word at the front end's fetch against the configuration and the
+    front end's decode-level state, and reports the first check that fails, in the priority
+    order of :class:`~hdl.isa.ErrorCode`: unknown opcode, bad field, signedness (a core for
+    int8 only, :attr:`~hdl.config.TPUConfig.operands`), unified-buffer, accumulator and
+    weight-memory range, unwritten tile, no tile to switch in, weight FIFO overflow.
+
+    When the answers are the word's own depends on :attr:`~hdl.config.TPUConfig.dispatch`
+    (:class:`~hdl.control.dispatch.Dispatch` waits for them):
+
+    - ``"direct"``, ``"registered"``: in the cycle the word is shown;
+    - ``"ahead"``: the range ends (``o_a_end``, ``o_b_end``) are registered before they are
+      compared, so the answers are the word's own from its second cycle;
+    - ``"pipelined"``: as ``"ahead"``, and each check's answer is registered before they are
+      combined (the tile check keeps its tiles and ORs them a cycle later): from its third
+      cycle.
+
+    A word that is not an instruction (a data beat) gets answers too; the front end ignores
+    them.
+
+    Members
+    -------
+    i_word : In(INSTR_BITS)
+        The instruction word at fetch.
+    i_written : In(weight_mem_tiles)
+        The tiles LOAD_WEIGHTS has written.
+    i_queued : In(range(weight_fifo_depth + 2))
+        Tiles read into the weight FIFO and not yet switched in.
+    i_have_active : In(1)
+        A tile has been switched in.
+    o_a_end, o_b_end : Out(ADDR_END_BITS)
+        The ends of the word's ranges, ``a + count`` and ``b + count`` (``b + count >>
+        pool`` for ACTIVATE): the hazard tracker's too.
+    o_tile_mask : Out(weight_mem_tiles)
+        The tiles ``a`` .. ``a_end - 1`` (meaningful once the weight range check passes).
+    o_error : Out(ErrorCode)
+        The first check that fails, or NONE.
+    o_failed : Out(1)
+        Some check fails.
+    """
+
+    def __init__(self, config: TPUConfig):
+        cfg = self.config = config
+        super().__init__({
+            "i_word":        In(INSTR_BITS),
+            "i_written":     In(cfg.weight_mem_tiles),
+            "i_queued":      In(range(cfg.weight_fifo_depth + 2)),
+            "i_have_active": In(1),
+            "o_a_end":       Out(ADDR_END_BITS),
+            "o_b_end":       Out(ADDR_END_BITS),
+            "o_tile_mask":   Out(cfg.weight_mem_tiles),
+            "o_error":       Out(ErrorCode),
+            "o_failed":      Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.config
+        m = Module()
+        word = self.i_word
+        instr = data.View(Instr, word)
+        op = instr.opcode
+        mm = data.View(Matmul, word)
+        av = data.View(Activate, word)
+        lw = data.View(LoadWeights, word)
+        lp = data.View(LoadParams, word)
+        a, b, count = instr.a, instr.b, instr.count
+        a_end, b_end = self.o_a_end, self.o_b_end
+        window_log = Signal(2)
+        m.d.comb += window_log.eq(window_log2(av.pool))
+        # With dispatch="ahead" or "pipelined", registered: the beat offered last cycle's, its
+        # own once it has stayed a cycle, so that the compares do not start at the beat.
+        ends = m.d.sync if cfg.dispatch_ahead else m.d.comb
+        ends += [a_end.eq(a + count),
+                 b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
+
+        is_ = {o: op == o for o in Opcode}
+        unknown = ~Cat(*is_.values()).any()
+        needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
+                       is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
+                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
+        window_mask = Signal(2)
+        m.d.comb += window_mask.eq((1 << window_log) - 1)
+        bad_field = (
+            (needs_count & (count == 0)) |
+            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > Func.TANH.value) |
+                                     (av.pool.as_value() == 3) |
+                                     ((count & window_mask) != 0) |
+                                     (av.slot >= cfg.param_slots))) |
+            (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
+        # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
+        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
+                      if cfg.operands == "int8" else Const(0))
+        # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
+        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
+                     (a_end > cfg.ub_depth)) |
+                    (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
+        acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
+                     (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
+        weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
+                        (a_end > cfg.weight_mem_tiles))
+        # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
+        # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
+        tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
+        ones = Const((1 << tiles) - 1, tiles)
+        tile_mask = self.o_tile_mask
+        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
+                                 ~(ones << a_end[:tile_bits])[:tiles])
+        weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~self.i_written) != 0)
+        queued = self.i_queued
+        weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~self.i_have_active)
+        # queued + count > depth + 1 without a 16-bit adder: count alone is too large, or
+        # (then it fits in over_bits) the sum of its low bits is.
+        over_bits = (cfg.weight_fifo_depth + 1).bit_length() + 1
+        weight_overflow = is_[Opcode.READ_WEIGHTS] & (
+            (count > cfg.weight_fifo_depth + 1) |
+            (queued + count[:over_bits] > cfg.weight_fifo_depth + 1))
+        checks = [   # in priority order: the first that fails is reported
+            (unknown, ErrorCode.UNKNOWN_OPCODE),
+            (bad_field, ErrorCode.BAD_FIELD),
+            (signedness, ErrorCode.SIGNEDNESS),
+            (ub_range, ErrorCode.UB_RANGE),
+            (acc_range, ErrorCode.ACC_RANGE),
+            (weight_range, ErrorCode.WEIGHT_RANGE),
+            (weight_unwritten, ErrorCode.WEIGHT_UNWRITTEN),
+            (weight_empty, ErrorCode.WEIGHT_EMPTY),
+            (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
+        ]
+        if cfg.dispatch == "pipelined":
+            # The checks' answers registered, so that no check's logic runs into the
+            # dispatch's registers. The tile check keeps its tiles (`unwritten`), ORed a cycle
+            # later: its masks and the wide OR together were the longest.
+            code_bit = {code: i for i, (_, code) in enumerate(checks)}
+            del checks[code_bit[ErrorCode.WEIGHT_UNWRITTEN]]
+            checked = Signal(len(checks))
+            unwritten = Signal(tiles)
+            m.d.sync += [checked.eq(Cat(*(failed for failed, _ in checks))),
+                         unwritten.eq(Mux(is_[Opcode.READ_WEIGHTS],
+                                          tile_mask & ~self.i_written, 0))]
+            checks = [(checked[i], code) for i, (_, code) in enumerate(checks)]
+            checks.insert(code_bit[ErrorCode.WEIGHT_UNWRITTEN],
+                          (unwritten.any(), ErrorCode.WEIGHT_UNWRITTEN))
+        for failed, code in reversed(checks):    # later assignments win
+            with m.If(failed):
+                m.d.comb += self.o_error.eq(code)
+        m.d.comb += self.o_failed.eq(Cat(*(failed for failed, _ in checks)).any())
+        return m
