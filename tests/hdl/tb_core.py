@@ -317,9 +317,9 @@ async def test_gemm(dut):
         assert active >= 0.90, f"array active {active:.3f} < 0.90 of the matrix phase"
 
 
-def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
-    """A program that writes some state and then one bad instruction: ``(program, code,
-    index of the bad instruction)``."""
+def _error_prefix(cfg) -> Program:
+    """A program that writes some state, with a WRITE_HOST still in flight at its end: tiles
+    0 .. ``weight_fifo_depth`` written, none queued, one switched in."""
     p = Program(cfg)
     loaded = cfg.weight_fifo_depth + 1
     p.load_weights(0, np.arange(loaded * cfg.rows * cfg.cols).reshape(
@@ -327,7 +327,15 @@ def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
     p.read_host(0, np.arange(4 * cfg.ub_row).reshape(4, cfg.ub_row) % 120)
     p.read_weights(0, 1)
     p.matmul(0, 0, 4, switch=True)
-    p.write_host(0, 4)               # in flight when the bad instruction arrives
+    p.write_host(0, 4)
+    return p
+
+
+def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
+    """:func:`_error_prefix` and then one bad instruction: ``(program, code, index of the bad
+    instruction)``."""
+    p = _error_prefix(cfg)
+    loaded = cfg.weight_fifo_depth + 1
     ok = p.instructions
     if case == "UNKNOWN_OPCODE":
         p.word(13)
@@ -409,6 +417,68 @@ async def test_error(dut, case: str, recover: str):
     tb.send(p.beats)
     await tb.check(f"{case}: state after the error ({recover})")
     assert tb.status()["instr_index"] == 0
+
+
+#: Bad instructions that fail two or more checks: ``(name, add it to a program, the code
+#: reported)``, the first in :class:`~hdl.isa.ErrorCode`'s priority order. After
+#: :func:`_error_prefix` no tile is queued, tiles 0 .. weight_fifo_depth are written (the
+#: last case leaves tiles queued: it stays last).
+PRIORITY_CASES = [
+    ("bad_field_before_ub_and_acc_range",     # 5 rows do not split into pairs; both ranges
+     lambda p, c: p.activate(c.acc_depth - 2, c.ub_depth - 1, 5, pool=Pool.MAX2),
+     ErrorCode.BAD_FIELD),
+    ("bad_field_before_weight_empty",          # count 0, and no tile to switch in
+     lambda p, c: p.matmul(0, 0, 0, switch=True), ErrorCode.BAD_FIELD),
+    ("ub_range_before_acc_range",
+     lambda p, c: p.matmul(c.ub_depth - 1, c.acc_depth - 2, 4), ErrorCode.UB_RANGE),
+    ("acc_range_before_weight_empty",
+     lambda p, c: p.matmul(0, c.acc_depth - 2, 4, switch=True), ErrorCode.ACC_RANGE),
+    ("weight_range_before_overflow",
+     lambda p, c: p.read_weights(c.weight_mem_tiles - 1, c.weight_fifo_depth + 2),
+     ErrorCode.WEIGHT_RANGE),
+    ("unwritten_before_overflow",              # the queue one short of full, then 2 more
+     lambda p, c: (p.read_weights(0, c.weight_fifo_depth),
+                   p.read_weights(c.weight_fifo_depth + 1, 2)),
+     ErrorCode.WEIGHT_UNWRITTEN),
+]
+
+
+@cocotb.test()
+async def test_error_priority(dut):
+    """An instruction that fails several checks reports the first in priority order, as the
+    ISA simulator does, and has no effect: after resynchronising, a program sees exactly the
+    ISA simulator's state. The cases run one after another."""
+    tb = Testbench(dut, seed=0)
+    await tb.reset()
+    cfg = tb.config
+    for name, bad, code in PRIORITY_CASES:
+        program = _error_prefix(cfg)
+        bad(program, cfg)
+        index = program.instructions - 1                    # the last instruction is bad
+        start = len(tb.ref.output)
+        tb.ref.feed(program.beats)
+        assert tb.ref.error == code, \
+            f"{name}: the ISA simulator reported {tb.ref.error.name}, not {code.name}"
+        tb.expected.extend(tb.ref.output[start:])
+        tb.drive(program.beats)
+        await tb.check(f"{name}: output up to the error beat", fail_on_error=False)
+        status = tb.status()
+        assert (status["error"], status["code"], status["instr_index"]) == (1, code, index), \
+            f"{name}: status {status}, expected {code.name} at instruction {index}"
+        assert tb.monitor.received[-1] == error_beat(code, index), \
+            f"{name}: the last beat is not the error beat"
+        tb.send([RESYNC_WORD])
+        p = Program(cfg)
+        p.write_host(0, 4)
+        p.read_weights(0, 1)
+        p.matmul(0, 4, 4, switch=True)
+        p.load_params(0, [0] * cfg.cols, [1] * cfg.cols)
+        p.activate(4, 8, 4, slot=0)
+        p.write_host(8, 4)
+        p.read_counters()
+        p.halt()
+        tb.send(p.beats)
+        await tb.check(f"{name}: state after the error")
 
 
 async def _pulse_clear(dut) -> None:

@@ -62,7 +62,7 @@ def test_directed(config_key: str):
 
 @pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead", "tiny-pipelined"])
 def test_errors(config_key: str):
-    run_core(config_key, "test_error")
+    run_core(config_key, ["test_error", "test_error_priority"])
 
 
 @pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-ahead"])
