@@ -103,6 +103,10 @@ class BoardCore(wiring.Component):
             m.submodules.core = ResetInserter(core_reset)(core)
             slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
             m.submodules.beat_register = ResetInserter(core_reset)(slot)
+            # In the cycle the registered reset reaches the core, the slot still shows a beat
+            # of the core being reset: the link must not start a BEAT frame with it. (The
+            # link cannot be idle then today: the RESET's ACK, or a reply that filled the
+            # queue and dropped it, is being sent; the mask keeps that from mattering.)
             m.d.comb += [slot.w_data.eq(core.o_host.payload), slot.w_en.eq(core.o_host.valid),
                          core.o_host.ready.eq(slot.w_rdy),
                          link.i_host.payload.eq(slot.r_data),
