@@ -2,7 +2,7 @@
 (:mod:`hdl.link_protocol`) over a pair of byte streams, such as a UART's."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -10,35 +10,14 @@ from amaranth.lib.wiring import In, Out
 from . import link_protocol as lp
 from .config import TPUConfig
 from .isa import Status
+from .link_tx import REPLY, LinkTransmitter, Reply, crc16_byte
 
-__all__ = ["HostLink", "crc16_byte", "REPLY_QUEUE_DEPTH", "CYCLE_BITS"]
+__all__ = ["HostLink", "REPLY_QUEUE_DEPTH", "CYCLE_BITS"]
 
 #: Replies (ACK, NAK, STATUS_REPLY, INFO_REPLY) waiting for the transmitter.
 REPLY_QUEUE_DEPTH = 2
 #: Width of the free-running cycle counter STATUS_REPLY reports.
 CYCLE_BITS = 48
-
-_STATUS_REPLY_BYTES = 13
-
-
-def crc16_byte(crc, byte):
-    """``crc`` (16 bits) after ``byte`` (8 bits): one byte of CRC-16/CCITT-FALSE, most
-    significant bit first (:func:`hdl.link_protocol.crc16`), as an expression."""
-    for i in reversed(range(8)):
-        top = crc[15] ^ byte[i]
-        crc = (crc << 1)[:16] ^ Mux(top, 0x1021, 0)
-    return crc
-
-
-class _Reply(enum.Enum, shape=2):
-    ACK = 0
-    NAK = 1
-    STATUS = 2
-    INFO = 3
-
-
-_REPLY = data.StructLayout({"kind": _Reply, "seq": 8, "code": lp.Nak})
-
 
 class HostLink(wiring.Component):
     """Frames in, beats to the core; beats from the core and replies, frames out.
@@ -59,13 +38,13 @@ class HostLink(wiring.Component):
     a cycle into a beat register (least significant byte first) and offers each whole beat
     on ``o_host``; a buffer is free again once the core has taken its last beat.
 
-    Transmit. Between frames, a waiting reply (``ACK``, ``NAK``, ``STATUS_REPLY``,
-    ``INFO_REPLY``) goes before a ``BEAT``; a frame is never interrupted. A ``BEAT``
-    frame copies the core's beat as it starts (the stream rules keep it stable) and takes
-    it as its last payload byte is sent. Every frame starts and ends with ``END``. Replies wait
-    in a queue of :data:`REPLY_QUEUE_DEPTH`; a reply that finds it full is dropped (the
-    request's effect still happens): a host that waits for each reply never fills it,
-    and a host that floods the link loses replies and retries.
+    Transmit (:class:`~hdl.link_tx.LinkTransmitter`). Between frames, a waiting reply
+    (``ACK``, ``NAK``, ``STATUS_REPLY``, ``INFO_REPLY``) goes before a ``BEAT``; a frame is
+    never interrupted. A ``BEAT`` frame copies the core's beat as it starts (the stream rules
+    keep it stable) and takes it as its last payload byte is sent. Every frame starts and ends
+    with ``END``. Replies wait in a queue of :data:`REPLY_QUEUE_DEPTH`; a reply that finds it
+    full is dropped (the request's effect still happens): a host that waits for each reply
+    never fills it, and a host that floods the link loses replies and retries.
 
     CLEAR drops the frames not yet delivered (a beat being assembled or offered included)
     and holds ``o_clear`` until the core's ``error`` flag is low (one cycle when no error
@@ -145,7 +124,7 @@ class HostLink(wiring.Component):
         m.submodules.buffers = mem = Memory(shape=8, depth=2 << abits, init=[])
         wr = mem.write_port()
         rd = mem.read_port()
-        m.submodules.replies = replies = SyncFIFO(width=_REPLY.size, depth=REPLY_QUEUE_DEPTH)
+        m.submodules.replies = replies = SyncFIFO(width=REPLY.size, depth=REPLY_QUEUE_DEPTH)
 
         # Frame buffers: a two-entry ring; `head` is being delivered, the one after it waits.
         pending = Signal(range(3))
@@ -161,7 +140,7 @@ class HostLink(wiring.Component):
         seq_valid = Signal()
         clear_pending = Signal()
         reset_pending = Signal()
-        beat_seq = Signal(8)
+        sending_beat = Signal()         # the transmitter sends a BEAT frame
         cycles = self.o_cycles
         m.d.sync += cycles.eq(cycles + 1)
 
@@ -221,7 +200,7 @@ class HostLink(wiring.Component):
                 m.d.comb += wr.en.eq(has_buf)
 
         # The checks of a frame, in protocol order, as its END arrives.
-        reply = Signal(_REPLY)
+        reply = Signal(REPLY)
         m.d.comb += [reply.seq.eq(seq), replies.w_data.eq(reply)]
         is_data = kind == kind_of[lp.Kind.DATA]
         host_kind = Signal()
@@ -231,7 +210,7 @@ class HostLink(wiring.Component):
         length_bad = Mux(is_data, (n == 4) | (phase != 0), n != 4)
 
         def nak(code):
-            m.d.comb += [reply.kind.eq(_Reply.NAK), reply.code.eq(code)]
+            m.d.comb += [reply.kind.eq(Reply.NAK), reply.code.eq(code)]
 
         with m.If(end & ((n != 0) | escaped)):     # (an ESC alone is a frame too)
             m.d.comb += replies.w_en.eq(1)
@@ -249,25 +228,25 @@ class HostLink(wiring.Component):
                 nak(lp.Nak.LENGTH)
             with m.Elif(is_data):
                 with m.If(seq_valid & (seq == last_seq)):
-                    m.d.comb += reply.kind.eq(_Reply.ACK)       # a retry: not stored again
+                    m.d.comb += reply.kind.eq(Reply.ACK)       # a retry: not stored again
                 with m.Elif(~has_buf):
                     nak(lp.Nak.BUSY)
                 with m.Else():
-                    m.d.comb += [reply.kind.eq(_Reply.ACK), accept.eq(1)]
+                    m.d.comb += [reply.kind.eq(Reply.ACK), accept.eq(1)]
                     m.d.sync += [last_seq.eq(seq), seq_valid.eq(1)]
                     for i in range(2):
                         with m.If(wbuf == i):
                             m.d.sync += nbytes[i].eq(n - 4)
             with m.Elif(kind == kind_of[lp.Kind.STATUS]):
-                m.d.comb += reply.kind.eq(_Reply.STATUS)
+                m.d.comb += reply.kind.eq(Reply.STATUS)
             with m.Elif(kind == kind_of[lp.Kind.CLEAR]):
-                m.d.comb += [reply.kind.eq(_Reply.ACK), drop.eq(1)]
+                m.d.comb += [reply.kind.eq(Reply.ACK), drop.eq(1)]
                 m.d.sync += clear_pending.eq(1)
             with m.Elif(kind == kind_of[lp.Kind.RESET]):
-                m.d.comb += [reply.kind.eq(_Reply.ACK), drop.eq(1)]
+                m.d.comb += [reply.kind.eq(Reply.ACK), drop.eq(1)]
                 m.d.sync += [reset_pending.eq(1), clear_pending.eq(0), seq_valid.eq(0)]
             with m.Else():
-                m.d.comb += reply.kind.eq(_Reply.INFO)
+                m.d.comb += reply.kind.eq(Reply.INFO)
 
         with m.If(drop):
             m.d.sync += pending.eq(0)
@@ -310,139 +289,24 @@ class HostLink(wiring.Component):
             m.d.sync += [fill.eq(0), rd_addr.eq(0)]
 
         # Transmit ----------------------------------------------------------------------------
-        lb_valid = Signal()     # a logical byte: a frame byte before escaping, or a raw END
-        lb_raw = Signal()
-        lb_data = Signal(8)
-        lb_ready = Signal()
-        tx_kind = Signal(8)
-        tx_seq = Signal(8, reset_less=True)
-        tx_crc = Signal(16, reset_less=True)
-        idx = Signal(range(max(beat_bytes, _STATUS_REPLY_BYTES, self.info_bytes)))
-        info = Const(int.from_bytes(self.info.pack(), "little"), self.info_bytes * 8)
-        entry = _REPLY(replies.r_data)
-        last = Signal()
-
-        # The payload of a NAK, STATUS_REPLY or BEAT frame: one register, loaded as the frame
-        # starts (the core's beat is stable until taken, at the last byte) and shifted right a
-        # byte as each byte is sent, so that the byte to send is always its low byte. No byte
-        # select, and the core's output logic ends at these flip-flops rather than running on
-        # into the CRC and the transmit register. INFO_REPLY's constant is selected by `idx`
-        # instead: its 29 bytes would widen the register beyond an iCEBreaker beat (128 bits
-        # at most), and there the flip-flops added cost more than the select.
-        tx_buf = Signal(max(self.config.host_width, _STATUS_REPLY_BYTES * 8), reset_less=True)
-        payload = Signal(8)
-        m.d.comb += payload.eq(tx_buf[:8])
-        with m.Switch(tx_kind):
-            with m.Case(kind_of[lp.Kind.NAK]):
-                m.d.comb += last.eq(1)
-            with m.Case(kind_of[lp.Kind.STATUS_REPLY]):
-                m.d.comb += last.eq(idx == _STATUS_REPLY_BYTES - 1)
-            with m.Case(kind_of[lp.Kind.INFO_REPLY]):
-                m.d.comb += [payload.eq(info.word_select(idx, 8)),
-                             last.eq(idx == self.info_bytes - 1)]
-            with m.Case(kind_of[lp.Kind.BEAT]):
-                m.d.comb += last.eq(idx == beat_bytes - 1)
-
-        sending_beat = Signal()
-        with m.FSM(name="tx") as fsm:
-            with m.State("IDLE"):
-                with m.If(replies.r_rdy):
-                    m.d.comb += replies.r_en.eq(1)
-                    m.d.sync += tx_seq.eq(entry.seq)
-                    with m.If(entry.kind == _Reply.NAK):
-                        m.d.sync += tx_buf[:8].eq(entry.code)
-                    with m.Else():
-                        m.d.sync += tx_buf[:_STATUS_REPLY_BYTES * 8].eq(
-                            Cat(self.i_status.as_value(), cycles, last_seq, pending,
-                                Const(0, 6), seq_valid))
-                    with m.Switch(entry.kind):
-                        for reply_kind, frame_kind in (
-                                (_Reply.ACK, lp.Kind.ACK), (_Reply.NAK, lp.Kind.NAK),
-                                (_Reply.STATUS, lp.Kind.STATUS_REPLY),
-                                (_Reply.INFO, lp.Kind.INFO_REPLY)):
-                            with m.Case(reply_kind):
-                                m.d.sync += tx_kind.eq(frame_kind.value)
-                    m.next = "START"
-                with m.Elif(self.i_host.valid & ~reset_pending):
-                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq),
-                                 tx_buf[:self.config.host_width].eq(self.i_host.payload)]
-                    m.next = "START"
-            with m.State("START"):
-                m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
-                with m.If(lb_ready):
-                    m.d.sync += tx_crc.eq(0xFFFF)
-                    m.next = "KIND"
-            with m.State("KIND"):
-                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_kind)]
-                with m.If(lb_ready):
-                    m.next = "SEQ"
-            with m.State("SEQ"):
-                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_seq)]
-                with m.If(lb_ready):
-                    m.d.sync += idx.eq(0)
-                    with m.If(tx_kind == kind_of[lp.Kind.ACK]):
-                        m.next = "CRC_LO"
-                    with m.Else():
-                        m.next = "PAYLOAD"
-            with m.State("PAYLOAD"):
-                m.d.comb += [lb_valid.eq(1), lb_data.eq(payload)]
-                with m.If(lb_ready):
-                    m.d.sync += [idx.eq(idx + 1), tx_buf.eq(tx_buf[8:])]
-                    with m.If(last):
-                        m.next = "CRC_LO"
-                        with m.If(tx_kind == kind_of[lp.Kind.BEAT]):
-                            m.d.comb += self.i_host.ready.eq(1)
-                            m.d.sync += beat_seq.eq(beat_seq + 1)
-            with m.State("CRC_LO"):
-                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_crc[:8])]
-                with m.If(lb_ready):
-                    m.next = "CRC_HI"
-            with m.State("CRC_HI"):
-                m.d.comb += [lb_valid.eq(1), lb_data.eq(tx_crc[8:])]
-                with m.If(lb_ready):
-                    m.next = "STOP"
-            with m.State("STOP"):
-                m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
-                with m.If(lb_ready):
-                    m.next = "IDLE"
-        m.d.comb += sending_beat.eq(~fsm.ongoing("IDLE") & (tx_kind == kind_of[lp.Kind.BEAT]))
-        with m.If(lb_valid & lb_ready & (fsm.ongoing("KIND") | fsm.ongoing("SEQ") |
-                                         fsm.ongoing("PAYLOAD"))):
-            m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
-
-        # The logical byte is registered before the escaping, so that the UART's handshake
-        # and the escape logic do not reach back into the core's ready (on the iCE40 that
-        # path set the clock). The register takes a byte only when empty, a byte every other
-        # cycle at most: far above any baud rate.
-        out_valid = Signal()
-        out_raw = Signal(reset_less=True)
-        out_data = Signal(8, reset_less=True)
-        m.d.comb += lb_ready.eq(~out_valid)
-        with m.If(lb_valid & lb_ready):
-            m.d.sync += [out_valid.eq(1), out_raw.eq(lb_raw), out_data.eq(lb_data)]
-
-        # SLIP escaping: END and ESC inside a frame go out as two bytes.
-        second = Signal()       # the escape code is sent, its second byte is next
-        special = ~out_raw & ((out_data == lp.END) | (out_data == lp.ESC))
+        m.submodules.transmitter = tx = LinkTransmitter(host_width=self.config.host_width,
+                                                        info=self.info.pack())
+        wiring.connect(m, tx.o_tx, wiring.flipped(self.o_tx))
         m.d.comb += [
-            self.o_tx.valid.eq(out_valid),
-            self.o_tx.payload.eq(
-                Mux(second, Mux(out_data == lp.END, lp.ESC_END, lp.ESC_ESC),
-                    Mux(special, lp.ESC, out_data))),
+            tx.i_reply.payload.eq(replies.r_data),
+            tx.i_reply.valid.eq(replies.r_rdy),
+            replies.r_en.eq(tx.i_reply.ready),
+            tx.i_status_reply.eq(Cat(self.i_status.as_value(), cycles, last_seq, pending,
+                                     Const(0, 6), seq_valid)),
+            tx.i_beat.payload.eq(self.i_host.payload),
+            tx.i_beat.valid.eq(self.i_host.valid & ~reset_pending),
+            self.i_host.ready.eq(tx.i_beat.ready),
+            sending_beat.eq(tx.o_sending_beat),
         ]
-        with m.If(self.o_tx.valid & self.o_tx.ready):
-            m.d.sync += second.eq(special & ~second)
-            with m.If(~special | second):
-                m.d.sync += out_valid.eq(0)
 
         # RESET: once no BEAT frame is being sent (it takes the core's beat at its last byte).
         fire = reset_pending & ~sending_beat
-        m.d.comb += self.o_core_reset.eq(fire)
+        m.d.comb += [self.o_core_reset.eq(fire), tx.i_restart.eq(fire)]
         with m.If(fire):
-            m.d.sync += [reset_pending.eq(0), beat_seq.eq(0)]
+            m.d.sync += reset_pending.eq(0)
         return m
-
-    @property
-    def info_bytes(self) -> int:
-        """Bytes of the INFO_REPLY payload."""
-        return len(self.info.pack())
