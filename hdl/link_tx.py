@@ -1,6 +1,8 @@
 """The host link's transmitter: replies and the core's beats, framed and SLIP-escaped, a byte
 at a time."""
 
+import struct
+
 from amaranth.hdl import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -10,7 +12,7 @@ from . import link_protocol as lp
 __all__ = ["LinkTransmitter", "Reply", "REPLY", "STATUS_REPLY_BYTES", "crc16_byte"]
 
 #: Bytes of a STATUS_REPLY payload (:data:`hdl.link_protocol.STATUS_REPLY_FORMAT`).
-STATUS_REPLY_BYTES = 13
+STATUS_REPLY_BYTES = struct.calcsize(lp.STATUS_REPLY_FORMAT)
 
 
 def crc16_byte(crc, byte):
