@@ -153,16 +153,15 @@ class Checks(wiring.Component):
             # The checks' answers registered, so that no check's logic runs into the
             # dispatch's registers. The tile check keeps its tiles (`unwritten`), ORed a cycle
             # later: its masks and the wide OR together were the longest.
-            code_bit = {code: i for i, (_, code) in enumerate(checks)}
-            del checks[code_bit[ErrorCode.WEIGHT_UNWRITTEN]]
-            checked = Signal(len(checks))
+            others = [failed for failed, code in checks if code != ErrorCode.WEIGHT_UNWRITTEN]
+            checked = Signal(len(others))
             unwritten = Signal(tiles)
-            m.d.sync += [checked.eq(Cat(*(failed for failed, _ in checks))),
+            m.d.sync += [checked.eq(Cat(*others)),
                          unwritten.eq(Mux(is_[Opcode.READ_WEIGHTS],
                                           tile_mask & ~self.i_written, 0))]
-            checks = [(checked[i], code) for i, (_, code) in enumerate(checks)]
-            checks.insert(code_bit[ErrorCode.WEIGHT_UNWRITTEN],
-                          (unwritten.any(), ErrorCode.WEIGHT_UNWRITTEN))
+            bits = iter(checked)     # in the order of `others`, the checks' order
+            checks = [(unwritten.any() if code == ErrorCode.WEIGHT_UNWRITTEN else next(bits), code)
+                      for _, code in checks]
         for failed, code in reversed(checks):    # later assignments win
             with m.If(failed):
                 m.d.comb += self.o_error.eq(code)
