@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 from amaranth.back import verilog
@@ -28,7 +27,7 @@ from amaranth.hdl import ClockSignal, Instance, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from boards.build import tool_env
+from boards.build import clock_critical_path, clock_fmax, run_timed, tool_env
 
 __all__ = ["BramRead", "measure", "main"]
 
@@ -79,19 +78,18 @@ def measure(regmode: str, *, mhz: float = 250.0, seed: int = 1) -> dict:
     component = BramRead(regmode)
     (out / "top.v").write_text(verilog.convert(component, name="top"))
     env = tool_env()
-    for argv in ([env["YOSYS"], "-q", "-l", "top.rpt", "-p",
-                  "read_verilog top.v; synth_ecp5 -top top -json top.json"],
-                 [env["NEXTPNR_ECP5"], "--quiet", "--85k", "--package", "CABGA381",
-                  "--speed", "6", "--out-of-context", "--json", "top.json",
-                  "--freq", str(mhz), "--seed", str(seed), "--timing-allow-fail",
-                  "--report", "report.json", "--log", "top.tim"]):
-        done = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{Path(argv[0]).name} failed ({done.returncode}) in {out}:\n"
-                               f"{done.stderr[-2000:]}")
+    for tool, argv in (("yosys", [env["YOSYS"], "-q", "-p",
+                                  "read_verilog top.v; synth_ecp5 -top top -json top.json"]),
+                       ("nextpnr", [env["NEXTPNR_ECP5"], "--85k", "--package", "CABGA381",
+                                    "--speed", "6", "--out-of-context", "--json", "top.json",
+                                    "--freq", str(mhz), "--seed", str(seed),
+                                    "--timing-allow-fail", "--report", "report.json"])):
+        log = out / f"{tool}.log"
+        if run_timed(argv, cwd=out, log=log, env=env).returncode:
+            raise RuntimeError(f"{tool} failed; its log: {log}")
     report = json.loads((out / "report.json").read_text())
-    fmax = min(v["achieved"] for v in report["fmax"].values())
-    path = report["critical_paths"][0]["path"]
+    fmax, _ = clock_fmax(report)
+    path = clock_critical_path(report)
     start = path[0]
     return {"regmode": regmode, "fmax_mhz": round(fmax, 2), "from": start["from"]["cell"],
             "clk_to_out_ns": round(start["delay"], 2),
