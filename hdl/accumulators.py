@@ -4,6 +4,7 @@ from amaranth.hdl import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .block_ram import PipelinedMemory
 from .ports import MemReadSignature
 from .unified_buffer import RegisteredRead, serve_reads
 
@@ -32,21 +33,25 @@ class Accumulators(wiring.Component):
     (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
     and a read of ``r`` in the cycle its row is written returns an undefined row on a part
     (the block RAM is told it may: the core's hazard rules never let an ACTIVATE read rows a
-    MATMUL writes). With the bypass, that read returns the old row.
+    MATMUL writes). With the bypass, that read returns the old row; with ``registered_read``
+    it is undefined again.
 
-    With ``registered_read`` the old sums are registered as they leave the block RAM, so the
-    adder starts at a flip-flop instead of at the RAM's slow output (the ECP5 build's
-    critical path): three stages, a row taken in cycle ``c`` is written in cycle ``c + 2``.
-    The row right behind it read its old sums before that write, so when it goes to the same
-    address it adds to the value just written (a register of the last write) instead.
+    With ``registered_read`` the sums live in a :class:`~hdl.block_ram.PipelinedMemory`: the
+    old sums leave the block RAM through its output register, so the adder starts at a
+    flip-flop instead of at the RAM's slow output (the ECP5 build): three stages, a row taken
+    in cycle ``c`` is written in cycle ``c + 2``. The two rows right behind it read their old
+    sums before that write (the next one in the cycle it is written, which returns an
+    undefined row), so one that goes to the same address adds to the value written (a
+    register of each of the last two writes) instead. The read client's rows arrive two
+    cycles after their addresses.
 
     Parameters
     ----------
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
     registered_read : bool
-        The three-stage pipeline above (one more cycle from a row to ``o_written``); needs
-        ``bypass``.
+        The three-stage pipeline above (one more cycle from a row to ``o_written``, and to a
+        read's row); needs ``bypass``.
     bypass : bool
         Back-to-back rows to one address add up (see above).
 
@@ -83,7 +88,10 @@ class Accumulators(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         row = data.ArrayLayout(signed(self.acc_width), self.cols)
-        if self.bypass:
+        if self.registered_read:
+            m.submodules.mem = mem = PipelinedMemory(shape=row, depth=self.depth, readers=2)
+            wr, rmw, rd = mem.w, mem.r[0], mem.r[1]
+        elif self.bypass:
             m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[])
             wr = mem.write_port()
             rmw = mem.read_port(transparent_for=(wr,))
@@ -112,22 +120,31 @@ class Accumulators(wiring.Component):
             # Stage B: add (or not) and write.
             valid_w, write_w, old = valid_b, write_b, rmw.data
         else:
-            # Stage B: register the old sums. Stage C: add (or not) and write; a row whose
-            # address the previous cycle wrote takes that write's sums, which its read (one
-            # cycle before that write) did not see. Which of the two it adds to is decided in
-            # stage B, against the write in progress then, into two flip-flops: no address
+            # Stage B: the block RAM's output register takes the old sums. Stage C: add (or
+            # not) and write. The old sums miss two writes: the one in the cycle the row read
+            # them (stage A: that read returns an undefined row when the write is to its
+            # address) and the one in the cycle after (stage B); a row whose address either
+            # wrote takes the sums it wrote instead, the later one if both. Which it adds to is
+            # decided in stage B, against those two writes, into three flip-flops: no address
             # compare runs into the adders.
             valid_w = Signal()
             write_w = Signal.like(self.i_psum.payload)
-            old_q = Signal(row)
-            last = Signal(row)
+            old_q = rmw.data
+            last = Signal(row)      # the sums written in the cycle before
+            last2 = Signal(row)     # ... two cycles before
+            valid_2 = Signal()      # stage C's row of the cycle before, its address
+            addr_2 = Signal.like(write_w.addr)
             use_old = Signal()      # stage C adds to the sums read
             use_last = Signal()     # ... to those written in the cycle before
+            use_last2 = Signal()    # ... two cycles before
             forward = valid_w & (write_w.addr == write_b.addr)
-            m.d.sync += [valid_w.eq(valid_b), write_w.eq(write_b), old_q.eq(rmw.data),
-                         last.eq(wr.data),
-                         use_old.eq(write_b.accumulate & ~forward),
-                         use_last.eq(write_b.accumulate & forward)]
+            forward2 = valid_2 & (addr_2 == write_b.addr)
+            m.d.sync += [valid_w.eq(valid_b), write_w.eq(write_b),
+                         last.eq(wr.data), last2.eq(last),
+                         valid_2.eq(valid_w), addr_2.eq(write_w.addr),
+                         use_old.eq(write_b.accumulate & ~forward & ~forward2),
+                         use_last.eq(write_b.accumulate & forward),
+                         use_last2.eq(write_b.accumulate & ~forward & forward2)]
         m.d.comb += [
             wr.en.eq(valid_w),
             wr.addr.eq(write_w.addr),
@@ -137,8 +154,10 @@ class Accumulators(wiring.Component):
             if not self.registered_read:
                 addend = Mux(write_w.accumulate, old[c], 0)
             else:
-                addend = (Mux(use_old, old_q[c], 0) | Mux(use_last, last[c], 0)).as_signed()
+                addend = (Mux(use_old, old_q[c], 0) | Mux(use_last, last[c], 0) |
+                          Mux(use_last2, last2[c], 0)).as_signed()
             m.d.comb += wr.data[c].eq(addend + write_w.data[c])
 
-        serve_reads(m, rd, [self.r.addr], [self.r.data])
+        serve_reads(m, rd, [self.r.addr], [self.r.data],
+                    latency=2 if self.registered_read else 1)
         return m

@@ -251,9 +251,9 @@ class TPUConfig:
     @property
     def registered_datapath(self) -> bool:
         """Whether this is the build for Fmax (``multiplier="ecp5"``): the systolic array's
-        enable is a register decided a cycle ahead, and the accumulators register the old sums
-        out of their block RAM (see :class:`hdl.systolic_array.SystolicArray` and
-        :class:`hdl.accumulators.Accumulators`)."""
+        enable is a register decided a cycle ahead, and the memories read through their block
+        RAMs' output registers (:attr:`pipelined_memories`; see
+        :class:`hdl.systolic_array.SystolicArray` and :class:`hdl.accumulators.Accumulators`)."""
         return self.multiplier == "ecp5"
 
     @property
@@ -265,12 +265,13 @@ class TPUConfig:
         return self.registered_datapath
 
     @property
-    def read_first(self) -> bool:
-        """Whether the unified buffer and the weight memory return the old row to a read that
-        meets a write to its row (see :class:`hdl.unified_buffer.RowMemory`): only the build
-        for Fmax, as placed and timed so; elsewhere the block RAM may return anything then
-        (the hazard rules never let such a read be used), which on the iCE40 saves two
-        registers and a multiplexer per bit of each read port's row."""
+    def pipelined_memories(self) -> bool:
+        """Whether the unified buffer, the weight memory and the accumulators read through
+        their block RAMs' output registers (:class:`hdl.block_ram.PipelinedMemory`, ECP5
+        DP16KD: a cycle more from address to row, no logic between the RAM and the first
+        flip-flop): only the build for Fmax (:attr:`registered_datapath`). A read that meets
+        a write to its row returns an undefined row on every build (the hazard rules never
+        let the core use one)."""
         return self.registered_datapath
 
     @property

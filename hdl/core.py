@@ -88,10 +88,10 @@ class Core(wiring.Component):
                                                   width=cfg.counter_bits)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width,
-            read_first=cfg.read_first)
+            read_first=False, pipelined=cfg.pipelined_memories)
         m.submodules.weight_memory = wm = WeightMemory(
             tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
-            read_first=cfg.read_first)
+            read_first=False, pipelined=cfg.pipelined_memories)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,

@@ -5,6 +5,7 @@ from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In
 
+from .block_ram import PipelinedMemory
 from .ports import MemReadSignature, MemWriteSignature
 
 __all__ = ["UnifiedBuffer", "RowMemory", "RegisteredRead", "serve_reads", "round_robin"]
@@ -46,20 +47,31 @@ class RegisteredRead:
             m.d.sync += self.data.eq(port.data)
 
 
-def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r"):
+def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r", *,
+                latency: int = 1):
     """Share memory read port ``rd`` among clients: each sends addresses on its
     ``addr_streams[i]`` and receives rows on ``data_streams[i]`` in order. One request a
     cycle is served round-robin; a response is held (read enable low) until its client takes
-    it, so a stalled client delays the others but nothing is lost or repeated."""
-    held = Signal(name=f"{name}_held")
-    owner = Signal(range(len(addr_streams)), name=f"{name}_owner")
+    it, so a stalled client delays the others but nothing is lost or repeated.
+
+    ``latency`` is the port's: its row arrives that many cycles after its address, every
+    stage moving only on ``rd.en`` (1: a synchronous read port; 2: a
+    :class:`~hdl.block_ram.PipelinedMemory` port). The reads in flight move as one pipeline:
+    while the client of the row at its end does not take it, none moves."""
+    # valid[k], owner[k]: the read in stage k (the last one's row is on rd.data).
+    valid = [Signal(name=f"{name}_held" if k == latency - 1 else f"{name}_valid{k}")
+             for k in range(latency)]
+    owner = [Signal(range(len(addr_streams)),
+                    name=f"{name}_owner" if k == latency - 1 else f"{name}_owner{k}")
+             for k in range(latency)]
+    held = valid[-1]
     owner_ready = Signal(name=f"{name}_owner_ready")
     for index, r in enumerate(data_streams):
         m.d.comb += [
-            r.valid.eq(held & (owner == index)),
+            r.valid.eq(held & (owner[-1] == index)),
             r.payload.eq(rd.data),
         ]
-        with m.If(owner == index):
+        with m.If(owner[-1] == index):
             m.d.comb += owner_ready.eq(r.ready)
     advance = ~held | owner_ready
     grant, any_r, last_r = round_robin(m, [r.valid for r in addr_streams], name)
@@ -69,7 +81,9 @@ def serve_reads(m: Module, rd, addr_streams, data_streams, name: str = "r"):
             m.d.comb += rd.addr.eq(r.payload)
     m.d.comb += rd.en.eq(advance)
     with m.If(advance):
-        m.d.sync += [held.eq(any_r), owner.eq(grant)]
+        m.d.sync += [valid[0].eq(any_r), owner[0].eq(grant)]
+        for k in range(1, latency):
+            m.d.sync += [valid[k].eq(valid[k - 1]), owner[k].eq(owner[k - 1])]
         with m.If(any_r):
             m.d.sync += last_r.eq(grant)
 
@@ -102,6 +116,11 @@ class RowMemory(wiring.Component):
         Reads that meet a write to their row return the old row. Without it the block RAM is
         told it may return anything then (see :class:`RegisteredRead`: on the iCE40 two
         registers and a multiplexer per bit of the row fewer).
+    pipelined : bool
+        The rows in a :class:`~hdl.block_ram.PipelinedMemory`: a read's row leaves the block
+        RAM's output register, one cycle later (the ECP5 build for Fmax); a read that meets a
+        write to its row returns an undefined row (needs ``read_first=False`` and no
+        ``init``).
 
     Members
     -------
@@ -113,8 +132,13 @@ class RowMemory(wiring.Component):
     """
 
     def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
-                 init=(), read_first: bool = True):
+                 init=(), read_first: bool = True, pipelined: bool = False):
+        if pipelined and (read_first or tuple(init)):
+            raise ValueError("RowMemory pipelined=True needs read_first=False and no init (a "
+                             "PipelinedMemory starts at zero, and its reads that meet a "
+                             "write return an undefined row)")
         self.read_first = read_first
+        self.pipelined = pipelined
         self.depth = depth
         self.row_shape = row_shape
         self.addr_bits = max(1, (depth - 1).bit_length())
@@ -126,10 +150,15 @@ class RowMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = memory.Memory(
-            shape=self.row_shape, depth=self.depth, init=self._init,
-            attrs=None if self.read_first else {"no_rw_check": 1})
-        wr = mem.write_port()
+        if self.pipelined:
+            m.submodules.mem = mem = PipelinedMemory(shape=self.row_shape, depth=self.depth,
+                                                     readers=len(self.r))
+            wr = mem.w
+        else:
+            m.submodules.mem = mem = memory.Memory(
+                shape=self.row_shape, depth=self.depth, init=self._init,
+                attrs=None if self.read_first else {"no_rw_check": 1})
+            wr = mem.write_port()
 
         # Write port.
         grant, any_w, last_w = round_robin(m, [w.valid for w in self.w], "w")
@@ -142,6 +171,9 @@ class RowMemory(wiring.Component):
             m.d.sync += last_w.eq(grant)
 
         for index, r in enumerate(self.r):
+            if self.pipelined:
+                serve_reads(m, mem.r[index], [r.addr], [r.data], name=f"r{index}", latency=2)
+                continue
             port = (mem.read_port() if self.read_first else
                     RegisteredRead(m, mem, f"r{index}_port"))
             serve_reads(m, port, [r.addr], [r.data], name=f"r{index}")
@@ -159,9 +191,9 @@ class UnifiedBuffer(RowMemory):
     MATMUL_READ, HOST_READ = 0, 1
 
     def __init__(self, *, depth: int, row_elems: int, data_width: int = 8,
-                 read_first: bool = True):
+                 read_first: bool = True, pipelined: bool = False):
         # Two write clients share one port; the two readers have a port each.
         self.row_elems = row_elems
         super().__init__(depth=depth, row_shape=data.ArrayLayout(unsigned(data_width),
                                                                  row_elems),
-                         readers=2, writers=2, read_first=read_first)
+                         readers=2, writers=2, read_first=read_first, pipelined=pipelined)

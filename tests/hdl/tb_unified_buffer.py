@@ -7,7 +7,9 @@ keeps a Python model of the memory:
 
 - a read accepted in a cycle is answered with the model's row *before* that cycle's write
   (read-before-write: the DUT's read ports are not transparent; without ``read_first`` a
-  part may return anything then, and the directed test does not check that read);
+  part may return anything then, and the directed test does not check that read; with
+  ``pipelined`` simulation returns anything too, the DP16KD model's inverted row, and only
+  its arrival is checked; its rows arrive two cycles after their addresses, else one);
 - the write accepted in that cycle is then applied to the model.
 
 Each read port's responses go to an in-order scoreboard fed from that model, so every row
@@ -55,6 +57,12 @@ def read_first_from_env() -> bool:
     return bool(json.loads(os.environ.get(ENV, "{}")).get("read_first", True))
 
 
+def pipelined_from_env() -> bool:
+    """Whether the DUT reads through its block RAMs' output registers (``pipelined``): rows
+    two cycles after their addresses, a read that meets a write to its row undefined."""
+    return bool(json.loads(os.environ.get(ENV, "{}")).get("pipelined", False))
+
+
 class Testbench:
     """Clock, reset, two write drivers, two read-address drivers, two response monitors with
     scoreboards, and the per-cycle sampler holding the memory model."""
@@ -64,6 +72,8 @@ class Testbench:
         self.dut = dut
         self.depth, self.row_elems = sizes_from_env()
         self.read_first = read_first_from_env()
+        self.pipelined = pipelined_from_env()
+        self.latency = 2 if self.pipelined else 1
         self.addr_bits = max(1, (self.depth - 1).bit_length())
         self.seed = seed
         self.log = dut._log
@@ -118,31 +128,35 @@ class Testbench:
             if not self.checking:
                 continue
             self.cycle += 1
-            # Reads first: they see the memory as it was before this cycle's write.
+            # Reads see the memory as it was before this cycle's write.
             read_addrs = {}
             for i in range(2):
                 if r_valid[i].value and r_ready[i].value:
-                    addr = r_payload[i].value.to_unsigned()
-                    read_addrs[i] = addr
-                    self.scoreboards[i].expect(self.memory[addr].copy())
+                    read_addrs[i] = r_payload[i].value.to_unsigned()
             valid = [bool(w_valid[i].value) for i in range(2)]
             xfer = [valid[i] and bool(w_ready[i].value) for i in range(2)]
             if xfer[0] and xfer[1]:
                 self._fail("both writers accepted in one cycle (one write port)")
             if any(valid) and not any(xfer):
                 self._fail(f"writers valid {valid} but none accepted")
+            write = None
             for i in range(2):
                 if not xfer[i]:
                     continue
-                request = unpack(self.w_layout, w_payload[i].value.to_unsigned())
-                self.accepted[i].append(request)
+                write = unpack(self.w_layout, w_payload[i].value.to_unsigned())
+                self.accepted[i].append(write)
                 self.grants.append(i)
                 self.both_valid.append(all(valid))
-                addr = request["addr"]
-                for reader, read_addr in read_addrs.items():
-                    if read_addr == addr:
-                        self.collisions.append((self.cycle, reader, addr))
-                self.memory[addr] = request["data"]
+            for reader, read_addr in read_addrs.items():
+                if write is not None and read_addr == write["addr"]:
+                    self.collisions.append((self.cycle, reader, read_addr))
+                    if self.pipelined:
+                        # The block RAM's read meets the write to its row: undefined.
+                        self.scoreboards[reader].expect_undefined()
+                        continue
+                self.scoreboards[reader].expect(self.memory[read_addr].copy())
+            if write is not None:
+                self.memory[write["addr"]] = write["data"]
 
     # Stimulus -------------------------------------------------------------------------------
 
@@ -282,8 +296,13 @@ async def test_read_during_write(dut):
         for reader in range(2):
             got = tb.monitors[reader].received[-2:]
             # Without read_first the same-cycle read is undefined on a part (simulation
-            # gives the old row): only the next cycle's is checked.
+            # gives the old row; pipelined, the DP16KD model's inverted row, checked below):
+            # only the next cycle's is checked.
             want = [old, new] if tb.read_first else [got[0], new]
+            if tb.pipelined:
+                assert got[0] == [255 - v for v in old], (
+                    f"the colliding read of row {addr} by r[{reader}]: got {got[0]}, expected "
+                    f"the model's inverted old row (seed {tb.seed})")
             assert got == want, (
                 f"w[{writer}] row {addr} {old} -> {new} with reads by r[{reader}] in the same "
                 f"and the next cycle: got {got}, expected [{old}, {new}] (seed {tb.seed})")
@@ -338,5 +357,6 @@ async def test_throughput(dut):
             f"r[{i}].addr stalled: took {count} addresses in {sent[-1] - sent[0] + 1} cycles "
             f"(seed {tb.seed})")
         got = tb.monitors[i].cycles[-count:]
-        assert got == [c + 1 for c in sent], (
-            f"r[{i}].data responses not one cycle after their addresses (seed {tb.seed})")
+        assert got == [c + tb.latency for c in sent], (
+            f"r[{i}].data responses not {tb.latency} cycle(s) after their addresses "
+            f"(seed {tb.seed})")
