@@ -9,7 +9,7 @@ that register, so this block instantiates the DP16KD itself.
 
 from amaranth.hdl import ClockSignal, Const, Instance, Module, Shape, Signal, Value
 from amaranth.lib import memory, wiring
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import Out
 
 from .pe import vendor_instance
 
@@ -55,8 +55,8 @@ class PipelinedMemory(wiring.Component):
 
     Members
     -------
-    w : In(memory.WritePort.Signature(addr_width=addr_bits, shape=shape))
-    r : In(memory.ReadPort.Signature(addr_width=addr_bits, shape=shape)).array(readers)
+    w : Out(memory.WritePort.Signature(addr_width=addr_bits, shape=shape))
+    r : Out(memory.ReadPort.Signature(addr_width=addr_bits, shape=shape)).array(readers)
     """
 
     def __init__(self, *, shape, depth: int, readers: int = 1):
@@ -67,9 +67,11 @@ class PipelinedMemory(wiring.Component):
         self.depth = depth
         self.addr_bits = max(1, (depth - 1).bit_length())
         super().__init__({
-            "w": In(memory.WritePort.Signature(addr_width=self.addr_bits, shape=shape)),
-            "r": In(memory.ReadPort.Signature(addr_width=self.addr_bits,
-                                              shape=shape)).array(readers),
+            # The ports' signatures are written from the memory's side (addr, en and the
+            # written data in, read data out), as this block sees them: not flipped.
+            "w": Out(memory.WritePort.Signature(addr_width=self.addr_bits, shape=shape)),
+            "r": Out(memory.ReadPort.Signature(addr_width=self.addr_bits,
+                                               shape=shape)).array(readers),
         })
 
     def elaborate(self, platform):
