@@ -1,6 +1,8 @@
 """Unified buffer: the activation memory shared by the host, the matrix unit and the
 activation unit."""
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In
@@ -118,9 +120,12 @@ class RowMemory(wiring.Component):
         registers and a multiplexer per bit of the row fewer).
     pipelined : bool
         The rows in a :class:`~hdl.block_ram.PipelinedMemory`: a read's row leaves the block
-        RAM's output register, one cycle later (the ECP5 build for Fmax); a read that meets a
-        write to its row returns an undefined row (needs ``read_first=False`` and no
-        ``init``).
+        RAM's output register, one cycle later (the ECP5 build for Fmax), and a write lands a
+        cycle after it is accepted: a read accepted in that cycle returns the old row, one
+        accepted in the next an undefined row, and only one after that the new row (needs
+        ``read_first=False`` and no ``init``; the core's engines read from the cycle after
+        they take an instruction, and the one that writes, or its ``busy``, lets a reader of
+        the rows issue at the earliest in the cycle after the last write is accepted).
 
     Members
     -------
@@ -153,7 +158,12 @@ class RowMemory(wiring.Component):
         if self.pipelined:
             m.submodules.mem = mem = PipelinedMemory(shape=self.row_shape, depth=self.depth,
                                                      readers=len(self.r))
-            wr = mem.w
+            # The granted write lands a cycle later, from flip-flops beside the arbiter: the
+            # grant comes from the clients' valid, deep in the control logic, and would
+            # otherwise run on across the die into the block RAMs' data inputs.
+            wr = SimpleNamespace(addr=Signal(self.addr_bits), data=Signal(self.row_shape),
+                                 en=Signal())
+            m.d.sync += [mem.w.addr.eq(wr.addr), mem.w.data.eq(wr.data), mem.w.en.eq(wr.en)]
         else:
             m.submodules.mem = mem = memory.Memory(
                 shape=self.row_shape, depth=self.depth, init=self._init,

@@ -10,7 +10,8 @@ keeps a Python model of the memory:
   part may return anything then, and the directed test does not check that read; with
   ``pipelined`` simulation returns anything too, the DP16KD model's inverted row, and only
   its arrival is checked; its rows arrive two cycles after their addresses, else one);
-- the write accepted in that cycle is then applied to the model.
+- the write accepted in that cycle is then applied to the model (``pipelined``: in the next
+  cycle, when it lands in the block RAM; a read accepted then meets it).
 
 Each read port's responses go to an in-order scoreboard fed from that model, so every row
 read is predicted exactly. The sampler also checks that at most one write is accepted per
@@ -100,6 +101,7 @@ class Testbench:
         self.grants: list[int] = []                   # writer served, per write cycle
         self.both_valid: list[bool] = []              # both writers requesting that cycle
         self.collisions: list[tuple[int, int, int]] = []  # (cycle, reader, addr)
+        self.landing: dict | None = None              # pipelined: last cycle's write
         self.cycle = 0
         self.checking = False
         self.errors: list[str] = []
@@ -147,16 +149,19 @@ class Testbench:
                 self.accepted[i].append(write)
                 self.grants.append(i)
                 self.both_valid.append(all(valid))
+            # Pipelined, the write accepted in the last cycle lands in this one.
+            landing = self.landing if self.pipelined else write
             for reader, read_addr in read_addrs.items():
-                if write is not None and read_addr == write["addr"]:
+                if landing is not None and read_addr == landing["addr"]:
                     self.collisions.append((self.cycle, reader, read_addr))
                     if self.pipelined:
                         # The block RAM's read meets the write to its row: undefined.
                         self.scoreboards[reader].expect_undefined()
                         continue
                 self.scoreboards[reader].expect(self.memory[read_addr].copy())
-            if write is not None:
-                self.memory[write["addr"]] = write["data"]
+            if landing is not None:
+                self.memory[landing["addr"]] = landing["data"]
+            self.landing = write
 
     # Stimulus -------------------------------------------------------------------------------
 
@@ -279,33 +284,38 @@ async def test_random(dut, pattern: str):
 async def test_read_during_write(dut):
     """A read and a write of the same row accepted in the same cycle: the read returns the
     OLD row (read-before-write), a read one cycle later the new one; for both writers and
-    both readers."""
+    both readers. ``pipelined``: the write lands a cycle later, so the same-cycle read
+    returns the old row, the next one meets the write, and the one after returns the new
+    row."""
     tb = await start(dut, 320)
+    reads = 3 if tb.pipelined else 2
     for writer in range(2):
         addr = int(tb.rng.integers(tb.depth))
         old = tb.memory[addr].tolist()
         new = [(v + 1 + k) % 256 for k, v in enumerate(old)]
         await RisingEdge(dut.clk)
-        # Queued between edges: all three are offered at the next falling edge.
+        # Queued between edges: the write and each reader's first read are offered at the
+        # next falling edge, the other reads in the cycles after.
         tb.queue_write(writer, addr, new)
-        tb.queue_read(0, addr)
-        tb.queue_read(1, addr)
-        tb.queue_read(0, addr)
-        tb.queue_read(1, addr)
+        for _ in range(reads):
+            tb.queue_read(0, addr)
+            tb.queue_read(1, addr)
         await tb.wait_done()
         for reader in range(2):
-            got = tb.monitors[reader].received[-2:]
-            # Without read_first the same-cycle read is undefined on a part (simulation
-            # gives the old row; pipelined, the DP16KD model's inverted row, checked below):
-            # only the next cycle's is checked.
-            want = [old, new] if tb.read_first else [got[0], new]
+            got = tb.monitors[reader].received[-reads:]
+            # Without read_first the read that meets the write is undefined on a part
+            # (simulation gives the old row; pipelined, the DP16KD model's inverted row,
+            # checked below): only the others are checked.
             if tb.pipelined:
-                assert got[0] == [255 - v for v in old], (
-                    f"the colliding read of row {addr} by r[{reader}]: got {got[0]}, expected "
-                    f"the model's inverted old row (seed {tb.seed})")
+                assert got[1] == [255 - v for v in old], (
+                    f"the read of row {addr} by r[{reader}] that meets the landing write: got "
+                    f"{got[1]}, expected the model's inverted old row (seed {tb.seed})")
+                want = [old, got[1], new]
+            else:
+                want = [old, new] if tb.read_first else [got[0], new]
             assert got == want, (
                 f"w[{writer}] row {addr} {old} -> {new} with reads by r[{reader}] in the same "
-                f"and the next cycle: got {got}, expected [{old}, {new}] (seed {tb.seed})")
+                f"and the following cycles: got {got}, expected {want} (seed {tb.seed})")
         same = [c for c in tb.collisions if c[2] == addr]
         assert {reader for _, reader, _ in same[-2:]} == {0, 1}, (
             f"reads of row {addr} not accepted in the write's cycle: {tb.collisions} "
