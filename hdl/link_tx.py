@@ -180,9 +180,13 @@ class LinkTransmitter(wiring.Component):
                     m.next = "IDLE"
         m.d.comb += self.o_sending_beat.eq(~fsm.ongoing("IDLE") &
                                            (tx_kind == kind_of[lp.Kind.BEAT]))
-        with m.If(lb_valid & lb_ready & (fsm.ongoing("KIND") | fsm.ongoing("SEQ") |
-                                         fsm.ongoing("PAYLOAD"))):
-            m.d.sync += tx_crc.eq(crc16_byte(tx_crc, lb_data))
+        # The CRC takes each covered byte from the output register below, in the cycle after
+        # it is registered (so that the byte's selection does not run on into the CRC's eight
+        # XOR levels); the register holds it for that cycle, and CRC_LO's byte is taken from
+        # the CRC only when the register is empty again, after the update.
+        crc_take = Signal()
+        m.d.sync += crc_take.eq(lb_valid & lb_ready & (fsm.ongoing("KIND") | fsm.ongoing("SEQ") |
+                                                       fsm.ongoing("PAYLOAD")))
 
         # The logical byte is registered before the escaping, so that the UART's handshake
         # and the escape logic do not reach back into the core's ready (on the iCE40 that
@@ -194,6 +198,8 @@ class LinkTransmitter(wiring.Component):
         m.d.comb += lb_ready.eq(~out_valid)
         with m.If(lb_valid & lb_ready):
             m.d.sync += [out_valid.eq(1), out_raw.eq(lb_raw), out_data.eq(lb_data)]
+        with m.If(crc_take):
+            m.d.sync += tx_crc.eq(crc16_byte(tx_crc, out_data))
 
         # SLIP escaping: END and ESC inside a frame go out as two bytes.
         second = Signal()       # the escape code is sent, its second byte is next
