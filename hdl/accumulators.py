@@ -38,20 +38,21 @@ class Accumulators(wiring.Component):
 
     With ``registered_read`` the sums live in a :class:`~hdl.block_ram.PipelinedMemory`: the
     old sums leave the block RAM through its output register, so the adder starts at a
-    flip-flop instead of at the RAM's slow output (the ECP5 build): three stages, a row taken
-    in cycle ``c`` is written in cycle ``c + 2``. The two rows right behind it read their old
-    sums before that write (the next one in the cycle it is written, which returns an
-    undefined row), so one that goes to the same address adds to the value written (a
-    register of each of the last two writes) instead. The read client's rows arrive two
-    cycles after their addresses.
+    flip-flop instead of at the RAM's slow output, and the sums it makes are written from
+    flip-flops, so it ends at one instead of at the RAM's inputs across the die (the ECP5
+    build): four stages, a row taken in cycle ``c`` is written in cycle ``c + 3``. The three
+    rows right behind it read their old sums before that write (the third in the cycle it is
+    written, which returns an undefined row), so one that goes to the same address adds to
+    the sums written (a register of each of the last three sums made) instead. The read
+    client's rows arrive two cycles after their addresses.
 
     Parameters
     ----------
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
     registered_read : bool
-        The three-stage pipeline above (one more cycle from a row to ``o_written``, and to a
-        read's row); needs ``bypass``.
+        The four-stage pipeline above (two more cycles from a row to ``o_written``, one more
+        to a read's row); needs ``bypass``.
     bypass : bool
         Back-to-back rows to one address add up (see above).
 
@@ -118,45 +119,55 @@ class Accumulators(wiring.Component):
 
         if not self.registered_read:
             # Stage B: add (or not) and write.
-            valid_w, write_w, old = valid_b, write_b, rmw.data
+            m.d.comb += [
+                wr.en.eq(valid_b),
+                wr.addr.eq(write_b.addr),
+                self.o_written.eq(valid_b),
+            ]
+            for c in range(self.cols):
+                m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) +
+                                          write_b.data[c])
         else:
             # Stage B: the block RAM's output register takes the old sums. Stage C: add (or
-            # not) and write. The old sums miss two writes: the one in the cycle the row read
-            # them (stage A: that read returns an undefined row when the write is to its
-            # address) and the one in the cycle after (stage B); a row whose address either
-            # wrote takes the sums it wrote instead, the later one if both. Which it adds to is
-            # decided in stage B, against those two writes, into three flip-flops: no address
-            # compare runs into the adders.
-            valid_w = Signal()
-            write_w = Signal.like(self.i_psum.payload)
+            # not) into flip-flops. Stage D: write them. The old sums miss the three sums made
+            # in the three cycles before stage C: written in the cycle the row read them
+            # (stage A: that read returns an undefined row when the write is to its address)
+            # and in the two after. A row whose address one of them went to takes the newest
+            # such sums instead. Which it adds to is decided in stage B, against the rows in
+            # stage C and the two before, into four flip-flops: no address compare runs into
+            # the adders.
+            valid_c = Signal()
+            write_c = Signal.like(self.i_psum.payload)
             old_q = rmw.data
-            last = Signal(row)      # the sums written in the cycle before
-            last2 = Signal(row)     # ... two cycles before
-            valid_2 = Signal()      # stage C's row of the cycle before, its address
-            addr_2 = Signal.like(write_w.addr)
-            use_old = Signal()      # stage C adds to the sums read
-            use_last = Signal()     # ... to those written in the cycle before
-            use_last2 = Signal()    # ... two cycles before
-            forward = valid_w & (write_w.addr == write_b.addr)
-            forward2 = valid_2 & (addr_2 == write_b.addr)
-            m.d.sync += [valid_w.eq(valid_b), write_w.eq(write_b),
-                         last.eq(wr.data), last2.eq(last),
-                         valid_2.eq(valid_w), addr_2.eq(write_w.addr),
-                         use_old.eq(write_b.accumulate & ~forward & ~forward2),
-                         use_last.eq(write_b.accumulate & forward),
-                         use_last2.eq(write_b.accumulate & ~forward & forward2)]
-        m.d.comb += [
-            wr.en.eq(valid_w),
-            wr.addr.eq(write_w.addr),
-            self.o_written.eq(valid_w),
-        ]
-        for c in range(self.cols):
-            if not self.registered_read:
-                addend = Mux(write_w.accumulate, old[c], 0)
-            else:
-                addend = (Mux(use_old, old_q[c], 0) | Mux(use_last, last[c], 0) |
-                          Mux(use_last2, last2[c], 0)).as_signed()
-            m.d.comb += wr.data[c].eq(addend + write_w.data[c])
+            sums = [Signal(row, name=f"sums_{i}") for i in range(1, 4)]  # made 1-3 cycles ago
+            valid_d = [Signal(name=f"valid_d{i}") for i in range(1, 3)]   # rows in C 1-2 ago
+            addr_d = [Signal.like(write_c.addr, name=f"addr_d{i}") for i in range(1, 3)]
+            use_old = Signal()                                           # stage C adds to ...
+            use = [Signal(name=f"use_sums_{i}") for i in range(1, 4)]    # ... these instead
+            # The rows whose sums a stage-B row would miss, newest first: in stage C now (its
+            # sums made next cycle), and in C one and two cycles ago.
+            hits = [valid_c & (write_c.addr == write_b.addr),
+                    valid_d[0] & (addr_d[0] == write_b.addr),
+                    valid_d[1] & (addr_d[1] == write_b.addr)]
+            m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b),
+                         valid_d[0].eq(valid_c), addr_d[0].eq(write_c.addr),
+                         valid_d[1].eq(valid_d[0]), addr_d[1].eq(addr_d[0]),
+                         sums[1].eq(sums[0]), sums[2].eq(sums[1]),
+                         use_old.eq(write_b.accumulate & ~(hits[0] | hits[1] | hits[2])),
+                         use[0].eq(write_b.accumulate & hits[0]),
+                         use[1].eq(write_b.accumulate & ~hits[0] & hits[1]),
+                         use[2].eq(write_b.accumulate & ~hits[0] & ~hits[1] & hits[2])]
+            for c in range(self.cols):
+                addend = (Mux(use_old, old_q[c], 0) | Mux(use[0], sums[0][c], 0) |
+                          Mux(use[1], sums[1][c], 0) | Mux(use[2], sums[2][c], 0)).as_signed()
+                m.d.sync += sums[0][c].eq(addend + write_c.data[c])
+            # Stage D: the sums made in the cycle before, with their row's address.
+            m.d.comb += [
+                wr.en.eq(valid_d[0]),
+                wr.addr.eq(addr_d[0]),
+                wr.data.eq(sums[0]),
+                self.o_written.eq(valid_d[0]),
+            ]
 
         serve_reads(m, rd, [self.r.addr], [self.r.data],
                     latency=2 if self.registered_read else 1)

@@ -7,7 +7,7 @@ it checks, as observed and documented by ``Accumulators``:
 
 - ``i_psum`` is always ready (after reset);
 - a row accepted in cycle ``c`` is written at the end of cycle ``c + L``, and ``o_written``
-  is high in exactly that cycle ``c + L`` (``L`` = 1; 2 with ``registered_read``);
+  is high in exactly that cycle ``c + L`` (``L`` = 1; 3 with ``registered_read``);
 - the row it adds to is the memory's row *including* the write of cycle ``c`` (the RMW read
   is transparent), so back-to-back rows to one address add up; without ``bypass`` the
   psum driver keeps the block's rule instead: it leaves a cycle before a row that
@@ -66,9 +66,14 @@ def bypass_from_env() -> bool:
     return bool(json.loads(os.environ.get(ENV, "{}")).get("bypass", True))
 
 
+def registered_from_env() -> bool:
+    """Whether the DUT has the ``registered_read`` pipeline."""
+    return bool(json.loads(os.environ.get(ENV, "{}")).get("registered_read"))
+
+
 def latency_from_env() -> int:
-    """Cycles from taking a row to writing it: 2 with ``registered_read``, else 1."""
-    return 2 if json.loads(os.environ.get(ENV, "{}")).get("registered_read") else 1
+    """Cycles from taking a row to writing it: 3 with ``registered_read``, else 1."""
+    return 3 if registered_from_env() else 1
 
 
 class Testbench:
@@ -79,6 +84,7 @@ class Testbench:
         self.dut = dut
         self.depth, self.cols = sizes_from_env()
         self.latency = latency_from_env()
+        self.registered = registered_from_env()
         self.addr_bits = max(1, (self.depth - 1).bit_length())
         self.seed = seed
         self.log = dut._log
@@ -149,7 +155,7 @@ class Testbench:
             written = bool(dut.o_written.value)
             pending = pipe.pop(0)
             if read_addr is not None:
-                if self.latency == 2 and pending is not None and pending["addr"] == read_addr:
+                if self.registered and pending is not None and pending["addr"] == read_addr:
                     # The block RAM's read meets the write to its row: undefined.
                     self.scoreboard.expect_undefined()
                 else:
@@ -321,7 +327,7 @@ async def test_read_during_write(dut):
     # the read in the write's cycle (the core never uses such a read); simulation gives the
     # old row without the bypass, the DP16KD model's inverted row with the registered read.
     want = [old, new] if tb.bypass and tb.latency == 1 else [got[0], new]
-    if tb.latency == 2:
+    if tb.registered:
         assert got[0] == wrap(~np.asarray(old, dtype=np.int64)).tolist(), (
             f"the colliding read of row {addr}: got {got[0]}, expected the model's inverted "
             f"old row (seed {tb.seed})")
