@@ -210,12 +210,21 @@ class ActivationEngine(wiring.Component):
                                     RegisteredRead(m, scalar_mem, "scalar"))
 
         scrubbing, scrub_slot = self._scrub(m, cfg.param_slots)
+        # The build for Fmax writes a slot a cycle after the front end sends it, from
+        # flip-flops: the write's address otherwise ends the front end's dispatch path. An
+        # ACTIVATE taken the cycle after the last write still reads the slot it wrote (its
+        # read is a cycle after it is taken).
+        if cfg.registered_datapath:
+            write_valid = Signal()
+            p = Signal.like(pw.payload)
+            m.d.sync += [write_valid.eq(pw.valid & pw.ready), p.eq(pw.payload)]
+        else:
+            write_valid, p = pw.valid, pw.payload
         with m.If(scrubbing):
             m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
             for port in (bias_w, mult_w, scalar_w):
                 m.d.comb += port.addr.eq(scrub_slot)
         with m.Else():
-            p = pw.payload
             for port in (bias_w, mult_w, scalar_w):
                 m.d.comb += port.addr.eq(p.slot)
             m.d.comb += [
@@ -224,9 +233,9 @@ class ActivationEngine(wiring.Component):
                 scalar_w.data.shift.eq(p.shift),
                 scalar_w.data.zero_point.eq(p.zero_point),
                 scalar_w.data.clamp_hi.eq(p.clamp_hi),
-                scalar_w.en.eq(pw.valid & (p.kind == ParamKind.SCALARS)),
-                bias_w.en.eq(pw.valid & (p.kind == ParamKind.BIAS)),
-                mult_w.en.eq(pw.valid & (p.kind == ParamKind.MULTIPLIER)),
+                scalar_w.en.eq(write_valid & (p.kind == ParamKind.SCALARS)),
+                bias_w.en.eq(write_valid & (p.kind == ParamKind.BIAS)),
+                mult_w.en.eq(write_valid & (p.kind == ParamKind.MULTIPLIER)),
             ]
 
         scalar = scalar_r.data
