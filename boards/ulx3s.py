@@ -52,6 +52,14 @@ BAUD = 3_000_000      # the FT231X's highest standard rate
 MAX_BEATS = 16
 
 
+def global_reset(m: Module, reset: Signal) -> Signal:
+    """*reset* on a global network through a ``DCCA``: nextpnr-ecp5 promotes only clocks, and
+    the core's reset reaches thousands of flip-flops (routed in the fabric it took 8-9 ns)."""
+    buffered = Signal()
+    m.submodules.core_reset_dcc = Instance("DCCA", i_CLKI=reset, i_CE=1, o_CLKO=buffered)
+    return buffered
+
+
 class ULX3STop(Elaboratable):
     """The ULX3S's top level around :class:`hdl.board_core.BoardCore`.
 
@@ -110,7 +118,7 @@ class ULX3STop(Elaboratable):
         m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.submodules.board_core = core = BoardCore(
             self.config, divisor=self.divisor, max_beats=self.max_beats,
-            clock_hz=self.clock_hz, register_link=True)
+            clock_hz=self.clock_hz, register_link=True, reset_buffer=global_reset)
         m.d.comb += [core.i_rx.eq(rx.i), tx.o.eq(core.o_tx)]
         for i, value in ((0, core.o_running), (1, locked), (7, core.o_error)):
             m.submodules[f"led{i}"] = led = io.Buffer("o", platform.request("led", i, dir="-"))

@@ -1,6 +1,9 @@
 """The platform-independent top of a board build: a UART, the host link and the core."""
 
-from amaranth.hdl import Module, ResetInserter, Signal
+from collections.abc import Callable
+
+from amaranth.hdl import ClockDomain, ClockSignal, DomainRenamer, Module, ResetInserter, \
+    ResetSignal, Signal, Value
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -47,12 +50,19 @@ class BoardCore(wiring.Component):
         The clock, reported in INFO_REPLY and used for the LED's hold time.
     register_link : bool
         Register the paths between the link and the core, for fast clocks (the ULX3S's):
-        the core's beats reach the link through a one-entry
+        the beats each way pass through a one-entry
         :class:`~amaranth.lib.fifo.SyncFIFOBuffered` (reset with the core), so that no path
-        runs from the unified buffer's block RAM output through the link's frame logic; and
-        the link's core reset is registered before it fans out to the whole core, the link
-        taking no beat in that cycle. A beat every other cycle at most, which the UART is far
-        below; ``host_width`` flip-flops more.
+        runs from the unified buffer's block RAM output through the link's frame logic, nor
+        from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
+        the core a cycle later; and the core (with both slots) runs in a clock domain of
+        its own on the same clock, whose reset is one register of the link's core reset and
+        the domain's own (``reset_buffer`` may put it on a global network), the link taking
+        no beat in the cycle after the RESET. A beat every other cycle at most each way,
+        which the UART is far below; ``2 * host_width`` flip-flops more.
+    reset_buffer : callable, optional
+        With ``register_link``: ``reset_buffer(m, signal)`` returns the signal that resets
+        the core, driven from ``signal`` (the ULX3S top puts it on a ``DCCA`` global, since
+        nextpnr-ecp5 promotes only clocks and the core has thousands of flip-flops).
 
     Members
     -------
@@ -71,9 +81,11 @@ class BoardCore(wiring.Component):
     """
 
     def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int,
-                 register_link: bool = False):
+                 register_link: bool = False,
+                 reset_buffer: Callable[[Module, Value], Value] | None = None):
         self.config = config
         self.register_link = register_link
+        self.reset_buffer = reset_buffer
         self.divisor = divisor
         self.max_beats = max_beats
         self.clock_hz = clock_hz
@@ -97,29 +109,49 @@ class BoardCore(wiring.Component):
         if not self.register_link:
             m.submodules.core = ResetInserter(link.o_core_reset)(core)
             wiring.connect(m, core.o_host, link.i_host)
+            wiring.connect(m, link.o_host, core.i_host)
+            m.d.comb += core.i_clear.eq(link.o_clear)
         else:
-            core_reset = Signal()
-            m.d.sync += core_reset.eq(link.o_core_reset)
-            m.submodules.core = ResetInserter(core_reset)(core)
-            slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
-            m.submodules.beat_register = ResetInserter(core_reset)(slot)
-            # In the cycle the registered reset reaches the core, the slot still shows a beat
-            # of the core being reset: the link must not start a BEAT frame with it. (The
-            # link cannot be idle then today: the RESET's ACK, or a reply that filled the
-            # queue and dropped it, is being sent; the mask keeps that from mattering.)
-            m.d.comb += [slot.w_data.eq(core.o_host.payload), slot.w_en.eq(core.o_host.valid),
-                         core.o_host.ready.eq(slot.w_rdy),
-                         link.i_host.payload.eq(slot.r_data),
-                         link.i_host.valid.eq(slot.r_rdy & ~core_reset),
-                         slot.r_en.eq(link.i_host.ready)]
+            # The core's domain: the same clock, reset by one register (the link's core
+            # reset or the domain's own), which nothing but the reset network follows.
+            m.domains.core = cd_core = ClockDomain("core", local=True)
+            core_reset = Signal(init=1, reset_less=True)
+            m.d.sync += core_reset.eq(link.o_core_reset | ResetSignal("sync"))
+            m.d.comb += [cd_core.clk.eq(ClockSignal("sync")),
+                         cd_core.rst.eq(self.reset_buffer(m, core_reset) if self.reset_buffer
+                                        else core_reset)]
+            to_core = DomainRenamer("core")
+            m.submodules.core = to_core(core)
+            out_slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
+            in_slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
+            m.submodules.beat_register = to_core(out_slot)
+            m.submodules.in_beat_register = to_core(in_slot)
+            clear = Signal()
+            # In the cycle the registered reset reaches the core, the slots still hold beats
+            # from before it: the link must neither start a BEAT frame with the core's nor
+            # hand one over that the reset would lose. (The link cannot be idle then today:
+            # the RESET's ACK, or a reply that filled the queue and dropped it, is being sent;
+            # the mask keeps that from mattering.)
+            m.d.sync += clear.eq(link.o_clear)
+            m.d.comb += [out_slot.w_data.eq(core.o_host.payload),
+                         out_slot.w_en.eq(core.o_host.valid),
+                         core.o_host.ready.eq(out_slot.w_rdy),
+                         link.i_host.payload.eq(out_slot.r_data),
+                         link.i_host.valid.eq(out_slot.r_rdy & ~core_reset),
+                         out_slot.r_en.eq(link.i_host.ready),
+                         in_slot.w_data.eq(link.o_host.payload),
+                         in_slot.w_en.eq(link.o_host.valid & ~core_reset),
+                         link.o_host.ready.eq(in_slot.w_rdy & ~core_reset),
+                         core.i_host.payload.eq(in_slot.r_data),
+                         core.i_host.valid.eq(in_slot.r_rdy),
+                         in_slot.r_en.eq(core.i_host.ready),
+                         core.i_clear.eq(clear)]
 
         m.d.comb += [rx.i_rx.eq(self.i_rx), self.o_tx.eq(tx.o_tx)]
         wiring.connect(m, rx.o_data, link.i_rx)
         wiring.connect(m, link.o_tx, tx.i_data)
-        wiring.connect(m, link.o_host, core.i_host)
         m.d.comb += [
             link.i_status.eq(core.o_status),
-            core.i_clear.eq(link.o_clear),
             self.o_error.eq(core.o_status.error),
         ]
 
