@@ -54,7 +54,8 @@ class BoardCore(wiring.Component):
         :class:`~amaranth.lib.fifo.SyncFIFOBuffered` (reset with the core), so that no path
         runs from the unified buffer's block RAM output through the link's frame logic, nor
         from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
-        the core a cycle later; and the core (with both slots) runs in a clock domain of
+        the core a cycle later, and the core's status the link a cycle later; and the core
+        (with both slots) runs in a clock domain of
         its own on the same clock, whose reset is one register of the link's core reset and
         the domain's own (``reset_buffer`` may put it on a global network), the link taking
         no beat in the cycle after the RESET. A beat every other cycle at most each way,
@@ -150,8 +151,13 @@ class BoardCore(wiring.Component):
         m.d.comb += [rx.i_rx.eq(self.i_rx), self.o_tx.eq(tx.o_tx)]
         wiring.connect(m, rx.o_data, link.i_rx)
         wiring.connect(m, link.o_tx, tx.i_data)
+        if self.register_link:
+            status = Signal.like(core.o_status)
+            m.d.sync += status.eq(core.o_status)
+            m.d.comb += link.i_status.eq(status)
+        else:
+            m.d.comb += link.i_status.eq(core.o_status)
         m.d.comb += [
-            link.i_status.eq(core.o_status),
             self.o_error.eq(core.o_status.error),
         ]
 

@@ -23,9 +23,11 @@ PROGRAMS_PER_BLOCK = 25
 
 
 #: Configurations that are no preset: the tiny core with the iCEBreaker preset's
-#: dispatch="ahead" and with the ULX3S preset's "pipelined".
+#: dispatch="ahead", with the ULX3S preset's "pipelined", and with the whole ULX3S build for
+#: Fmax (its MULT18X18D model, registered memories, buffered beats) under the bench's stalls.
 CONFIGS = {"tiny-ahead": get_config("tiny").replace(dispatch="ahead"),
-           "tiny-pipelined": get_config("tiny").replace(dispatch="pipelined")}
+           "tiny-pipelined": get_config("tiny").replace(dispatch="pipelined"),
+           "tiny-ulx3s": get_config("tiny").replace(dispatch="pipelined", multiplier="ecp5")}
 
 
 def run_core(config_key: str, testcase: str, **env):
@@ -37,7 +39,7 @@ def run_core(config_key: str, testcase: str, **env):
 # (configuration, first block, blocks): block b runs seeds 1000 + 25 b .. 1000 + 25 b + 24,
 # so every block has seeds of its own.
 _FAST = (("tiny", 0, 4), ("small", 4, 2), ("wide", 6, 2), ("tiny-ahead", 8, 2),
-         ("tiny-pipelined", 27, 2))
+         ("tiny-pipelined", 27, 2), ("tiny-ulx3s", 29, 2))
 _SLOW = (("tiny", 10, 8), ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2),
          ("large", 26, 1))
 RANDOM_BLOCKS = (
@@ -55,17 +57,18 @@ def test_random_programs(config_key: str, block: int):
 
 
 @pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-ahead",
-                                        "tiny-pipelined"])
+                                        "tiny-pipelined", "tiny-ulx3s"])
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead", "tiny-pipelined"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead", "tiny-pipelined",
+                                        "tiny-ulx3s"])
 def test_errors(config_key: str):
     run_core(config_key, ["test_error", "test_error_priority"])
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-ahead"])
+@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-ahead", "tiny-ulx3s"])
 def test_status_clear_and_reset(config_key: str):
     """D1 (halted cleared by an error), D4 (i_clear without an error), D2 (reset clears the
     memories)."""
