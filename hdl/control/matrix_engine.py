@@ -105,9 +105,13 @@ class MatrixEngine(wiring.Component):
                                            **({"gap": 1} if self.acc_gap else {}),
                                            "acc": unsigned(self.acc_bits)})
         meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
-        # Unbuffered: a row's metadata must be readable the cycle after its UB read was
-        # issued, when the row arrives, or the read port would idle every other cycle.
-        m.submodules.meta_a = meta_a = fifo.SyncFIFO(width=meta_a_layout.size, depth=4)
+        # A row's metadata must be readable when the row arrives, or the read port would
+        # idle every other cycle: the cycle after its UB read was issued (unbuffered), or
+        # with pipelined memories two cycles after, when a buffered FIFO's registered
+        # output has it (its read then starts at a flip-flop, not at a LUT RAM: the ULX3S
+        # build's path from here through the tile switch into the weight FIFO).
+        meta_fifo = fifo.SyncFIFOBuffered if cfg.pipelined_memories else fifo.SyncFIFO
+        m.submodules.meta_a = meta_a = meta_fifo(width=meta_a_layout.size, depth=4)
         m.submodules.meta_b = meta_b = BlockFIFO(
             width=meta_b_layout.size, depth=cfg.array_latency + 2)
         meta_a_in = data.View(meta_a_layout, meta_a.w_data)
