@@ -54,7 +54,8 @@ class BoardCore(wiring.Component):
         :class:`~amaranth.lib.fifo.SyncFIFOBuffered` (reset with the core), so that no path
         runs from the unified buffer's block RAM output through the link's frame logic, nor
         from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
-        the core a cycle later, and the core's status the link a cycle later; and the core
+        the core a cycle later, and the core's status the link a cycle later; the link's
+        frame checks are registered (``HostLink(registered_checks=True)``); and the core
         (with both slots) runs in a clock domain of
         its own on the same clock, whose reset is one register of the link's core reset and
         the domain's own (``reset_buffer`` may put it on a global network), the link taking
@@ -93,7 +94,8 @@ class BoardCore(wiring.Component):
         # Built here so that bad arguments fail at construction, not at elaboration.
         self._rx = UARTReceiver(divisor=divisor)
         self._tx = UARTTransmitter(divisor=divisor)
-        self._link = HostLink(config, max_beats=max_beats, clock_hz=clock_hz)
+        self._link = HostLink(config, max_beats=max_beats, clock_hz=clock_hz,
+                              registered_checks=register_link)
         super().__init__({
             "i_rx":      In(1, init=1),
             "o_tx":      Out(1, init=1),

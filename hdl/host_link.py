@@ -65,6 +65,10 @@ class HostLink(wiring.Component):
         Beats a DATA frame may carry, 1 to 65535 (each buffer holds this many).
     clock_hz : int
         The core's clock, for INFO_REPLY (1 to 2**32 - 1).
+    registered_checks : bool
+        Register the frame checks' answers every cycle, so that a frame's verdict at its END
+        starts at flip-flops (for fast clocks: the ULX3S's). The bytes on ``i_rx`` must then
+        come at least two cycles apart, which a UART's are by far.
 
     Members
     -------
@@ -86,7 +90,8 @@ class HostLink(wiring.Component):
         The free-running cycle counter (for the board's LED timing).
     """
 
-    def __init__(self, config: TPUConfig, *, max_beats: int = 16, clock_hz: int):
+    def __init__(self, config: TPUConfig, *, max_beats: int = 16, clock_hz: int,
+                 registered_checks: bool = False):
         for name, value, high in (("max_beats", max_beats, 0xFFFF),
                                   ("clock_hz", clock_hz, 0xFFFF_FFFF)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
@@ -95,6 +100,7 @@ class HostLink(wiring.Component):
         self.config = config
         self.max_beats = max_beats
         self.clock_hz = clock_hz
+        self.registered_checks = registered_checks
         self.beat_bytes = config.host_width // 8
         #: Payload bytes a frame buffer holds.
         self.buffer_bytes = max_beats * self.beat_bytes
@@ -199,35 +205,58 @@ class HostLink(wiring.Component):
                 # (An oversize frame wraps round its own buffer: it is dropped anyway.)
                 m.d.comb += wr.en.eq(has_buf)
 
-        # The checks of a frame, in protocol order, as its END arrives.
+        # The checks of a frame, in protocol order, as its END arrives. Each check's answer
+        # is a function of the frame so far; with `registered_checks` it is registered every
+        # cycle, so the verdict at END starts at flip-flops (the bytes must then come at
+        # least two cycles apart, as from a UART, for the answers to include the last one).
         reply = Signal(REPLY)
         m.d.comb += [reply.seq.eq(seq), replies.w_data.eq(reply)]
-        is_data = kind == kind_of[lp.Kind.DATA]
-        host_kind = Signal()
+        checks = m.d.sync if self.registered_checks else m.d.comb
+        host_kind_now = Signal()
         for k in lp.HOST_KINDS:
             with m.If(kind == k.value):
-                m.d.comb += host_kind.eq(1)
-        length_bad = Mux(is_data, (n == 4) | (phase != 0), n != 4)
+                m.d.comb += host_kind_now.eq(1)
+        is_data, host_kind, length_bad, is_frame, bad_esc, oversize, short, crc_bad, retry = (
+            Signal(name=name) for name in ("is_data", "host_kind", "length_bad", "is_frame",
+                                           "bad_esc", "oversize", "short", "crc_bad",
+                                           "retry"))
+        is_status, is_clear, is_reset = (Signal(name=f"is_{k}") for k in ("status", "clear",
+                                                                          "reset"))
+        data_kind = kind == kind_of[lp.Kind.DATA]
+        checks += [
+            is_data.eq(data_kind),
+            host_kind.eq(host_kind_now),
+            length_bad.eq(Mux(data_kind, (n == 4) | (phase != 0), n != 4)),
+            is_frame.eq((n != 0) | escaped),        # (an ESC alone is a frame too)
+            bad_esc.eq(bad_escape | escaped),
+            oversize.eq(n == limit + 1),
+            short.eq(n < lp.MIN_BODY),
+            crc_bad.eq(crc != Cat(d2, d1)),
+            retry.eq(seq_valid & (seq == last_seq)),
+            is_status.eq(kind == kind_of[lp.Kind.STATUS]),
+            is_clear.eq(kind == kind_of[lp.Kind.CLEAR]),
+            is_reset.eq(kind == kind_of[lp.Kind.RESET]),
+        ]
 
         def nak(code):
             m.d.comb += [reply.kind.eq(Reply.NAK), reply.code.eq(code)]
 
-        with m.If(end & ((n != 0) | escaped)):     # (an ESC alone is a frame too)
+        with m.If(end & is_frame):
             m.d.comb += replies.w_en.eq(1)
-            with m.If(bad_escape | escaped):
+            with m.If(bad_esc):
                 nak(lp.Nak.ESCAPE)
-            with m.Elif(n == limit + 1):
+            with m.Elif(oversize):
                 nak(lp.Nak.OVERSIZE)
-            with m.Elif(n < lp.MIN_BODY):
+            with m.Elif(short):
                 nak(lp.Nak.LENGTH)
-            with m.Elif(crc != Cat(d2, d1)):
+            with m.Elif(crc_bad):
                 nak(lp.Nak.CRC)
             with m.Elif(~host_kind):
                 nak(lp.Nak.KIND)
             with m.Elif(length_bad):
                 nak(lp.Nak.LENGTH)
             with m.Elif(is_data):
-                with m.If(seq_valid & (seq == last_seq)):
+                with m.If(retry):
                     m.d.comb += reply.kind.eq(Reply.ACK)       # a retry: not stored again
                 with m.Elif(~has_buf):
                     nak(lp.Nak.BUSY)
@@ -237,12 +266,12 @@ class HostLink(wiring.Component):
                     for i in range(2):
                         with m.If(wbuf == i):
                             m.d.sync += nbytes[i].eq(n - 4)
-            with m.Elif(kind == kind_of[lp.Kind.STATUS]):
+            with m.Elif(is_status):
                 m.d.comb += reply.kind.eq(Reply.STATUS)
-            with m.Elif(kind == kind_of[lp.Kind.CLEAR]):
+            with m.Elif(is_clear):
                 m.d.comb += [reply.kind.eq(Reply.ACK), drop.eq(1)]
                 m.d.sync += clear_pending.eq(1)
-            with m.Elif(kind == kind_of[lp.Kind.RESET]):
+            with m.Elif(is_reset):
                 m.d.comb += [reply.kind.eq(Reply.ACK), drop.eq(1)]
                 m.d.sync += [reset_pending.eq(1), clear_pending.eq(0), seq_valid.eq(0)]
             with m.Else():

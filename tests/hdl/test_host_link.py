@@ -2,7 +2,8 @@
 """HostLink (hdl.host_link) in amaranth.sim against the frame protocol (hdl.link_protocol).
 
 The testbench plays both neighbours: the host side sends bytes made with
-``link_protocol.encode_frame`` (one a cycle at most, never waiting: a UART cannot) and
+``link_protocol.encode_frame`` (one a cycle at most, or every other cycle for the link
+with ``registered_checks``, never waiting: a UART cannot) and
 decodes what comes back with ``link_protocol.FrameDecoder``; a stub core takes the beats the
 link delivers and sends beats of its own, both with random stalls, and plays the core's
 status, ``i_clear`` and reset. Delivered beats, replies and BEAT frames are compared with
@@ -34,6 +35,17 @@ STATUS = data.Layout.cast(Status)
 ERROR_BIT = 1 << STATUS["error"].offset
 #: The longest any single wait may take, in cycles: a hang fails within seconds.
 WAIT_LIMIT = 20_000
+#: Whether the benches build HostLink with ``registered_checks`` (set by :func:`checks`).
+REGISTERED_CHECKS = [False]
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["checks", "registered-checks"])
+def checks(request):
+    """Every test twice: the link's frame checks combinational, and registered (the ULX3S
+    build's; the host then leaves a cycle between bytes)."""
+    REGISTERED_CHECKS[0] = request.param
+    yield request.param
+    REGISTERED_CHECKS[0] = False
 
 
 def beat_bytes(config: TPUConfig) -> int:
@@ -97,7 +109,9 @@ class Bench:
         self.seed = seed
         self.config = config
         self.max_beats = max_beats
-        self.dut = HostLink(config, max_beats=max_beats, clock_hz=CLOCK_HZ)
+        self.registered = REGISTERED_CHECKS[0]
+        self.dut = HostLink(config, max_beats=max_beats, clock_hz=CLOCK_HZ,
+                            registered_checks=self.registered)
         self.rng = random.Random(seed)
         self.rx_idle, self.tx_stall = rx_idle, tx_stall
         self.core_stall, self.core_idle = core_stall, core_idle
@@ -135,6 +149,10 @@ class Bench:
             assert ready, f"seed {self.seed}: i_rx.ready low at cycle {self.cycle}"
             if byte == lp.END:
                 self.end_cycles.append(self.cycle)
+            if byte is not None and self.registered:
+                # Registered checks need the bytes two cycles apart (a UART's are far more).
+                ctx.set(dut.i_rx.valid, 0)
+                await ctx.tick()
 
     async def _host_rx(self, ctx):
         dut = self.dut
