@@ -114,7 +114,9 @@ class Accumulators(wiring.Component):
             rmw.en.eq(1),
         ]
         valid_b = Signal()
-        write_b = Signal.like(self.i_psum.payload)
+        # Data registers are not reset: their valid bits say whether they hold a row (and a
+        # reset routed into their inputs took the ULX3S build's reset net through a LUT).
+        write_b = Signal.like(self.i_psum.payload, reset_less=True)
         m.d.sync += [valid_b.eq(self.i_psum.valid), write_b.eq(self.i_psum.payload)]
 
         if not self.registered_read:
@@ -137,11 +139,13 @@ class Accumulators(wiring.Component):
             # stage C and the two before, into four flip-flops: no address compare runs into
             # the adders.
             valid_c = Signal()
-            write_c = Signal.like(self.i_psum.payload)
+            write_c = Signal.like(self.i_psum.payload, reset_less=True)
             old_q = rmw.data
-            sums = [Signal(row, name=f"sums_{i}") for i in range(1, 4)]  # made 1-3 cycles ago
+            sums = [Signal(row, name=f"sums_{i}", reset_less=True)         # made 1-3 cycles ago
+                    for i in range(1, 4)]
             valid_d = [Signal(name=f"valid_d{i}") for i in range(1, 3)]   # rows in C 1-2 ago
-            addr_d = [Signal.like(write_c.addr, name=f"addr_d{i}") for i in range(1, 3)]
+            addr_d = [Signal.like(write_c.addr, name=f"addr_d{i}", reset_less=True)
+                      for i in range(1, 3)]
             use_old = Signal()                                           # stage C adds to ...
             use = [Signal(name=f"use_sums_{i}") for i in range(1, 4)]    # ... these instead
             # The rows whose sums a stage-B row would miss, newest first: in stage C now (its
