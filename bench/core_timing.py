@@ -55,13 +55,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import shutil
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +66,7 @@ from amaranth.lib import io
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from boards.build import BuildError, clock_critical_path, prepare, run_plan
+from boards.timing import Sdf, worst_paths
 from hdl.config import TPUConfig, get_config
 
 __all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "Sdf",
@@ -336,165 +333,6 @@ def _nextpnr_path(report: dict) -> dict[str, Any] | None:
     routing = sum(s["delay"] for s in steps if s["type"] == "routing")
     return {"total_ns": round(logic + routing, 3), "logic_ns": round(logic, 3),
             "routing_ns": round(routing, 3), "hops": hops}
-
-
-# Static timing from nextpnr's SDF ---------------------------------------------------------
-
-#: Clock pins of the ECP5 cells nextpnr writes: an IOPATH from one of them launches a path.
-CLOCK_PINS = frozenset({"CLK", "CLKA", "CLKB", "CLK0", "CLK1", "CLK2", "CLK3", "WCK"})
-
-_CELLTYPE = re.compile(r'\(CELLTYPE "([^"]*)"\)')
-_INSTANCE = re.compile(r"\(INSTANCE ?([^)]*)\)")
-_IOPATH = re.compile(r"\(IOPATH (\S+) (\S+) \(([^)]*)\) \(([^)]*)\)\)")
-_INTERCONNECT = re.compile(r"\(INTERCONNECT (\S+) (\S+) \(([^)]*)\) \(([^)]*)\)\)")
-_SETUPHOLD = re.compile(r"\(SETUPHOLD \((?:posedge|negedge) (\S+)\) \((?:posedge|negedge) "
-                        r"(\S+)\) \(([^)]*)\) \(([^)]*)\)\)")
-
-
-def _max_ps(*triples: str) -> float:
-    """The largest max of SDF ``min:typ:max`` values, in picoseconds."""
-    return max(float(t.split(":")[-1] or 0) for t in triples)
-
-
-def _sdf_name(name: str) -> str:
-    return name.replace("\\", "")
-
-
-@dataclass
-class Sdf:
-    """The delays nextpnr back-annotates (``--sdf``), in picoseconds; pins are
-    ``"<instance>/<port>"``: combinational arcs (cell arcs and interconnect), clock-to-output
-    times and setup times."""
-
-    arcs: dict[str, list[tuple[str, float]]]        # input pin -> [(output pin, delay)]
-    launch: dict[str, float]                         # output pin -> clock-to-output
-    setup: dict[str, float]                          # input pin -> setup time
-    cell_type: dict[str, str]
-
-    @classmethod
-    def parse(cls, text: str) -> Sdf:
-        """Parse nextpnr's SDF, which has one delay or check on a line."""
-        arcs: dict[str, list[tuple[str, float]]] = defaultdict(list)
-        launch: dict[str, float] = {}
-        setup: dict[str, float] = {}
-        cell_type: dict[str, str] = {}
-        ctype, inst = "", ""
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("(INTERCONNECT"):
-                match = _INTERCONNECT.match(line)
-                if match:
-                    src, dst = (_sdf_name(match[i]) for i in (1, 2))
-                    arcs[src].append((dst, _max_ps(match[3], match[4])))
-            elif line.startswith("(IOPATH"):
-                match = _IOPATH.match(line)
-                if match:
-                    src, dst = match[1], match[2]
-                    delay = _max_ps(match[3], match[4])
-                    if src in CLOCK_PINS:
-                        key = f"{inst}/{dst}"
-                        launch[key] = max(launch.get(key, 0.0), delay)
-                    else:
-                        arcs[f"{inst}/{src}"].append((f"{inst}/{dst}", delay))
-            elif line.startswith("(SETUPHOLD"):
-                match = _SETUPHOLD.match(line)
-                if match:
-                    key = f"{inst}/{match[1]}"
-                    setup[key] = max(setup.get(key, 0.0), _max_ps(match[3]))
-            elif line.startswith("(CELLTYPE"):
-                ctype = _CELLTYPE.match(line)[1]
-            elif line.startswith("(INSTANCE"):
-                inst = _sdf_name(_INSTANCE.match(line)[1].strip())
-                cell_type[inst] = ctype
-        return cls(arcs=dict(arcs), launch=launch, setup=setup, cell_type=cell_type)
-
-
-def _group(instance: str) -> str:
-    """The register a flip-flop, RAM or block belongs to: its name without the bit index and
-    the suffixes synthesis and packing add."""
-    name = instance.replace("\\", "")
-    name = re.sub(r"\$(DPRAM|RAMW|CCU2)_\w*$", "", name)
-    name = re.sub(r"(_TRELLIS_FF|_TRELLIS_COMB|_DP16KD|_MULT18X18D|_LUT4|_CCU2C|_DFF|_PFUMX|"
-                  r"_L6MUX21)[A-Za-z0-9_$]*$", "", name)
-    name = re.sub(r"\[\d+\]", "", name)
-    name = re.sub(r"(\.\d+)+$", "", name)
-    name = re.sub(r"(_\d+)+$", "", name)
-    return name
-
-
-def _module(instance: str) -> str:
-    """The core's block an instance is in (``core.<block>``), or the harness."""
-    parts = instance.replace("\\", "").split(".")
-    return ".".join(parts[:2]) if parts[0] == "core" and len(parts) > 2 else "harness"
-
-
-def worst_paths(sdf: Sdf, *, period_ns: float, count: int = 10) -> list[dict[str, Any]]:
-    """The worst register-to-register paths into *count* different endpoint groups (the bits
-    of one register count once), each with its delay, slack against *period_ns* and cells.
-
-    Longest-path arrival times over the SDF's arcs, from every clock-to-output to every pin
-    with a setup check. Clock skew is not modelled (nextpnr's figure includes it), so the
-    delays here can differ from nextpnr's by the skew of the global clock network."""
-    arrival: dict[str, float] = {}
-    pred: dict[str, str | None] = {}
-    indegree: dict[str, int] = defaultdict(int)
-    for outs in sdf.arcs.values():
-        for dst, _ in outs:
-            indegree[dst] += 1
-    # Kahn's order over the combinational graph; launch pins and pins with no fan-in start.
-    nodes = set(sdf.arcs) | {d for outs in sdf.arcs.values() for d, _ in outs}
-    ready = [n for n in nodes if indegree.get(n, 0) == 0]
-    for node in ready:
-        if node in sdf.launch:
-            arrival[node] = sdf.launch[node]
-            pred[node] = None
-    for node in sdf.launch:
-        arrival.setdefault(node, sdf.launch[node])
-        pred.setdefault(node, None)
-    order = []
-    while ready:
-        node = ready.pop()
-        order.append(node)
-        base = arrival.get(node)
-        for dst, delay in sdf.arcs.get(node, ()):
-            if base is not None and dst not in sdf.launch:
-                if base + delay > arrival.get(dst, -math.inf):
-                    arrival[dst] = base + delay
-                    pred[dst] = node
-            indegree[dst] -= 1
-            if indegree[dst] == 0:
-                ready.append(dst)
-    ends = []
-    for pin, setup in sdf.setup.items():
-        if pin in arrival:
-            ends.append((arrival[pin] + setup, pin))
-    ends.sort(reverse=True)
-    seen: set[str] = set()
-    paths = []
-    for total, pin in ends:
-        group = _group(pin.rpartition("/")[0])
-        if group in seen:
-            continue
-        seen.add(group)
-        cells = []
-        node: str | None = pin
-        while node is not None:
-            inst = node.rpartition("/")[0]
-            if not cells or cells[-1] != inst:
-                cells.append(inst)
-            node = pred.get(node)
-        cells.reverse()
-        start = cells[0]
-        paths.append({
-            "delay_ns": round(total / 1000, 3),
-            "slack_ns": round(period_ns - total / 1000, 3),
-            "from": start, "to": pin.rpartition("/")[0], "to_group": group,
-            "from_group": _group(start),
-            "cells": len(cells), "via": cells,
-        })
-        if len(paths) >= count:
-            break
-    return paths
 
 
 # Report ----------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from boards.timing import format_paths, sdf_worst_paths
+
 __all__ = ["BuildError", "BuildReport", "ToolRun", "prepare", "run_plan", "run_timed", "build",
            "tool_env", "tool_path", "with_clock", "clock_fmax", "clock_critical_path",
            "pll_ice40", "pll_ecp5",
@@ -141,6 +143,9 @@ class BuildReport:
     seconds: float
     baud: int
     notes: list[str] = field(default_factory=list)
+    #: The worst paths into different registers (:func:`boards.timing.worst_paths`), when
+    #: the build was asked for them.
+    paths: list[dict] = field(default_factory=list)
 
     @property
     def peak_gops(self) -> float:
@@ -164,6 +169,10 @@ class BuildReport:
                 lines.append(f"{cell:<10} {used:>6} / {avail:<6} ({used / avail:.0%})")
         lines.append(f"bitstream  {self.bitstream}  (built in {self.seconds:.0f} s)")
         lines += [f"note       {n}" for n in self.notes]
+        if self.paths:
+            lines.append(f"paths      the worst into {len(self.paths)} different registers "
+                         f"(nextpnr's SDF, no clock skew):")
+            lines.append(format_paths(self.paths))
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -284,10 +293,16 @@ def run_plan(plan, build_dir: Path, *, log: Path | None = None) -> ToolRun:
 
 def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
           synth_opts: str = "", nextpnr_opts: str = "", name: str = "top",
-          build_dir: Path | None = None, notes: list[str] | None = None) -> BuildReport:
+          build_dir: Path | None = None, notes: list[str] | None = None,
+          paths: int = 0) -> BuildReport:
     """Synthesise, place, route and pack ``top`` for ``platform``; the report, also written
     to ``<build_dir>/report.json``. Raises :class:`BuildError` on a tool failure or when
-    timing is not met (the report is written first)."""
+    timing is not met (the report is written first). With *paths* (ECP5 only), nextpnr also
+    writes ``<name>.sdf`` and the report lists the worst paths into that many registers."""
+    if paths:
+        # nextpnr writes nothing after a timing failure unless allowed to; the check below
+        # still fails the build, after the paths are read.
+        nextpnr_opts = f"{nextpnr_opts} --sdf {name}.sdf --timing-allow-fail".strip()
     build_dir = Path(build_dir or BUILD_ROOT / board)
     build_dir.mkdir(parents=True, exist_ok=True)
     report_path = build_dir / f"{name}.report.json"
@@ -304,10 +319,12 @@ def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
     fmax, resources = _parse_report(report_path)
     bitstream = next((str(build_dir / f"{name}.{ext}") for ext in ("bin", "bit")
                       if (build_dir / f"{name}.{ext}").exists()), "")
+    worst = (sdf_worst_paths(build_dir / f"{name}.sdf", period_ns=1e9 / clock_hz, count=paths)
+             if paths else [])
     report = BuildReport(board=board, config=config.name, rows=config.rows, cols=config.cols,
                          clock_hz=clock_hz, fmax_hz=fmax, resources=resources,
                          bitstream=bitstream, seconds=seconds, baud=baud,
-                         notes=list(notes or []))
+                         notes=list(notes or []), paths=worst)
     (build_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if not report.timing_met:
         raise BuildError(f"{board}: timing not met: Fmax {fmax / 1e6:.2f} MHz < "
