@@ -558,13 +558,14 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "route longer. On the iCE40UP5K the 8 SB_MAC16 hold 8 products and the rest are "
             "LUT multipliers, which set the clock; 8x8 does not fit the part's 5,280 LCs. The "
             "whole core with the host link (`make bitstream`, README): the ULX3S build "
-            "(`ulx3s` preset, 8x8) meets 100 MHz (Fmax 102.23 MHz, 12.8 GOPS), limited by the "
-            "block RAMs' 5.8 ns clock to output (the unified buffer through one LUT into the "
-            "array's activation skew, 9.8 ns; without the DP16KD's output register a "
-            "block-RAM read into a flip-flop reaches 149 MHz at best, `python -m "
-            "bench.ecp5_bram`), not the array; the iCEBreaker build "
+            "(`ulx3s` preset, 8x8) meets 105 MHz (Fmax 112.69 MHz, 13.4 GOPS), limited by "
+            "control paths (the host link's verdict at a frame's END, 8.9 ns; the tile switch "
+            "into the weight FIFO's counts, 8.4 ns; `make bitstream BOARD=ulx3s "
+            "BOARD_ARGS=\"--paths 40\"` lists them), not the array; its block RAMs read "
+            "through their output registers (without them a read into a flip-flop reaches "
+            "149 MHz at best, `python -m bench.ecp5_bram`). The iCEBreaker build "
             "(`icebreaker` preset, 4x4 int8, the products two to an SB_MAC16) meets 24 MHz "
-            "(27.76 MHz) in 5,094 of 5,280 logic cells.",
+            "(27.80 MHz) in 5,096 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "

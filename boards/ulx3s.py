@@ -36,18 +36,17 @@ PARTS = {
 }
 # The `ulx3s` preset: the 8x8 array and the activation unit's products on registered
 # MULT18X18D, the front end's dispatch pipelined, the hazard tracker's answer registered, the
-# accumulators' read registered; this top registers the core's beats and reset
-# (BoardCore register_link). At 100 MHz it meets timing (nextpnr's Fmax 102.23 MHz, seed 1,
-# NEXTPNR_OPTS). The target is 150 MHz; the block RAMs limit it now: their reads come 5.83 ns
-# after the clock (no output register: bench.ecp5_bram), and the critical path runs from the
-# unified buffer's through one LUT into the array's activation skew (9.8 ns).
+# block RAMs read through their output registers; this top registers every path between the
+# link and the core and puts the core's reset on a global network (BoardCore register_link,
+# reset_buffer). At 105 MHz it meets timing (nextpnr's Fmax 112.69 MHz, seed 1,
+# NEXTPNR_OPTS; 106.53 MHz when asked for 110, 114.52 MHz for 115 on nearly the same
+# netlist). The target is 150 MHz; `--paths 40` lists what limits it (README).
 BOARD_CONFIG = "ulx3s"
-# nextpnr's placer weighs timing three times its default: Fmax 102.23 MHz on this netlist
-# (asked for 95 or 100 MHz; the build before reached 94.45 MHz with nextpnr's defaults, and
-# 99.93 MHz with this and --tmg-ripup). --tmg-ripup is left out: while timing fails it adds
-# up to 50 rounds of rerouting, minutes each, so a build asked too much runs for hours.
+# nextpnr's placer weighs timing three times its default (102.23 MHz instead of 94.45 MHz on
+# the netlist it was measured on). --tmg-ripup is left out: while timing fails it adds up to
+# 50 rounds of rerouting, minutes each, so a build asked too much runs for hours.
 NEXTPNR_OPTS = "--placer-heap-timingweight 30"
-CLOCK_MHZ = 100.0
+CLOCK_MHZ = 105.0
 BAUD = 3_000_000      # the FT231X's highest standard rate
 MAX_BEATS = 16
 
@@ -138,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1,
                         help="nextpnr's placement seed (default 1, nextpnr's own); "
                              "Fmax moves by a few per cent from seed to seed")
+    parser.add_argument("--paths", type=int, default=0, metavar="N",
+                        help="also list the worst paths into N different registers, from "
+                             "nextpnr's SDF (what a faster clock must shorten)")
     args = parser.parse_args(argv)
     config = get_config(args.config)
     board = f"ulx3s-{args.part.lower()}"
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = build(PARTS[args.part](), top, board=board, config=config,
                        clock_hz=top.clock_hz, baud=args.baud,
-                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}")
+                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}", paths=args.paths)
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

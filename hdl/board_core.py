@@ -2,8 +2,16 @@
 
 from collections.abc import Callable
 
-from amaranth.hdl import ClockDomain, ClockSignal, DomainRenamer, Module, ResetInserter, \
-    ResetSignal, Signal, Value
+from amaranth.hdl import (
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Module,
+    ResetInserter,
+    ResetSignal,
+    Signal,
+    Value,
+)
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
