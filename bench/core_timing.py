@@ -66,11 +66,10 @@ from amaranth.lib import io
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from boards.build import BuildError, clock_critical_path, prepare, run_plan
-from boards.timing import Sdf, worst_paths
+from boards.timing import sdf_worst_paths
 from hdl.config import TPUConfig, get_config
 
-__all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "Sdf",
-           "worst_paths", "main"]
+__all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "main"]
 
 BUILD_DIR = Path("build") / "core_timing"
 OSC_MHZ = 25.0
@@ -311,8 +310,7 @@ def build(config: TPUConfig, *, clock_mhz: float, seed: int, work: Path,
     sdf_path = work / "top.sdf"
     if sdf_path.exists():
         period_ns = 1000.0 / clock_mhz
-        figures["paths"] = worst_paths(Sdf.parse(sdf_path.read_text()), period_ns=period_ns,
-                                       count=40)
+        figures["paths"] = sdf_worst_paths(sdf_path, period_ns=period_ns, count=40)
     (work / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures
 

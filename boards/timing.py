@@ -24,7 +24,6 @@ __all__ = ["CLOCK_PINS", "Sdf", "worst_paths", "format_paths", "sdf_worst_paths"
 #: Clock pins of the ECP5 cells nextpnr writes: an IOPATH from one of them launches a path.
 CLOCK_PINS = frozenset({"CLK", "CLKA", "CLKB", "CLK0", "CLK1", "CLK2", "CLK3", "WCK"})
 
-_CELLTYPE = re.compile(r'\(CELLTYPE "([^"]*)"\)')
 _INSTANCE = re.compile(r"\(INSTANCE ?([^)]*)\)")
 _IOPATH = re.compile(r"\(IOPATH (\S+) (\S+) \(([^)]*)\) \(([^)]*)\)\)")
 _INTERCONNECT = re.compile(r"\(INTERCONNECT (\S+) (\S+) \(([^)]*)\) \(([^)]*)\)\)")
@@ -50,7 +49,6 @@ class Sdf:
     arcs: dict[str, list[tuple[str, float]]]        # input pin -> [(output pin, delay)]
     launch: dict[str, float]                         # output pin -> clock-to-output
     setup: dict[str, float]                          # input pin -> setup time
-    cell_type: dict[str, str]
 
     @classmethod
     def parse(cls, text: str) -> Sdf:
@@ -58,8 +56,7 @@ class Sdf:
         arcs: dict[str, list[tuple[str, float]]] = defaultdict(list)
         launch: dict[str, float] = {}
         setup: dict[str, float] = {}
-        cell_type: dict[str, str] = {}
-        ctype, inst = "", ""
+        inst = ""
         for line in text.splitlines():
             line = line.strip()
             if line.startswith("(INTERCONNECT"):
@@ -82,12 +79,9 @@ class Sdf:
                 if match:
                     key = f"{inst}/{match[1]}"
                     setup[key] = max(setup.get(key, 0.0), _max_ps(match[3]))
-            elif line.startswith("(CELLTYPE"):
-                ctype = _CELLTYPE.match(line)[1]
             elif line.startswith("(INSTANCE"):
                 inst = _sdf_name(_INSTANCE.match(line)[1].strip())
-                cell_type[inst] = ctype
-        return cls(arcs=dict(arcs), launch=launch, setup=setup, cell_type=cell_type)
+        return cls(arcs=dict(arcs), launch=launch, setup=setup)
 
 
 def _group(instance: str) -> str:
@@ -126,10 +120,8 @@ def worst_paths(sdf: Sdf, *, period_ns: float, count: int = 10) -> list[dict[str
     for node in sdf.launch:
         arrival.setdefault(node, sdf.launch[node])
         pred.setdefault(node, None)
-    order = []
     while ready:
         node = ready.pop()
-        order.append(node)
         base = arrival.get(node)
         for dst, delay in sdf.arcs.get(node, ()):
             if base is not None and dst not in sdf.launch:

@@ -64,11 +64,11 @@ class BoardCore(wiring.Component):
         from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
         the core a cycle later, and the core's status the link a cycle later; the link's
         frame checks are registered (``HostLink(registered_checks=True)``); and the core
-        (with both slots) runs in a clock domain of
-        its own on the same clock, whose reset is one register of the link's core reset and
-        the domain's own (``reset_buffer`` may put it on a global network), the link taking
-        no beat in the cycle after the RESET. A beat every other cycle at most each way,
-        which the UART is far below; ``2 * host_width`` flip-flops more.
+        (with both slots) runs in a clock domain of its own on the same clock, whose reset
+        is one register of the link's core reset and the domain's own (``reset_buffer`` may
+        put it on a global network), the link taking no beat in the cycle after the RESET.
+        A beat every other cycle at most each way, which the UART is far below;
+        ``2 * host_width`` flip-flops more.
     reset_buffer : callable, optional
         With ``register_link``: ``reset_buffer(m, signal)`` returns the signal that resets
         the core, driven from ``signal`` (the ULX3S top puts it on a ``DCCA`` global, since
