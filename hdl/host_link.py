@@ -66,8 +66,9 @@ class HostLink(wiring.Component):
     clock_hz : int
         The core's clock, for INFO_REPLY (1 to 2**32 - 1).
     registered_checks : bool
-        Register the frame checks' answers every cycle, so that a frame's verdict at its END
-        starts at flip-flops (for fast clocks: the ULX3S's). The bytes on ``i_rx`` must then
+        Register the frame checks' answers every cycle and act on a frame's verdict the cycle
+        after its END, so that the verdict and what it drives (the buffer's length, the reply)
+        start at flip-flops (for fast clocks: the ULX3S's). The bytes on ``i_rx`` must then
         come at least two cycles apart, which a UART's are by far.
 
     Members
@@ -166,13 +167,20 @@ class HostLink(wiring.Component):
 
         got = Signal()                  # a body byte (unescaped) this cycle
         byte = Signal(8)
+        # `end`: act on the frame's verdict and start the next frame. With `registered_checks`
+        # that is the cycle after the END byte (from a flip-flop, not from the byte's decode;
+        # the next byte comes a cycle later still).
         end = Signal()
-        with m.If(rx.valid):
-            with m.If(rx.payload == lp.END):
-                m.d.comb += end.eq(1)
-                m.d.sync += [n.eq(0), escaped.eq(0), bad_escape.eq(0), seq.eq(0),
-                             crc.eq(crc.init), phase.eq(0)]
-            with m.Elif(escaped):
+        end_byte = rx.valid & (rx.payload == lp.END)
+        if self.registered_checks:
+            m.d.sync += end.eq(end_byte)
+        else:
+            m.d.comb += end.eq(end_byte)
+        with m.If(end):
+            m.d.sync += [n.eq(0), escaped.eq(0), bad_escape.eq(0), seq.eq(0),
+                         crc.eq(crc.init), phase.eq(0)]
+        with m.If(rx.valid & (rx.payload != lp.END)):
+            with m.If(escaped):
                 m.d.comb += [got.eq(1), byte.eq(rx.payload)]
                 m.d.sync += escaped.eq(0)
                 with m.If(rx.payload == lp.ESC_END):
