@@ -228,7 +228,8 @@ class PE(wiring.Component):
             m.d.sync += [
                 a.eq(a_in),
                 w.eq(w_in),
-                product.eq(_shift_add_multiply(a, w) if self.multiplier == "lut" else a * w),
+                product.eq(_shift_add_multiply(m, a, w) if self.multiplier == "lut"
+                           else a * w),
             ]
 
         if self.multiplier == "ecp5":
@@ -308,10 +309,27 @@ def _mult18x18d(m: Module, *, a, b, p, ce) -> Instance:
     )
 
 
-def _shift_add_multiply(a, b):
+def _shift_add_multiply(m, a, b):
     """Signed ``a * b`` as a sum of shifted partial products (two's complement: the sign bit
-    of ``a`` weighs ``-2**(n-1)``), so that synthesis does not infer a DSP multiplier."""
+    of ``a`` weighs ``-2**(n-1)``), so that synthesis does not infer a DSP multiplier.
+
+    The partial products are summed in a balanced tree of two-input adders, each sum a
+    signal marked ``keep``: otherwise yosys merges the whole sum into one ``$macc`` cell and
+    builds it from LUT full adders (ECP5, 9 x 9: 413 LUT4), where each adder kept apart goes
+    onto the carry chain (44 CCU2C and 82 LUT4), and the tree keeps the chains in series to
+    its depth (4 adders for 9 partial products)."""
     width = len(a)
-    partials = [Mux(a[i], b << i, 0) for i in range(width - 1)]
-    result = sum(partials[1:], partials[0])
-    return result - Mux(a[width - 1], b << (width - 1), 0)
+    product_shape = signed(len(a) + len(b))
+    terms = [Mux(a[i], b << i, 0) for i in range(width - 1)]
+    terms.append(-Mux(a[width - 1], b << (width - 1), 0))
+    level = 0
+    while len(terms) > 1:
+        pairs = []
+        for i in range(0, len(terms) - 1, 2):
+            total = Signal(product_shape, name=f"mul_sum_{level}_{i // 2}",
+                           attrs={"keep": 1})
+            m.d.comb += total.eq(terms[i] + terms[i + 1])
+            pairs.append(total)
+        terms = pairs + terms[len(terms) - len(terms) % 2:]
+        level += 1
+    return terms[0]
