@@ -103,6 +103,12 @@ class PE(wiring.Component):
           cell's, so the timing is that of ``"infer"`` (``latency`` 3). Adds those ports.
     use_dsp : bool, optional
         The older spelling: ``False`` is ``multiplier="lut"``, ``True`` changes nothing.
+    pipelined : bool, optional
+        The registers of ``multiplier="ecp5"`` (``w_pre`` and ``addend``, ``latency`` 5, and
+        the ``i_en`` port) around another multiplier: with ``multiplier="lut"``, for the LUT
+        products of an ECP5 array (:attr:`hdl.config.TPUConfig.lut_multipliers`), whose
+        skew needs every PE's latency the same. Default: ``multiplier == "ecp5"`` (which
+        cannot be unpipelined); ``"lut"`` or ``"ecp5"`` only.
 
     Which circuit ``multiplier="ecp5"`` elaborates to depends on the ``platform`` it is
     elaborated for (the PE behaves the same on every path):
@@ -141,7 +147,8 @@ class PE(wiring.Component):
     """
 
     def __init__(self, *, data_width: int = 8, acc_width: int = 32, row: int = 0,
-                 row_bits: int = 1, multiplier: str = "infer", use_dsp: bool | None = None):
+                 row_bits: int = 1, multiplier: str = "infer", use_dsp: bool | None = None,
+                 pipelined: bool | None = None):
         if not 0 <= row < 2 ** row_bits:
             raise ValueError(f"PE row={row} does not fit row_bits={row_bits}")
         if multiplier not in PE_MULTIPLIERS:
@@ -155,10 +162,16 @@ class PE(wiring.Component):
         if multiplier == "ecp5" and 2 * (data_width + 1) > 18:
             raise ValueError(f"PE multiplier='ecp5' takes operands of up to 8 bits (9 after "
                              f"extension, an 18-bit product), not data_width={data_width}")
+        if pipelined is None:
+            pipelined = multiplier == "ecp5"
+        if pipelined != (multiplier == "ecp5") and multiplier != "lut":
+            raise ValueError(f"PE pipelined={pipelined} with multiplier={multiplier!r}: only a "
+                             f"'lut' multiplier may take the 'ecp5' registers or not")
         self.data_width = data_width
         self.acc_width = acc_width
         self.row = row
         self.multiplier = multiplier
+        self.pipelined = pipelined
         operand = signed(data_width + 1)
         bus = weight_bus_layout(data_width=data_width, row_bits=row_bits)
         members = {
@@ -171,7 +184,7 @@ class PE(wiring.Component):
             "o_wbus":   Out(bus),
             "o_psum":   Out(signed(acc_width)),
         }
-        if multiplier == "ecp5":
+        if pipelined:
             members["i_en"] = In(1, init=1)
         if multiplier == "ice40":
             members["o_mul_a"] = Out(signed(data_width))
@@ -182,8 +195,9 @@ class PE(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 5 with
-        ``multiplier="ecp5"``); ``i_psum`` is added ``latency - 1`` cycles after it."""
-        return 5 if self.multiplier == "ecp5" else 3
+        ``multiplier="ecp5"`` or ``pipelined``); ``i_psum`` is added ``latency - 1`` cycles
+        after it."""
+        return 5 if self.pipelined else 3
 
     @property
     def use_dsp(self) -> bool:
@@ -202,7 +216,7 @@ class PE(wiring.Component):
         psum = Signal(signed(self.acc_width), reset_less=True)
         weight = Mux(self.i_switch, shadow, active)     # what the arriving activation meets
 
-        if self.multiplier == "ecp5":
+        if self.pipelined:
             # Register to register into the block: the weight select (a LUT after the
             # neighbour's o_switch) and a 4-5 ns route do not fit one cycle together.
             w_pre = Signal(operand, reset_less=True)
@@ -232,7 +246,7 @@ class PE(wiring.Component):
                            else a * w),
             ]
 
-        if self.multiplier == "ecp5":
+        if self.pipelined:
             # The block's P output reaches the fabric late (4-5 ns of routing on the 85F):
             # a register here keeps that route and the carry chain in different cycles.
             addend = Signal(product_shape, reset_less=True)
@@ -251,7 +265,7 @@ class PE(wiring.Component):
         with m.If(self.i_wbus.valid & (self.i_wbus.row == self.row)):
             m.d.sync += shadow.eq(self.i_wbus.data)
 
-        if self.multiplier == "ecp5":
+        if self.pipelined:
             return EnableInserter(self.i_en)(m)
         return m
 

@@ -201,7 +201,10 @@ class SystolicArray(wiring.Component):
         pes = [[PE(data_width=cfg.data_width,
                    acc_width=min(cfg.acc_width, cfg.psum_bits(r + 1)), row=r,
                    row_bits=row_bits,
-                   multiplier=cfg.multiplier if r * cols + c < first_lut else "lut")
+                   multiplier=cfg.multiplier if r * cols + c < first_lut else "lut",
+                   # (a LUT product in an ECP5 array takes the ECP5 PE's registers too:
+                   # the skew needs every PE's latency the same)
+                   pipelined=cfg.multiplier == "ecp5")
                 for c in range(cols)] for r in range(rows)]
         for r in range(rows):
             for c in range(cols):
