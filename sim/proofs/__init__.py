@@ -119,6 +119,10 @@ PROOFS: dict[str, Proof] = _table(
     Proof("pe_ecp5", functools.partial(pe_harness, data_width=4, acc_width=16,
                                        multiplier="ecp5"), "prove", 6,
           "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 5"),
+    Proof("pe_lut_pipelined", functools.partial(pe_harness, data_width=4, acc_width=16,
+                                                multiplier="lut", pipelined=True), "prove", 6,
+          "PE 4/16, LUT multiplier on the ECP5 PE's registers (a LUT product in an ECP5 "
+          "array), i_en free: as pe_ecp5"),
     Proof("weight_fifo_tiny", _fifo("tiny"), "prove", 6,
           "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules"),
     Proof("weight_fifo_odd", functools.partial(weight_fifo_harness, rows=3, cols=1,

@@ -45,7 +45,8 @@ def _past(m: Module, value, cycles: int, *, name: str, reset_less: bool) -> list
 
 def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True,
                row: int = 1, row_bits: int = 2, multiplier: str | None = None,
-               model_bug: bool = False, invariants: bool = True) -> Harness:
+               pipelined: bool | None = None, model_bug: bool = False,
+               invariants: bool = True) -> Harness:
     """Harness proving :class:`PE` (see the module docstring).
 
     Parameters
@@ -54,6 +55,8 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         The PE's parameters.
     multiplier : str, optional
         The PE's ``multiplier`` (instead of ``use_dsp``).
+    pipelined : bool, optional
+        The PE's ``pipelined`` (with ``multiplier``).
     model_bug : bool
         Deliberately wrong model (adds 1 to the sum): the proof must fail. For the tests.
     invariants : bool
@@ -61,7 +64,8 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         but k-induction cannot close (the active weight can hide for any number of cycles).
         For the tests.
     """
-    kind = {"multiplier": multiplier} if multiplier is not None else {"use_dsp": use_dsp}
+    kind = ({"multiplier": multiplier, "pipelined": pipelined} if multiplier is not None
+            else {"use_dsp": use_dsp})
     dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits, **kind)
     operand = signed(data_width + 1)
     latency = dut.latency
