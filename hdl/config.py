@@ -72,7 +72,8 @@ class TPUConfig:
     lut_multipliers : int
         How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
         instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
-        for a 4x4 array -> 8). 0 to rows * cols.
+        for a 4x4 array -> 8). 0 to rows * cols. With ``multiplier="ecp5"`` they take the
+        ECP5 PE's registers too (``PE(pipelined=True)``), so that every PE has its latency.
     multiplier : str
         How the other PEs build their multiplier and its registers. ``"infer"``: a plain
         ``*`` that synthesis maps to a DSP block, registers in the fabric (any part).
