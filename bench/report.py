@@ -558,14 +558,15 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "route longer. On the iCE40UP5K the 8 SB_MAC16 hold 8 products and the rest are "
             "LUT multipliers, which set the clock; 8x8 does not fit the part's 5,280 LCs. The "
             "whole core with the host link (`make bitstream`, README): the ULX3S build "
-            "(`ulx3s` preset, 8x8) meets 105 MHz (Fmax 112.69 MHz, 13.4 GOPS), limited by "
-            "control paths (the host link's verdict at a frame's END, 8.9 ns; the tile switch "
-            "into the weight FIFO's counts, 8.4 ns; `make bitstream BOARD=ulx3s "
+            "(`ulx3s` preset, 8x8) meets 115 MHz (Fmax 117.48 MHz, 14.7 GOPS), limited by "
+            "control paths and carry chains (the link's beat into the activation engine's "
+            "parameter write, 8.5 ns; the activation unit's requantisation carry chains, "
+            "8.3-8.5 ns; `make bitstream BOARD=ulx3s "
             "BOARD_ARGS=\"--paths 40\"` lists them), not the array; its block RAMs read "
             "through their output registers (without them a read into a flip-flop reaches "
             "149 MHz at best, `python -m bench.ecp5_bram`). The iCEBreaker build "
             "(`icebreaker` preset, 4x4 int8, the products two to an SB_MAC16) meets 24 MHz "
-            "(27.80 MHz) in 5,096 of 5,280 logic cells.",
+            "(27.02 MHz) in 5,090 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "
