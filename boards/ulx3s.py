@@ -24,7 +24,7 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards import ulx3s
 
 from boards.build import BUILD_ROOT, BuildError, build, pll_ecp5, uart_divisor
-from hdl.config import PRESETS, TPUConfig, get_config
+from hdl.config import ACTIVATION_UNITS, PRESETS, ConfigError, TPUConfig, get_config
 
 __all__ = ["ULX3STop", "PARTS", "BOARD_CONFIG", "main"]
 
@@ -138,17 +138,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1,
                         help="nextpnr's placement seed (default 1, nextpnr's own); "
                              "Fmax moves by a few per cent from seed to seed")
+    parser.add_argument("--rows", type=int, help="the configuration's array, resized")
+    parser.add_argument("--cols", type=int, help="(with --rows)")
+    parser.add_argument("--lut-multipliers", type=int,
+                        help="products built in LUTs instead of MULT18X18D (the part has 156)")
+    parser.add_argument("--activation-unit", choices=ACTIVATION_UNITS,
+                        help="the configuration's activation unit (serial: no multipliers)")
+    parser.add_argument("--router", choices=("router1", "router2"), default="router1",
+                        help="nextpnr's router (router2 for large arrays; default router1)")
     parser.add_argument("--paths", type=int, default=0, metavar="N",
                         help="also list the worst paths into N different registers, from "
                              "nextpnr's SDF (what a faster clock must shorten)")
     args = parser.parse_args(argv)
     config = get_config(args.config)
+    changes = {field: value for field, value in (
+        ("rows", args.rows), ("cols", args.cols), ("lut_multipliers", args.lut_multipliers),
+        ("activation_unit", args.activation_unit)) if value is not None}
     board = f"ulx3s-{args.part.lower()}"
+    if changes:
+        try:
+            # host_width=None: the beat widens with the rows.
+            config = config.replace(**changes, host_width=None)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        board += "-" + "-".join(f"{k}{v}" for k, v in changes.items())
     top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud)
+    router = "" if args.router == "router1" else f" --router {args.router}"  # (the default)
     try:
         report = build(PARTS[args.part](), top, board=board, config=config,
                        clock_hz=top.clock_hz, baud=args.baud,
-                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}", paths=args.paths)
+                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}{router}",
+                       paths=args.paths)
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

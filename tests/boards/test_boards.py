@@ -105,3 +105,12 @@ def test_demo_clock_is_the_boards_clock():
     from firmware import cli
     assert cli.DEFAULT_CLOCK_MHZ == ulx3s.CLOCK_MHZ
     assert cli.ICEBREAKER_CLOCK_MHZ == icebreaker.CLOCK_MHZ
+
+
+def test_ulx3s_resized_config_is_checked(capsys):
+    """--rows/--cols/--lut-multipliers resize the preset; a value the configuration does not
+    allow is an error that says what is allowed, before anything is built."""
+    from boards import ulx3s
+    assert ulx3s.main(["--rows", "4", "--cols", "4", "--lut-multipliers", "17"]) == 1
+    err = capsys.readouterr().err
+    assert "lut_multipliers" in err and "0 to rows * cols = 16" in err, err
