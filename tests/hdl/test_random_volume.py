@@ -75,6 +75,10 @@ CONFIGS: dict[str, TPUConfig] = {
     # activation unit, dispatch="pipelined".
     "mixed": get_config("small").replace(dispatch="pipelined", multiplier="ecp5",
                                          lut_multipliers=6, activation_unit="serial"),
+    # test-all only: the largest ULX3S build that meets timing (README), 12x12 with the last
+    # 44 products in LUTs (about 9 minutes for 50 programs).
+    "ulx3s-12x12": get_config("ulx3s").replace(rows=12, cols=12, lut_multipliers=44,
+                                                activation_unit="serial", host_width=None),
 }
 
 #: Programs from one reset to the next.
@@ -82,11 +86,13 @@ BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
-             "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000}
+             "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000,
+             "ulx3s-12x12": 1_300_000}
 FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150, "int8": 150,
         "wide-pipelined": 150, "mixed": 150}
 SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 850, "int8": 850, "wide-pipelined": 850, "mixed": 850}
+        "default": 500, "icebreaker": 850, "int8": 850, "wide-pipelined": 850, "mixed": 850,
+        "ulx3s-12x12": 50}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
