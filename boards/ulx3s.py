@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1,
                         help="nextpnr's placement seed (default 1, nextpnr's own); "
                              "Fmax moves by a few per cent from seed to seed")
-    parser.add_argument("--rows", type=int, help="the configuration's array, resized")
-    parser.add_argument("--cols", type=int, help="(with --rows)")
+    parser.add_argument("--rows", type=int, help="the configuration's array rows, resized")
+    parser.add_argument("--cols", type=int, help="the configuration's array columns, resized")
     parser.add_argument("--lut-multipliers", type=int,
                         help="products built in LUTs instead of MULT18X18D (the part has 156)")
     parser.add_argument("--activation-unit", choices=ACTIVATION_UNITS,
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         board += "-" + "-".join(f"{k}{v}" for k, v in changes.items())
     top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud)
-    router = "" if args.router == "router1" else f" --router {args.router}"  # (the default)
+    # router1 is nextpnr's default: left off, so the command is the one measured before.
+    router = "" if args.router == "router1" else f" --router {args.router}"
     try:
         report = build(PARTS[args.part](), top, board=board, config=config,
                        clock_hz=top.clock_hz, baud=args.baud,

@@ -344,6 +344,8 @@ def _shift_add_multiply(m, a, b):
                            attrs={"keep": 1})
             m.d.comb += total.eq(terms[i] + terms[i + 1])
             pairs.append(total)
-        terms = pairs + terms[len(terms) - len(terms) % 2:]
+        if len(terms) % 2:
+            pairs.append(terms[-1])         # the odd one out waits for the next level
+        terms = pairs
         level += 1
     return terms[0]
