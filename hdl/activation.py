@@ -116,8 +116,9 @@ class ActivationUnit(wiring.Component):
     #: Cycles from taking a row that closes a window to offering its output row.
     STAGES = 15
     #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
-    #: taken every cycle, so it then takes a row every cycle.
-    FIFO_DEPTH = 16
+    #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
+    #: it then takes a row every cycle.
+    FIFO_DEPTH = STAGES + 2
 
     def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer"):
         if acc_width != 32:
@@ -145,8 +146,9 @@ class ActivationUnit(wiring.Component):
         m.d.sync += prm.eq(self.i_params)
         # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
         # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
-        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 saturated; s12 ReLU,
-        # the compare with clamp_hi and the table in quarters; s13 the function's result.
+        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 saturated; s12 the
+        # compares with the zero point and clamp_hi and the table in quarters; s13 the
+        # function's result.
         # Then the pooling register, from which a window's row goes into the output FIFO (it
         # is offered a cycle later).
         depth = self.STAGES - 2
@@ -168,7 +170,12 @@ class ActivationUnit(wiring.Component):
             out_fifo.r_en.eq(self.o_row.ready),
             give.eq(out_fifo.r_rdy & self.o_row.ready),
         ]
-        m.d.sync += owed.eq(owed + (take & self.i_row.payload.last) - give)
+        # The credit is returned a cycle after the FIFO gives a row (``given``): o_row's ready
+        # comes from the unified buffer's write arbiter, and ended a long path here. The
+        # credit counts one row too many meanwhile, never too few (FIFO_DEPTH allows for it).
+        given = Signal()
+        m.d.sync += [given.eq(give),
+                     owed.eq(owed + (take & self.i_row.payload.last) - given)]
 
         valid = [Signal(name=f"valid_s{i}") for i in range(1, depth + 1)]
         last = [Signal(name=f"last_s{i}") for i in range(1, depth + 1)]
@@ -229,8 +236,9 @@ class ActivationUnit(wiring.Component):
             small = reg(1, "small")                    #      r fits 10 bits: v is exact
             negative = reg(1, "negative")
             q = reg(signed(8), "q")                    # s11: saturated
-            q_12 = reg(signed(8), "q_12")              # s12: q, ReLU, ReLU > clamp_hi and
-            relu = reg(signed(8), "relu")              #      the table entries of q's
+            q_tbl = reg(signed(8), "q_tbl")            #      the same, for the table
+            q_12 = reg(signed(8), "q_12")              # s12: q, q > zp, ReLU > clamp_hi and
+            gt_zp = reg(1, "gt_zp")                    #      the table entries of q's
             above = reg(1, "above")                    #      quarter of the index range
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
             result = reg(signed(8), "result")          # s13: the function's result
@@ -279,21 +287,30 @@ class ActivationUnit(wiring.Component):
             # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
             # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
+            # s11: saturated, in two registers: one indexes the table, the other is compared
+            # and passed on (one register drove both across the unit, 2.3 ns of routing).
+            # The table's loads only with a row in s10, so that synthesis keeps the two.
+            saturated = Mux(small, Mux(v < -128, -128, Mux(v > 127, 127, v)),
+                            Mux(negative, -128, 127))
+            m.d.sync += q.eq(saturated)
+            with m.If(valid[9]):
+                m.d.sync += q_tbl.eq(saturated)
             m.d.sync += [
                 v.eq(r[0:10].as_signed() + zp + rb),
                 small.eq((r[9:64] == 0) | (r[9:64] == (1 << 55) - 1)),
                 negative.eq(r[63]),
-                q.eq(Mux(small, Mux(v < -128, -128, Mux(v > 127, 127, v)),
-                         Mux(negative, -128, 127))),
                 q_12.eq(q),
-                relu.eq(Mux(q > zp, q, zp)),
+                # ReLU's compare is registered and its multiplexer is in s13: the compare
+                # is a carry chain, and the multiplexer after it ended the unit's longest
+                # path (8.5 ns on the ULX3S).
+                gt_zp.eq(q > zp),
                 # max(q, zp) > clamp_hi, without the max in series.
                 above.eq((q > cp.clamp_hi) | cp.zp_above),
             ]
             # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s12 the
             # four entries q's low 6 bits select (one per value of its top 2 bits), in s13
             # the one its top bits select.
-            low = Cat(q[:6], is_tanh)
+            low = Cat(q_tbl[:6], is_tanh)
             memo: dict = {}
             for k in range(4):
                 entries = rom[64 * k:64 * (k + 1)] + rom[256 + 64 * k:256 + 64 * (k + 1)]
@@ -303,6 +320,7 @@ class ActivationUnit(wiring.Component):
             top = Cat(q_12[6], ~q_12[7])
             tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
                       Mux(top[0], quarters[1], quarters[0]))
+            relu = Mux(gt_zp, q_12, cp.zero_point)
             clamp = Mux(above, cp.clamp_hi, relu)
             m.d.sync += result.eq(Mux(is_table, tbl,
                                       Mux(is_relu, relu, Mux(is_clamp, clamp, q_12))))

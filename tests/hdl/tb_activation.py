@@ -421,7 +421,8 @@ async def test_throughput(dut, window: int):
     row that closes its window."""
     seed = 590 + window
     tb = await start(dut, seed)
-    params, acc = tb.typical(Func.RELU, 16 * window)
+    # Longer than the FIFO and the pipeline together, so that the credit reaches its bound.
+    params, acc = tb.typical(Func.RELU, 2 * ActivationUnit.FIFO_DEPTH * window)
     await tb.set_params(params)
     first_in, first_out = tb.source.sent, len(tb.sink.received)
     tb.queue(acc, window)
