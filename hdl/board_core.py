@@ -6,13 +6,14 @@ from amaranth.hdl import (
     ClockDomain,
     ClockSignal,
     DomainRenamer,
+    Elaboratable,
     Module,
     ResetInserter,
     ResetSignal,
     Signal,
     Value,
 )
-from amaranth.lib import fifo, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import TPUConfig
@@ -20,11 +21,43 @@ from .core import Core
 from .host_link import HostLink
 from .uart import UARTReceiver, UARTTransmitter
 
-__all__ = ["BoardCore", "RUNNING_HOLD_S", "running_epoch_bits"]
+__all__ = ["BeatSlot", "BoardCore", "RUNNING_HOLD_S", "running_epoch_bits"]
 
 #: How long ``o_running`` stays lit at least after the core last took or sent a beat, in
 #: seconds (less than four times that).
 RUNNING_HOLD_S = 0.05
+
+
+class BeatSlot(Elaboratable):
+    """A one-beat register between the link and the core, with :class:`~amaranth.lib.fifo.
+    SyncFIFOBuffered`'s ports and its ``depth=1`` behaviour (a beat every other cycle at
+    most): ``w_rdy`` while empty, ``r_rdy`` while full.
+
+    The beat register loads whenever the slot is empty, whatever ``w_en``: only the level
+    follows the handshake. The FIFO's register loads on ``w_en & w_rdy``, so the writer's
+    ``valid``, which comes from the link's delivery logic, drove the enable of every bit
+    of the beat (the ULX3S build's longest path, 8.5 ns). What the slot shows while empty
+    is never read (``r_rdy`` is low).
+    """
+
+    def __init__(self, width: int):
+        self.width = width
+        self.w_data = Signal(width)
+        self.w_en = Signal()
+        self.w_rdy = Signal()
+        self.r_data = Signal(width)
+        self.r_en = Signal()
+        self.r_rdy = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        full = Signal()
+        m.d.comb += [self.w_rdy.eq(~full), self.r_rdy.eq(full)]
+        with m.If(~full):
+            m.d.sync += [self.r_data.eq(self.w_data), full.eq(self.w_en)]
+        with m.Elif(self.r_en):
+            m.d.sync += full.eq(0)
+        return m
 
 
 def running_epoch_bits(clock_hz: int) -> int:
@@ -59,7 +92,7 @@ class BoardCore(wiring.Component):
     register_link : bool
         Register the paths between the link and the core, for fast clocks (the ULX3S's):
         the beats each way pass through a one-entry
-        :class:`~amaranth.lib.fifo.SyncFIFOBuffered` (reset with the core), so that no path
+        :class:`BeatSlot` (reset with the core), so that no path
         runs from the unified buffer's block RAM output through the link's frame logic, nor
         from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
         the core a cycle later, and the core's status the link a cycle later; the link's
@@ -133,8 +166,8 @@ class BoardCore(wiring.Component):
                                         else core_reset)]
             to_core = DomainRenamer("core")
             m.submodules.core = to_core(core)
-            out_slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
-            in_slot = fifo.SyncFIFOBuffered(width=self.config.host_width, depth=1)
+            out_slot = BeatSlot(self.config.host_width)
+            in_slot = BeatSlot(self.config.host_width)
             m.submodules.beat_register = to_core(out_slot)
             m.submodules.in_beat_register = to_core(in_slot)
             clear = Signal()
