@@ -39,7 +39,7 @@ def model(events: list[dict[str, int]], width: int, macs: int) -> dict[str, int]
 def test_counters_count_and_wrap(width: int, macs: int):
     """Random events every cycle (a clear among them) while counters are selected at random
     times: whenever ``o_valid`` is high, ``o_value`` is the selected counter's count up to
-    the cycle before last (the events are registered), and a selected counter is shown
+    three cycles before (the events are registered twice), and a selected counter is shown
     within ``len(RING)`` cycles."""
     seed = 7000 + width + macs
     print(f"seed {seed}")
@@ -62,7 +62,7 @@ def test_counters_count_and_wrap(width: int, macs: int):
                 ctx.set(getattr(dut.i_events, name), value)
             name = COUNTERS[select]
             if ctx.get(dut.o_valid):
-                expected = model(events[:max(i - 1, 0)], width, macs)[name]
+                expected = model(events[:max(i - 2, 0)], width, macs)[name]
                 assert ctx.get(dut.o_value) == expected, f"{name} in cycle {i}, seed {seed}"
                 shown[name] += 1
                 waited = 0
