@@ -566,7 +566,7 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "through their output registers (without them a read into a flip-flop reaches "
             "149 MHz at best, `python -m bench.ecp5_bram`). The iCEBreaker build "
             "(`icebreaker` preset, 4x4 int8, the products two to an SB_MAC16) meets 24 MHz "
-            "(27.02 MHz) in 5,090 of 5,280 logic cells.",
+            "(25.70 MHz) in 5,087 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "
