@@ -38,8 +38,9 @@ PARTS = {
 # MULT18X18D, the front end's dispatch pipelined, the hazard tracker's answer registered, the
 # block RAMs read through their output registers; this top registers every path between the
 # link and the core and puts the core's reset on a global network (BoardCore register_link,
-# reset_buffer). At 115 MHz it meets timing (nextpnr's Fmax 117.48 MHz, seed 1,
-# NEXTPNR_OPTS; 115.34 MHz when asked for 105; on an earlier netlist 112.69 MHz for 105,
+# reset_buffer). At 115 MHz it meets timing (nextpnr's Fmax 125.71 MHz, seed 1,
+# NEXTPNR_OPTS; 119.03 MHz when asked for 125, not met; on earlier netlists 117.48 MHz for
+# 115, 115.34 MHz for 105, 112.69 MHz for 105,
 # 106.53 MHz for 110, 114.52 MHz for 115). The target is 150 MHz; `--paths 40` lists what
 # limits it (README).
 BOARD_CONFIG = "ulx3s"
