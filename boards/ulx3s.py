@@ -39,10 +39,9 @@ PARTS = {
 # block RAMs read through their output registers; this top registers every path between the
 # link and the core and puts the core's reset on a global network (BoardCore register_link,
 # reset_buffer). At 115 MHz it meets timing (nextpnr's Fmax 125.71 MHz, seed 1,
-# NEXTPNR_OPTS; 119.03 MHz when asked for 125, not met; on earlier netlists 117.48 MHz for
-# 115, 115.34 MHz for 105, 112.69 MHz for 105,
-# 106.53 MHz for 110, 114.52 MHz for 115). The target is 150 MHz; `--paths 40` lists what
-# limits it (README).
+# NEXTPNR_OPTS; 119.03 MHz when asked for 125, not met). Earlier netlists, asked / reached:
+# 115 / 117.48, 105 / 115.34, 105 / 112.69, 110 / 106.53, 115 / 114.52 MHz. The target is
+# 150 MHz; `--paths 40` lists what limits it (README).
 BOARD_CONFIG = "ulx3s"
 # nextpnr's placer weighs timing three times its default (102.23 MHz instead of 94.45 MHz on
 # the netlist it was measured on). --tmg-ripup is left out: while timing fails it adds up to

@@ -293,7 +293,7 @@ class ActivationUnit(wiring.Component):
             saturated = Mux(small, Mux(v < -128, -128, Mux(v > 127, 127, v)),
                             Mux(negative, -128, 127))
             m.d.sync += q.eq(saturated)
-            with m.If(valid[9]):
+            with m.If(valid[9]):            # valid[i]: a row in stage s(i + 1)
                 m.d.sync += q_tbl.eq(saturated)
             m.d.sync += [
                 v.eq(r[0:10].as_signed() + zp + rb),
