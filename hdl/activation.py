@@ -236,7 +236,6 @@ class ActivationUnit(wiring.Component):
             small = reg(1, "small")                    #      r fits 10 bits: v is exact
             negative = reg(1, "negative")
             q = reg(signed(8), "q")                    # s11: saturated
-            q_tbl = reg(signed(8), "q_tbl")            #      the same, for the table
             q_12 = reg(signed(8), "q_12")              # s12: q, q > zp, ReLU > clamp_hi and
             gt_zp = reg(1, "gt_zp")                    #      the table entries of q's
             above = reg(1, "above")                    #      quarter of the index range
@@ -287,14 +286,21 @@ class ActivationUnit(wiring.Component):
             # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
             # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
-            # s11: saturated, in two registers: one indexes the table, the other is compared
-            # and passed on (one register drove both across the unit, 2.3 ns of routing).
-            # The table's loads only with a row in s10, so that synthesis keeps the two.
-            saturated = Mux(small, Mux(v < -128, -128, Mux(v > 127, 127, v)),
-                            Mux(negative, -128, 127))
+            # s11: saturated, in five registers: one is compared and passed on, and a copy
+            # for each quarter of the table indexes it (one register drove both across the
+            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). The copies load
+            # only with a row in s10, so that synthesis keeps them apart from `q`, and each
+            # is written from its own value (register_copies), so that it keeps them apart
+            # from each other. Which values clip is read off v's top bits, not compared: a
+            # compare is a carry chain (v -> q was 7.7 ns on the ULX3S).
+            high = v[7:11]
+            clip = ~small | Mux(v[11], ~high.all(), high.any())
+            clip_low = Mux(small, v[11], negative)
+            saturated = Mux(clip, Mux(clip_low, -128, 127), v[0:8].as_signed())
             m.d.sync += q.eq(saturated)
             with m.If(valid[9]):            # valid[i]: a row in stage s(i + 1)
-                m.d.sync += q_tbl.eq(saturated)
+                q_tbl = [copy.as_signed()
+                         for copy in register_copies(m, saturated, 4, f"q_tbl_{j}")]
             m.d.sync += [
                 v.eq(r[0:10].as_signed() + zp + rb),
                 small.eq((r[9:64] == 0) | (r[9:64] == (1 << 55) - 1)),
@@ -310,9 +316,9 @@ class ActivationUnit(wiring.Component):
             # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s12 the
             # four entries q's low 6 bits select (one per value of its top 2 bits), in s13
             # the one its top bits select.
-            low = Cat(q_tbl[:6], is_tanh)
-            memo: dict = {}
             for k in range(4):
+                low = Cat(q_tbl[k][:6], is_tanh)
+                memo: dict = {}
                 entries = rom[64 * k:64 * (k + 1)] + rom[256 + 64 * k:256 + 64 * (k + 1)]
                 m.d.sync += quarters[k].eq(Cat(*(
                     _rom_bit([(value >> bit) & 1 for value in entries], low, memo)
