@@ -8,6 +8,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import link_protocol as lp
+from .block_ram import PipelinedMemory
 from .config import TPUConfig
 from .isa import Status
 from .link_tx import REPLY, LinkTransmitter, Reply, crc16_byte
@@ -69,7 +70,10 @@ class HostLink(wiring.Component):
         Register the frame checks' answers every cycle and act on a frame's verdict the cycle
         after its END, so that the verdict and what it drives (the buffer's length, the reply)
         start at flip-flops (for fast clocks: the ULX3S's). The bytes on ``i_rx`` must then
-        come at least two cycles apart, which a UART's are by far.
+        come at least two cycles apart, which a UART's are by far. The frame buffers are then
+        a :class:`~hdl.block_ram.PipelinedMemory` too (on the ECP5, read through the block
+        RAM's output register: its bare output took 5.8 ns), so the platform must be one
+        it supports.
 
     Members
     -------
@@ -128,9 +132,14 @@ class HostLink(wiring.Component):
         abits = max(1, (size - 1).bit_length())
         kind_of = {k: k.value for k in lp.Kind}
 
-        m.submodules.buffers = mem = Memory(shape=8, depth=2 << abits, init=[])
-        wr = mem.write_port()
-        rd = mem.read_port()
+        if self.registered_checks:
+            m.submodules.buffers = mem = PipelinedMemory(shape=8, depth=2 << abits)
+            wr, rd = mem.w, mem.r[0]
+            read_latency = 2
+        else:
+            m.submodules.buffers = mem = Memory(shape=8, depth=2 << abits, init=[])
+            wr, rd = mem.write_port(), mem.read_port()
+            read_latency = 1
         m.submodules.replies = replies = SyncFIFO(width=REPLY.size, depth=REPLY_QUEUE_DEPTH)
 
         # Frame buffers: a two-entry ring; `head` is being delivered, the one after it waits.
@@ -299,7 +308,8 @@ class HostLink(wiring.Component):
         # Delivery ----------------------------------------------------------------------------
         rd_addr = Signal(range(size + 1))
         fill = Signal(range(beat_bytes + 1))    # bytes read for the beat being assembled
-        inflight = Signal()
+        # inflight[k]: a byte read k + 1 cycles ago; the last one's is on rd.data.
+        inflight = [Signal(name=f"inflight{k}") for k in range(read_latency)]
         beat = Signal(self.config.host_width, reset_less=True)
         issue = (pending != 0) & ~clear_pending & ~reset_pending & (fill != beat_bytes)
         # The transfer is acted on a cycle later (`taken`; the beat is not offered again
@@ -308,14 +318,17 @@ class HostLink(wiring.Component):
         taken = Signal()
         m.d.comb += [
             rd.addr.eq(Cat(rd_addr[:abits], head)),
-            rd.en.eq(issue),
-            self.o_host.valid.eq((fill == beat_bytes) & ~inflight & ~taken),
+            # (A pipelined read moves every cycle: the bytes follow `inflight`.)
+            rd.en.eq(issue if read_latency == 1 else 1),
+            self.o_host.valid.eq((fill == beat_bytes) & ~Cat(*inflight).any() & ~taken),
             self.o_host.payload.eq(beat),
         ]
-        m.d.sync += [inflight.eq(issue), taken.eq(self.o_host.valid & self.o_host.ready & ~drop)]
+        m.d.sync += [inflight[0].eq(issue),
+                     *(inflight[k].eq(inflight[k - 1]) for k in range(1, read_latency)),
+                     taken.eq(self.o_host.valid & self.o_host.ready & ~drop)]
         with m.If(issue):
             m.d.sync += [rd_addr.eq(rd_addr + 1), fill.eq(fill + 1)]
-        with m.If(inflight):
+        with m.If(inflight[-1]):
             m.d.sync += beat.eq(Cat(beat[8:], rd.data))
         with m.If(taken):
             m.d.sync += fill.eq(0)
