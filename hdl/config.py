@@ -198,6 +198,11 @@ class TPUConfig:
               self.activation_unit in ACTIVATION_UNITS,
               " or ".join(repr(value) for value in ACTIVATION_UNITS))
         check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
+        # (multiplier="ecp5": the weight FIFO's output ring holds two rows of its storage.)
+        check("weight_fifo_depth", self.multiplier != "ecp5" or
+              self.rows * self.weight_fifo_depth > 2,
+              f"with multiplier='ecp5', more than 2 rows of weight FIFO (rows={self.rows} x "
+              f"depth)")
         check("matmul_slots", 1 <= self.matmul_slots <= 8, "1 to 8")
         check("param_store", isinstance(self.param_store, str) and
               self.param_store in PARAM_STORES,
@@ -252,9 +257,10 @@ class TPUConfig:
     @property
     def registered_datapath(self) -> bool:
         """Whether this is the build for Fmax (``multiplier="ecp5"``): the systolic array's
-        enable is a register decided a cycle ahead, and the memories read through their block
-        RAMs' output registers (:attr:`pipelined_memories`; see
-        :class:`hdl.systolic_array.SystolicArray` and :class:`hdl.accumulators.Accumulators`)."""
+        enable is a register decided a cycle ahead, the weight FIFO's rows leave through a
+        ring of registers, and the memories read through their block RAMs' output registers
+        (:attr:`pipelined_memories`; see :class:`hdl.systolic_array.SystolicArray`,
+        :class:`hdl.weight_fifo.WeightFIFO` and :class:`hdl.accumulators.Accumulators`)."""
         return self.multiplier == "ecp5"
 
     @property

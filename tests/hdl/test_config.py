@@ -87,3 +87,11 @@ def test_serial_unit_keeps_its_own_param_store():
     with pytest.raises(ConfigError, match="param_store='block' is not supported with "
                                           "activation_unit='serial'.*allowed: 'auto'"):
         TPUConfig(activation_unit="serial", param_store="block")
+
+
+def test_ecp5_weight_fifo_holds_its_ring():
+    """multiplier="ecp5": two rows of the weight FIFO are its output ring (WeightFIFO
+    registered=True), so it needs more than two."""
+    with pytest.raises(ConfigError, match="weight_fifo_depth=2 .*more than 2 rows"):
+        get_config("tiny").replace(rows=1, weight_fifo_depth=2, multiplier="ecp5")
+    assert get_config("tiny").replace(rows=1, weight_fifo_depth=3, multiplier="ecp5").rows == 1

@@ -25,10 +25,18 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_weight_fifo.py"))
 
 
+@pytest.mark.parametrize("registered", [False, True], ids=["plain", "registered"])
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("config_key", CONFIGS)
-def test_weight_fifo(config_key: str, group: str):
+def test_weight_fifo(config_key: str, group: str, registered: bool):
     cfg = get_config(config_key)
     run("weight_fifo",
-        lambda: WeightFIFO(rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width, depth=DEPTH),
-        config_key, "tb_weight_fifo", HERE, GROUPS[group], label=group)
+        lambda: WeightFIFO(rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width, depth=DEPTH,
+                           registered=registered),
+        config_key, "tb_weight_fifo", HERE, GROUPS[group],
+        label=f"{group}-registered" if registered else group)
+
+
+def test_registered_needs_room():
+    with pytest.raises(ValueError, match="more than 2 rows"):
+        WeightFIFO(rows=1, cols=4, depth=2, registered=True)
