@@ -25,7 +25,8 @@ from the tracker's contract: a MATMUL's accumulator writes after an unfinished M
 engine runs one at a time, so the second is not dispatched while the first runs).
 
 Also checked, for the front end's proof: ``hazard`` does not rise while the instruction at
-the front end stays the same and nothing is dispatched.
+the front end stays the same and nothing is dispatched; and ``hazard_late`` (the tracker is
+built with ``late=True``) is ``hazard`` a cycle later.
 
 Assumed of the environment (the front end and the engines; each is checked of them by
 :mod:`sim.proofs.engines` and the front end's dispatch rule):
@@ -272,7 +273,12 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         if check in invariants:
             m.d.comb += [Assert(holds_, what) for holds_, what in invariants[check]]
         elif check == "no_rise":
-            m.d.comb += Assert(no_rise, "hazard does not rise for an instruction that waits")
+            m.d.comb += [
+                Assert(no_rise, "hazard does not rise for an instruction that waits"),
+                # (the tracker is built with late=True: dispatch="pipelined" acts on it)
+                Assert(fresh | (q.hazard_late == hazard_1), "hazard_late is hazard a cycle "
+                       "later"),
+            ]
         else:
             # Sound: the "ring" and "ranges" checks prove these in every reachable state.
             m.d.comb += [Assume(holds_) for group in invariants.values()
@@ -281,6 +287,6 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
 
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
-    dut = dut_class(slots=slots) if end_bits is None else dut_class(end_bits=end_bits,
-                                                                    slots=slots)
+    dut = dut_class(slots=slots, late=True) if end_bits is None else \
+        dut_class(end_bits=end_bits, slots=slots, late=True)
     return Harness(dut, properties, reset="any")
