@@ -158,11 +158,10 @@ class ActivationUnit(wiring.Component):
         m.submodules.out_fifo = out_fifo = fifo.SyncFIFO(
             width=8 * cols, depth=self.FIFO_DEPTH)
         owed = Signal(range(self.FIFO_DEPTH + 1))
-        room = Signal()
+        room = Signal(init=1)       # owed < FIFO_DEPTH, a register (see below)
         take = Signal()
         give = Signal()
         m.d.comb += [
-            room.eq(owed < self.FIFO_DEPTH),
             self.i_row.ready.eq(room),
             take.eq(self.i_row.valid & room),
             self.o_row.valid.eq(out_fifo.r_rdy),
@@ -173,9 +172,13 @@ class ActivationUnit(wiring.Component):
         # The credit is returned a cycle after the FIFO gives a row (``given``): o_row's ready
         # comes from the unified buffer's write arbiter, and ended a long path here. The
         # credit counts one row too many meanwhile, never too few (FIFO_DEPTH allows for it).
+        # `room` is computed from owed's next value into a register of its own, so that the
+        # compare does not run into i_row's ready and the accumulator reads behind it.
         given = Signal()
-        m.d.sync += [given.eq(give),
-                     owed.eq(owed + (take & self.i_row.payload.last) - given)]
+        owed_next = Signal.like(owed)
+        m.d.comb += owed_next.eq(owed + (take & self.i_row.payload.last) - given)
+        m.d.sync += [given.eq(give), owed.eq(owed_next),
+                     room.eq(owed_next < self.FIFO_DEPTH)]
 
         valid = [Signal(name=f"valid_s{i}") for i in range(1, depth + 1)]
         last = [Signal(name=f"last_s{i}") for i in range(1, depth + 1)]
@@ -202,8 +205,12 @@ class ActivationUnit(wiring.Component):
             shared.relu.eq(func == Func.RELU),
             shared.clamp.eq(func == Func.CLAMP),
         ]
-        column_params = [data.View(scalars, copy) for copy in
-                         register_copies(m, shared.as_value(), cols, "params")]
+        # Three copies per column: for the coarse shift, for the fine shift (each drives a
+        # 64-bit multiplexer) and for the rest (one copy for all of it had 2.4 ns of routing
+        # into the compares with the zero point on the ULX3S).
+        copies = [data.View(scalars, copy) for copy in
+                  register_copies(m, shared.as_value(), 3 * cols, "params")]
+        column_params = [copies[3 * j:3 * j + 3] for j in range(cols)]
         rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
 
         pooled = Signal(data.ArrayLayout(signed(8), cols))
@@ -270,8 +277,8 @@ class ActivationUnit(wiring.Component):
                 p.eq(Cat(lohi[0:17], lohi[17:64].as_signed() + mid)),
             ]
             # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
-            cp = column_params[j]
-            shift_hi, shift_lo = cp.shift[3:6], cp.shift[0:3]
+            cp_hi, cp_lo, cp = column_params[j]
+            shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]
             is_table, is_tanh, is_relu, is_clamp = cp.table, cp.tanh, cp.relu, cp.clamp
             with m.Switch(shift_hi):
                 for k in range(8):

@@ -435,3 +435,27 @@ async def test_throughput(dut, window: int):
     want = [c + ActivationUnit.STAGES for c in closing]
     assert out == want, f"output cycles {out}, expected {want} (seed {seed})"
     await tb.finish()
+
+
+@cocotb.test()
+async def test_fill(dut):
+    """With ``o_row`` stalled the unit takes rows until it owes exactly ``FIFO_DEPTH``
+    windows (what its output FIFO holds), then holds ``i_row`` off; released, every row
+    comes out, in order."""
+    seed = 600
+    depth = ActivationUnit.FIFO_DEPTH
+    tb = await start(dut, seed, backpressure=iter(lambda: True, None))
+    params, acc = tb.typical(Func.RELU, 2 * depth)
+    await tb.set_params(params)
+    first = tb.source.sent
+    tb.queue(acc, 1)
+    await ClockCycles(dut.clk, 2 * depth + ActivationUnit.STAGES + 20)
+    await ReadOnly()
+    taken = tb.source.sent - first
+    assert taken == depth, (
+        f"{taken} one-row windows taken with o_row stalled, not {depth} (seed {seed})")
+    assert dut.i_row__ready.value == 0, f"i_row ready with the FIFO full (seed {seed})"
+    assert dut.o_row__valid.value == 1, f"o_row not valid with rows owed (seed {seed})"
+    await FallingEdge(dut.clk)
+    tb.sink.set_backpressure_generator(None)
+    await tb.finish()

@@ -21,7 +21,7 @@ COLS = {"c2": 2, "c4": 4}
 GROUPS = {
     "function": ["test_function"],
     "directed": ["test_lut_sweep", "test_rounding_known_answers", "test_variable_windows",
-                 "test_throughput"],
+                 "test_throughput", "test_fill"],
 }
 
 
@@ -80,9 +80,10 @@ class SerialWithParamRows(wiring.Component):
 @pytest.mark.parametrize("group", ["function", "directed-serial"])
 def test_serial_activation(group: str):
     """The serial unit (one datapath time-shared over 4 columns) against the same golden
-    checks as the pipelined unit; the throughput test is the pipelined unit's alone."""
+    checks as the pipelined unit; the throughput and fill tests are the pipelined unit's
+    alone (its timing and output FIFO)."""
     tests = GROUPS["function"] if group == "function" else \
-        [t for t in GROUPS["directed"] if t != "test_throughput"]
+        [t for t in GROUPS["directed"] if t not in ("test_throughput", "test_fill")]
     run("activation_serial", lambda: SerialWithParamRows(4), "c4",
         "tb_activation", HERE, tests, label=group,
         extra_env={"AMTPU_ACT": json.dumps({"cols": 4, "serial": True})})
