@@ -182,6 +182,16 @@ class FrontEnd(wiring.Component):
 
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
+        # With the dispatch decided ahead, the front end acts on the resynchronisation word
+        # in its second cycle (`resync_q`: it was offered and not taken, so it is still
+        # there), and in ERROR takes each beat in its second cycle (`stayed`), so that the
+        # word's compare (a LUT tree over the instruction word) does not run into i_host's
+        # ready and what that drives. (A beat every other cycle while stopped.)
+        resync_q = Signal()
+        stayed = Signal()
+        if cfg.dispatch_ahead:
+            m.d.sync += [resync_q.eq(self.i_host.valid & ~self.i_host.ready & resync),
+                         stayed.eq(self.i_host.valid & ~self.i_host.ready)]
         fetching = Signal()
 
         # Dispatch: whether the instruction at fetch issues or fails now (see Dispatch).
@@ -329,7 +339,7 @@ class FrontEnd(wiring.Component):
                         issue_actions()
                     with m.Elif(fail):
                         fail_actions()
-                    with m.Elif(self.i_host.valid & resync):
+                    with m.Elif(resync_q):
                         resync_actions()
                     with m.Else():
                         m.d.comb += self.o_raw_stall.eq(settled & hazard)
@@ -400,8 +410,13 @@ class FrontEnd(wiring.Component):
                         m.next = "ERROR"
             # Stopped: every beat is discarded until the resynchronisation word or i_clear.
             with m.State("ERROR"):
-                m.d.comb += self.i_host.ready.eq(1)
-                with m.If(self.i_clear | (self.i_host.valid & resync)):
+                if cfg.dispatch_ahead:
+                    m.d.comb += self.i_host.ready.eq(stayed)
+                    restart = self.i_clear | resync_q
+                else:
+                    m.d.comb += self.i_host.ready.eq(1)
+                    restart = self.i_clear | (self.i_host.valid & resync)
+                with m.If(restart):
                     m.d.sync += [status.error.eq(0), status.code.eq(ErrorCode.NONE),
                                  index.eq(0)]
                     m.next = "FETCH"

@@ -170,7 +170,15 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
         index_1 = past(m, status.instr_index, name="index_1")
         sent_1 = past(m, sent + _fire(beat), name="sent_1")
         resync = fe.i_host.valid & (fe.i_host.payload[:INSTR_BITS] == RESYNC_WORD)
-        restart_1 = past(m, fe.i_clear | resync, name="restart_1")
+        clear_1 = past(m, fe.i_clear, name="clear_1")
+        resync_1 = past(m, resync, name="resync_1")
+        restart_1 = clear_1 | resync_1
+        if config.dispatch_ahead:
+            # The front end acts on the word in its second cycle (`resync_q`, an invariant):
+            # the error clears a cycle after i_clear or two after the word was offered.
+            m.d.comb += Assert(fresh | ~inside.signal("resync_q") | resync_1,
+                               "resync_q: the word was offered a cycle ago")
+            restart_1 = clear_1 | past(m, resync_1, name="resync_2")
         with m.If(~fresh & error_1):
             m.d.comb += [
                 Assert(decode_state == decode_1,

@@ -199,8 +199,8 @@ class _NarrowerTracker(HazardTracker):
     """A tracker built a bit narrower than the ranges it is given (as if a core passed its
     memories' width wrong)."""
 
-    def __init__(self, *, end_bits: int, slots: int):
-        super().__init__(end_bits=end_bits - 1, slots=slots)
+    def __init__(self, *, end_bits: int, slots: int, late: bool = False):
+        super().__init__(end_bits=end_bits - 1, slots=slots, late=late)
 
 
 @pytest.mark.parametrize("check", ["rules", "ranges"])
