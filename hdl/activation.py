@@ -117,7 +117,8 @@ class ActivationUnit(wiring.Component):
     STAGES = 15
     #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
     #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
-    #: it then takes a row every cycle.
+    #: it then takes a row every cycle. (The credit register is late only after a cycle
+    #: that closed no window: with a window closing every cycle it is exact.)
     FIFO_DEPTH = STAGES + 2
 
     def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer"):
@@ -158,7 +159,7 @@ class ActivationUnit(wiring.Component):
         m.submodules.out_fifo = out_fifo = fifo.SyncFIFO(
             width=8 * cols, depth=self.FIFO_DEPTH)
         owed = Signal(range(self.FIFO_DEPTH + 1))
-        room = Signal(init=1)       # owed < FIFO_DEPTH, a register (see below)
+        room = Signal(init=1)       # owed < FIFO_DEPTH, or a cycle late (see below)
         take = Signal()
         give = Signal()
         m.d.comb += [
@@ -172,13 +173,15 @@ class ActivationUnit(wiring.Component):
         # The credit is returned a cycle after the FIFO gives a row (``given``): o_row's ready
         # comes from the unified buffer's write arbiter, and ended a long path here. The
         # credit counts one row too many meanwhile, never too few (FIFO_DEPTH allows for it).
-        # `room` is computed from owed's next value into a register of its own, so that the
-        # compare does not run into i_row's ready and the accumulator reads behind it.
+        # `room` is a register of its own, so that the compare does not run into i_row's
+        # ready and the accumulator reads behind it; it is computed from registers alone,
+        # counting a window closed whenever there was room (`last` comes late, from the
+        # activation engine's window logic: 8.1 ns into `room` on the ULX3S), so it may be
+        # low a cycle with a row to spare (after a cycle in which no window closed).
         given = Signal()
-        owed_next = Signal.like(owed)
-        m.d.comb += owed_next.eq(owed + (take & self.i_row.payload.last) - given)
-        m.d.sync += [given.eq(give), owed.eq(owed_next),
-                     room.eq(owed_next < self.FIFO_DEPTH)]
+        m.d.sync += [given.eq(give),
+                     owed.eq(owed + (take & self.i_row.payload.last) - given),
+                     room.eq(owed + room - given < self.FIFO_DEPTH)]
 
         valid = [Signal(name=f"valid_s{i}") for i in range(1, depth + 1)]
         last = [Signal(name=f"last_s{i}") for i in range(1, depth + 1)]
