@@ -298,19 +298,25 @@ class ActivationUnit(wiring.Component):
             zp = cp.zero_point
             # s11: saturated, in five registers: one is compared and passed on, and a copy
             # for each quarter of the table indexes it (one register drove both across the
-            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). The copies load
-            # only with a row in s10, so that synthesis keeps them apart from `q`, and each
-            # is written from its own value (register_copies), so that it keeps them apart
-            # from each other. Which values clip is read off v's top bits, not compared: a
-            # compare is a carry chain (v -> q was 7.7 ns on the ULX3S).
+            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). Each copy loads
+            # with a row in s10 and in some cycles that hold no row in s10 too (a different
+            # set for each), so that synthesis keeps them apart from `q`, which loads every
+            # cycle, and from each other; only a row in s11 uses them. (register_copies'
+            # form put a compare with the copy into its enable: 7.7 ns.) Which values clip
+            # is read off v's top bits, not compared: a compare is a carry chain (v -> q was
+            # 7.7 ns on the ULX3S).
             high = v[7:11]
             clip = ~small | Mux(v[11], ~high.all(), high.any())
             clip_low = Mux(small, v[11], negative)
             saturated = Mux(clip, Mux(clip_low, -128, 127), v[0:8].as_signed())
             m.d.sync += q.eq(saturated)
-            with m.If(valid[9]):            # valid[i]: a row in stage s(i + 1)
-                q_tbl = [copy.as_signed()
-                         for copy in register_copies(m, saturated, 4, f"q_tbl_{j}")]
+            q_tbl = []
+            # valid[i]: a row in stage s(i + 1)
+            for k, also in enumerate((0, valid[8], valid[10], valid[7])):
+                copy = reg(signed(8), f"q_tbl{k}")
+                with m.If(valid[9] | also):
+                    m.d.sync += copy.eq(saturated)
+                q_tbl.append(copy)
             m.d.sync += [
                 v.eq(r[0:10].as_signed() + zp + rb),
                 small.eq((r[9:64] == 0) | (r[9:64] == (1 << 55) - 1)),
