@@ -165,13 +165,15 @@ class BoardCore(wiring.Component):
             m.domains.core = cd_core = ClockDomain("core", local=True)
             reset_1 = Signal(init=1, reset_less=True)
             reset_net = Signal(init=1, reset_less=True)
-            m.d.sync += [reset_1.eq(link.o_core_reset | ResetSignal("sync")),
-                         reset_net.eq(reset_1)]
-            core_reset = Signal()
+            # (`core_reset`, the masks', is reset_1 | reset_net in a register of its own: from
+            # reset_net, by the global buffer, it took 2.4 ns of routing back to the link.)
+            core_reset = Signal(init=1, reset_less=True)
+            restart = link.o_core_reset | ResetSignal("sync")
+            m.d.sync += [reset_1.eq(restart), reset_net.eq(reset_1),
+                         core_reset.eq(restart | reset_1)]
             m.d.comb += [cd_core.clk.eq(ClockSignal("sync")),
                          cd_core.rst.eq(self.reset_buffer(m, reset_net) if self.reset_buffer
-                                        else reset_net),
-                         core_reset.eq(reset_1 | reset_net)]
+                                        else reset_net)]
             to_core = DomainRenamer("core")
             m.submodules.core = to_core(core)
             out_slot = BeatSlot(self.config.host_width)
