@@ -208,12 +208,13 @@ class ActivationUnit(wiring.Component):
             shared.relu.eq(func == Func.RELU),
             shared.clamp.eq(func == Func.CLAMP),
         ]
-        # Three copies per column: for the coarse shift, for the fine shift (each drives a
-        # 64-bit multiplexer) and for the rest (one copy for all of it had 2.4 ns of routing
-        # into the compares with the zero point on the ULX3S).
+        # Four copies per column: for the coarse shift (it drives a 64-bit multiplexer), for
+        # the fine shift, for the table's function bit (an input of every table LUT) and for
+        # the rest (one copy for all of it had 2.4 ns of routing into the compares with the
+        # zero point on the ULX3S).
         copies = [data.View(scalars, copy) for copy in
-                  register_copies(m, shared.as_value(), 3 * cols, "params")]
-        column_params = [copies[3 * j:3 * j + 3] for j in range(cols)]
+                  register_copies(m, shared.as_value(), 4 * cols, "params")]
+        column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
         rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
 
         pooled = Signal(data.ArrayLayout(signed(8), cols))
@@ -282,9 +283,9 @@ class ActivationUnit(wiring.Component):
                 p.eq(Cat(lohi[0:17], lohi[17:64].as_signed() + mid)),
             ]
             # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
-            cp_hi, cp_lo, cp = column_params[j]
+            cp_hi, cp_lo, cp_tbl, cp = column_params[j]
             shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]
-            is_table, is_tanh, is_relu, is_clamp = cp.table, cp.tanh, cp.relu, cp.clamp
+            is_table, is_tanh, is_relu, is_clamp = cp.table, cp_tbl.tanh, cp.relu, cp.clamp
             with m.Switch(shift_hi):
                 for k in range(8):
                     with m.Case(k):
