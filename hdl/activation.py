@@ -114,7 +114,7 @@ class ActivationUnit(wiring.Component):
     """
 
     #: Cycles from taking a row that closes a window to offering its output row.
-    STAGES = 15
+    STAGES = 17
     #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
     #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
     #: it then takes a row every cycle. (The credit register is late only after a cycle
@@ -150,9 +150,9 @@ class ActivationUnit(wiring.Component):
         # coarse shift; s9 fine shift; s10 low bits + zero point; s11 saturated; s12 the
         # compares with the zero point and clamp_hi and the table in quarters; s13 the
         # function's result.
-        # Then the pooling register, from which a window's row goes into the output FIFO (it
-        # is offered a cycle later).
-        depth = self.STAGES - 2
+        # Then the pooling's three (P1-P3, below), from which a window's row goes into the
+        # output FIFO (it is offered a cycle later).
+        depth = self.STAGES - 4         # s1-s13
 
         # Output FIFO and the credit that keeps it from overflowing: a window's row is
         # owed from the cycle its closing row is taken until o_row takes it.
@@ -217,15 +217,30 @@ class ActivationUnit(wiring.Component):
         column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
         rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
 
-        pooled = Signal(data.ArrayLayout(signed(8), cols))
-        window_open = Signal()
-        window_next = Signal()
-        m.d.comb += window_next.eq(Mux(valid[depth - 1], ~last[depth - 1], window_open))
-        m.d.sync += window_open.eq(window_next)
-        # The pooling's controls, a copy per column (the same registers, each driving only
-        # its column's comparator and multiplexers).
-        pool_valid = register_copies(m, valid[depth - 2], cols, "pool_valid")
-        pool_open = register_copies(m, window_next, cols, "pool_open")
+        # Max-pooling in two lanes: a window's even rows (by their index in it) are pooled
+        # into lane A, its odd ones into lane B, and the window's row is the larger of the
+        # two. A lane takes a row at most every other cycle, so its loop is two stages: P1
+        # compares the lane with the row (into a register), P2 keeps the larger. (In one
+        # stage, compare and multiplexer into the register's enable were the ULX3S build's
+        # longest path: 7.7 ns.) P3 takes the larger lane of a window's row. `odd` and
+        # `later` describe the row in s13: its index in the window is odd; it is 2 or more
+        # (its lane already holds one of the window's rows).
+        odd = Signal()
+        later = Signal()
+        s13 = depth - 1
+        with m.If(valid[s13]):
+            m.d.sync += [odd.eq(~odd & ~last[s13]), later.eq((later | odd) & ~last[s13])]
+        # The controls of the row in P1, a copy per column (each drives only its column's
+        # multiplexers); `single`: a window of one row (lane B holds none of it).
+        ctl = data.StructLayout({"valid": 1, "odd": 1, "later": 1})
+        p1 = [data.View(ctl, copy) for copy in register_copies(
+            m, Cat(valid[s13], odd, later), cols, "pool_p1")]
+        closes = [Signal(name=f"closes_p{i}") for i in range(1, 4)]   # row in P1-P3 closes
+        single = [Signal(name=f"single_p{i}") for i in range(1, 3)]
+        m.d.sync += [closes[0].eq(valid[s13] & last[s13]), closes[1].eq(closes[0]),
+                     closes[2].eq(closes[1]),
+                     single[0].eq(~odd & ~later), single[1].eq(single[0])]
+        pooled = Signal(data.ArrayLayout(signed(8), cols))       # P3: the window's row
         for j in range(cols):
             def reg(shape, name, j=j):
                 return Signal(shape, name=f"{name}_{j}", reset_less=True)
@@ -359,15 +374,21 @@ class ActivationUnit(wiring.Component):
             m.d.sync += result.eq(Mux(is_table, tbl,
                                       Mux(is_relu, relu, Mux(is_clamp, clamp, q_12))))
 
-            # Pooling into a register, from which a window's row goes into the output FIFO.
-            best = Mux(pool_open[j] & (pooled[j] > result), pooled[j], result)
-            with m.If(pool_valid[j]):
-                m.d.sync += pooled[j].eq(best)
+            # Pooling: P1 compares, P2 keeps, P3 the window's row (then the output FIFO).
+            lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
+            above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
+            row_p1 = reg(signed(8), "row_p1")
+            m.d.sync += [above_a.eq(lane_a > result), above_b.eq(lane_b > result),
+                         row_p1.eq(result)]
+            c = p1[j]
+            for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
+                with m.If(c.valid & (c.odd == lane_odd)):
+                    m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
+            with m.If(closes[1]):
+                m.d.sync += pooled[j].eq(Mux(single[1] | (lane_a > lane_b), lane_a, lane_b))
 
-        emit = Signal()         # pooled holds a window's row
-        m.d.sync += emit.eq(valid[depth - 1] & last[depth - 1])
         m.d.comb += [
             out_fifo.w_data.eq(pooled),
-            out_fifo.w_en.eq(emit),
+            out_fifo.w_en.eq(closes[2]),
         ]
         return m
