@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Weight FIFO: cocotb tests (tb_weight_fifo.py) per configuration's tile shape."""
 
 from __future__ import annotations
