@@ -36,7 +36,7 @@ BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably
 MAX_BEATS = 8           # host-link frame buffer: beats per DATA frame
 SYNTH_OPTS = "-dsp"     # synth_ice40 maps multipliers to SB_MAC16 only when asked
 #: nextpnr's placer weighs timing three times its default: Fmax 27.76 MHz instead of
-#: 25.64 MHz on the netlist it was measured on (25.70 MHz on today's), and the place and
+#: 25.64 MHz on the netlist it was measured on (26.38 MHz on today's), and the place and
 #: route takes 3 minutes instead of 4.
 NEXTPNR_OPTS = "--placer-heap-timingweight 30"
 
