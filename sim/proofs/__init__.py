@@ -130,6 +130,10 @@ PROOFS: dict[str, Proof] = _table(
           "WeightFIFO 3 rows x 3 tiles (a capacity that is not a power of two): as above"),
     Proof("weight_fifo", _fifo("default"), "prove", 6,
           "WeightFIFO 8x8, 4 tiles (the default configuration): as above"),
+    Proof("weight_fifo_ring", functools.partial(weight_fifo_harness, rows=2, cols=1,
+                                                data_width=4, depth=2, registered=True),
+          "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (multiplier='ecp5'): "
+          "counts, whole tiles, no gaps, order, stream rules, for 14 cycles"),
     _control(weight_loader_harness, "weight_loader_streams",
              "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract"),
     _control(matrix_engine_harness, "matrix_engine_streams",

@@ -39,7 +39,7 @@ def _wrap_inc(counter: Signal, modulus: int):
 
 
 def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, depth: int = 2,
-                        count_bug: bool = False,
+                        registered: bool = False, count_bug: bool = False,
                         dut_class: type[WeightFIFO] = WeightFIFO) -> Harness:
     """Harness proving :class:`WeightFIFO` (see the module docstring).
 
@@ -47,6 +47,10 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
     ----------
     rows, cols, data_width, depth
         The FIFO's parameters (``rows * depth >= 2``).
+    registered : bool
+        The FIFO with its output ring (``WeightFIFO(registered=True)``, ``rows * depth > 2``):
+        the properties on the ports only, for a BMC (the invariants below follow the plain
+        FIFO's BlockFIFO; a counted tile reaches the ring's output a cycle or two later).
     count_bug : bool
         Deliberately wrong count (one tile too many): the proof must fail. For the tests.
     dut_class : type
@@ -55,7 +59,8 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
     capacity = rows * depth
     if capacity < 2:
         raise ValueError("the proof follows BlockFIFO's memory: rows * depth >= 2")
-    dut = dut_class(rows=rows, cols=cols, data_width=data_width, depth=depth)
+    dut = dut_class(rows=rows, cols=cols, data_width=data_width, depth=depth,
+                    registered=registered)
 
     def properties(m: Module, fifo: WeightFIFO, inside: Inside) -> None:
         stream_rules(m, fifo.i_row, side="env")
@@ -85,7 +90,7 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
             Assert(fifo.o_tiles * rows == whole, "o_tiles counts the whole tiles stored"),
             Assert((out_phase == 0) | fifo.o_row.valid, "no gap within a tile"),
         ]
-        if rows >= 2:
+        if rows >= 2 and not registered:
             # With one-row tiles, o_tiles counts a tile a cycle before BlockFIFO
             # offers it (its read latency); with more rows, the first row is there in time.
             m.d.comb += Assert((fifo.o_tiles == 0) | fifo.o_row.valid,
@@ -116,6 +121,8 @@ def weight_fifo_harness(*, rows: int = 2, cols: int = 1, data_width: int = 4, de
             ]
         m.d.comb += Assert(~tracking | (ahead < stored), "the picked row is still stored")
 
+        if registered:
+            return
         # Invariants on the internal state, for induction: the FIFO's tile counters are the
         # harness's, its level is `stored`, and the picked row is where `ahead` says: in the
         # output register (r_data, when r_rdy) or in the memory behind it.

@@ -79,6 +79,14 @@ def test_fifo_corrupting_design_fails(tmp_path: Path):
     _assert_counterexample(result, "sim/proofs/weight_fifo.py")
 
 
+def test_fifo_ring_corrupting_design_fails(tmp_path: Path):
+    """The same for the FIFO with its output ring (registered=True), in a BMC."""
+    result = run("fifo_ring_corrupt", weight_fifo_harness(rows=2, depth=2, registered=True,
+                                                          dut_class=_CorruptingFIFO),
+                 mode="bmc", depth=8, build_root=tmp_path)
+    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+
+
 def test_unclosed_induction_is_not_a_pass(tmp_path: Path):
     """Without the invariants on the PE's weights, the base case holds but induction cannot
     close: UNKNOWN, not proved."""
