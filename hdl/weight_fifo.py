@@ -79,12 +79,8 @@ class WeightFIFO(wiring.Component):
         # Count whole tiles in and out so a partial tile is never offered: `tiles` until a
         # tile's last row leaves o_row, `readable` until it leaves the queue (the same count
         # without the ring).
-        written = Signal(range(self.rows))
         tiles = self.o_tiles
-        tile_in = Signal()
-        with m.If(rows.w_en & rows.w_rdy):
-            m.d.sync += written.eq(_wrap_inc(written, self.rows))
-            m.d.comb += tile_in.eq(written == self.rows - 1)
+        tile_in = _count_rows(m, rows.w_en & rows.w_rdy, self.rows, "written")
         out_take = self.o_row.valid & self.o_row.ready
         tile_out = _count_rows(m, out_take, self.rows, "read")
         m.d.sync += tiles.eq(tiles + tile_in - tile_out)
