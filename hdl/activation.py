@@ -6,6 +6,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .compare import greater_than
 from .fanout import register_copies
 from .isa import Func
 from .pe import _ecp5_instance, _mult18x18d
@@ -349,12 +350,13 @@ class ActivationUnit(wiring.Component):
                 small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
                 negative.eq(r[63]),
                 q_12.eq(q),
-                # ReLU's compare is registered and its multiplexer is in s13: the compare
-                # is a carry chain, and the multiplexer after it ended the unit's longest
-                # path (8.5 ns on the ULX3S).
-                gt_zp.eq(q > zp),
+                # ReLU's compare is registered and its multiplexer is in s13 (in one stage
+                # they ended the unit's longest path: 8.5 ns on the ULX3S). The unit's
+                # compares are LUT trees (greater_than): on the ECP5's carry chain each
+                # took 6.9-7.7 ns between two registers.
+                gt_zp.eq(greater_than(q, zp)),
                 # max(q, zp) > clamp_hi, without the max in series.
-                above.eq((q > cp.clamp_hi) | cp.zp_above),
+                above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
             ]
             # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s12 the
             # four entries q's low 6 bits select (one per value of its top 2 bits), in s13
@@ -378,7 +380,8 @@ class ActivationUnit(wiring.Component):
             lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
             above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
             row_p1 = reg(signed(8), "row_p1")
-            m.d.sync += [above_a.eq(lane_a > result), above_b.eq(lane_b > result),
+            m.d.sync += [above_a.eq(greater_than(lane_a, result)),
+                         above_b.eq(greater_than(lane_b, result)),
                          row_p1.eq(result)]
             c = p1[j]
             for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
@@ -391,7 +394,7 @@ class ActivationUnit(wiring.Component):
             a_wins = reg(1, "a_wins")
             with m.If(closes[1]):
                 m.d.sync += [final_a.eq(lane_a), final_b.eq(lane_b),
-                             a_wins.eq(single[1] | (lane_a > lane_b))]
+                             a_wins.eq(single[1] | greater_than(lane_a, lane_b))]
             with m.If(closes[2]):
                 m.d.sync += pooled[j].eq(Mux(a_wins, final_a, final_b))
 
