@@ -38,22 +38,22 @@ class Accumulators(wiring.Component):
     it is undefined again.
 
     With ``registered_read`` the sums live in a :class:`~hdl.block_ram.PipelinedMemory`: the
-    old sums leave the block RAM through its output register, so the adder starts at a
-    flip-flop instead of at the RAM's slow output, and the sums it makes are written from
-    flip-flops, so it ends at one instead of at the RAM's inputs across the die (the ECP5
-    build): four stages, a row taken in cycle ``c`` is written in cycle ``c + 3``. The three
-    rows right behind it read their old sums before that write (the third in the cycle it is
-    written, which returns an undefined row), so one that goes to the same address adds to
-    the sums written (a register of each of the last three sums made) instead. The read
-    client's rows arrive two cycles after their addresses.
+    old sums leave the block RAM through its output register and then a fabric register, so
+    the adder starts at a flip-flop next to it instead of at the RAM's slow output, and the
+    sums it makes are written from flip-flops, so it ends at one instead of at the RAM's
+    inputs across the die (the ECP5 build): five stages, a row taken in cycle ``c`` is
+    written in cycle ``c + 4``. The four rows right behind it read their old sums before that
+    write (the fourth in the cycle it is written, which returns an undefined row), so one
+    that goes to the same address adds to the newest of those sums instead (registers of the
+    last four sums made). The read client's rows arrive two cycles after their addresses.
 
     Parameters
     ----------
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
     registered_read : bool
-        The four-stage pipeline above (two more cycles from a row to ``o_written``, one more
-        to a read's row); needs ``bypass``.
+        The five-stage pipeline above (three more cycles from a row to ``o_written``, one
+        more to a read's row); needs ``bypass``.
     bypass : bool
         Back-to-back rows to one address add up (see above).
 
@@ -131,58 +131,70 @@ class Accumulators(wiring.Component):
                 m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) +
                                           write_b.data[c])
         else:
-            # Stage B: the block RAM's output register takes the old sums. Stage C: add (or
-            # not) into flip-flops. Stage D: write them. The old sums miss the three sums made
-            # in the three cycles before stage C: written in the cycle the row read them
-            # (stage A: that read returns an undefined row when the write is to its address)
-            # and in the two after. A row whose address one of them went to takes the newest
-            # such sums instead. Which it adds to is decided in stage B (from compares made in
-            # stage A), against the rows in stage C and the two before, into four flip-flops a
-            # column: no address compare runs into the adders.
-            valid_c = Signal()
+            # Stage B: the block RAM's output register takes the old sums. Stage C: a fabric
+            # register next to the adders takes them (from the block RAM's register into the
+            # adder was 2 ns of routing before a 32-bit carry chain: 7.6 ns on the ULX3S).
+            # Stage D: add (or not) into flip-flops. Stage E: write them. The old sums miss
+            # the four sums made in the four cycles before stage D: written in the cycle the
+            # row read them (stage A: that read returns an undefined row when the write is to
+            # its address) and in the three after. A row whose address one of them went to
+            # takes the newest such sums instead: those of the row right ahead (made in the
+            # cycle before) straight into the adder, the older three chosen in stage C into a
+            # register. Which it takes is decided in stage B (from compares made in stage A,
+            # against the rows then in stages B-E), into flip-flops a column: no address
+            # compare runs into the adders.
+            valid_c, valid_d = Signal(), Signal()
             write_c = Signal.like(self.i_psum.payload, reset_less=True)
-            old_q = rmw.data
+            write_d = Signal.like(self.i_psum.payload, reset_less=True)
+            old_c = Signal(row, reset_less=True)                        # stage C: old sums
+            forward_d = Signal(row, reset_less=True)                   # stage D: older sums
             sums = [Signal(row, name=f"sums_{i}", reset_less=True)         # made 1-3 cycles ago
                     for i in range(1, 4)]
-            valid_d = [Signal(name=f"valid_d{i}") for i in range(1, 3)]   # rows in C 1-2 ago
-            addr_d = [Signal.like(write_c.addr, name=f"addr_d{i}", reset_less=True)
-                      for i in range(1, 3)]
-            # The rows whose sums a stage-B row would miss, newest first: in stage C now (its
-            # sums made next cycle), and in C one and two cycles ago. Their addresses are
-            # compared with the row's in stage A, against the rows then a stage earlier, into
-            # registers (the compares and the selects in one cycle, then the copies' fan-out:
-            # 7.7 ns on the ULX3S).
+            valid_e = Signal()
+            addr_e = Signal.like(write_c.addr, reset_less=True)
             addr_a = self.i_psum.payload.addr
-            hits = [Signal(name=f"hit_{i}") for i in range(3)]
+            # hits[i]: the row in stage A goes to the address of the row i + 1 ahead of it.
+            hits = [Signal(name=f"hit_{i}") for i in range(4)]
             m.d.sync += [hits[0].eq(valid_b & (write_b.addr == addr_a)),
                          hits[1].eq(valid_c & (write_c.addr == addr_a)),
-                         hits[2].eq(valid_d[0] & (addr_d[0] == addr_a))]
-            m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b),
-                         valid_d[0].eq(valid_c), addr_d[0].eq(write_c.addr),
-                         valid_d[1].eq(valid_d[0]), addr_d[1].eq(addr_d[0]),
+                         hits[2].eq(valid_d & (write_d.addr == addr_a)),
+                         hits[3].eq(valid_e & (addr_e == addr_a))]
+            m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b), old_c.eq(rmw.data),
+                         valid_d.eq(valid_c), write_d.eq(write_c),
+                         valid_e.eq(valid_d), addr_e.eq(write_d.addr),
                          sums[1].eq(sums[0]), sums[2].eq(sums[1])]
-            # The four selects, a copy per column (register_copies: one register drove all
-            # the columns' multiplexers, 3.3 ns of routing on the ULX3S at 8 columns).
-            # (`accumulate_b`: a row in stage B that accumulates; a reset register, so
-            # that no copy starts undefined in a Verilog simulation, where it would stay.)
+            # The selects, a copy per column (register_copies: one register drove all the
+            # columns' multiplexers, 3.3 ns of routing on the ULX3S at 8 columns): in stage C
+            # which older sums to keep (of the rows 2-4 ahead, the newest), in stage D which
+            # addend to take. (`accumulate_b`: a row in stage B that accumulates; a reset
+            # register, so that no copy starts undefined in a Verilog simulation, where it
+            # would stay.)
             accumulate_b = Signal()
             m.d.sync += accumulate_b.eq(self.i_psum.valid & self.i_psum.payload.accumulate)
-            select = Cat(accumulate_b & ~(hits[0] | hits[1] | hits[2]),
-                         accumulate_b & hits[0],
-                         accumulate_b & ~hits[0] & hits[1],
-                         accumulate_b & ~hits[0] & ~hits[1] & hits[2])
-            copies = register_copies(m, select, self.cols, "use_sums")
-            for c in range(self.cols):
-                use_old, *use = copies[c]
-                addend = (Mux(use_old, old_q[c], 0) | Mux(use[0], sums[0][c], 0) |
-                          Mux(use[1], sums[1][c], 0) | Mux(use[2], sums[2][c], 0)).as_signed()
-                m.d.sync += sums[0][c].eq(addend + write_c.data[c])
-            # Stage D: the sums made in the cycle before, with their row's address.
+            older = hits[1] | hits[2] | hits[3]
+            select = Cat(accumulate_b & ~(hits[0] | older),     # the old sums
+                         accumulate_b & hits[0],                # the row right ahead's
+                         accumulate_b & ~hits[0] & older,       # the older ones kept
+                         hits[1], ~hits[1] & hits[2], ~hits[1] & ~hits[2])
+            use_layout = data.StructLayout({"old": 1, "ahead": 1, "older": 1, "keep": 3})
+            for c, copy in enumerate(register_copies(m, select, self.cols, "use_sums")):
+                use_c = data.View(use_layout, copy)
+                # Stage D's selects: registers of the column's stage-C copy (each its own).
+                use_d = Signal(use_layout, name=f"use_d{c}")
+                m.d.sync += use_d.eq(use_c)
+                keep = use_c.keep
+                m.d.sync += forward_d[c].eq(Mux(keep[0], sums[0][c], 0) |
+                                            Mux(keep[1], sums[1][c], 0) |
+                                            Mux(keep[2], sums[2][c], 0))
+                addend = (Mux(use_d.old, old_c[c], 0) | Mux(use_d.ahead, sums[0][c], 0) |
+                          Mux(use_d.older, forward_d[c], 0)).as_signed()
+                m.d.sync += sums[0][c].eq(addend + write_d.data[c])
+            # Stage E: the sums made in the cycle before, with their row's address.
             m.d.comb += [
-                wr.en.eq(valid_d[0]),
-                wr.addr.eq(addr_d[0]),
+                wr.en.eq(valid_e),
+                wr.addr.eq(addr_e),
                 wr.data.eq(sums[0]),
-                self.o_written.eq(valid_d[0]),
+                self.o_written.eq(valid_e),
             ]
 
         serve_reads(m, rd, [self.r.addr], [self.r.data],

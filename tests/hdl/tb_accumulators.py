@@ -7,7 +7,7 @@ it checks, as observed and documented by ``Accumulators``:
 
 - ``i_psum`` is always ready (after reset);
 - a row accepted in cycle ``c`` is written at the end of cycle ``c + L``, and ``o_written``
-  is high in exactly that cycle ``c + L`` (``L`` = 1; 3 with ``registered_read``);
+  is high in exactly that cycle ``c + L`` (``L`` = 1; 4 with ``registered_read``);
 - the row it adds to is the memory's row *including* the write of cycle ``c`` (the RMW read
   is transparent), so back-to-back rows to one address add up; without ``bypass`` the
   psum driver keeps the block's rule instead: it leaves a cycle before a row that
@@ -72,8 +72,8 @@ def registered_from_env() -> bool:
 
 
 def latency_from_env() -> int:
-    """Cycles from taking a row to writing it: 3 with ``registered_read``, else 1."""
-    return 3 if registered_from_env() else 1
+    """Cycles from taking a row to writing it: 4 with ``registered_read``, else 1."""
+    return 4 if registered_from_env() else 1
 
 
 class Testbench:
@@ -302,6 +302,25 @@ async def test_same_address(dut):
     got = await tb.read_rows([a, b])
     want = [sums[a].tolist(), sums[b].tolist()]
     assert got == want, f"interleaved rows to {a}, {b}: got {got}, expected {want} (seed {tb.seed})"
+    # 3. Two rows to A with 0-5 rows to other addresses between them, back to back: the
+    # second is 1-6 cycles behind the first (each forwarding distance of the registered
+    # pipeline, and the first that reads A's row from the block RAM).
+    for gap in range(1, 7):
+        others = [int(x) for x in tb.rng.choice([x for x in range(tb.depth) if x != a],
+                                                size=gap - 1, replace=False)]
+        sums = {addr: tb.memory[addr].copy() for addr in [a] + others}
+        first = len(tb.psum.sent_cycles)
+        for addr in [a] + others + [a]:
+            row = np.asarray(tb.queue_psum(addr, True)["data"], dtype=np.int64)
+            sums[addr] = wrap(sums[addr] + row)
+        got = await tb.read_rows([a] + others)
+        want = [sums[addr].tolist() for addr in [a] + others]
+        assert got == want, (f"rows to {a} {gap} cycle(s) apart (between them {others}): got "
+                             f"{got}, expected {want} (seed {tb.seed})")
+        cycles = tb.psum.sent_cycles[first:]
+        # (Without the bypass the driver leaves a cycle between two rows to A.)
+        spacing = step if gap == 1 else gap
+        assert cycles[-1] - cycles[0] == spacing, f"rows not back to back: {cycles}"
     await tb.finish()
 
 
