@@ -62,6 +62,36 @@ def _rom_bit(values: list[int], index, memo: dict):
     return memo[key]
 
 
+def _pool_column(m: Module, j: int, result, c, closes, single, out) -> None:
+    """One column's max-pooling in its two lanes (see :meth:`ActivationUnit.elaborate`):
+    P1 compares each lane with *result*, the row's value; P2 keeps the larger in the row's
+    lane (*c*: the row's controls in P1); P3 and P4 put the larger lane of a window's row
+    into *out* (*closes*: the row in P1-P4 closes its window; *single*: a window of one row,
+    in P1-P2)."""
+    def reg(shape, name):
+        return Signal(shape, name=f"{name}_{j}", reset_less=True)
+
+    lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
+    above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
+    row_p1 = reg(signed(8), "row_p1")
+    m.d.sync += [above_a.eq(greater_than(lane_a, result)),
+                 above_b.eq(greater_than(lane_b, result)),
+                 row_p1.eq(result)]
+    for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
+        with m.If(c.valid & (c.odd == lane_odd)):
+            m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
+    # P3 compares the two lanes (into a register, with copies of them: the next window's
+    # rows may change them meanwhile), P4 takes the larger (compare and multiplexer in one
+    # stage: 8.1 ns on the ULX3S).
+    final_a, final_b = reg(signed(8), "final_a"), reg(signed(8), "final_b")
+    a_wins = reg(1, "a_wins")
+    with m.If(closes[1]):
+        m.d.sync += [final_a.eq(lane_a), final_b.eq(lane_b),
+                     a_wins.eq(single[1] | greater_than(lane_a, lane_b))]
+    with m.If(closes[2]):
+        m.d.sync += out.eq(Mux(a_wins, final_a, final_b))
+
+
 class ActivationUnit(wiring.Component):
     """Turns rows of int32 sums into rows of int8 activations, one row per cycle.
 
@@ -115,7 +145,7 @@ class ActivationUnit(wiring.Component):
     """
 
     #: Cycles from taking a row that closes a window to offering its output row.
-    STAGES = 18
+    STAGES = 19
     #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
     #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
     #: it then takes a row every cycle. (The credit register is late only after a cycle
@@ -148,12 +178,13 @@ class ActivationUnit(wiring.Component):
         m.d.sync += prm.eq(self.i_params)
         # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
         # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
-        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 saturated; s12 the
-        # compares with the zero point and clamp_hi and the table in quarters; s13 the
+        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 whether and how it
+        # clips; s12 saturated; s13 the compares with the zero point and clamp_hi and the
+        # table in quarters; s14 the
         # function's result.
         # Then the pooling's four (P1-P4, below), from which a window's row goes into the
         # output FIFO (it is offered a cycle later).
-        depth = self.STAGES - 5         # s1-s13
+        depth = self.STAGES - 5         # s1-s14
 
         # Output FIFO and the credit that keeps it from overflowing: a window's row is
         # owed from the cycle its closing row is taken until o_row takes it.
@@ -224,21 +255,21 @@ class ActivationUnit(wiring.Component):
         # compares the lane with the row (into a register), P2 keeps the larger. (In one
         # stage, compare and multiplexer into the register's enable were the ULX3S build's
         # longest path: 7.7 ns.) P3 and P4 take the larger lane of a window's row. `odd` and
-        # `later` describe the row in s13: its index in the window is odd; it is 2 or more
+        # `later` describe the row in s14: its index in the window is odd; it is 2 or more
         # (its lane already holds one of the window's rows).
         odd = Signal()
         later = Signal()
-        s13 = depth - 1
-        with m.If(valid[s13]):
-            m.d.sync += [odd.eq(~odd & ~last[s13]), later.eq((later | odd) & ~last[s13])]
+        s14 = depth - 1
+        with m.If(valid[s14]):
+            m.d.sync += [odd.eq(~odd & ~last[s14]), later.eq((later | odd) & ~last[s14])]
         # The controls of the row in P1, a copy per column (each drives only its column's
         # multiplexers); `single`: a window of one row (lane B holds none of it).
         ctl = data.StructLayout({"valid": 1, "odd": 1, "later": 1})
         p1 = [data.View(ctl, copy) for copy in register_copies(
-            m, Cat(valid[s13], odd, later), cols, "pool_p1")]
+            m, Cat(valid[s14], odd, later), cols, "pool_p1")]
         closes = [Signal(name=f"closes_p{i}") for i in range(1, 5)]   # row in P1-P4 closes
         single = [Signal(name=f"single_p{i}") for i in range(1, 3)]
-        m.d.sync += [closes[0].eq(valid[s13] & last[s13]), closes[1].eq(closes[0]),
+        m.d.sync += [closes[0].eq(valid[s14] & last[s14]), closes[1].eq(closes[0]),
                      closes[2].eq(closes[1]), closes[3].eq(closes[2]),
                      single[0].eq(~odd & ~later), single[1].eq(single[0])]
         pooled = Signal(data.ArrayLayout(signed(8), cols))       # P4: the window's row
@@ -264,12 +295,15 @@ class ActivationUnit(wiring.Component):
             v = reg(signed(12), "v")                   # s10: low bits + zero point + round
             small = reg(1, "small")                    #      r fits 10 bits: v is exact
             negative = reg(1, "negative")
-            q = reg(signed(8), "q")                    # s11: saturated
-            q_12 = reg(signed(8), "q_12")              # s12: q, q > zp, ReLU > clamp_hi and
+            clip = reg(1, "clip")                      # s11: it saturates,
+            clip_low = reg(1, "clip_low")              #      to -128,
+            v_low = reg(signed(8), "v_low")            #      or is v's low bits
+            q = reg(signed(8), "q")                    # s12: saturated
+            q_13 = reg(signed(8), "q_13")              # s13: q, q > zp, ReLU > clamp_hi and
             gt_zp = reg(1, "gt_zp")                    #      the table entries of q's
             above = reg(1, "above")                    #      quarter of the index range
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
-            result = reg(signed(8), "result")          # s13: the function's result
+            result = reg(signed(8), "result")          # s14: the function's result
 
             # t * m = t_hi m_hi 2**34 + (t_hi m_lo + t_lo m_hi) 2**17 + t_lo m_lo: each
             # product an 18 x 18 signed multiply (the low halves zero-extended).
@@ -324,33 +358,36 @@ class ActivationUnit(wiring.Component):
             # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
             # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
-            # s11: saturated, in five registers: one is compared and passed on, and a copy
+            # s11: whether it clips, read off v's top bits, not compared (a compare is a carry
+            # chain: v -> q was 7.7 ns on the ULX3S), into registers, so that the value
+            # saturated in s12 is a LUT from registers (deciding and saturating in one stage
+            # took 7.2 ns into q's copies).
+            high = v[7:11]
+            m.d.sync += [clip.eq(~small | Mux(v[11], ~high.all(), high.any())),
+                         clip_low.eq(Mux(small, v[11], negative)),
+                         v_low.eq(v[0:8])]
+            # s12: saturated, in five registers: one is compared and passed on, and a copy
             # for each quarter of the table indexes it (one register drove both across the
             # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). Each copy loads
-            # with a row in s10 and in some cycles that hold no row in s10 too (a different
+            # with a row in s11 and in some cycles that hold no row in s11 too (a different
             # set for each), so that synthesis keeps them apart from `q`, which loads every
-            # cycle, and from each other; only a row in s11 uses them. (register_copies'
-            # form put a compare with the copy into its enable: 7.7 ns.) Which values clip
-            # is read off v's top bits, not compared: a compare is a carry chain (v -> q was
-            # 7.7 ns on the ULX3S).
-            high = v[7:11]
-            clip = ~small | Mux(v[11], ~high.all(), high.any())
-            clip_low = Mux(small, v[11], negative)
-            saturated = Mux(clip, Mux(clip_low, -128, 127), v[0:8].as_signed())
+            # cycle, and from each other; only a row in s12 uses them. (register_copies'
+            # form put a compare with the copy into its enable: 7.7 ns.)
+            saturated = Mux(clip, Mux(clip_low, -128, 127), v_low)
             m.d.sync += q.eq(saturated)
             q_tbl = []
             # valid[i]: a row in stage s(i + 1)
-            for k, also in enumerate((0, valid[8], valid[10], valid[7])):
+            for k, also in enumerate((0, valid[9], valid[11], valid[8])):
                 copy = reg(signed(8), f"q_tbl{k}")
-                with m.If(valid[9] | also):
+                with m.If(valid[10] | also):
                     m.d.sync += copy.eq(saturated)
                 q_tbl.append(copy)
             m.d.sync += [
                 v.eq(r[0:10].as_signed() + zp + rb),
                 small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
                 negative.eq(r[63]),
-                q_12.eq(q),
-                # ReLU's compare is registered and its multiplexer is in s13 (in one stage
+                q_13.eq(q),
+                # ReLU's compare is registered and its multiplexer is in s14 (in one stage
                 # they ended the unit's longest path: 8.5 ns on the ULX3S). The unit's
                 # compares are LUT trees (greater_than): on the ECP5's carry chain each
                 # took 6.9-7.7 ns between two registers.
@@ -358,8 +395,8 @@ class ActivationUnit(wiring.Component):
                 # max(q, zp) > clamp_hi, without the max in series.
                 above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
             ]
-            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s12 the
-            # four entries q's low 6 bits select (one per value of its top 2 bits), in s13
+            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s13 the
+            # four entries q's low 6 bits select (one per value of its top 2 bits), in s14
             # the one its top bits select.
             for k in range(4):
                 low = Cat(q_tbl[k][:6], is_tanh)
@@ -368,35 +405,15 @@ class ActivationUnit(wiring.Component):
                 m.d.sync += quarters[k].eq(Cat(*(
                     _rom_bit([(value >> bit) & 1 for value in entries], low, memo)
                     for bit in range(8))))
-            top = Cat(q_12[6], ~q_12[7])
+            top = Cat(q_13[6], ~q_13[7])
             tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
                       Mux(top[0], quarters[1], quarters[0]))
-            relu = Mux(gt_zp, q_12, cp.zero_point)
+            relu = Mux(gt_zp, q_13, cp.zero_point)
             clamp = Mux(above, cp.clamp_hi, relu)
             m.d.sync += result.eq(Mux(is_table, tbl,
-                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_12))))
+                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_13))))
 
-            # Pooling: P1 compares, P2 keeps, P3 and P4 the window's row (then the FIFO).
-            lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
-            above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
-            row_p1 = reg(signed(8), "row_p1")
-            m.d.sync += [above_a.eq(greater_than(lane_a, result)),
-                         above_b.eq(greater_than(lane_b, result)),
-                         row_p1.eq(result)]
-            c = p1[j]
-            for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
-                with m.If(c.valid & (c.odd == lane_odd)):
-                    m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
-            # P3 compares the two lanes (into a register, with copies of them: the next
-            # window's rows may change them meanwhile), P4 takes the larger (compare and
-            # multiplexer in one stage: 8.1 ns on the ULX3S).
-            final_a, final_b = reg(signed(8), "final_a"), reg(signed(8), "final_b")
-            a_wins = reg(1, "a_wins")
-            with m.If(closes[1]):
-                m.d.sync += [final_a.eq(lane_a), final_b.eq(lane_b),
-                             a_wins.eq(single[1] | greater_than(lane_a, lane_b))]
-            with m.If(closes[2]):
-                m.d.sync += pooled[j].eq(Mux(a_wins, final_a, final_b))
+            _pool_column(m, j, result, p1[j], closes, single, pooled[j])
 
         m.d.comb += [
             out_fifo.w_data.eq(pooled),
