@@ -136,6 +136,13 @@ class Dispatch(wiring.Component):
                 stayed2 = Signal()
                 m.d.sync += stayed2.eq(stays & stayed)
                 held = held & stayed2
+                # The engines' readies registered too (the weight loader's ran into
+                # `ready_go`: 7.3 ns on the ULX3S). A ready falls only as its engine takes an
+                # instruction, and the beat after that one is held two cycles later at the
+                # soonest, when the register has the fall.
+                busy_q = Signal()
+                m.d.sync += busy_q.eq(busy)
+                busy = busy_q
             settled = Signal()
             m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), settled.eq(held),
                          ready_go.eq(held & ~busy)]

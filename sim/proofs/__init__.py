@@ -156,6 +156,10 @@ PROOFS: dict[str, Proof] = _table(
              f"MatrixEngine with dispatch={ICEBREAKER_DISPATCH!r} and {ICEBREAKER_SLOTS} MATMUL "
              f"slots (the icebreaker preset's): as matrix_engine_streams",
              dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS),
+    _control(matrix_engine_harness, "matrix_engine_streams_pipelined",
+             "MatrixEngine with dispatch='pipelined' and multiplier='ecp5' (the ULX3S "
+             "preset's: a MATMUL retires a cycle after its last write): as "
+             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5"),
     _control(front_end_streams_harness, "front_end_streams_registered",
              "FrontEnd with dispatch='registered': as front_end_streams",
              dispatch="registered"),
@@ -171,10 +175,12 @@ PROOFS: dict[str, Proof] = _table(
     _control(front_end_stopped_harness, "front_end_stopped_ahead",
              "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead"),
     _control(front_end_streams_harness, "front_end_streams_pipelined",
-             "FrontEnd with dispatch='pipelined' (the ULX3S preset's): as front_end_streams",
-             dispatch="pipelined"),
+             "FrontEnd with dispatch='pipelined' and multiplier='ecp5' (the ULX3S preset's: "
+             "the engines' readies registered, the DONE and error beats too): as "
+             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3),
     _control(front_end_stopped_harness, "front_end_stopped_pipelined",
-             "FrontEnd with dispatch='pipelined': as front_end_stopped", dispatch="pipelined"),
+             "FrontEnd with dispatch='pipelined' and multiplier='ecp5': as "
+             "front_end_stopped", dispatch="pipelined", multiplier="ecp5"),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
     _hazards("ring", "hazards_ring",

@@ -23,7 +23,7 @@ k-induction close.
 
 from __future__ import annotations
 
-from amaranth.hdl import Assert, Assume, Module, Signal
+from amaranth.hdl import Assert, Assume, Const, Module, Signal
 
 from hdl.config import TPUConfig
 from hdl.control.activation_engine import ActivationEngine, ParamKind, window_log2
@@ -102,8 +102,15 @@ def weight_loader_harness(config: TPUConfig) -> Harness:
         m.d.comb += Assert(was_reset(m) | ~idle_1 | wl.o_idle | took_1,
                            "weight loader: o_idle does not fall unless it takes an instruction")
         reads = _outstanding(m, wl.o_wm, len(inside.signal("pending")), name="wm")
-        m.d.comb += Assert(inside.signal("pending") == inside.signal("req_left") + reads,
-                           "every row is requested or answered")
+        m.d.comb += [
+            Assert(inside.signal("pending") == inside.signal("req_left") + reads,
+                   "every row is requested or answered"),
+            # Invariants: the flags are the counts' non-zero tests.
+            Assert(inside.signal("requesting") == (inside.signal("req_left") != 0),
+                   "requesting: rows left to request"),
+            Assert(inside.signal("loading") == (inside.signal("pending") != 0),
+                   "loading: rows left to answer"),
+        ]
 
     return Harness(WeightLoader(config), properties, reset="any")
 
@@ -142,6 +149,15 @@ def matrix_engine_harness(config: TPUConfig) -> Harness:
         for i in range(SLOTS):
             m.d.comb += Assert(slots[i] == (((i - head) % SLOTS) < in_flight),
                                f"slot {i} is valid when it is among those in flight")
+        if config.pipelined_memories:
+            # Invariants of the retire a cycle after the last write: the one-hot head is the
+            # head, and a MATMUL is retiring only while one is in flight.
+            m.d.comb += [
+                Assert(inside.signal("head_hot") == (Const(1, SLOTS) << head)[:SLOTS],
+                       "the one-hot head is the head"),
+                Assert(~inside.signal("retiring") | (in_flight != 0),
+                       "retiring only while a MATMUL is in flight"),
+            ]
 
     return Harness(MatrixEngine(config), properties, reset="any")
 

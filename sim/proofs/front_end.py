@@ -156,6 +156,11 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
                 Assert(~beat.valid | (beat.payload == expected_beat),
                        "stopped: the only beat is the error beat (status code and index)"),
                 Assert(~beat.valid | (sent == 0), "stopped: at most one error beat"),
+                # Invariant where the beat is a register (registered_datapath): it holds the
+                # error beat while stopped.
+                Assert(Const(not config.registered_datapath) |
+                       (inside.signal("counter_beat") == expected_beat[:64]),
+                       "stopped: the beat register holds the error beat"),
                 Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
                        "stopped: the error beat is offered once no WRITE_HOST runs"),
             ]
