@@ -121,13 +121,17 @@ class LinkTransmitter(wiring.Component):
 
         with m.FSM(name="tx") as fsm:
             with m.State("IDLE"):
+                # The payload register loads in every IDLE cycle, whether or not a frame
+                # starts: what it loads depends on the reply queue's output alone, not on
+                # whether a reply or a beat is there (that decision ran into every bit's
+                # load: 7.2-7.9 ns on the ULX3S).
+                m.d.sync += tx_buf.eq(Mux(self.i_reply.valid,
+                                          Mux(entry.kind == Reply.NAK, entry.code,
+                                              self.i_status_reply),
+                                          self.i_beat.payload))
                 with m.If(self.i_reply.valid):
                     m.d.comb += self.i_reply.ready.eq(1)
                     m.d.sync += tx_seq.eq(entry.seq)
-                    with m.If(entry.kind == Reply.NAK):
-                        m.d.sync += tx_buf[:8].eq(entry.code)
-                    with m.Else():
-                        m.d.sync += tx_buf[:STATUS_REPLY_BYTES * 8].eq(self.i_status_reply)
                     with m.Switch(entry.kind):
                         for reply_kind, frame_kind in (
                                 (Reply.ACK, lp.Kind.ACK), (Reply.NAK, lp.Kind.NAK),
@@ -137,8 +141,7 @@ class LinkTransmitter(wiring.Component):
                                 m.d.sync += tx_kind.eq(frame_kind.value)
                     m.next = "START"
                 with m.Elif(self.i_beat.valid):
-                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq),
-                                 tx_buf[:self.host_width].eq(self.i_beat.payload)]
+                    m.d.sync += [tx_kind.eq(kind_of[lp.Kind.BEAT]), tx_seq.eq(beat_seq)]
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [lb_valid.eq(1), lb_raw.eq(1), lb_data.eq(lp.END)]
