@@ -234,7 +234,7 @@ class ActivationUnit(wiring.Component):
         m.d.sync += [
             shared.shift.eq(prm.shift), shared.zero_point.eq(prm.zero_point),
             shared.clamp_hi.eq(prm.clamp_hi),
-            shared.zp_above.eq(prm.zero_point > prm.clamp_hi),
+            shared.zp_above.eq(greater_than(prm.zero_point, prm.clamp_hi)),
             shared.table.eq((func == Func.SIGMOID) | (func == Func.TANH)),
             shared.tanh.eq(func == Func.TANH),
             shared.relu.eq(func == Func.RELU),
