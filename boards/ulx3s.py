@@ -38,16 +38,17 @@ PARTS = {
 # MULT18X18D, the front end's dispatch pipelined, the hazard tracker's answer registered, the
 # block RAMs read through their output registers; this top registers every path between the
 # link and the core and puts the core's reset on a global network (BoardCore register_link,
-# reset_buffer). At 125 MHz it meets timing (nextpnr's Fmax 130.01 MHz, seed 1,
-# NEXTPNR_OPTS). Earlier netlists, asked / reached: 135 / 123.29, 135 / 129.27, 135 / 126.07,
-# 115 / 125.71, 115 / 117.48, 105 / 115.34, 110 / 106.53, 115 / 114.52 MHz. The target is
-# 150 MHz; `--paths 40` lists what limits it (README).
+# reset_buffer). At 135 MHz it meets timing (nextpnr's Fmax 137.44 MHz, seed 1,
+# NEXTPNR_OPTS). Builds of this netlist and the ones just before it, asked / reached: 140 /
+# 139.24, 140 / 132.63, 150 / 140.75, 150 / 128.27 MHz; earlier netlists 125 / 130.01,
+# 135 / 129.27, 115 / 125.71, 105 / 115.34 MHz. The target is 150 MHz; `--paths 40` lists
+# what limits it (README).
 BOARD_CONFIG = "ulx3s"
 # nextpnr's placer weighs timing three times its default (102.23 MHz instead of 94.45 MHz on
 # the netlist it was measured on). --tmg-ripup is left out: while timing fails it adds up to
 # 50 rounds of rerouting, minutes each, so a build asked too much runs for hours.
 NEXTPNR_OPTS = "--placer-heap-timingweight 30"
-CLOCK_MHZ = 125.0
+CLOCK_MHZ = 135.0
 BAUD = 3_000_000      # the FT231X's highest standard rate
 MAX_BEATS = 16
 

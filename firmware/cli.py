@@ -21,7 +21,7 @@ __all__ = ["main", "demo"]
 
 #: Clock for images per second: the clock the whole 8x8 core meets on the ULX3S 85F
 #: (`make bitstream BOARD=ulx3s`, the ulx3s preset, boards.ulx3s.CLOCK_MHZ).
-DEFAULT_CLOCK_MHZ = 125.0
+DEFAULT_CLOCK_MHZ = 135.0
 
 #: ... and for the icebreaker preset, the clock it meets on the iCEBreaker
 #: (`make bitstream BOARD=icebreaker`, boards.icebreaker.CLOCK_MHZ).

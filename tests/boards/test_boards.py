@@ -67,12 +67,12 @@ def test_icebreaker_plan():
 
 def test_ulx3s_plan():
     top = ULX3STop(get_config("small"), workdir=Path("build/boards/test-pll"))
-    assert (top.clock_hz, top.divisor) == (125_000_000, 42)
+    assert (top.clock_hz, top.divisor) == (135_000_000, 45)
     files = _plan_files(ULX3S_85F_Platform(), top)
     lpf = files["top.lpf"]
     assert 'LOCATE COMP "uart_0__rx__io" SITE "M1"' in lpf
     assert 'LOCATE COMP "uart_0__tx__io" SITE "L4"' in lpf
-    assert any(line.startswith("FREQUENCY NET") and "125000000" in line.replace(".0", "")
+    assert any(line.startswith("FREQUENCY NET") and "135000000" in line.replace(".0", "")
                for line in lpf.splitlines()), lpf
     assert "EHXPLLL" in files["top.il"]
 
