@@ -558,15 +558,16 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             "route longer. On the iCE40UP5K the 8 SB_MAC16 hold 8 products and the rest are "
             "LUT multipliers, which set the clock; 8x8 does not fit the part's 5,280 LCs. The "
             "whole core with the host link (`make bitstream`, README): the ULX3S build "
-            "(`ulx3s` preset, 8x8) meets 125 MHz (Fmax 130.01 MHz, 16.0 GOPS), limited by "
-            "carry chains and control paths (the activation unit's 8-bit compares, "
-            "7.4-7.7 ns; the accumulators' read-add-write, 7.6 ns; "
+            "(`ulx3s` preset, 8x8) meets 135 MHz (Fmax 137.44 MHz, 17.3 GOPS), limited by "
+            "control paths of a few LUTs and much routing (the hazard ranges' compares, "
+            "7.3 ns; the front end's state, 7.0-7.1 ns) and the MULT18X18D's routing "
+            "(7.1-7.2 ns); "
             "`make bitstream BOARD=ulx3s "
             "BOARD_ARGS=\"--paths 40\"` lists them), not the array; its block RAMs read "
             "through their output registers (without them a read into a flip-flop reaches "
             "149 MHz at best, `python -m bench.ecp5_bram`). The iCEBreaker build "
             "(`icebreaker` preset, 4x4 int8, the products two to an SB_MAC16) meets 24 MHz "
-            "(26.38 MHz) in 5,095 of 5,280 logic cells.",
+            "(27.24 MHz) in 5,082 of 5,280 logic cells.",
             "",
             "Reference figures: tinyTPU 14x14 at 177.77 MHz on a Zynq-7020 (up to 72.18 GOPS); "
             "VTA 16x16 int8 at 100 MHz on a PYNQ Zynq-7020 (51.2 GOPS peak); Gemmini 16x16 "
