@@ -243,7 +243,7 @@ class FrontEnd(wiring.Component):
         # their states are entered, so that the beat is a register and no state decode runs
         # into its 64 bits (7.6 ns into the host writer's queue on the ULX3S).
         beat_in_register = cfg.registered_datapath
-        counter_beat = Signal(64 if beat_in_register else COUNTER_BITS)
+        beat_word = Signal(64 if beat_in_register else COUNTER_BITS)
 
         def done_beat(count):
             return Cat(count[:_INDEX], Const(0, 32 - _INDEX), Const(DONE_MAGIC, 32))
@@ -266,7 +266,7 @@ class FrontEnd(wiring.Component):
             self.o_param_write.payload.zero_point.eq(lp.zero_point.as_signed()),
             self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),
             self.o_counter_select.eq(counter),
-            beat_out.payload.eq(counter_beat),
+            beat_out.payload.eq(beat_word),
             self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid |
                                 beat_out.valid),
         ]
@@ -282,7 +282,7 @@ class FrontEnd(wiring.Component):
             m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [status.error.eq(1), status.code.eq(error_code), halted.eq(0)]
             if beat_in_register:
-                m.d.sync += counter_beat.eq(error_beat(error_code))
+                m.d.sync += beat_word.eq(error_beat(error_code))
             m.next = "ERROR_BEAT"
 
         def issue_actions():
@@ -327,7 +327,7 @@ class FrontEnd(wiring.Component):
                 m.d.comb += self.o_clear_counters.eq(1)
             elif o == Opcode.HALT:
                 if beat_in_register:    # the DONE beat counts the HALT (index + 1)
-                    m.d.sync += counter_beat.eq(done_beat(index + 1))
+                    m.d.sync += beat_word.eq(done_beat(index + 1))
                 m.next = "SEND_DONE"
             elif o == Opcode.READ_WEIGHTS:
                 m.d.sync += queued.eq(queued + count)
@@ -402,7 +402,7 @@ class FrontEnd(wiring.Component):
                             m.d.comb += self.o_instruction.eq(1)
                             m.next = "FETCH"
                 with m.Elif(self.i_counter_valid):
-                    m.d.sync += [counter_beat.eq(self.i_counter_value), counter_held.eq(1)]
+                    m.d.sync += [beat_word.eq(self.i_counter_value), counter_held.eq(1)]
             with m.State("SEND_DONE"):
                 m.d.comb += beat_out.valid.eq(1)
                 if not beat_in_register:

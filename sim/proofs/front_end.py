@@ -159,7 +159,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
                 # Invariant where the beat is a register (registered_datapath): it holds the
                 # error beat while stopped.
                 Assert(Const(not config.registered_datapath) |
-                       (inside.signal("counter_beat") == expected_beat[:64]),
+                       (inside.signal("beat_word") == expected_beat[:64]),
                        "stopped: the beat register holds the error beat"),
                 Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
                        "stopped: the error beat is offered once no WRITE_HOST runs"),
