@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hdl.board_core import BoardCore
 from hdl.config import get_config
 from sim.runner import cocotb_test_names, run
@@ -51,7 +53,16 @@ def test_error_cases():
     _run(ERROR_CASES)
 
 
-def test_registered_beats():
+#: What CI runs with ``register_link``: the program and one error case of each kind (a bad
+#: frame, an instruction error, a reset); ``make test-all`` runs every case.
+REGISTERED_FAST = ["test_program", "test_bad_crc", "test_instruction_error_resync", "test_reset"]
+
+
+@pytest.mark.parametrize("cases", [
+    pytest.param(REGISTERED_FAST, id="fast"),
+    pytest.param(["test_program", *ERROR_CASES], id="all", marks=pytest.mark.slow)])
+def test_registered_beats(cases):
     """As the ULX3S builds it: the core's beats and reset through registers
-    (``register_link``); the program, then the error cases."""
-    _run(["test_program", *ERROR_CASES], register_link=True)
+    (``register_link``); the program, then error cases."""
+    assert set(cases) <= set(TESTS)
+    _run(cases, register_link=True)

@@ -10,13 +10,14 @@ the RTL's coverage counters, which hazard rules stalled the core and which engin
 each test prints its table and fails if a point the generator promises for its configuration
 was never hit. The tables also appear at the end of the pytest run.
 
-CI (``make test``) runs :data:`FAST` (1,550 programs on seven configurations: a non-square
-one, one so small that the ends of every memory come up in most programs, the iCEBreaker's,
-an int8-only one on paired SB_MAC16 products and the ULX3S's build for Fmax on a small array);
-``make test-all``
-adds :data:`SLOW` (8,000 more, on three more configurations: one-row tiles, a tall array and
-the default 8x8 core). The simulator is Verilator: one build per configuration, then 8 to 25
-times Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides it.
+CI (``make test``) runs :data:`FAST` (850 programs on eight configurations: three presets,
+one of them non-square, one so small that the ends of every memory come up in most programs,
+the iCEBreaker's, an int8-only one on paired SB_MAC16 products, the ULX3S's build for Fmax
+on a small array, and MULT18X18D and LUT products in one array); ``make test-all`` adds
+:data:`SLOW` (12,300 more, and four more configurations: one-row tiles, a tall array, the
+default 8x8 core and the 12x12 ULX3S build). The simulator is Verilator: one build per
+configuration, then 8 to 25 times Icarus's speed on these programs;
+``AMTPU_VOLUME_SIM=icarus`` overrides it.
 
 :func:`test_stall_bench_programs` measures the programs ``tb_core.py`` runs with random
 valid/ready stalls (shorter transfers; the bridge here never stalls the host stream).
@@ -88,10 +89,10 @@ SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
              "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000,
              "ulx3s-12x12": 1_300_000}
-FAST = {"tiny": 300, "small": 250, "wide": 250, "edge": 300, "icebreaker": 150, "int8": 150,
-        "wide-pipelined": 150, "mixed": 150}
-SLOW = {"tiny": 1500, "small": 1250, "wide": 1250, "edge": 1500, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 850, "int8": 850, "wide-pipelined": 850, "mixed": 850,
+FAST = {"tiny": 150, "small": 125, "wide": 125, "edge": 150, "icebreaker": 75, "int8": 75,
+        "wide-pipelined": 75, "mixed": 75}
+SLOW = {"tiny": 1650, "small": 1375, "wide": 1375, "edge": 1650, "thin": 1000, "tall": 1000,
+        "default": 500, "icebreaker": 925, "int8": 925, "wide-pipelined": 925, "mixed": 925,
         "ulx3s-12x12": 50}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
