@@ -320,10 +320,10 @@ class TPUConfig:
     @property
     def array_latency(self) -> int:
         """Cycles from accepting an activation row to presenting its output row: the skew
-        and de-skew (``rows + cols - 1``) plus a PE's latency (3; 5 with ``multiplier="ecp5"``,
-        whose PE registers the weight before the DSP block and the product after it, see
-        :class:`hdl.pe.PE`)."""
-        return self.rows + self.cols + (4 if self.multiplier == "ecp5" else 2)
+        and de-skew (``rows + cols - 1``) plus a PE's latency (3; 7 with ``multiplier="ecp5"``,
+        whose PE registers the operands twice before the DSP block and the product twice
+        after it, see :class:`hdl.pe.PE`)."""
+        return self.rows + self.cols + (6 if self.multiplier == "ecp5" else 2)
 
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again)."""

@@ -216,8 +216,8 @@ class Matmul(data.Struct):
     Timing: runs in the matrix engine, up to four MATMULs in flight; one row a cycle, the
     next MATMUL's first row entering the array the cycle after this one's last; a row's
     sums reach the accumulators ``rows + cols + 4`` cycles after its buffer read
-    (``rows + cols + 6`` on a core built with ``multiplier="ecp5"``, whose PEs register the
-    DSP block's inputs and output in the fabric as well). The
+    (``rows + cols + 8`` on a core built with ``multiplier="ecp5"``, whose PEs register the
+    DSP block's inputs and output twice in the fabric as well). The
     ``switch`` row waits (weight stall) until its tile is in the shadow registers. Waits
     while an unfinished ACTIVATE writes its buffer rows or reads its accumulator rows."""
     opcode:     Opcode

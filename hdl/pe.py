@@ -57,11 +57,13 @@ class PE(wiring.Component):
     the cycle after that: ``o_psum`` holds the sum :attr:`latency` = 3 cycles after the
     activation arrived, and the partial sum from the cell above must arrive
     ``latency - 1`` = 2 cycles after it. With ``multiplier="ecp5"`` the routes into and out of
-    the DSP block (4-5 ns each on the 85F) get cycles of their own: the weight the activation
-    meets is registered in the fabric (``w_pre``) and the block's input registers take it and
-    the activation from ``o_act``'s register one cycle later, and a fabric register
-    (``addend``) holds the product between the block's output register and the adder:
-    ``latency`` = 5, and ``i_psum`` is added 4 cycles after the activation. The array's skew
+    the DSP block (4-5 ns each on the 85F, up to 6.5 ns when the placer packs the part) get
+    two cycles each: the weight the activation meets is registered in the fabric
+    (``w_pre``), ``w_pipe`` and ``a_pre`` (from ``o_act``'s register) take the operands on
+    towards the block, whose input registers take them one cycle later, and two fabric
+    registers (``product_pipe``, ``addend``) hold the product between the block's output
+    register and the adder: ``latency`` = 7, and ``i_psum`` is added 6 cycles after the
+    activation. The array's skew
     provides either: the cell below gets the activation one cycle after this cell and this
     cell's ``o_psum`` one cycle after this cell's ``i_psum``, whatever ``latency`` is. The
     weight is still chosen in the cycle the activation arrives, so tile switches keep their
@@ -89,8 +91,8 @@ class PE(wiring.Component):
         - ``"ecp5"``: an ECP5 ``MULT18X18D`` instance whose input registers are the operand
           registers and whose output register is the product register (``REG_INPUTA_CLK``,
           ``REG_INPUTB_CLK``, ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable ``CE0`` =
-          ``i_en``), with no fabric between the registers and the multiplier, a fabric
-          register before the weight input and one after the product (``latency`` 5 instead
+          ``i_en``), with no fabric between the registers and the multiplier, two fabric
+          registers before each input and two after the product (``latency`` 7 instead
           of 3). Adds the ``i_en`` port.
         - ``"lut"``: the same product built from shifted partial products, which synthesis
           keeps in LUT logic (for parts with fewer DSP blocks than PEs).
@@ -104,7 +106,8 @@ class PE(wiring.Component):
     use_dsp : bool, optional
         The older spelling: ``False`` is ``multiplier="lut"``, ``True`` changes nothing.
     pipelined : bool, optional
-        The registers of ``multiplier="ecp5"`` (``w_pre`` and ``addend``, ``latency`` 5, and
+        The registers of ``multiplier="ecp5"`` (``w_pre``, ``a_pre``, ``w_pipe``,
+        ``product_pipe`` and ``addend``, ``latency`` 7, and
         the ``i_en`` port) around another multiplier: with ``multiplier="lut"``, for the LUT
         products of an ECP5 array (:attr:`hdl.config.TPUConfig.lut_multipliers`), whose
         skew needs every PE's latency the same. Default: ``multiplier == "ecp5"`` (which
@@ -118,8 +121,8 @@ class PE(wiring.Component):
       the model ``sim/models/MULT18X18D.v`` with the design): the ``MULT18X18D`` instance;
     - ``None`` (``amaranth.sim``, which would silently read an instance's outputs as 0, and
       a netlist for no particular target) and ``"formal"``: fabric registers and ``*``,
-      gated by ``i_en``, which is the instance's behaviour by construction (``w_pre`` and
-      ``addend`` are in the fabric on every path);
+      gated by ``i_en``, which is the instance's behaviour by construction (the registers
+      before and after the block are in the fabric on every path);
     - any other platform: a ``ValueError`` (the part has no ``MULT18X18D``).
 
     Members
@@ -194,10 +197,10 @@ class PE(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 5 with
+        """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 7 with
         ``multiplier="ecp5"`` or ``pipelined``); ``i_psum`` is added ``latency - 1`` cycles
         after it."""
-        return 5 if self.pipelined else 3
+        return 7 if self.pipelined else 3
 
     @property
     def use_dsp(self) -> bool:
@@ -218,10 +221,15 @@ class PE(wiring.Component):
 
         if self.pipelined:
             # Register to register into the block: the weight select (a LUT after the
-            # neighbour's o_switch) and a 4-5 ns route do not fit one cycle together.
+            # neighbour's o_switch) and a 4-5 ns route do not fit one cycle together, and
+            # a route from the PE's fabric to its DSP site takes 6.5 ns on its own (150 MHz
+            # asked): w_pre, and a_pre and w_pipe (which take the operands only to the
+            # block, so the placer can put them half way) split it in two.
             w_pre = Signal(operand, reset_less=True)
-            m.d.sync += w_pre.eq(weight)
-            a_in, w_in = act, w_pre
+            a_pre = Signal(operand, reset_less=True)
+            w_pipe = Signal(operand, reset_less=True)
+            m.d.sync += [w_pre.eq(weight), a_pre.eq(act), w_pipe.eq(w_pre)]
+            a_in, w_in = a_pre, w_pipe
         else:
             a_in, w_in = self.i_act, weight
 
@@ -247,10 +255,13 @@ class PE(wiring.Component):
             ]
 
         if self.pipelined:
-            # The block's P output reaches the fabric late (4-5 ns of routing on the 85F):
-            # a register here keeps that route and the carry chain in different cycles.
+            # The block's P output reaches the fabric late (4-5 ns of routing on the 85F,
+            # 6.4 ns to a flip-flop beside the adder at 150 MHz asked): product_pipe, which
+            # only takes the product on, and addend keep that route in two cycles and the
+            # carry chain in a third.
+            product_pipe = Signal(product_shape, reset_less=True)
             addend = Signal(product_shape, reset_less=True)
-            m.d.sync += addend.eq(product)
+            m.d.sync += [product_pipe.eq(product), addend.eq(product_pipe)]
         else:
             addend = product
         m.d.sync += [

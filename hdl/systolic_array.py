@@ -60,9 +60,9 @@ class SystolicArray(wiring.Component):
     after it was accepted, the PE below it one cycle later, and each PE must get ``i_psum``
     :attr:`PE.latency <hdl.pe.PE.latency>` - 1 cycles after its activation, which is when
     the PE above shows its sum (its activation one cycle earlier, ``latency`` cycles to its
-    ``o_psum``). So the two extra registers of ``multiplier="ecp5"`` PEs (``w_pre``,
-    ``addend``) only add two cycles to ``array_latency`` (``rows + cols + 4`` instead of
-    ``rows + cols + 2``). The weight and the ``switch`` mark travel with the same skew as the
+    ``o_psum``). So the four extra register stages of ``multiplier="ecp5"`` PEs (``w_pre``,
+    ``w_pipe``, ``product_pipe``, ``addend``) only add four cycles to ``array_latency``
+    (``rows + cols + 6`` instead of ``rows + cols + 2``). The weight and the ``switch`` mark travel with the same skew as the
     activations, and a PE still picks the weight in the cycle the activation arrives, so tile
     switches do not depend on the PE latency either.
 

@@ -118,7 +118,7 @@ PROOFS: dict[str, Proof] = _table(
     # (tests/hdl/test_pe_dsp.py).
     Proof("pe_ecp5", functools.partial(pe_harness, data_width=4, acc_width=16,
                                        multiplier="ecp5"), "prove", 6,
-          "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 5"),
+          "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 7"),
     Proof("pe_lut_pipelined", functools.partial(pe_harness, data_width=4, acc_width=16,
                                                 multiplier="lut", pipelined=True), "prove", 6,
           "PE 4/16, LUT multiplier on the ECP5 PE's registers (a LUT product in an ECP5 "

@@ -3,12 +3,12 @@
 Contract, from the PE's docstring, checked on the ports every cycle:
 
 - ``o_psum(t) == i_psum(t-1) + a(t-L) * w(t-L)``, truncated to ``acc_width`` bits (wrap
-  modulo ``2**acc_width``), where ``L`` is the PE's ``latency`` (3; 5 with
+  modulo ``2**acc_width``), where ``L`` is the PE's ``latency`` (3; 7 with
   ``multiplier="ecp5"``), ``a(t-L)`` is the activation that arrived ``L`` cycles earlier
   and ``w(t-L)`` the weight it met: the shadow weight if ``i_switch`` marked it, else the
   active weight (operands registered, product registered, sum the cycle after; with
-  ``"ecp5"`` the activation and the weight registered once more before the operand
-  registers and the product once more after its register);
+  ``"ecp5"`` the activation and the weight registered twice more before the operand
+  registers and the product twice more after its register);
 - the active weight becomes the shadow weight on a marked activation and never changes
   otherwise; the shadow weight is the last bus weight tagged with the cell's row;
 - ``o_act``, ``o_switch``, ``o_wbus`` are the inputs one cycle later.
@@ -111,7 +111,7 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         # shift-and-add multiplier is proved equal to `*`).
         if not invariants:
             return
-        pre = 1 if latency == 5 else 0       # "ecp5": w_pre and o_act's register first
+        pre = 2 if latency == 7 else 0       # "ecp5": w_pre and o_act's, then w_pipe, a_pre
         m.d.comb += [
             Assert(inside.signal("active") == active,
                    "active weight changes only on a switch, to the shadow weight"),
@@ -126,8 +126,12 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
             m.d.comb += [
                 Assert(inside.signal("w_pre") == weights[0],
                        "w_pre: the weight the activation met"),
-                Assert(inside.signal("addend") == acts[3] * weights[3],
-                       "the addend register: the product one cycle later"),
+                Assert(inside.signal("a_pre") == acts[1], "a_pre: o_act a cycle later"),
+                Assert(inside.signal("w_pipe") == weights[1], "w_pipe: w_pre a cycle later"),
+                Assert(inside.signal("product_pipe") == acts[pre + 2] * weights[pre + 2],
+                       "product_pipe: the product a cycle later"),
+                Assert(inside.signal("addend") == acts[pre + 3] * weights[pre + 3],
+                       "the addend register: the product two cycles later"),
             ]
 
     return Harness(dut, properties, reset="any")

@@ -48,22 +48,26 @@ class Inputs:
 class PEModel:
     """Next-state model of the PE's registers (the contract in ``hdl/pe.py``).
 
-    ``ecp5``: the ``multiplier="ecp5"`` PE (``latency`` 5), whose ``w_pre`` register holds
-    the weight the activation met for a cycle before the multiplier's operand registers take
-    it (and the activation from ``o_act``), and whose ``addend`` register holds the product
-    for a cycle before the adder. Otherwise (``latency`` 3) the operand registers take
-    ``i_act`` and the weight, the adder takes ``product``, and ``w_pre`` and ``addend``
-    mirror ``w`` and ``product``.
+    ``ecp5``: the ``multiplier="ecp5"`` PE (``latency`` 7), whose ``w_pre`` register holds
+    the weight the activation met for a cycle, ``a_pre`` and ``w_pipe`` take the activation
+    (from ``o_act``) and that weight on for another before the multiplier's operand
+    registers take them, and whose ``product_pipe`` and ``addend`` registers hold the
+    product for two cycles before the adder. Otherwise (``latency`` 3) the operand
+    registers take ``i_act`` and the weight, the adder takes ``product``, and the pipeline
+    registers mirror the operands and ``product``.
     """
 
     row: int = ROW
     active: int = 0
     shadow: int = 0
     w_pre: int = 0        # the weight the activation met, before the operand register
+    a_pre: int = 0        # the operands a cycle later, on their way to the block
+    w_pipe: int = 0
     a: int = 0            # multiplier operands
     w: int = 0
     product: int = 0
-    addend: int = 0       # what the adder adds: the product register, or one cycle later
+    product_pipe: int = 0  # the product a cycle later
+    addend: int = 0       # what the adder adds: the product register, or two cycles later
     o_psum: int = 0
     o_act: int = 0
     o_switch: int = 0
@@ -74,16 +78,21 @@ class PEModel:
     def step(self, i: Inputs) -> None:
         weight = self.shadow if i.switch else self.active
         if self.ecp5:
-            n_w_pre, n_a, n_w = weight, self.o_act, self.w_pre
+            n_w_pre, n_a_pre, n_w_pipe = weight, self.o_act, self.w_pre
+            n_a, n_w = self.a_pre, self.w_pipe
         else:
-            n_w_pre, n_a, n_w = weight, i.act, weight
+            n_w_pre, n_a_pre, n_w_pipe = weight, i.act, weight
+            n_a, n_w = i.act, weight
         n_product = self.a * self.w
         n_psum = wrap32(i.psum + self.addend)
-        n_addend = self.product if self.ecp5 else n_product
+        n_product_pipe = self.product
+        n_addend = self.product_pipe if self.ecp5 else n_product
         n_active = self.shadow if i.switch else self.active
         n_shadow = i.wdata if i.wvalid and i.wrow == self.row else self.shadow
-        self.w_pre, self.a, self.w = n_w_pre, n_a, n_w
-        self.product, self.addend, self.o_psum = n_product, n_addend, n_psum
+        self.w_pre, self.a_pre, self.w_pipe = n_w_pre, n_a_pre, n_w_pipe
+        self.a, self.w = n_a, n_w
+        self.product, self.product_pipe = n_product, n_product_pipe
+        self.addend, self.o_psum = n_addend, n_psum
         self.active, self.shadow = n_active, n_shadow
         self.o_act, self.o_switch = i.act, i.switch
         self.o_wbus = wbus_bits(i.wvalid, i.wrow, i.wdata)

@@ -136,9 +136,10 @@ async def test_runs(dut):
 @cocotb.parametrize(seed=[1, 2])
 async def test_pe_enable(dut, seed: int):
     """The PE with its DSP block, random inputs and a random ``i_en``: ports, weights, the
-    block's registers and the fabric registers before (``w_pre``) and after (``addend``) it
-    follow the PE's cycle model (``o_psum`` adds ``i_psum`` four cycles after the
-    activation), every register holding while ``i_en`` is low."""
+    block's registers and the fabric registers before (``w_pre``, ``a_pre``, ``w_pipe``) and
+    after (``product_pipe``, ``addend``) it follow the PE's cycle model (``o_psum`` adds
+    ``i_psum`` six cycles after the activation), every register holding while ``i_en`` is
+    low."""
     rng = random.Random(seed)
     start_clock(dut)
     dut.i_en.value = 1
@@ -150,13 +151,16 @@ async def test_pe_enable(dut, seed: int):
     await ReadOnly()
     mult = dut.mult
     model = PEModel(active=dut.active.value.to_signed(), shadow=dut.shadow.value.to_signed(),
-                    w_pre=dut.w_pre.value.to_signed(),
+                    w_pre=dut.w_pre.value.to_signed(), a_pre=dut.a_pre.value.to_signed(),
+                    w_pipe=dut.w_pipe.value.to_signed(),
                     a=mult.a_reg.value.to_signed(), w=mult.b_reg.value.to_signed(),
-                    product=mult.p_reg.value.to_signed(), addend=dut.addend.value.to_signed(),
+                    product=mult.p_reg.value.to_signed(),
+                    product_pipe=dut.product_pipe.value.to_signed(),
+                    addend=dut.addend.value.to_signed(),
                     o_psum=dut.o_psum.value.to_signed(), o_act=dut.o_act.value.to_signed(),
                     ecp5=True)
     # The reset ends just after a falling edge: the next rising edge, before the first
-    # comparison, takes the zero inputs set above (the datapath has no reset, and five stages
+    # comparison, takes the zero inputs set above (the datapath has no reset, and seven stages
     # need not have flushed during the reset).
     model.step(Inputs())
 
@@ -181,9 +185,12 @@ async def test_pe_enable(dut, seed: int):
             "o_psum": dut.o_psum.value.to_signed(), "o_act": dut.o_act.value.to_signed(),
             "o_switch": int(dut.o_switch.value), "o_wbus": dut.o_wbus.value.to_unsigned(),
             "active": dut.active.value.to_signed(), "shadow": dut.shadow.value.to_signed(),
-            "w_pre": dut.w_pre.value.to_signed(),
+            "w_pre": dut.w_pre.value.to_signed(), "a_pre": dut.a_pre.value.to_signed(),
+            "w_pipe": dut.w_pipe.value.to_signed(),
             "a": mult.a_reg.value.to_signed(), "w": mult.b_reg.value.to_signed(),
-            "product": mult.p_reg.value.to_signed(), "addend": dut.addend.value.to_signed(),
+            "product": mult.p_reg.value.to_signed(),
+            "product_pipe": dut.product_pipe.value.to_signed(),
+            "addend": dut.addend.value.to_signed(),
         }
         want = {name: getattr(model, name) for name in got}
         assert got == want, f"cycle {cycle} (seed {seed}): expected {want}, got {got}"

@@ -116,13 +116,14 @@ def test_instance_on_ecp5_and_verilog_sim(platform):
         assert f'.{name}("CLK0")' in text
     assert '.REG_PIPELINE_CLK("NONE")' in text
     for port, value in [("SIGNEDA", "1'h1"), ("SIGNEDB", "1'h1"), ("RST0", "1'h0"),
-                        ("CLK0", "clk"), ("CE0", "i_en"), ("A17", "o_act[8]"),
-                        ("B0", "w_pre[0]")]:
+                        ("CLK0", "clk"), ("CE0", "i_en"), ("A17", "a_pre[8]"),
+                        ("B0", "w_pipe[0]")]:
         assert f".{port}({value})" in text, port
     # The block's registers replace the fabric's operand and product registers; its inputs
-    # come from registers (o_act's and w_pre), its output goes to one (addend).
+    # come from registers (a_pre and w_pipe), its output goes to one (product_pipe).
     assert not _registers(text, "a", "w", "product")
-    assert _registers(text, "o_act", "w_pre", "addend") == ["o_act", "w_pre", "addend"]
+    pipeline = ["o_act", "w_pre", "a_pre", "w_pipe", "product_pipe", "addend"]
+    assert _registers(text, *pipeline) == pipeline
 
 
 @pytest.mark.parametrize("platform", [None, "formal"])
@@ -152,8 +153,9 @@ def test_amaranth_sim_matches_infer():
     """Side by side in amaranth.sim, the ``ecp5`` PE (behavioural here) and an ``infer`` PE
     under an ``EnableInserter`` of the same enable, the enable high for a while, then random:
     ``o_act``, ``o_switch``, ``o_wbus`` agree every cycle, and the ``ecp5`` PE's ``o_psum``
-    is its ``i_psum`` plus the product two enabled cycles later than the ``infer`` PE's
-    (``w_pre`` before the block, ``addend`` after it): the ``infer`` PE, fed ``i_psum`` = 0,
+    is its ``i_psum`` plus the product four enabled cycles later than the ``infer`` PE's
+    (``w_pre`` and ``a_pre``/``w_pipe`` before the block, ``product_pipe`` and ``addend``
+    after it): the ``infer`` PE, fed ``i_psum`` = 0,
     shows the products on its ``o_psum``."""
     m = Module()
     en = Signal(init=1)
@@ -173,7 +175,7 @@ def test_amaranth_sim_matches_infer():
         held = 0
         checked = 0
         lag = ecp5.latency - infer.latency
-        assert lag == 2
+        assert lag == 4
         products = []               # the infer PE's o_psum before each enabled cycle
         expected = None             # the ecp5 PE's o_psum, once it no longer shows reset junk
         for cycle in range(400):
@@ -298,7 +300,7 @@ ARRAY_CONFIG = get_config("small").replace(multiplier="ecp5")
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
 def test_array_random_and_stalls(sim: str):
     """Random tiles and activations of every signedness, tiles back to back (each row
-    exactly ``array_latency`` cycles, two more than with ``infer``), uneven tiles, then
+    exactly ``array_latency`` cycles, four more than with ``infer``), uneven tiles, then
     random valid/ready stalls and back-pressure (the registered enable and its skid, the
     enable reaching the blocks' CE0), against the golden model, with the stream rules on
     ``o_psum`` and the enable's invariants checked every cycle."""
