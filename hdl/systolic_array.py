@@ -62,9 +62,9 @@ class SystolicArray(wiring.Component):
     the PE above shows its sum (its activation one cycle earlier, ``latency`` cycles to its
     ``o_psum``). So the four extra register stages of ``multiplier="ecp5"`` PEs (``w_pre``,
     ``w_pipe``, ``product_pipe``, ``addend``) only add four cycles to ``array_latency``
-    (``rows + cols + 6`` instead of ``rows + cols + 2``). The weight and the ``switch`` mark travel with the same skew as the
-    activations, and a PE still picks the weight in the cycle the activation arrives, so tile
-    switches do not depend on the PE latency either.
+    (``rows + cols + 6`` instead of ``rows + cols + 2``). The weight and the ``switch`` mark
+    travel with the same skew as the activations, and a PE still picks the weight in the
+    cycle the activation arrives, so tile switches do not depend on the PE latency either.
 
     Weight tiles (``rows x cols``) arrive on ``i_weight`` one row per beat, row 0 first, and
     are shifted into the PEs' shadow registers while the array computes with the active
