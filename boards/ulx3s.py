@@ -38,9 +38,10 @@ PARTS = {
 # MULT18X18D, the front end's dispatch pipelined, the hazard tracker's answer registered, the
 # block RAMs read through their output registers; this top registers every path between the
 # link and the core and puts the core's reset on a global network (BoardCore register_link,
-# reset_buffer). At 135 MHz it meets timing (nextpnr's Fmax 137.44 MHz, seed 1,
-# NEXTPNR_OPTS). Builds of this netlist and the ones just before it, asked / reached: 140 /
-# 139.24, 140 / 132.63, 150 / 140.75, 150 / 128.27 MHz; earlier netlists 125 / 130.01,
+# reset_buffer). At 135 MHz it meets timing (nextpnr's Fmax 144.40 MHz, seed 1,
+# NEXTPNR_OPTS, with the PEs' second registers). Builds of this netlist and the ones just
+# before it, asked / reached: 150 / 140.71, 140 / 133.60, 135 / 137.44, 140 / 139.24,
+# 140 / 132.63, 150 / 140.75, 150 / 128.27 MHz; earlier netlists 125 / 130.01,
 # 135 / 129.27, 115 / 125.71, 105 / 115.34 MHz. The target is 150 MHz; `--paths 40` lists
 # what limits it (README).
 BOARD_CONFIG = "ulx3s"
