@@ -35,10 +35,9 @@ class Checks(wiring.Component):
     - ``"direct"``, ``"registered"``: in the cycle the word is shown;
     - ``"ahead"``: the range ends (``o_a_end``, ``o_b_end``) are registered before they are
       compared, so the answers are the word's own from its second cycle;
-    - ``"pipelined"``: as ``"ahead"`` (the thermometer code of the tiles from ``a`` on,
-      which ``o_tile_mask`` is built from, registered with the ends), and each check's answer
-      is registered before they are combined (the tile check keeps its tiles and ORs them a
-      cycle later): from its third cycle.
+    - ``"pipelined"``: as ``"ahead"``, and each check's answer is registered before they are
+      combined (the tile check keeps its tiles and ORs them a cycle later): from its third
+      cycle.
 
     A word that is not an instruction (a data beat) gets answers too; the front end ignores
     them.
@@ -137,15 +136,8 @@ class Checks(wiring.Component):
         tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
         ones = Const((1 << tiles) - 1, tiles)
         tile_mask = self.o_tile_mask
-        from_a = Signal(tiles)      # the tiles a .. (a thermometer code)
-        if cfg.dispatch == "pipelined":
-            # Registered with the ends, so that the tile check starts at two registers (the
-            # field's thermometer code ran from the beat into `unwritten`, and the tile mask
-            # into the front end's tiles written: 7.0 ns and 6.7 ns at 150 MHz asked).
-            ends += from_a.eq((ones << a[:tile_bits])[:tiles])
-        else:
-            m.d.comb += from_a.eq((ones << a[:tile_bits])[:tiles])
-        m.d.comb += tile_mask.eq(from_a & ~(ones << a_end[:tile_bits])[:tiles])
+        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
+                                 ~(ones << a_end[:tile_bits])[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~self.i_written) != 0)
         queued = self.i_queued
         weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~self.i_have_active)

@@ -239,13 +239,9 @@ class FrontEnd(wiring.Component):
         # A counter beat's payload is held in a register: the counters keep counting while
         # the host stalls, and a stream's payload must not change before the transfer. It is
         # sampled when the counter bank shows the counter, then offered. In the build for
-        # Fmax (registered_datapath) the DONE and error beats are loaded into it too, so that
-        # the beat is a register and no state decode runs into its 64 bits (7.6 ns into the
-        # host writer's queue on the ULX3S). It loads in every FETCH cycle, the error beat if
-        # the beat's checks fail (the code dispatch acts on: a fail implies it, an issue
-        # excludes it), else HALT's DONE beat: the value is the one taken into SEND_DONE or ERROR_BEAT, and
-        # neither the dispatch decision nor the opcode runs into it (7.1 ns from the
-        # dispatch's `stayed` at 150 MHz asked).
+        # Fmax (registered_datapath) the DONE and error beats are loaded into it too, as
+        # their states are entered, so that the beat is a register and no state decode runs
+        # into its 64 bits (7.6 ns into the host writer's queue on the ULX3S).
         beat_in_register = cfg.registered_datapath
         beat_word = Signal(64 if beat_in_register else COUNTER_BITS)
 
@@ -285,6 +281,8 @@ class FrontEnd(wiring.Component):
         def fail_actions():
             m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [status.error.eq(1), status.code.eq(error_code), halted.eq(0)]
+            if beat_in_register:
+                m.d.sync += beat_word.eq(error_beat(error_code))
             m.next = "ERROR_BEAT"
 
         def issue_actions():
@@ -328,6 +326,8 @@ class FrontEnd(wiring.Component):
             elif o == Opcode.CLEAR_COUNTERS:
                 m.d.comb += self.o_clear_counters.eq(1)
             elif o == Opcode.HALT:
+                if beat_in_register:    # the DONE beat counts the HALT (index + 1)
+                    m.d.sync += beat_word.eq(done_beat(index + 1))
                 m.next = "SEND_DONE"
             elif o == Opcode.READ_WEIGHTS:
                 m.d.sync += queued.eq(queued + count)
@@ -347,9 +347,6 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                if beat_in_register:    # the DONE beat counts the HALT (index + 1)
-                    m.d.sync += beat_word.eq(Mux(error_code != ErrorCode.NONE,
-                                                 error_beat(error_code), done_beat(index + 1)))
                 if cfg.dispatch_ahead:
                     # dispatch and fail imply a valid beat that is not the resynchronisation
                     # word: tested first, they take the beat straight from their registers.
