@@ -282,6 +282,16 @@ class TPUConfig:
         return self.registered_datapath
 
     @property
+    def scale_tiles_late(self) -> bool:
+        """Whether LOAD_WEIGHTS (the front end) and READ_WEIGHTS (the weight loader) scale
+        their tile and count fields to rows (``* rows``) in the cycle after they take the
+        instruction, from registers, instead of from the instruction word as they take it: the
+        build for Fmax (:attr:`registered_datapath`) with ``rows`` not a power of two, where
+        the multiply is an adder (on the ULX3S 14x8, 8.2-8.9 ns from the host beat into the
+        counts). Each such instruction takes a cycle more."""
+        return self.registered_datapath and self.rows & (self.rows - 1) != 0
+
+    @property
     def operand_range(self) -> tuple[int, int]:
         """Smallest and largest operand value the core multiplies."""
         return (-128, 127) if self.operands == "int8" else (-128, 255)

@@ -307,11 +307,13 @@ class FrontEnd(wiring.Component):
                 m.d.sync += [addr.eq(a), left.eq(count)]
                 m.next = "HOST_ROWS"
             elif o == Opcode.LOAD_WEIGHTS:
-                m.d.sync += [
-                    addr.eq(a * rows), left.eq(count * rows), signed_.eq(lw.signed),
-                    written.eq(written | checks.o_tile_mask),
-                ]
-                m.next = "WEIGHT_ROWS"
+                m.d.sync += [signed_.eq(lw.signed), written.eq(written | checks.o_tile_mask)]
+                if cfg.scale_tiles_late:    # in tiles now, rows in WEIGHT_SCALE
+                    m.d.sync += [addr.eq(a), left.eq(count)]
+                    m.next = "WEIGHT_SCALE"
+                else:
+                    m.d.sync += [addr.eq(a * rows), left.eq(count * rows)]
+                    m.next = "WEIGHT_ROWS"
             elif o == Opcode.LOAD_PARAMS:
                 m.d.comb += [
                     self.o_param_write.valid.eq(1),
@@ -368,6 +370,12 @@ class FrontEnd(wiring.Component):
                             issue_actions()
                         with m.Else():
                             m.d.comb += self.o_raw_stall.eq(settled & hazard)
+            if cfg.scale_tiles_late:
+                # LOAD_WEIGHTS's tile and count scaled to rows, from the registers (a multiply
+                # by rows from the host beat was the longest path on the ULX3S 14x8).
+                with m.State("WEIGHT_SCALE"):
+                    m.d.sync += [addr.eq(addr * rows), left.eq(left * rows)]
+                    m.next = "WEIGHT_ROWS"
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),
                                     ("WEIGHT_ROWS", self.o_wm_write)):

@@ -62,6 +62,7 @@ class WeightLoader(wiring.Component):
         # ULX3S).
         requesting = Signal()
         loading = Signal()
+        scaling = Signal()      # with scale_tiles_late: the counts are in tiles, this cycle
         idle = ~requesting & ~loading
         cmd = self.i_read_weights
         m.d.comb += [
@@ -74,12 +75,21 @@ class WeightLoader(wiring.Component):
         wiring.connect(m, wiring.flipped(self.o_wm.data), wiring.flipped(self.o_weight))
         with m.If(cmd.valid & cmd.ready):
             some = cmd.payload.count != 0
-            m.d.sync += [
-                addr.eq(cmd.payload.tile * cfg.rows),
-                req_left.eq(cmd.payload.count * cfg.rows),
-                pending.eq(cmd.payload.count * cfg.rows),
-                requesting.eq(some), loading.eq(some),
-            ]
+            if cfg.scale_tiles_late:
+                # Tiles now, rows a cycle later (`scaling`; TPUConfig.scale_tiles_late).
+                m.d.sync += [addr.eq(cmd.payload.tile), req_left.eq(cmd.payload.count),
+                             pending.eq(cmd.payload.count), scaling.eq(some),
+                             loading.eq(some)]
+            else:
+                m.d.sync += [
+                    addr.eq(cmd.payload.tile * cfg.rows),
+                    req_left.eq(cmd.payload.count * cfg.rows),
+                    pending.eq(cmd.payload.count * cfg.rows),
+                    requesting.eq(some), loading.eq(some),
+                ]
+        with m.Elif(scaling):
+            m.d.sync += [addr.eq(addr * cfg.rows), req_left.eq(req_left * cfg.rows),
+                         pending.eq(pending * cfg.rows), requesting.eq(1), scaling.eq(0)]
         with m.Else():
             with m.If(self.o_wm.addr.valid & self.o_wm.addr.ready):
                 m.d.sync += [addr.eq(addr + 1), req_left.eq(req_left - 1),

@@ -181,6 +181,14 @@ PROOFS: dict[str, Proof] = _table(
     _control(front_end_stopped_harness, "front_end_stopped_pipelined",
              "FrontEnd with dispatch='pipelined' and multiplier='ecp5': as "
              "front_end_stopped", dispatch="pipelined", multiplier="ecp5"),
+    _control(weight_loader_harness, "weight_loader_streams_odd",
+             "WeightLoader with 3 rows, multiplier='ecp5' (its counts scaled to rows a cycle "
+             "after it takes the instruction): as weight_loader_streams",
+             rows=3, dispatch="pipelined", multiplier="ecp5"),
+    _control(front_end_streams_harness, "front_end_streams_odd",
+             "FrontEnd with 3 rows, dispatch='pipelined', multiplier='ecp5' (LOAD_WEIGHTS "
+             "scaled to rows in WEIGHT_SCALE): as front_end_streams",
+             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
     _hazards("ring", "hazards_ring",

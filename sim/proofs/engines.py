@@ -102,11 +102,16 @@ def weight_loader_harness(config: TPUConfig) -> Harness:
         m.d.comb += Assert(was_reset(m) | ~idle_1 | wl.o_idle | took_1,
                            "weight loader: o_idle does not fall unless it takes an instruction")
         reads = _outstanding(m, wl.o_wm, len(inside.signal("pending")), name="wm")
+        # With scale_tiles_late, in the cycle after a take (`scaling`) the counts are in
+        # tiles and nothing is requested yet.
+        scaling = inside.signal("scaling") if config.scale_tiles_late else Const(0)
         m.d.comb += [
             Assert(inside.signal("pending") == inside.signal("req_left") + reads,
                    "every row is requested or answered"),
+            Assert(~scaling | ((reads == 0) & (inside.signal("req_left") != 0)),
+                   "scaling: tiles taken, none requested yet"),
             # Invariants: the flags are the counts' non-zero tests.
-            Assert(inside.signal("requesting") == (inside.signal("req_left") != 0),
+            Assert(inside.signal("requesting") == ((inside.signal("req_left") != 0) & ~scaling),
                    "requesting: rows left to request"),
             Assert(inside.signal("loading") == (inside.signal("pending") != 0),
                    "loading: rows left to answer"),

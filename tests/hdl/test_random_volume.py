@@ -76,6 +76,11 @@ CONFIGS: dict[str, TPUConfig] = {
     # activation unit, dispatch="pipelined".
     "mixed": get_config("small").replace(dispatch="pipelined", multiplier="ecp5",
                                          lut_multipliers=6, activation_unit="serial"),
+    # The build for Fmax with rows not a power of two (3x5, the edge memories): LOAD_WEIGHTS
+    # and READ_WEIGHTS scale their tiles to rows a cycle late (TPUConfig.scale_tiles_late).
+    "edge-pipelined": TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
+                                weight_fifo_depth=2, param_slots=2, matmul_slots=1,
+                                dispatch="pipelined", multiplier="ecp5"),
     # test-all only: the largest ULX3S build that meets timing (README), 12x12 with the last
     # 44 products in LUTs (about 9 minutes for 50 programs).
     "ulx3s-12x12": get_config("ulx3s").replace(rows=12, cols=12, lut_multipliers=44,
@@ -88,12 +93,12 @@ BLOCK = 25
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
              "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000,
-             "ulx3s-12x12": 1_300_000}
+             "ulx3s-12x12": 1_300_000, "edge-pipelined": 1_400_000}
 FAST = {"tiny": 150, "small": 125, "wide": 125, "edge": 150, "icebreaker": 75, "int8": 75,
-        "wide-pipelined": 75, "mixed": 75}
+        "wide-pipelined": 75, "mixed": 75, "edge-pipelined": 75}
 SLOW = {"tiny": 1650, "small": 1375, "wide": 1375, "edge": 1650, "thin": 1000, "tall": 1000,
         "default": 500, "icebreaker": 925, "int8": 925, "wide-pipelined": 925, "mixed": 925,
-        "ulx3s-12x12": 50}
+        "ulx3s-12x12": 50, "edge-pipelined": 925}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
