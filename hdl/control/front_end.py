@@ -4,6 +4,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import times_constant
 from ..config import TPUConfig
 from ..isa import (
     COUNTER_BITS,
@@ -312,7 +313,8 @@ class FrontEnd(wiring.Component):
                     m.d.sync += [addr.eq(a), left.eq(count)]
                     m.next = "WEIGHT_SCALE"
                 else:
-                    m.d.sync += [addr.eq(a * rows), left.eq(count * rows)]
+                    m.d.sync += [addr.eq(times_constant(a, rows)),
+                                     left.eq(times_constant(count, rows))]
                     m.next = "WEIGHT_ROWS"
             elif o == Opcode.LOAD_PARAMS:
                 m.d.comb += [
@@ -374,7 +376,8 @@ class FrontEnd(wiring.Component):
                 # LOAD_WEIGHTS's tile and count scaled to rows, from the registers (a multiply
                 # by rows from the host beat was the longest path on the ULX3S 14x8).
                 with m.State("WEIGHT_SCALE"):
-                    m.d.sync += [addr.eq(addr * rows), left.eq(left * rows)]
+                    m.d.sync += [addr.eq(times_constant(addr, rows)),
+                                 left.eq(times_constant(left, rows))]
                     m.next = "WEIGHT_ROWS"
             # Data beats of READ_HOST and LOAD_WEIGHTS, one row a beat.
             for state, rows_out in (("HOST_ROWS", self.o_ub_write),

@@ -4,6 +4,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import times_constant
 from ..config import TPUConfig
 from ..isa import ReadWeights
 from ..ports import MatrixStatusSignature, MemReadSignature, addr_bits
@@ -82,14 +83,16 @@ class WeightLoader(wiring.Component):
                              loading.eq(some)]
             else:
                 m.d.sync += [
-                    addr.eq(cmd.payload.tile * cfg.rows),
-                    req_left.eq(cmd.payload.count * cfg.rows),
-                    pending.eq(cmd.payload.count * cfg.rows),
+                    addr.eq(times_constant(cmd.payload.tile, cfg.rows)),
+                    req_left.eq(times_constant(cmd.payload.count, cfg.rows)),
+                    pending.eq(times_constant(cmd.payload.count, cfg.rows)),
                     requesting.eq(some), loading.eq(some),
                 ]
         with m.Elif(scaling):
-            m.d.sync += [addr.eq(addr * cfg.rows), req_left.eq(req_left * cfg.rows),
-                         pending.eq(pending * cfg.rows), requesting.eq(1), scaling.eq(0)]
+            m.d.sync += [addr.eq(times_constant(addr, cfg.rows)),
+                         req_left.eq(times_constant(req_left, cfg.rows)),
+                         pending.eq(times_constant(pending, cfg.rows)),
+                         requesting.eq(1), scaling.eq(0)]
         with m.Else():
             with m.If(self.o_wm.addr.valid & self.o_wm.addr.ready):
                 m.d.sync += [addr.eq(addr + 1), req_left.eq(req_left - 1),
