@@ -88,7 +88,7 @@ class WeightLoader(wiring.Component):
                     pending.eq(times_constant(cmd.payload.count, cfg.rows)),
                     requesting.eq(some), loading.eq(some),
                 ]
-        with m.Elif(scaling):
+        with m.Elif(scaling if cfg.scale_tiles_late else 0):    # (no such cycle otherwise)
             m.d.sync += [addr.eq(times_constant(addr, cfg.rows)),
                          req_left.eq(times_constant(req_left, cfg.rows)),
                          pending.eq(times_constant(pending, cfg.rows)),
