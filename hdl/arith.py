@@ -1,6 +1,6 @@
 """Arithmetic that synthesis should build from adders, not from a multiplier block."""
 
-from amaranth.hdl import Const, Value
+from amaranth.hdl import Value
 
 __all__ = ["csd_digits", "times_constant"]
 
@@ -8,7 +8,7 @@ __all__ = ["csd_digits", "times_constant"]
 def csd_digits(k: int) -> list[tuple[int, int]]:
     """The canonical signed-digit form of *k* (>= 0): ``(shift, +1 or -1)`` pairs, least
     significant first, no two digits adjacent, so ``k = sum(sign << shift)`` with the fewest
-    non-zero digits (14 = 16 - 2, 12 = 8 + 4)."""
+    non-zero digits (14 = 16 - 2, 12 = 16 - 4)."""
     if not isinstance(k, int) or k < 0:
         raise ValueError(f"csd_digits needs an int >= 0, not {k!r}")
     digits, shift = [], 0
@@ -34,14 +34,8 @@ def times_constant(value, k: int) -> Value:
         # A power of two (or 0): the `*` yosys turns into wiring, so that these builds keep
         # the netlist they were measured on.
         return value * k
-    terms = csd_digits(k)
-    if not terms:
-        return Const(0, 1)
-    total = None
-    for shift, sign in reversed(terms):     # the top digit is +1: no negation
-        term = value << shift
-        if total is None:
-            total = term if sign > 0 else -term
-        else:
-            total = total + term if sign > 0 else total - term
+    digits = reversed(csd_digits(k))   # most significant first: that digit is +1
+    total = value << next(digits)[0]
+    for shift, sign in digits:
+        total = total + (value << shift) if sign > 0 else total - (value << shift)
     return total

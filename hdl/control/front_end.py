@@ -314,7 +314,7 @@ class FrontEnd(wiring.Component):
                     m.next = "WEIGHT_SCALE"
                 else:
                     m.d.sync += [addr.eq(times_constant(a, rows)),
-                                     left.eq(times_constant(count, rows))]
+                                 left.eq(times_constant(count, rows))]
                     m.next = "WEIGHT_ROWS"
             elif o == Opcode.LOAD_PARAMS:
                 m.d.comb += [

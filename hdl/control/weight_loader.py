@@ -88,11 +88,12 @@ class WeightLoader(wiring.Component):
                     pending.eq(times_constant(cmd.payload.count, cfg.rows)),
                     requesting.eq(some), loading.eq(some),
                 ]
-        with m.Elif(scaling if cfg.scale_tiles_late else 0):    # (no such cycle otherwise)
-            m.d.sync += [addr.eq(times_constant(addr, cfg.rows)),
-                         req_left.eq(times_constant(req_left, cfg.rows)),
-                         pending.eq(times_constant(pending, cfg.rows)),
-                         requesting.eq(1), scaling.eq(0)]
+        if cfg.scale_tiles_late:    # (no such cycle otherwise)
+            with m.Elif(scaling):
+                m.d.sync += [addr.eq(times_constant(addr, cfg.rows)),
+                             req_left.eq(times_constant(req_left, cfg.rows)),
+                             pending.eq(times_constant(pending, cfg.rows)),
+                             requesting.eq(1), scaling.eq(0)]
         with m.Else():
             with m.If(self.o_wm.addr.valid & self.o_wm.addr.ready):
                 m.d.sync += [addr.eq(addr + 1), req_left.eq(req_left - 1),

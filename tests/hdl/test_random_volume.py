@@ -46,14 +46,17 @@ from hdl.config import TPUConfig, get_config
 from sim.isa_sim import IsaSim, beats_match
 from sim.verilog import BUILD_ROOT
 
+#: `edge` below, and the base of `edge-pipelined`.
+_EDGE = TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
+                  weight_fifo_depth=2, param_slots=2, matmul_slots=1)
+
 CONFIGS: dict[str, TPUConfig] = {
     "tiny": get_config("tiny"),
     "small": get_config("small"),
     "wide": get_config("wide"),
     # Odd array, the smallest memories allowed, three tiles (the queue holds them all), two
     # parameter slots: the first and last row of every memory in most programs.
-    "edge": TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
-                      weight_fifo_depth=2, param_slots=2, matmul_slots=1),
+    "edge": _EDGE,
     # test-all only: one-row tiles, a one-tile weight FIFO, one parameter slot; a tall array.
     "thin": TPUConfig(rows=1, cols=3, ub_depth=16, acc_depth=32, weight_mem_tiles=2,
                       weight_fifo_depth=1, param_slots=1),
@@ -78,9 +81,7 @@ CONFIGS: dict[str, TPUConfig] = {
                                          lut_multipliers=6, activation_unit="serial"),
     # The build for Fmax with rows not a power of two (3x5, the edge memories): LOAD_WEIGHTS
     # and READ_WEIGHTS scale their tiles to rows a cycle late (TPUConfig.scale_tiles_late).
-    "edge-pipelined": TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
-                                weight_fifo_depth=2, param_slots=2, matmul_slots=1,
-                                dispatch="pipelined", multiplier="ecp5"),
+    "edge-pipelined": _EDGE.replace(dispatch="pipelined", multiplier="ecp5"),
     # test-all only: the largest ULX3S build that meets timing (README), 12x12 with the last
     # 44 products in LUTs (about 9 minutes for 50 programs).
     "ulx3s-12x12": get_config("ulx3s").replace(rows=12, cols=12, lut_multipliers=44,
