@@ -308,14 +308,13 @@ class FrontEnd(wiring.Component):
                 m.d.sync += [addr.eq(a), left.eq(count)]
                 m.next = "HOST_ROWS"
             elif o == Opcode.LOAD_WEIGHTS:
-                m.d.sync += [signed_.eq(lw.signed), written.eq(written | checks.o_tile_mask)]
-                if cfg.scale_tiles_late:    # in tiles now, rows in WEIGHT_SCALE
-                    m.d.sync += [addr.eq(a), left.eq(count)]
-                    m.next = "WEIGHT_SCALE"
-                else:
-                    m.d.sync += [addr.eq(times_constant(a, rows)),
-                                 left.eq(times_constant(count, rows))]
-                    m.next = "WEIGHT_ROWS"
+                late = cfg.scale_tiles_late     # in tiles now, rows in WEIGHT_SCALE
+                m.d.sync += [
+                    addr.eq(a if late else times_constant(a, rows)),
+                    left.eq(count if late else times_constant(count, rows)),
+                    signed_.eq(lw.signed), written.eq(written | checks.o_tile_mask),
+                ]
+                m.next = "WEIGHT_SCALE" if late else "WEIGHT_ROWS"
             elif o == Opcode.LOAD_PARAMS:
                 m.d.comb += [
                     self.o_param_write.valid.eq(1),
