@@ -78,10 +78,17 @@ class ULX3STop(Elaboratable):
     """
 
     def __init__(self, config: TPUConfig, *, clock_mhz: float = CLOCK_MHZ, baud: int = BAUD,
-                 max_beats: int = MAX_BEATS, workdir: Path = BUILD_ROOT / "ulx3s-pll"):
+                 max_beats: int = MAX_BEATS, target_mhz: float | None = None,
+                 workdir: Path = BUILD_ROOT / "ulx3s-pll"):
         self.config = config
         self.pll = pll_ecp5(25.0, clock_mhz, workdir)
         self.clock_hz = self.pll["f_out_hz"]
+        if target_mhz is not None and target_mhz * 1e6 < self.clock_hz:
+            raise ValueError(f"timing target {target_mhz} MHz is below the clock "
+                             f"{self.clock_hz / 1e6:g} MHz; allowed: at or above it")
+        # The clock nextpnr is asked to meet: the PLL's, or a higher target (over-constraint:
+        # nextpnr's timing-driven placer works harder; the build is judged against the clock).
+        self.target_hz = self.clock_hz if target_mhz is None else int(target_mhz * 1e6)
         self.baud = baud
         self.divisor = uart_divisor(self.clock_hz, baud)
         self.max_beats = max_beats
@@ -110,7 +117,7 @@ class ULX3STop(Elaboratable):
             i_PLLWAKESYNC=0, i_ENCLKOP=0,
             o_CLKOP=clkop, o_LOCK=locked,
         )
-        platform.add_clock_constraint(clkop, self.clock_hz)
+        platform.add_clock_constraint(clkop, self.target_hz)
 
         m.submodules.fire = fire = io.Buffer("i", platform.request("button_fire", 0, dir="-"))
         m.submodules.reset_sync = ResetSynchronizer(~locked | fire.i, domain="sync")
@@ -136,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"core configuration (default {BOARD_CONFIG}; presets: "
                              f"{', '.join(PRESETS)})")
     parser.add_argument("--clock", type=float, default=CLOCK_MHZ, help="core clock, MHz")
+    parser.add_argument("--target", type=float, metavar="MHZ",
+                        help="the clock nextpnr is asked to meet, above --clock "
+                             "(over-constraint; the build is still judged against --clock)")
     parser.add_argument("--baud", type=int, default=BAUD, help="UART baud rate")
     parser.add_argument("--seed", type=int, default=1,
                         help="nextpnr's placement seed (default 1, nextpnr's own); "
@@ -165,14 +175,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 1
         board += "-" + "-".join(f"{k}{v}" for k, v in changes.items())
-    top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud)
+    try:
+        top = ULX3STop(config, clock_mhz=args.clock, baud=args.baud, target_mhz=args.target)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     # router1 is nextpnr's default: left off, so the command is the one measured before.
-    router = "" if args.router == "router1" else f" --router {args.router}"
+    extra = "" if args.router == "router1" else f" --router {args.router}"
+    notes = []
+    if top.target_hz > top.clock_hz:
+        # nextpnr would stop at its own check against the target; build() judges the clock.
+        extra += " --timing-allow-fail"
+        notes.append(f"nextpnr asked for {top.target_hz / 1e6:g} MHz (over-constrained)")
     try:
         report = build(PARTS[args.part](), top, board=board, config=config,
                        clock_hz=top.clock_hz, baud=args.baud,
-                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}{router}",
-                       paths=args.paths)
+                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}{extra}",
+                       notes=notes, paths=args.paths)
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
