@@ -23,7 +23,7 @@ from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards import ulx3s
 
-from boards.build import BUILD_ROOT, BuildError, build, pll_ecp5, uart_divisor
+from boards.build import BUILD_ROOT, BuildError, build, pll_ecp5, uart_divisor, with_clock
 from hdl.config import ACTIVATION_UNITS, PRESETS, ConfigError, TPUConfig, get_config
 
 __all__ = ["ULX3STop", "PARTS", "BOARD_CONFIG", "main"]
@@ -93,6 +93,15 @@ class ULX3STop(Elaboratable):
         self.divisor = uart_divisor(self.clock_hz, baud)
         self.max_beats = max_beats
 
+    def platform(self, part: str = "85F"):
+        """The part's platform, its oscillator declared ``target / clock`` times faster than
+        its 25 MHz when over-constrained: nextpnr-ecp5 derives the PLL output's constraint
+        from the input's and the PLL's dividers (a constraint on the output net itself is
+        not applied), so that is how the target reaches it. The PLL is set for 25 MHz."""
+        if self.target_hz == self.clock_hz:
+            return PARTS[part]()
+        return with_clock(PARTS[part], 25e6 * self.target_hz / self.clock_hz)
+
     def elaborate(self, platform):
         from hdl.board_core import BoardCore
 
@@ -117,7 +126,10 @@ class ULX3STop(Elaboratable):
             i_PLLWAKESYNC=0, i_ENCLKOP=0,
             o_CLKOP=clkop, o_LOCK=locked,
         )
-        platform.add_clock_constraint(clkop, self.target_hz)
+        # nextpnr-ecp5 ignores this (the net has another name by then: "does not exist in
+        # design") and derives CLKOP's constraint from clk25's through the PLL; kept, so the
+        # LPF and netlist are those the reported builds were made of.
+        platform.add_clock_constraint(clkop, self.clock_hz)
 
         m.submodules.fire = fire = io.Buffer("i", platform.request("button_fire", 0, dir="-"))
         m.submodules.reset_sync = ResetSynchronizer(~locked | fire.i, domain="sync")
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         extra += " --timing-allow-fail"
         notes.append(f"nextpnr asked for {top.target_hz / 1e6:g} MHz (over-constrained)")
     try:
-        report = build(PARTS[args.part](), top, board=board, config=config,
+        report = build(top.platform(args.part), top, board=board, config=config,
                        clock_hz=top.clock_hz, baud=args.baud,
                        nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}{extra}",
                        notes=notes, paths=args.paths)
