@@ -302,10 +302,7 @@ def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
     if paths:
         # nextpnr writes nothing after a timing failure unless allowed to; the check below
         # still fails the build, after the paths are read.
-        nextpnr_opts = f"{nextpnr_opts} --sdf {name}.sdf".strip()
-        if "--timing-allow-fail" not in nextpnr_opts.split():
-            # nextpnr refuses the option twice (exit 125).
-            nextpnr_opts += " --timing-allow-fail"
+        nextpnr_opts = f"{nextpnr_opts} --sdf {name}.sdf --timing-allow-fail".strip()
     build_dir = Path(build_dir or BUILD_ROOT / board)
     build_dir.mkdir(parents=True, exist_ok=True)
     report_path = build_dir / f"{name}.report.json"

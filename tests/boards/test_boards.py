@@ -77,31 +77,6 @@ def test_ulx3s_plan():
     assert "EHXPLLL" in files["top.il"]
 
 
-def _lpf_frequency(lpf: str, port: str) -> float:
-    line, = (line for line in lpf.splitlines()
-             if line.startswith(f'FREQUENCY PORT "{port}"'))
-    return float(line.split()[3])
-
-
-def test_ulx3s_target_reaches_nextpnr(capsys):
-    """nextpnr-ecp5 times CLKOP by deriving it from clk25's constraint through the PLL, so an
-    over-constrained build declares the oscillator faster; the PLL stays set for 25 MHz, and
-    without a target the LPF is the platform's own."""
-    workdir = Path("build/boards/test-pll")
-    plain = ULX3STop(get_config("small"), clock_mhz=150, workdir=workdir)
-    target = ULX3STop(get_config("small"), clock_mhz=150, target_mhz=165, workdir=workdir)
-    assert plain.pll == target.pll and target.clock_hz == 150_000_000
-    assert _lpf_frequency(_plan_files(plain.platform(), plain)["top.lpf"],
-                          "clk25_0__io") == 25e6
-    lpf = _plan_files(target.platform(), target)["top.lpf"]
-    assert _lpf_frequency(lpf, "clk25_0__io") == pytest.approx(25e6 * 165 / 150)
-    with pytest.raises(ValueError, match="below the clock"):
-        ULX3STop(get_config("small"), clock_mhz=150, target_mhz=140, workdir=workdir)
-    from boards import ulx3s
-    assert ulx3s.main(["--clock", "150", "--target", "140"]) == 1
-    assert "allowed: at or above it" in capsys.readouterr().err
-
-
 def test_report_reads_nextpnr(tmp_path: Path):
     path = tmp_path / "top.report.json"
     path.write_text(json.dumps({
