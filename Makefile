@@ -112,6 +112,11 @@ setup:
 	  apt_install "$$libpy" || missing+=("$$libpy")
 	fi
 	$(PY) -m sim.verilator_wrapper
+	# YoWASP compiles each tool's WebAssembly on its first run (yosys about 40 s): here, once,
+	# not inside the first test or bitstream.
+	for tool in yosys nextpnr-ice40 nextpnr-ecp5; do
+	  $(VENV)/bin/yowasp-$$tool --version >/dev/null
+	done
 	for pkg in $(APT_OPTIONAL); do
 	  if ! is_installed "$$pkg" && ! command -v "$$pkg" >/dev/null; then
 	    apt_install "$$pkg" || \

@@ -77,11 +77,14 @@ class SerialWithParamRows(wiring.Component):
         return m
 
 
-@pytest.mark.parametrize("group", ["function", "directed-serial"])
+@pytest.mark.parametrize("group", [pytest.param("function", marks=pytest.mark.slow),
+                                   "directed-serial"])
 def test_serial_activation(group: str):
     """The serial unit (one datapath time-shared over 4 columns) against the same golden
     checks as the pipelined unit; the throughput and fill tests are the pipelined unit's
-    alone (its timing and output FIFO)."""
+    alone (its timing and output FIFO). The function sweep (every function and window, at
+    the limits) is ``slow``, at four times the pipelined unit's cycles; in CI the known
+    answers and the ``icebreaker`` random programs check the serial unit."""
     tests = GROUPS["function"] if group == "function" else \
         [t for t in GROUPS["directed"] if t not in ("test_throughput", "test_fill")]
     run("activation_serial", lambda: SerialWithParamRows(4), "c4",

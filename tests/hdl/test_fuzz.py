@@ -34,14 +34,17 @@ from sim.runner import run
 
 HERE = Path(__file__).parent
 
-#: (configuration, first seed, seeds) for the RTL transport and for the cocotb bench.
-TRANSPORT_SEEDS = (("tiny", 7000, 48), ("wide", 7200, 12))
+#: (configuration, first seed, seeds) for the RTL transport and for the cocotb bench;
+#: ``make test-all`` (``slow``) runs the transport's next seeds too.
+TRANSPORT_SEEDS = (("tiny", 7000, 24), ("wide", 7200, 6))
+TRANSPORT_SEEDS_SLOW = (("tiny", 7024, 24), ("wide", 7206, 6))
 COCOTB_SEEDS = (("tiny", 7500, 12),)
 
 
 @pytest.mark.parametrize("config_key, seed", [
-    pytest.param(key, seed, id=f"{key}-{seed}")
-    for key, first, n in TRANSPORT_SEEDS for seed in range(first, first + n)])
+    pytest.param(key, seed, id=f"{key}-{seed}", marks=marks)
+    for seeds, marks in ((TRANSPORT_SEEDS, ()), (TRANSPORT_SEEDS_SLOW, pytest.mark.slow))
+    for key, first, n in seeds for seed in range(first, first + n)])
 def test_fuzz_stream(rtl_device, config_key: str, seed: int):
     """The core stops with the ISA simulator's error, never hangs, and keeps its state."""
     case = fuzz_case(get_config(config_key), seed)

@@ -9,9 +9,10 @@
   model and the ISA simulator, on Icarus and Verilator.
 
 Each Verilator build costs 10-30 s of C++ compilation: CI runs the PE (the enable every
-cycle) and the core (every instance in place) on both simulators, the model alone and the
-array (back-pressure: the core's accumulators never stall its array) on Icarus;
-``make test-all`` (``slow``) adds those two on Verilator.
+cycle) on both simulators, the model alone, the array (back-pressure: the core's
+accumulators never stall its array) and the core (every instance in place) on Icarus, and
+``test_random_volume.py``'s ``mixed`` core (MULT18X18D and LUT products) on Verilator;
+``make test-all`` (``slow``) adds the model, the array and the core on Verilator.
 """
 
 from __future__ import annotations
@@ -314,7 +315,7 @@ def test_array_random_and_stalls(sim: str):
 CORE_CONFIG = get_config("tiny").replace(multiplier="ecp5")
 
 
-@pytest.mark.parametrize("sim", SIMULATORS)
+@pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
 def test_core_random_programs(sim: str):
     """A block of random programs from a reset on the whole core, every output beat
     compared with the ISA simulator's."""

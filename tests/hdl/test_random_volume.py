@@ -95,11 +95,11 @@ SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
              "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000,
              "ulx3s-12x12": 1_300_000, "edge-pipelined": 1_400_000}
-FAST = {"tiny": 150, "small": 125, "wide": 125, "edge": 150, "icebreaker": 75, "int8": 75,
-        "wide-pipelined": 75, "mixed": 75, "edge-pipelined": 75}
-SLOW = {"tiny": 1650, "small": 1375, "wide": 1375, "edge": 1650, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 925, "int8": 925, "wide-pipelined": 925, "mixed": 925,
-        "ulx3s-12x12": 50, "edge-pipelined": 925}
+FAST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
+        "wide-pipelined": 25, "mixed": 25, "edge-pipelined": 25}
+SLOW = {"tiny": 1750, "small": 1450, "wide": 1475, "edge": 1750, "thin": 1000, "tall": 1000,
+        "default": 500, "icebreaker": 975, "int8": 975, "wide-pipelined": 975, "mixed": 975,
+        "ulx3s-12x12": 50, "edge-pipelined": 975}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
