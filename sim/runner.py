@@ -210,7 +210,8 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
         # cocotb's runner lets WAVES in the environment override its argument.
         env = {"WAVES": str(int(waves))}
         if sim == "verilator":
-            env["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
+            env["MAKEFLAGS"] = VERILATOR_MAKEFLAGS + (
+                " OBJCACHE=ccache" if shutil.which("ccache") else "")
             env["PATH"] = tool_path()
         try:
             with _environ(**env):
