@@ -64,7 +64,7 @@ help:
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
 	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP; SYNTH_ARGS="--board ice40 --multiplier ice40")' \
 	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
-	  '  formal    python -m sim.proofs (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
+	  '  formal    python -m sim.formal (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
@@ -111,7 +111,7 @@ setup:
 	  echo "setup: cocotb cannot find libpython; installing $$libpy"
 	  apt_install "$$libpy" || missing+=("$$libpy")
 	fi
-	$(PY) -m sim.verilator_wrapper
+	$(PY) -m sim.rtl.verilator_wrapper
 	# YoWASP compiles each tool's WebAssembly on its first run (yosys about 40 s): here, once,
 	# not inside the first test or bitstream.
 	for tool in yosys nextpnr-ice40 nextpnr-ecp5; do
@@ -153,7 +153,7 @@ bitstream:
 
 .PHONY: formal
 formal:
-	$(RUN) $(PY) -m sim.proofs $(ARGS)
+	$(RUN) $(PY) -m sim.formal $(ARGS)
 
 bench:
 	$(RUN) $(PY) -m bench.utilisation
@@ -180,10 +180,10 @@ waves:
 
 .PHONY: tour tour-png
 tour:
-	$(RUN) $(PY) -m sim.tour
+	$(RUN) $(PY) -m sim.waves.tour
 
 tour-png:
-	$(RUN) $(PY) -m sim.tour --no-gui --screenshot docs/img/tour.png
+	$(RUN) $(PY) -m sim.waves.tour --no-gui --screenshot docs/img/tour.png
 
 clean:
 	rm -rf build/ sim_build/ .pytest_cache/ .ruff_cache/ results.xml *.egg-info/

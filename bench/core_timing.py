@@ -144,13 +144,13 @@ def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict[str, Any]:
 #: Blocks ``--block`` builds on their own (faster than the whole core, for one fix at a
 #: time): name -> the component for a config.
 def _blocks() -> dict[str, Any]:
-    from hdl.accumulators import Accumulators
-    from hdl.activation import ActivationUnit
     from hdl.control.front_end import FrontEnd
     from hdl.control.hazards import HazardTracker
     from hdl.control.matrix_engine import MatrixEngine
     from hdl.core import Core
-    from hdl.unified_buffer import UnifiedBuffer
+    from hdl.datapath.accumulators import Accumulators
+    from hdl.datapath.activation import ActivationUnit
+    from hdl.memory.unified_buffer import UnifiedBuffer
 
     return {
         "core": Core,

@@ -162,8 +162,8 @@ def amaranth_stream_speed(size: str, tiles: int, rows: int) -> dict:
     the golden model (random valid/ready stalls off, as in the cocotb bench)."""
     from amaranth.sim import Simulator
 
-    from hdl.matrix_unit import MatrixUnit
-    from sim.golden import matrix_unit_stream
+    from hdl.datapath.matrix_unit import MatrixUnit
+    from sim.models.golden import matrix_unit_stream
 
     config = get_config(size)
     dut = MatrixUnit(config)

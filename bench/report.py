@@ -590,14 +590,14 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         f"measures it again). Two kinds of driver:",
         "",
         "- *stream drivers*: the matrix unit (weight FIFO + array) fed by the unit tests' "
-        "per-cycle stream drivers and monitor (`sim/streams.py`, which insert random "
+        "per-cycle stream drivers and monitor (`sim/rtl/streams.py`, which insert random "
         "valid/ready stalls in the tests; none here, so a row enters every cycle), every "
         "output row checked against the golden model (`bench/tb_stream.py` under cocotb, "
         "4 tiles x 256 rows on Verilator, fewer on Icarus; an async `amaranth.sim` "
         "testbench doing the same in `bench/measure.py`); builds excluded.",
         "- *fast transport*: the whole core running a GEMM program (checked against the ISA "
         "simulator) whose beats sit in simulator memory. Under cocotb this is the RTL "
-        "transport (`firmware/transports/rtl.py`, the host bridge `sim/host_bridge.py`; "
+        "transport (`firmware/transports/rtl.py`, the host bridge `sim/rtl/host_bridge.py`; "
         "Python visits only between programs), steady state of the second run; in "
         "amaranth.sim a wrapper feeds the core from a ROM of the beats and counts its "
         "answers into a RAM, the testbench waiting for the last one (`bench/measure.py`). "

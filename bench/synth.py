@@ -1,12 +1,12 @@
 """Synthesis and place-and-route of the systolic array on the project's FPGA boards, with a
 measured Fmax.
 
-``python -m bench.synth`` (``make synth``) builds :class:`hdl.systolic_array.SystolicArray`
+``python -m bench.synth`` (``make synth``) builds :class:`hdl.datapath.systolic_array.SystolicArray`
 for
 
 - ``ecp5``: ULX3S 85F, LFE5U-85F-6 in CABGA381, default config ``default`` (8x8, every
   product on a MULT18X18D; ``--multiplier ecp5`` instantiates the blocks with their operand
-  and product registers inside, see :class:`hdl.pe.PE`);
+  and product registers inside, see :class:`hdl.datapath.pe.PE`);
 - ``ice40``: iCEBreaker, iCE40UP5K in SG48, default config ``small`` (4x4) with
   ``lut_multipliers`` = PEs - 8, so 8 products use the 8 SB_MAC16 and the rest LUT logic;
   ``--multiplier ice40`` puts two products in each SB_MAC16 (its dual 8x8 mode, int8

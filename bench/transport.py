@@ -29,7 +29,7 @@ from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice, design
 from hdl.config import get_config
 from hdl.isa import Func
-from sim.verilog import locked
+from sim.rtl.verilog import locked
 
 
 def measure(config_key: str, size: int, sim: str, repeat: int = 3,

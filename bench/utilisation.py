@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from hdl.config import get_config
-from hdl.matrix_unit import MatrixUnit
-from sim.runner import run
+from hdl.datapath.matrix_unit import MatrixUnit
+from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
 

@@ -8,7 +8,7 @@ host reaches the core through the FT2232H's second interface (``/dev/ttyUSB1`` o
 
 Top level: the 12 MHz oscillator through the UP5K's one PLL (``SB_PLL40_PAD``) to the core
 clock; the core held in reset until the PLL locks and while button 1 (``button`` 0, the user
-button) is pressed; :class:`hdl.board_core.BoardCore` (UART, host link, core) on the FTDI
+button) is pressed; :class:`hdl.link.board_core.BoardCore` (UART, host link, core) on the FTDI
 UART pins; the green LED lit while the core works, the red one while it is stopped on an
 error.
 """
@@ -42,7 +42,7 @@ NEXTPNR_OPTS = "--placer-heap-timingweight 30"
 
 
 class ICEBreakerTop(Elaboratable):
-    """The iCEBreaker's top level around :class:`hdl.board_core.BoardCore`.
+    """The iCEBreaker's top level around :class:`hdl.link.board_core.BoardCore`.
 
     Parameters
     ----------
@@ -66,7 +66,7 @@ class ICEBreakerTop(Elaboratable):
         self.max_beats = max_beats
 
     def elaborate(self, platform):
-        from hdl.board_core import BoardCore
+        from hdl.link.board_core import BoardCore
 
         m = Module()
         clk12 = platform.request("clk12", dir="-")

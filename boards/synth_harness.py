@@ -1,4 +1,4 @@
-"""Pin-limited synthesis harness around :class:`hdl.systolic_array.SystolicArray`.
+"""Pin-limited synthesis harness around :class:`hdl.datapath.systolic_array.SystolicArray`.
 
 The array's stream ports (8x8: 2 x 66 input bits, 256 output bits) far exceed the pins of
 the iCEBreaker's SG48 package, and nextpnr-ice40 has no out-of-context mode, so the array is
@@ -32,7 +32,7 @@ from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.systolic_array import SystolicArray
+from hdl.datapath.systolic_array import SystolicArray
 
 __all__ = ["SynthHarness", "SynthTop"]
 

@@ -7,7 +7,7 @@ reaches the core through the FT231X on the US1 port (``/dev/ttyUSB0`` on Linux):
 ``amtpu demo --transport serial --port /dev/ttyUSB0 --config <the board's config>``.
 
 Top level: the 25 MHz oscillator through an ``EHXPLLL`` to the core clock; the core held in
-reset until the PLL locks and while the FIRE1 button is pressed; :class:`hdl.board_core.
+reset until the PLL locks and while the FIRE1 button is pressed; :class:`hdl.link.board_core.
 BoardCore` (UART, host link, core) on the FT231X UART pins; LED 0 lit while the core works,
 LED 7 while it is stopped on an error, LED 1 when the PLL is locked.
 """
@@ -63,7 +63,7 @@ def global_reset(m: Module, reset: Signal) -> Signal:
 
 
 class ULX3STop(Elaboratable):
-    """The ULX3S's top level around :class:`hdl.board_core.BoardCore`.
+    """The ULX3S's top level around :class:`hdl.link.board_core.BoardCore`.
 
     Parameters
     ----------
@@ -87,7 +87,7 @@ class ULX3STop(Elaboratable):
         self.max_beats = max_beats
 
     def elaborate(self, platform):
-        from hdl.board_core import BoardCore
+        from hdl.link.board_core import BoardCore
 
         m = Module()
         m.submodules.clk25 = clk25 = io.Buffer("i", platform.request("clk25", 0, dir="-"))

@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="RTL simulator (default: verilator)")
     d.add_argument("--port", default=None,
                    help="serial port or pyserial URL of the board (serial only): /dev/ttyUSB1, "
-                        "socket://127.0.0.1:PORT for python -m sim.link_model")
+                        "socket://127.0.0.1:PORT for python -m sim.models.link_model")
     d.add_argument("--baud", type=int, default=3_000_000,
                    help="UART baud rate (serial only; default: 3000000)")
     d.add_argument("--images", type=int, default=None,

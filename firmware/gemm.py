@@ -3,7 +3,7 @@
 :func:`gemm_program` turns int8 (or uint8) ``X`` (M x K) and ``W`` (K x N) with per-column
 bias and multiplier into the host beats of a program; :meth:`GemmProgram.decode` turns the
 beats the core answers with into the M x N int8 result, and :func:`gemm_reference` computes
-the same result with :mod:`sim.golden` alone.
+the same result with :mod:`sim.models.golden` alone.
 
 Tiling
 ------
@@ -39,7 +39,7 @@ import numpy as np
 from firmware.asm import Program
 from hdl import isa
 from hdl.config import TPUConfig
-from sim import golden
+from sim.models import golden
 
 __all__ = ["GemmProgram", "gemm_program", "gemm_reference"]
 
@@ -67,7 +67,7 @@ def _check_scalars(shift: int, zero_point: int, clamp_hi: int, func) -> isa.Func
 def gemm_reference(x, w, *, bias=0, multiplier=1, shift: int = 0, zero_point: int = 0,
                    func=isa.Func.IDENTITY, clamp_hi: int = 127, x_signed: bool = True,
                    w_signed: bool = True) -> np.ndarray:
-    """The M x N int8 result from :mod:`sim.golden` alone."""
+    """The M x N int8 result from :mod:`sim.models.golden` alone."""
     x = np.asarray(x, dtype=np.int64)
     w = np.asarray(w, dtype=np.int64)
     n = w.shape[1]

@@ -8,16 +8,16 @@ one ACTIVATE run them on the core:
   ``s_w = max|w| / 127``; an all-zero channel gets ``s_w = 1``);
 - activations: int8 (or uint8 for a non-negative network input) with a scale and a zero point
   calibrated on sample data (min/max, widened to include 0 so that 0.0 is exact);
-- each stage's requantisation (:func:`sim.golden.requantise`) takes an int32 bias per column
+- each stage's requantisation (:func:`sim.models.golden.requantise`) takes an int32 bias per column
   (the float bias in units of ``s_in * s_w`` minus ``z_in * sum(w_q)``, which folds the input
   zero point in), an int32 multiplier per column and one shift with
   ``multiplier / 2**shift = s_in * s_w / s_out``, and the output zero point;
 - ReLU is ``max(q, z_out)``, ReLU6 is CLAMP with ``clamp_hi = round(6 / s_out) + z_out``;
   sigmoid and tanh requantise to the tables' input scale 1/16 (zero point 0) and leave with
-  the tables' output scale and zero point (:mod:`sim.golden`).
+  the tables' output scale and zero point (:mod:`sim.models.golden`).
 
 :func:`reference_forward` is the int8 reference executor: the same arithmetic on whole
-tensors with :mod:`sim.golden` (no tiling, no ISA simulator), which the core's output must
+tensors with :mod:`sim.models.golden` (no tiling, no ISA simulator), which the core's output must
 equal element for element.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from firmware import nn
 from hdl.isa import Func
-from sim import golden
+from sim.models import golden
 
 __all__ = ["QuantError", "QParams", "Stage", "QuantisedNetwork", "quantise",
            "reference_forward"]
@@ -62,7 +62,7 @@ class QParams:
         return self.scale * (np.asarray(q, dtype=np.float64) - self.zero_point)
 
 
-#: Fixed output parameters of the table functions (hdl.isa.Func, sim.golden).
+#: Fixed output parameters of the table functions (hdl.isa.Func, sim.models.golden).
 _LUT_IN = QParams(golden.LUT_INPUT_SCALE, 0)
 _LUT_OUT = {Func.SIGMOID: QParams(*golden.SIGMOID_OUTPUT), Func.TANH: QParams(*golden.TANH_OUTPUT)}
 
@@ -266,7 +266,7 @@ def quantise(network: nn.Network, calibration: np.ndarray, *,
 def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
                       collect: bool = False):
     """The int8 reference: integer outputs of every stage for quantised inputs ``x_q``
-    (``(n, *input_shape)``), with :mod:`sim.golden`'s arithmetic on whole tensors."""
+    (``(n, *input_shape)``), with :mod:`sim.models.golden`'s arithmetic on whole tensors."""
     x = np.asarray(x_q, dtype=np.int64)
     outs = []
     for st in qnet.stages:

@@ -10,7 +10,7 @@ Transports (:mod:`firmware.transports`):
 - ``rtl``: :class:`firmware.transports.rtl.RtlDevice`, the RTL core under cocotb (Icarus or
   Verilator), cycle-accurate, with the hardware's own counters;
 - ``serial``: :class:`firmware.transports.serial.SerialDevice`, a board over its UART (the
-  frame protocol of :mod:`hdl.link_protocol`, docs/host-link.md).
+  frame protocol of :mod:`hdl.link.protocol`, docs/host-link.md).
 
 On top of any device, :func:`run_program` runs one program (beats in, the program's output
 beats out) and :func:`run` runs a compiled network over a batch of inputs, returning the

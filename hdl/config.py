@@ -81,13 +81,14 @@ class TPUConfig:
         registers (ECP5 parts only; same timing, higher Fmax). ``"ice40"``: two PEs' products
         in one iCE40 ``SB_MAC16`` in its dual 8x8 mode, its input and product registers the
         PEs' (iCE40 parts; needs ``operands="int8"``, since the block's signedness is fixed:
-        a 4x4 array takes the UP5K's 8 blocks). See :class:`hdl.pe.PE` and
-        :class:`hdl.dual_mult.DualMultiplier`.
+        a 4x4 array takes the UP5K's 8 blocks). See :class:`hdl.datapath.pe.PE` and
+        :class:`hdl.datapath.dual_mult.DualMultiplier`.
     activation_unit : str
         ``"pipelined"``: one requantisation datapath per column, a row a cycle
-        (:class:`hdl.activation.ActivationUnit`). ``"serial"``: one datapath time-shared over
-        the columns with a multi-cycle multiply and shift, 37 to 99 cycles an element
-        (:class:`hdl.activation_serial.SerialActivationUnit`), for small parts. Same results.
+        (:class:`hdl.datapath.activation.ActivationUnit`). ``"serial"``: one datapath
+        time-shared over the columns with a multi-cycle multiply and shift, 37 to 99 cycles an
+        element (:class:`hdl.datapath.activation_serial.SerialActivationUnit`), for small
+        parts. Same results.
     counter_bits : int
         Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
         counter beat still carries 48 bits, the upper ones zero). Narrower saves logic on
@@ -259,14 +260,15 @@ class TPUConfig:
         """Whether this is the build for Fmax (``multiplier="ecp5"``): the systolic array's
         enable is a register decided a cycle ahead, the weight FIFO's rows leave through a
         ring of registers, and the memories read through their block RAMs' output registers
-        (:attr:`pipelined_memories`; see :class:`hdl.systolic_array.SystolicArray`,
-        :class:`hdl.weight_fifo.WeightFIFO` and :class:`hdl.accumulators.Accumulators`)."""
+        (:attr:`pipelined_memories`; see :class:`hdl.datapath.systolic_array.SystolicArray`,
+        :class:`hdl.datapath.weight_fifo.WeightFIFO` and
+        :class:`hdl.datapath.accumulators.Accumulators`)."""
         return self.multiplier == "ecp5"
 
     @property
     def acc_bypass(self) -> bool:
         """Whether the accumulators read through a write to the same row in the same cycle
-        (see :class:`hdl.accumulators.Accumulators`' ``bypass``): only the build for Fmax
+        (see :class:`hdl.datapath.accumulators.Accumulators`' ``bypass``): only the build for Fmax
         (:attr:`registered_datapath`), whose registered read needs it; elsewhere the matrix
         engine leaves a cycle between two rows that would need it."""
         return self.registered_datapath
@@ -274,7 +276,7 @@ class TPUConfig:
     @property
     def pipelined_memories(self) -> bool:
         """Whether the unified buffer, the weight memory and the accumulators read through
-        their block RAMs' output registers (:class:`hdl.block_ram.PipelinedMemory`, ECP5
+        their block RAMs' output registers (:class:`hdl.memory.block_ram.PipelinedMemory`, ECP5
         DP16KD: a cycle more from address to row, no logic between the RAM and the first
         flip-flop): only the build for Fmax (:attr:`registered_datapath`). A read that meets
         a write to its row returns an undefined row on every build (the hazard rules never
@@ -332,7 +334,7 @@ class TPUConfig:
         """Cycles from accepting an activation row to presenting its output row: the skew
         and de-skew (``rows + cols - 1``) plus a PE's latency (3; 7 with ``multiplier="ecp5"``,
         whose PE registers the operands twice before the DSP block and the product twice
-        after it, see :class:`hdl.pe.PE`)."""
+        after it, see :class:`hdl.datapath.pe.PE`)."""
         return self.rows + self.cols + (6 if self.multiplier == "ecp5" else 2)
 
     def replace(self, **changes) -> TPUConfig:

@@ -4,21 +4,21 @@ from amaranth.hdl import Cat, Module, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulators import Accumulators
-from .activation import ActivationUnit
-from .activation_serial import SerialActivationUnit
-from .config import TPUConfig
-from .control.activation_engine import ActivationEngine
-from .control.counters import PerfCounters
-from .control.front_end import FrontEnd
-from .control.hazards import HAZARD_RULES, HazardTracker
-from .control.host_writer import HostWriter
-from .control.matrix_engine import MatrixEngine
-from .control.weight_loader import WeightLoader
-from .isa import Status
-from .matrix_unit import MatrixUnit
-from .unified_buffer import UnifiedBuffer
-from .weight_memory import WeightMemory
+from hdl.config import TPUConfig
+from hdl.control.activation_engine import ActivationEngine
+from hdl.control.counters import PerfCounters
+from hdl.control.front_end import FrontEnd
+from hdl.control.hazards import HAZARD_RULES, HazardTracker
+from hdl.control.host_writer import HostWriter
+from hdl.control.matrix_engine import MatrixEngine
+from hdl.control.weight_loader import WeightLoader
+from hdl.datapath.accumulators import Accumulators
+from hdl.datapath.activation import ActivationUnit
+from hdl.datapath.activation_serial import SerialActivationUnit
+from hdl.datapath.matrix_unit import MatrixUnit
+from hdl.isa import Status
+from hdl.memory.unified_buffer import UnifiedBuffer
+from hdl.memory.weight_memory import WeightMemory
 
 __all__ = ["Core", "ACTIVITY", "activity_layout"]
 

@@ -13,7 +13,7 @@ The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS a
 and with an error beat when an instruction fails its checks.
 
 Semantics are written out in docs/isa.md (generated from this module by
-``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.isa_sim`.
+``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.models.isa_sim`.
 """
 
 from amaranth.hdl import signed, unsigned

@@ -10,7 +10,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .isa import COUNTERS, Func, param_row_beat
+from hdl.isa import COUNTERS, Func, param_row_beat
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
            "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature",
@@ -67,7 +67,8 @@ def requant_params_layout(cols: int) -> data.StructLayout:
 
 class ParamColumnSignature(wiring.Signature):
     """The requantisation parameters one column at a time, for
-    :class:`~hdl.activation_serial.SerialActivationUnit`: the unit selects a column's bias or
+    :class:`~hdl.datapath.activation_serial.SerialActivationUnit`: the unit selects a column's bias
+    or
     multiplier and reads it as ``word`` one cycle later (a synchronous block-RAM read); the
     scalars and the function are held while a row is in flight.
 

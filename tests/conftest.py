@@ -21,7 +21,7 @@ def rtl_device():
     closed with the module (one simulator build and process per configuration)."""
     from firmware.transports.rtl import RtlDevice
     from hdl.config import TPUConfig, get_config
-    from sim.runner import simulator
+    from sim.rtl.runner import simulator
 
     devices: dict[TPUConfig, RtlDevice] = {}
 

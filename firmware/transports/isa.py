@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl.config import TPUConfig
-from sim.isa_sim import IsaSim, error_beat
+from sim.models.isa_sim import IsaSim, error_beat
 
 __all__ = ["IsaSimDevice"]
 
 
 class IsaSimDevice:
-    """:class:`firmware.runtime.Device` backed by :class:`sim.isa_sim.IsaSim`.
+    """:class:`firmware.runtime.Device` backed by :class:`sim.models.isa_sim.IsaSim`.
 
     Beats are executed as they are sent. Counters that depend on timing come back as
     ``None`` (the ISA simulator cannot know them), and :meth:`cycles` is ``None``.

@@ -1,9 +1,9 @@
 """The RTL core under cocotb as a device: cycle-accurate runs with the hardware's counters.
 
-:class:`RtlDevice` builds :class:`sim.host_bridge.HostBridge` (the core between an input and
+:class:`RtlDevice` builds :class:`sim.rtl.host_bridge.HostBridge` (the core between an input and
 an output ring of host beats) once per configuration, ring depths and simulator, under
-``build/`` (:func:`sim.runner.build`), starts the simulator with :mod:`sim.rtl_server` as its
-cocotb test module in a child process (:func:`sim.runner.launch`) and talks to it over a
+``build/`` (:func:`sim.rtl.runner.build`), starts the simulator with :mod:`sim.rtl.server` as its
+cocotb test module in a child process (:func:`sim.rtl.runner.launch`) and talks to it over a
 local socket. The simulator runs free while a :meth:`RtlDevice.receive` waits for output
 beats and is frozen otherwise, so Python costs nothing per simulated cycle.
 
@@ -32,10 +32,10 @@ from amaranth.lib import data
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl import isa
-from hdl.activation_serial import element_cycles
 from hdl.config import PRESETS, TPUConfig
-from sim import host_bridge, runner
-from sim.host_bridge import DEFAULT_IN_DEPTH, DEFAULT_OUT_DEPTH, HostBridge
+from hdl.datapath.activation_serial import element_cycles
+from sim.rtl import host_bridge, runner
+from sim.rtl.host_bridge import DEFAULT_IN_DEPTH, DEFAULT_OUT_DEPTH, HostBridge
 
 __all__ = ["RtlDevice", "SimulatorExited", "TOP", "design"]
 
@@ -81,7 +81,7 @@ def design(config: TPUConfig, *, sim: str, waves: bool = False,
     """Build (or find built) the bridge for *config*: ``(config_key, build_dir, verilog)``."""
     key = _config_key(config, in_depth, out_depth)
     # The Verilog cache follows hdl/ and the factory's closure: closing over the bridge's
-    # source makes an edit of sim/host_bridge.py rebuild too.
+    # source makes an edit of sim/rtl/host_bridge.py rebuild too.
     bridge_source = hashlib.sha256(Path(host_bridge.__file__).read_bytes()).hexdigest()
 
     def factory() -> HostBridge:
@@ -89,7 +89,7 @@ def design(config: TPUConfig, *, sim: str, waves: bool = False,
         return HostBridge(config, in_depth=in_depth, out_depth=out_depth)
 
     # Only the bridge's ports and rings are visible to cocotb: Verilator then evaluates the
-    # core only at clock edges (see sim.runner.build).
+    # core only at clock edges (see sim.rtl.runner.build).
     ports = list(HostBridge.signature_for(config, in_depth, out_depth).members)
     build_dir, verilog = runner.build(TOP, factory, key, sim=sim, waves=waves,
                                       public=[*ports, "in_mem", "out_mem"])
@@ -169,7 +169,7 @@ class RtlDevice:
         try:
             listener.bind(address)
             listener.listen(1)
-            self._process = runner.launch(TOP, build_dir, "sim.rtl_server", self._run_dir,
+            self._process = runner.launch(TOP, build_dir, "sim.rtl.server", self._run_dir,
                                           sim=sim, waves=self.waves, log=self.log, extra_env={
                 "AMTPU_RTL_ADDRESS": address,
                 "AMTPU_RTL_AUTHKEY": authkey.hex(),
@@ -299,7 +299,7 @@ class RtlDevice:
     def coverage(self) -> dict[str, dict[str, int]]:
         """Since the last reset: cycles the core stalled on each hazard rule
         (``"stalls"``, :data:`hdl.control.hazards.HAZARD_RULES`) and cycles each pair of
-        engines worked at once (``"overlaps"``, :data:`sim.host_bridge.OVERLAPS`)."""
+        engines worked at once (``"overlaps"``, :data:`sim.rtl.host_bridge.OVERLAPS`)."""
         return self._request("coverage")
 
     def close(self) -> None:

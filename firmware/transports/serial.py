@@ -1,8 +1,9 @@
 """A board as a device: the core's host stream over a serial link (a UART), in the frames of
-:mod:`hdl.link_protocol` (docs/host-link.md).
+:mod:`hdl.link.protocol` (docs/host-link.md).
 
 :class:`SerialDevice` opens the port with pyserial's ``serial_for_url``, so a board's port
-(``/dev/ttyUSB1``), a simulated board (``socket://127.0.0.1:PORT``, :func:`sim.link_model.serve`)
+(``/dev/ttyUSB1``), a simulated board (``socket://127.0.0.1:PORT``,
+:func:`sim.models.link_model.serve`)
 and ``loop://`` all work. A background thread reads the port all the time, so the board's
 output never waits in (and overflows) the operating system's buffers while the host does
 something else; beats arrive in a queue that :meth:`SerialDevice.receive` takes from.
@@ -24,7 +25,7 @@ import serial
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl import isa
 from hdl.config import PRESETS, TPUConfig
-from hdl.link_protocol import (
+from hdl.link.protocol import (
     PROTOCOL_VERSION,
     Frame,
     FrameDecoder,
@@ -480,7 +481,7 @@ class SerialDevice:
 
     def cycles(self) -> int | None:
         """Board clock cycles since power-up (48-bit wraps undone while the device is open;
-        the link model reports a proxy, see :mod:`sim.link_model`)."""
+        the link model reports a proxy, see :mod:`sim.models.link_model`)."""
         self._status_reply()
         return self._cycles_total
 

@@ -5,17 +5,17 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..activation import acc_row_layout
-from ..config import TPUConfig
-from ..isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
-from ..ports import (
+from hdl.config import TPUConfig
+from hdl.datapath.activation import acc_row_layout
+from hdl.isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
+from hdl.memory.unified_buffer import RegisteredRead
+from hdl.ports import (
     MemReadSignature,
     MemWriteSignature,
     ParamColumnSignature,
     addr_bits,
     requant_params_layout,
 )
-from ..unified_buffer import RegisteredRead
 
 __all__ = ["ActivationEngine", "ParamKind", "param_write_layout", "window_log2"]
 

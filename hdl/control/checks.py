@@ -4,8 +4,10 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import TPUConfig
-from ..isa import (
+from hdl.config import TPUConfig
+from hdl.control.activation_engine import window_log2
+from hdl.control.hazards import ADDR_END_BITS
+from hdl.isa import (
     INSTR_BITS,
     Activate,
     ErrorCode,
@@ -16,8 +18,6 @@ from ..isa import (
     Matmul,
     Opcode,
 )
-from .activation_engine import window_log2
-from .hazards import ADDR_END_BITS
 
 __all__ = ["Checks"]
 

@@ -6,8 +6,8 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import COUNTER_BITS, COUNTERS
-from ..ports import COUNTER_EVENTS, CounterEventsSignature
+from hdl.isa import COUNTER_BITS, COUNTERS
+from hdl.ports import COUNTER_EVENTS, CounterEventsSignature
 
 __all__ = ["PerfCounters", "RING"]
 

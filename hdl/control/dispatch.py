@@ -4,8 +4,8 @@ from amaranth.hdl import Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import TPUConfig
-from ..isa import ErrorCode, Opcode
+from hdl.config import TPUConfig
+from hdl.isa import ErrorCode, Opcode
 
 __all__ = ["Dispatch", "ENGINE_OPCODES"]
 
@@ -36,7 +36,7 @@ class Dispatch(wiring.Component):
       word and the engines' ``ready``. It relies on the engines: a ready engine stays ready
       until it takes an instruction, the activation engine becomes busy and the core stops
       being idle only as something is dispatched (each a proved property,
-      :mod:`sim.proofs.engines`). An instruction that waits for its engine issues a cycle
+      :mod:`sim.formal.engines`). An instruction that waits for its engine issues a cycle
       after the engine is ready.
     - ``"pipelined"``: as ``"ahead"``, and the front end registers its checks' answers
       before they are combined (``i_error`` and ``i_failed`` are the beat's own from its

@@ -4,9 +4,13 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import times_constant
-from ..config import TPUConfig
-from ..isa import (
+from hdl.config import TPUConfig
+from hdl.control.activation_engine import ParamKind, param_write_layout
+from hdl.control.checks import Checks
+from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
+from hdl.control.hazards import HazardQuerySignature
+from hdl.datapath.systolic_array import weight_row_layout
+from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,
     DONE_MAGIC,
@@ -28,12 +32,8 @@ from ..isa import (
     ub_row_beat,
     weight_row_beat,
 )
-from ..ports import MemWriteSignature, addr_bits
-from ..systolic_array import weight_row_layout
-from .activation_engine import ParamKind, param_write_layout
-from .checks import Checks
-from .dispatch import ENGINE_OPCODES, Dispatch
-from .hazards import HazardQuerySignature
+from hdl.lib.arith import times_constant
+from hdl.ports import MemWriteSignature, addr_bits
 
 __all__ = ["FrontEnd"]
 

@@ -4,8 +4,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compare import greater_than
-from ..isa import Instr, Opcode
+from hdl.isa import Instr, Opcode
+from hdl.lib.compare import greater_than
 
 __all__ = ["HazardTracker", "HazardQuerySignature", "MATMUL_SLOTS", "ADDR_END_BITS",
            "HAZARD_RULES"]
@@ -70,7 +70,7 @@ class HazardQuerySignature(wiring.Signature):
 
 class _Range:
     """A tracked half-open range ``[lo, hi)``; with *trees*, its compares are LUT trees
-    (:func:`~hdl.compare.greater_than`) instead of carry chains."""
+    (:func:`~hdl.lib.compare.greater_than`) instead of carry chains."""
 
     def __init__(self, name: str, width: int, trees: bool = False):
         self.valid = Signal(name=f"{name}_valid")

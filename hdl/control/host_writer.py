@@ -4,9 +4,9 @@ from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import TPUConfig
-from ..isa import WriteHost, ub_row_beat
-from ..ports import MemReadSignature, addr_bits
+from hdl.config import TPUConfig
+from hdl.isa import WriteHost, ub_row_beat
+from hdl.ports import MemReadSignature, addr_bits
 
 __all__ = ["HostWriter"]
 

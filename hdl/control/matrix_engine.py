@@ -4,12 +4,12 @@ from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..accumulators import psum_write_layout
-from ..block_fifo import BlockFIFO
-from ..config import TPUConfig
-from ..isa import Matmul, ub_row_beat
-from ..ports import MemReadSignature, addr_bits
-from ..systolic_array import act_row_layout, psum_row_layout
+from hdl.config import TPUConfig
+from hdl.datapath.accumulators import psum_write_layout
+from hdl.datapath.systolic_array import act_row_layout, psum_row_layout
+from hdl.isa import Matmul, ub_row_beat
+from hdl.memory.block_fifo import BlockFIFO
+from hdl.ports import MemReadSignature, addr_bits
 
 __all__ = ["MatrixEngine"]
 
@@ -25,7 +25,7 @@ class MatrixEngine(wiring.Component):
     cycle, and sends each with its instruction's ``switch`` (first row only) and ``signed``
     flags to the array (with ``acc_gap``, a row that accumulates into the accumulator row of
     the row sent in the cycle before waits a cycle: see
-    :class:`~hdl.accumulators.Accumulators`' ``bypass``); writes each output row to
+    :class:`~hdl.datapath.accumulators.Accumulators`' ``bypass``); writes each output row to
     accumulator row ``acc_addr + i`` (added if ``accumulate``), in order; pulses ``o_retire``
     in the cycle after the last row of the oldest MATMUL has been written
     (``i_acc_written``). After a reset it first writes zeros to every accumulator row

@@ -4,11 +4,11 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import times_constant
-from ..config import TPUConfig
-from ..isa import ReadWeights
-from ..ports import MatrixStatusSignature, MemReadSignature, addr_bits
-from ..systolic_array import weight_row_layout
+from hdl.config import TPUConfig
+from hdl.datapath.systolic_array import weight_row_layout
+from hdl.isa import ReadWeights
+from hdl.lib.arith import times_constant
+from hdl.ports import MatrixStatusSignature, MemReadSignature, addr_bits
 
 __all__ = ["WeightLoader"]
 

@@ -8,8 +8,8 @@ import pytest
 from firmware.gemm import gemm_program, gemm_reference
 from hdl import isa
 from hdl.config import PRESETS, TPUConfig
-from sim import golden
-from sim.isa_sim import IsaSim
+from sim.models import golden
+from sim.models.isa_sim import IsaSim
 
 SEED = 20261203
 DEFAULT = PRESETS["default"]

@@ -16,7 +16,7 @@ import pytest
 from firmware import nn
 from firmware.quant import QParams, QuantError, quantise, reference_forward
 from hdl.isa import Func
-from sim import golden
+from sim.models import golden
 
 SEED = 20260512
 INT32_MAX = (1 << 31) - 1

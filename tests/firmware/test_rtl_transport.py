@@ -32,7 +32,7 @@ from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice, SimulatorExited
 from hdl import isa
 from hdl.config import get_config
-from sim.runner import simulator
+from sim.rtl.runner import simulator
 
 
 @pytest.fixture(scope="module")

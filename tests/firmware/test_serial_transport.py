@@ -1,5 +1,5 @@
 """The serial transport (:class:`firmware.transports.serial.SerialDevice`) without hardware:
-through pyserial's ``socket://`` to a simulated board (:func:`sim.link_model.serve`), whose
+through pyserial's ``socket://`` to a simulated board (:func:`sim.models.link_model.serve`), whose
 core is the ISA simulator. Results equal :class:`firmware.transports.isa.IsaSimDevice`'s
 (``==``; the ISA simulator's timing-dependent counters are ``None`` there and 0 from the link
 model), errors and statuses too; faults injected in the link model (corrupted or dropped
@@ -42,7 +42,7 @@ from firmware.transports.isa import IsaSimDevice
 from firmware.transports.serial import SerialDevice
 from hdl import isa
 from hdl.config import get_config
-from hdl.link_protocol import (
+from hdl.link.protocol import (
     END,
     ESC,
     Frame,
@@ -55,7 +55,7 @@ from hdl.link_protocol import (
     encode_frame,
     slip_encode,
 )
-from sim.link_model import LinkModel, serve
+from sim.models.link_model import LinkModel, serve
 
 #: Seconds a device waits for an answer before it sends a frame again, in the tests that
 #: drop frames or wait for a timeout (short: the model answers at once); the others keep the
@@ -715,8 +715,8 @@ def test_cli_demo_over_serial(board, capsys):
 
 
 def test_link_model_command_line():
-    """python -m sim.link_model serves a board a SerialDevice can open."""
-    process = subprocess.Popen([sys.executable, "-m", "sim.link_model", "--config", "tiny",
+    """python -m sim.models.link_model serves a board a SerialDevice can open."""
+    process = subprocess.Popen([sys.executable, "-m", "sim.models.link_model", "--config", "tiny",
                                 "--max-beats", "3"], stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()

@@ -10,7 +10,7 @@ Two sources fill a :class:`Coverage`:
   earlier instruction the rule names, with no fence between them);
 - the RTL (:func:`observe_rtl`, from :meth:`firmware.transports.rtl.RtlDevice.coverage`):
   cycles the core stalled on each rule of :data:`hdl.control.hazards.HAZARD_RULES` and
-  cycles each pair of engines (:data:`sim.host_bridge.OVERLAPS`) worked at once.
+  cycles each pair of engines (:data:`sim.rtl.host_bridge.OVERLAPS`) worked at once.
 
 :func:`promised_points` lists the points a configuration can reach (a MATMUL cannot cover the
 whole unified buffer when it is deeper than the accumulators, say); a test fails when one of
@@ -27,8 +27,8 @@ from firmware.asm import field_specs
 from hdl import isa
 from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
-from sim.host_bridge import OVERLAPS
-from sim.isa_sim import POOL_WINDOW
+from sim.models.isa_sim import POOL_WINDOW
+from sim.rtl.host_bridge import OVERLAPS
 
 __all__ = ["Coverage", "ProgramObserver", "promised_points", "observe_rtl", "MEMORY_ACCESSES",
            "RULE_ACCESSES", "RESERVED_BITS", "format_table"]

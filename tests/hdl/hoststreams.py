@@ -23,7 +23,7 @@ from firmware.asm import Program, encode, field_specs
 from hdl import isa
 from hdl.config import TPUConfig
 from hdl.isa import Func, Opcode, Pool
-from sim.isa_sim import POOL_WINDOW, IsaSim
+from sim.models.isa_sim import POOL_WINDOW, IsaSim
 
 __all__ = ["load_weight_set", "dump_program", "FuzzCase", "fuzz_case", "FUZZ_KINDS"]
 

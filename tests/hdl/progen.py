@@ -27,7 +27,7 @@ every memory either way.
 
 Operands include the extremes (-128, 127, 255, sums near the int32 limits, saturation).
 The generator keeps its own model of the state that decides validity (written tiles, queued
-tiles, whether a tile is active); :class:`sim.isa_sim.IsaSim` computes the expected output.
+tiles, whether a tile is active); :class:`sim.models.isa_sim.IsaSim` computes the expected output.
 :class:`funcov.ProgramObserver` measures what the programs contain.
 """
 
@@ -44,7 +44,7 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from hdl.core import ACTIVITY
 from hdl.isa import Func, Pool
-from sim.isa_sim import POOL_WINDOW, IsaSim
+from sim.models.isa_sim import POOL_WINDOW, IsaSim
 
 __all__ = ["random_program", "random_bytes", "random_params", "program_block", "short_counts",
            "MOTIFS"]

@@ -28,7 +28,7 @@ from firmware.transports.rtl import RtlDevice
 from hdl import isa
 from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
-from sim.isa_sim import IsaSim, beats_match, error_beat
+from sim.models.isa_sim import IsaSim, beats_match, error_beat
 
 __all__ = ["Pair", "describe"]
 

@@ -35,10 +35,10 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
 
-from hdl.accumulators import psum_write_layout
-from sim.golden import wrap
-from sim.scoreboard import Scoreboard
-from sim.streams import (
+from hdl.datapath.accumulators import psum_write_layout
+from sim.models.golden import wrap
+from sim.rtl.scoreboard import Scoreboard
+from sim.rtl.streams import (
     StreamDriver,
     StreamMonitor,
     burst_stalls,

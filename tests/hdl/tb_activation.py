@@ -28,11 +28,11 @@ from amaranth.hdl import signed
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from hdl.activation import ActivationUnit, acc_row_layout, lut_table
-from hdl.activation_serial import element_cycles
+from hdl.datapath.activation import ActivationUnit, acc_row_layout, lut_table
+from hdl.datapath.activation_serial import element_cycles
 from hdl.isa import Func
 from hdl.ports import requant_params_layout
-from sim.golden import (
+from sim.models.golden import (
     SIGMOID_LUT,
     TANH_LUT,
     activate,
@@ -41,8 +41,8 @@ from sim.golden import (
     rounding_shift,
     wrap,
 )
-from sim.scoreboard import Scoreboard
-from sim.streams import (
+from sim.rtl.scoreboard import Scoreboard
+from sim.rtl.streams import (
     StreamDriver,
     StreamMonitor,
     burst_stalls,

@@ -1,5 +1,5 @@
 """cocotb testbench: ``PipelinedMemory`` as the simulators see it, DP16KD blocks and their
-model (``sim/models/DP16KD.v``).
+model (``sim/rtl/vendor/DP16KD.v``).
 
 The DUT's shape is in ``AMTPU_BRAM`` (JSON ``{"depth", "width", "readers"}``, set by
 ``test_block_ram.py``). Every cycle the bench writes a random row or not and gives each read

@@ -4,9 +4,9 @@ The host is modelled bit by bit: its transmitter drives ``i_rx`` with ``Timer`` 
 one bit time, starting off the clock's phase (a real host's UART is asynchronous to the
 board clock), and its receiver samples ``o_tx`` in the middle of each bit after the start
 bit's falling edge. Frames are made and read with the real framing code
-(:mod:`hdl.link_protocol`: ``encode_frame``, ``FrameDecoder``, ``StatusReply``,
+(:mod:`hdl.link.protocol`: ``encode_frame``, ``FrameDecoder``, ``StatusReply``,
 ``InfoReply``); programs are built with :class:`firmware.asm.Program` and run through
-:class:`sim.isa_sim.IsaSim`, whose output must equal the BEAT frames the board sends
+:class:`sim.models.isa_sim.IsaSim`, whose output must equal the BEAT frames the board sends
 (``==``, the timing-dependent counters aside). After every error case (bad CRC, a
 truncated frame, garbage, an oversize frame, an instruction failing its checks cleared with
 CLEAR or the resynchronisation word, RESET) the state read back with WRITE_HOST equals
@@ -26,13 +26,13 @@ from cocotb.triggers import Event, FallingEdge, First, Timer
 
 from firmware.asm import Program
 from hdl import isa
-from hdl import link_protocol as lp
-from hdl.board_core import running_epoch_bits
 from hdl.isa import ErrorCode, Func
-from hdl.link_protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
-from sim.isa_sim import IsaSim
-from sim.runner import config_from_env
-from sim.streams import reset, start_clock
+from hdl.link import protocol as lp
+from hdl.link.board_core import running_epoch_bits
+from hdl.link.protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
+from sim.models.isa_sim import IsaSim
+from sim.rtl.runner import config_from_env
+from sim.rtl.streams import reset, start_clock
 
 CLK_NS = 10
 DIVISOR = int(os.environ.get("AMTPU_DIVISOR", "4"))

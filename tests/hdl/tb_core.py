@@ -1,5 +1,5 @@
 """cocotb testbench: the whole core, driven through its host stream, against the ISA
-simulator (:class:`sim.isa_sim.IsaSim`).
+simulator (:class:`sim.models.isa_sim.IsaSim`).
 
 Every beat the core sends (unified-buffer rows, counters, DONE beats) is compared with ``==``
 to the beat the ISA simulator sends for the same program; only the counters that depend on
@@ -33,9 +33,9 @@ from hdl.isa import (
     Pool,
     Status,
 )
-from sim.isa_sim import IsaSim, beats_match, error_beat
-from sim.runner import config_from_env
-from sim.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
+from sim.models.isa_sim import IsaSim, beats_match, error_beat
+from sim.rtl.runner import config_from_env
+from sim.rtl.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
 
 STATUS = data.Layout.cast(Status)
 ERROR_BIT = 1 << STATUS["error"].offset

@@ -18,8 +18,8 @@ from hoststreams import dump_program, fuzz_case
 from tb_core import Testbench
 
 from hdl.isa import RESYNC_WORD
-from sim.isa_sim import error_beat
-from sim.streams import reset
+from sim.models.isa_sim import error_beat
+from sim.rtl.streams import reset
 
 
 @cocotb.test()

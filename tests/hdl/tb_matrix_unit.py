@@ -19,7 +19,7 @@ from tb_systolic_array import (
     scenario_uneven_tiles,
 )
 
-from sim.runner import config_from_env
+from sim.rtl.runner import config_from_env
 
 
 @cocotb.test()

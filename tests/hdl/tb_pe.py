@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import cocotb
 from cocotb.triggers import FallingEdge, ReadOnly
 
-from sim.golden import wrap
-from sim.streams import reset, start_clock
+from sim.models.golden import wrap
+from sim.rtl.streams import reset, start_clock
 
 ROW = 1
 ROW_BITS = 2
@@ -46,7 +46,7 @@ class Inputs:
 
 @dataclass
 class PEModel:
-    """Next-state model of the PE's registers (the contract in ``hdl/pe.py``).
+    """Next-state model of the PE's registers (the contract in ``hdl/datapath/pe.py``).
 
     ``ecp5``: the ``multiplier="ecp5"`` PE (``latency`` 7), whose ``w_pre`` register holds
     the weight the activation met for a cycle, ``a_pre`` and ``w_pipe`` take the activation

@@ -1,5 +1,5 @@
 """cocotb testbenches for the ECP5 multiplier: the ``MULT18X18D`` simulation model alone
-(``sim/models/MULT18X18D.v``) against numpy, and a PE with ``multiplier="ecp5"`` lock-step
+(``sim/rtl/vendor/MULT18X18D.v``) against numpy, and a PE with ``multiplier="ecp5"`` lock-step
 against the PE's cycle model with a random clock enable.
 
 The model's DUT is :class:`test_pe_dsp.MultHarness`: blocks of several register settings and
@@ -21,7 +21,7 @@ from cocotb.simtime import get_sim_time
 from cocotb.triggers import FallingEdge, ReadOnly
 from tb_pe import Inputs, PEModel, wbus_bits
 
-from sim.streams import reset, start_clock
+from sim.rtl.streams import reset, start_clock
 
 INT18_MIN, INT18_MAX = -(2**17), 2**17 - 1
 # The PE's operands: 9-bit two's complement (int8 or uint8 extended by the array's edge).

@@ -2,7 +2,7 @@
 
 :class:`MatrixTestbench` and the ``scenario_*`` coroutines also drive the matrix unit
 (``tb_matrix_unit.py``), which has the same ``i_weight`` / ``i_act`` / ``o_psum`` streams.
-Every output row is compared with ``sim.golden.MatrixUnitModel`` with ``==``, in order; every
+Every output row is compared with ``sim.models.golden.MatrixUnitModel`` with ``==``, in order; every
 random test logs its seed and names it in failure messages.
 """
 
@@ -15,11 +15,18 @@ import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
 from hdl.config import TPUConfig
-from hdl.systolic_array import act_row_layout, psum_row_layout, weight_row_layout
-from sim.golden import MatrixUnitModel, operand_range, to_raw
-from sim.runner import config_from_env
-from sim.scoreboard import Scoreboard
-from sim.streams import StreamDriver, StreamMonitor, burst_stalls, random_stalls, reset, start_clock
+from hdl.datapath.systolic_array import act_row_layout, psum_row_layout, weight_row_layout
+from sim.models.golden import MatrixUnitModel, operand_range, to_raw
+from sim.rtl.runner import config_from_env
+from sim.rtl.scoreboard import Scoreboard
+from sim.rtl.streams import (
+    StreamDriver,
+    StreamMonitor,
+    burst_stalls,
+    random_stalls,
+    reset,
+    start_clock,
+)
 
 CLOCK_NS = 10
 
@@ -75,7 +82,7 @@ class MatrixTestbench:
             self.weight_shift_cycles += int(self.weight_shift.value)
 
     def _enables(self) -> tuple[list, object | None, list]:
-        """With the registered enable (see ``hdl/systolic_array.py``): every copy of the
+        """With the registered enable (see ``hdl/datapath/systolic_array.py``): every copy of the
         enable register, the skid's ``full``, and the register ``stop`` with the pipeline's
         last two valid stages, found in the generated Verilog's hierarchy; ``([], None, [])``
         otherwise."""

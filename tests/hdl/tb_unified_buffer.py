@@ -32,8 +32,8 @@ from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
 
 from hdl.ports import write_request_layout
-from sim.scoreboard import Scoreboard
-from sim.streams import (
+from sim.rtl.scoreboard import Scoreboard
+from sim.rtl.streams import (
     StreamDriver,
     StreamMonitor,
     burst_stalls,

@@ -15,11 +15,18 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from hdl.systolic_array import weight_row_layout
-from sim.golden import operand_range, to_raw
-from sim.runner import config_from_env
-from sim.scoreboard import Scoreboard
-from sim.streams import StreamDriver, StreamMonitor, burst_stalls, random_stalls, reset, start_clock
+from hdl.datapath.systolic_array import weight_row_layout
+from sim.models.golden import operand_range, to_raw
+from sim.rtl.runner import config_from_env
+from sim.rtl.scoreboard import Scoreboard
+from sim.rtl.streams import (
+    StreamDriver,
+    StreamMonitor,
+    burst_stalls,
+    random_stalls,
+    reset,
+    start_clock,
+)
 
 DEPTH = 4
 

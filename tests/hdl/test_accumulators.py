@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.accumulators import Accumulators
-from sim.runner import cocotb_test_names, run
+from hdl.datapath.accumulators import Accumulators
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 # (depth, cols): key -> sizes; small, so Icarus runs are quick.

@@ -10,10 +10,10 @@ from amaranth.hdl import Module, Mux, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.activation import ActivationUnit, acc_row_layout
-from hdl.activation_serial import SerialActivationUnit
+from hdl.datapath.activation import ActivationUnit, acc_row_layout
+from hdl.datapath.activation_serial import SerialActivationUnit
 from hdl.ports import requant_params_layout
-from sim.runner import cocotb_test_names, run
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 COLS = {"c2": 2, "c4": 4}

@@ -1,4 +1,4 @@
-"""hdl.arith: constant multiplies from adders, equal to ``*`` for every input."""
+"""hdl.lib.arith: constant multiplies from adders, equal to ``*`` for every input."""
 
 from itertools import pairwise
 
@@ -6,7 +6,7 @@ import pytest
 from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
-from hdl.arith import csd_digits, times_constant
+from hdl.lib.arith import csd_digits, times_constant
 
 WIDTH = 6
 FACTORS = [0, 1, 2, 3, 5, 7, 8, 11, 12, 14, 15, 16, 21, 63, 100]

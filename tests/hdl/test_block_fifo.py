@@ -1,4 +1,4 @@
-"""hdl.block_fifo.BlockFIFO against amaranth.lib.fifo.SyncFIFOBuffered: the same outputs in
+"""hdl.memory.block_fifo.BlockFIFO against amaranth.lib.fifo.SyncFIFOBuffered: the same outputs in
 every cycle under random writes and reads (full and empty included), for each depth form."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from amaranth.hdl import Module
 from amaranth.lib import fifo
 from amaranth.sim import Simulator
 
-from hdl.block_fifo import BlockFIFO
+from hdl.memory.block_fifo import BlockFIFO
 
 SEED = 9100
 

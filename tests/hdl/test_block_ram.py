@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""PipelinedMemory (hdl/block_ram.py): its DP16KD blocks and their model under the cocotb
+"""PipelinedMemory (hdl/memory/block_ram.py): its DP16KD blocks and their model under the cocotb
 bench (tb_block_ram.py) at every block width, and its fabric form under amaranth.sim, both
 against the bench's model; its errors."""
 
@@ -13,8 +13,8 @@ import pytest
 from amaranth.sim import Simulator
 from tb_block_ram import Model
 
-from hdl.block_ram import PipelinedMemory, dp16kd_width
-from sim.runner import run
+from hdl.memory.block_ram import PipelinedMemory, dp16kd_width
+from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
 

@@ -1,5 +1,5 @@
 """BoardCore (UART, host link, core) end to end through its UART pins: cocotb tests
-(tb_board_core.py) on the tiny core with 4 clock cycles a bit, run through sim.runner
+(tb_board_core.py) on the tiny core with 4 clock cycles a bit, run through sim.rtl.runner
 (``SIM`` picks Icarus or Verilator)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hdl.board_core import BoardCore
 from hdl.config import get_config
-from sim.runner import cocotb_test_names, run
+from hdl.link.board_core import BoardCore
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 CONFIG_KEY = "tiny"

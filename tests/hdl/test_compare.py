@@ -1,4 +1,4 @@
-"""hdl.compare.greater_than equals ``>`` for every pair of values (exhaustive: one operand a
+"""hdl.lib.compare.greater_than equals ``>`` for every pair of values (exhaustive: one operand a
 signal, the other each constant of the width), signed and unsigned, at widths with a lone
 bit at the top and with an odd count of groups to merge."""
 
@@ -8,7 +8,7 @@ import pytest
 from amaranth.hdl import Const, Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from hdl.compare import greater_than
+from hdl.lib.compare import greater_than
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 8])

@@ -1,4 +1,4 @@
-"""The core: cocotb tests (tb_core.py) against the ISA simulator, run through sim.runner.
+"""The core: cocotb tests (tb_core.py) against the ISA simulator, run through sim.rtl.runner.
 
 CI runs 200 constrained-random programs (8 blocks of 25 over three configurations);
 ``make test-all`` adds 17 more blocks (425 programs), including the 8x8 and 16x16 cores.
@@ -15,8 +15,8 @@ import pytest
 from hdl.config import TPUConfig, get_config
 from hdl.core import Core
 from hdl.isa import Opcode
-from sim.gtkw import fst_signals, gtkw_traces, read_enum_filter
-from sim.runner import run
+from sim.rtl.runner import run
+from sim.waves.gtkw import fst_signals, gtkw_traces, read_enum_filter
 
 HERE = Path(__file__).parent
 PROGRAMS_PER_BLOCK = 25

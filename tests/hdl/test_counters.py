@@ -12,7 +12,7 @@ from hdl.config import ConfigError, TPUConfig
 from hdl.control.counters import RING, PerfCounters
 from hdl.isa import COUNTERS
 from hdl.ports import COUNTER_EVENTS
-from sim.isa_sim import IsaSim
+from sim.models.isa_sim import IsaSim
 
 
 def model(events: list[dict[str, int]], width: int, macs: int) -> dict[str, int]:

@@ -1,10 +1,10 @@
 """Two PEs' products in one iCE40 ``SB_MAC16`` (``multiplier="ice40"``, operands int8).
 
 - the configuration axes (``multiplier="ice40"`` needs ``operands="int8"``);
-- :class:`hdl.dual_mult.DualMultiplier`'s circuit per platform: the instance with the dual
+- :class:`hdl.datapath.dual_mult.DualMultiplier`'s circuit per platform: the instance with the dual
   8x8 parameters on an iCE40 and for Icarus/Verilator, fabric registers elsewhere, refused on
   other parts; the systolic array's pairing (a 4x4 array: 8 blocks, the UP5K's count);
-- the simulation model ``sim/models/SB_MAC16.v`` against yosys's own model of the cell
+- the simulation model ``sim/rtl/vendor/SB_MAC16.v`` against yosys's own model of the cell
   (``share/ice40/cells_sim.v``, the one synthesis and nextpnr follow), every operand pair,
   for each register and signedness variant, and a broken model caught by the same bench;
 - ``amaranth.sim``: the fabric path's products, two enabled cycles late.
@@ -30,10 +30,10 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from hdl.config import ConfigError, get_config
-from hdl.dual_mult import SB_MAC16_PARAMS, DualMultiplier
-from hdl.pe import VERILOG_SIM_PLATFORM
-from hdl.systolic_array import SystolicArray
-from sim.verilog import MODELS_DIR
+from hdl.datapath.dual_mult import SB_MAC16_PARAMS, DualMultiplier
+from hdl.datapath.pe import VERILOG_SIM_PLATFORM
+from hdl.datapath.systolic_array import SystolicArray
+from sim.rtl.verilog import MODELS_DIR
 
 HERE = Path(__file__).parent
 SEED = 4242

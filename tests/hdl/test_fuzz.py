@@ -30,7 +30,7 @@ from firmware.transports.isa import IsaSimDevice
 from hdl import isa
 from hdl.config import get_config
 from hdl.core import Core
-from sim.runner import run
+from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
 

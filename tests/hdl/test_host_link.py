@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""HostLink (hdl.host_link) in amaranth.sim against the frame protocol (hdl.link_protocol).
+"""HostLink (hdl.link.host_link) in amaranth.sim against the frame protocol (hdl.link.protocol).
 
 The testbench plays both neighbours: the host side sends bytes made with
 ``link_protocol.encode_frame`` (one a cycle at most, or every other cycle for the link
@@ -23,11 +23,11 @@ import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from hdl import link_protocol as lp
 from hdl.config import TPUConfig, get_config
-from hdl.host_link import REPLY_QUEUE_DEPTH, HostLink
 from hdl.isa import Status
-from hdl.link_protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
+from hdl.link import protocol as lp
+from hdl.link.host_link import REPLY_QUEUE_DEPTH, HostLink
+from hdl.link.protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
 
 TINY = get_config("tiny")           # 64-bit beats: 8 bytes
 CLOCK_HZ = 12_000_000

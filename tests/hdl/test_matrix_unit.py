@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hdl.config import get_config
-from hdl.matrix_unit import MatrixUnit
-from sim.runner import cocotb_test_names, run
+from hdl.datapath.matrix_unit import MatrixUnit
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]

@@ -1,4 +1,4 @@
-"""PE: cocotb lock-step tests (tb_pe.py) run through sim.runner."""
+"""PE: cocotb lock-step tests (tb_pe.py) run through sim.rtl.runner."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.pe import PE
-from sim.runner import cocotb_test_names, run
+from hdl.datapath.pe import PE
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 # Tests sharing a simulation (each simulator start costs about 2 s).

@@ -2,7 +2,7 @@
 
 - the configuration field and the PE's choice of circuit per platform;
 - ``amaranth.sim`` (behavioural registers): the same cycles as ``multiplier="infer"``;
-- the simulation model ``sim/models/MULT18X18D.v`` alone against numpy, on Icarus and
+- the simulation model ``sim/rtl/vendor/MULT18X18D.v`` alone against numpy, on Icarus and
   Verilator, and its refusal of parameters outside the subset it models;
 - the PE with the instance, lock-step against its cycle model with a random clock enable;
 - the systolic array and the whole core with every PE on the instance, against the golden
@@ -46,11 +46,11 @@ from progen import program_block
 from firmware.transports.rtl import RtlDevice
 from hdl.config import PRESETS, ConfigError, TPUConfig, get_config
 from hdl.core import Core
-from hdl.pe import PE, VERILOG_SIM_PLATFORM
-from hdl.systolic_array import SystolicArray
-from sim.isa_sim import beats_match
-from sim.runner import run
-from sim.verilog import MODELS_DIR, generate, model_sources
+from hdl.datapath.pe import PE, VERILOG_SIM_PLATFORM
+from hdl.datapath.systolic_array import SystolicArray
+from sim.models.isa_sim import beats_match
+from sim.rtl.runner import run
+from sim.rtl.verilog import MODELS_DIR, generate, model_sources
 
 HERE = Path(__file__).parent
 

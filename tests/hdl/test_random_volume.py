@@ -46,8 +46,8 @@ from firmware.asm import Program
 from firmware.runtime import DeviceError
 from firmware.transports.rtl import RtlDevice
 from hdl.config import TPUConfig, get_config
-from sim.isa_sim import IsaSim, beats_match
-from sim.verilog import BUILD_ROOT
+from sim.models.isa_sim import IsaSim, beats_match
+from sim.rtl.verilog import BUILD_ROOT
 
 #: `edge` below, and the base of `edge-pipelined`.
 _EDGE = TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,

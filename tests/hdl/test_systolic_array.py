@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hdl.config import get_config
-from hdl.systolic_array import SystolicArray
-from sim.gtkw import fst_signals, gtkw_traces
-from sim.runner import cocotb_test_names, run
+from hdl.datapath.systolic_array import SystolicArray
+from sim.rtl.runner import cocotb_test_names, run
+from sim.waves.gtkw import fst_signals, gtkw_traces
 
 HERE = Path(__file__).parent
 CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
@@ -48,7 +48,7 @@ def test_lut_multipliers():
 @pytest.mark.parametrize("group", GROUPS)
 def test_ice40_dual_multipliers(group: str):
     """``multiplier="ice40"``: the products two to an ``SB_MAC16`` (the simulation model
-    ``sim/models/SB_MAC16.v``), int8 operands only, under the same stimulus (extremes:
+    ``sim/rtl/vendor/SB_MAC16.v``), int8 operands only, under the same stimulus (extremes:
     -128 x -128 and 127 x 127 down every column), stalls and back-pressure."""
     config = get_config("small").replace(multiplier="ice40", operands="int8")
     run("systolic_array", lambda: SystolicArray(config), "small-ice40", "tb_systolic_array",

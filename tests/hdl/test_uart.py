@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""The 8N1 UART (hdl.uart) in amaranth.sim: the receiver fed per-cycle line levels built
+"""The 8N1 UART (hdl.link.uart) in amaranth.sim: the receiver fed per-cycle line levels built
 from bytes, the transmitter's line decoded bit by bit, and the two looped back.
 
 Seeds are fixed and printed; every comparison is ``==`` on whole byte lists.
@@ -15,7 +15,7 @@ import pytest
 from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
-from hdl.uart import UARTReceiver, UARTTransmitter
+from hdl.link.uart import UARTReceiver, UARTTransmitter
 
 DIVISORS = [2, 3, 4, 5, 8]
 

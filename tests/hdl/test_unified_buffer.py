@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.unified_buffer import UnifiedBuffer
-from sim.runner import cocotb_test_names, run
+from hdl.memory.unified_buffer import UnifiedBuffer
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 # (depth, row_elems): key -> sizes; small, so Icarus runs are quick.

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hdl.config import get_config
-from hdl.weight_fifo import WeightFIFO
-from sim.runner import cocotb_test_names, run
+from hdl.datapath.weight_fifo import WeightFIFO
+from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
 CONFIGS = ["tiny", "small", "wide", "default"]

@@ -10,16 +10,16 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.control.hazards import HazardTracker
-from hdl.pe import PE
-from hdl.weight_fifo import WeightFIFO
-from sim import formal
-from sim.formal import Harness, Result, run
-from sim.gtkw import gtkw_traces
-from sim.proofs import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
-from sim.proofs.engines import matrix_engine_harness
-from sim.proofs.hazards import RuleDroppedTracker, hazards_harness
-from sim.proofs.pe import pe_harness
-from sim.proofs.weight_fifo import weight_fifo_harness
+from hdl.datapath.pe import PE
+from hdl.datapath.weight_fifo import WeightFIFO
+from sim.formal import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
+from sim.formal import harness as formal
+from sim.formal.engines import matrix_engine_harness
+from sim.formal.harness import Harness, Result, run
+from sim.formal.hazards import RuleDroppedTracker, hazards_harness
+from sim.formal.pe import pe_harness
+from sim.formal.weight_fifo import weight_fifo_harness
+from sim.waves.gtkw import gtkw_traces
 
 
 def _assert_counterexample(result: Result, source: str) -> None:
@@ -53,13 +53,13 @@ def test_fast_form(name: str, tmp_path: Path):
 def test_pe_model_bug_fails(tmp_path: Path):
     result = run("pe_bug", pe_harness(data_width=4, acc_width=8, model_bug=True),
                  mode="bmc", depth=4, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/pe.py")
+    _assert_counterexample(result, "sim/formal/pe.py")
 
 
 def test_fifo_count_bug_fails(tmp_path: Path):
     result = run("fifo_bug", weight_fifo_harness(rows=2, depth=2, count_bug=True),
                  mode="prove", depth=4, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+    _assert_counterexample(result, "sim/formal/weight_fifo.py")
 
 
 class _CorruptingFIFO(WeightFIFO):
@@ -76,7 +76,7 @@ def test_fifo_corrupting_design_fails(tmp_path: Path):
     result = run("fifo_corrupt", weight_fifo_harness(rows=2, depth=2,
                                                      dut_class=_CorruptingFIFO),
                  mode="bmc", depth=6, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+    _assert_counterexample(result, "sim/formal/weight_fifo.py")
 
 
 def test_fifo_ring_corrupting_design_fails(tmp_path: Path):
@@ -84,7 +84,7 @@ def test_fifo_ring_corrupting_design_fails(tmp_path: Path):
     result = run("fifo_ring_corrupt", weight_fifo_harness(rows=2, depth=2, registered=True,
                                                           dut_class=_CorruptingFIFO),
                  mode="bmc", depth=8, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/weight_fifo.py")
+    _assert_counterexample(result, "sim/formal/weight_fifo.py")
 
 
 def test_unclosed_induction_is_not_a_pass(tmp_path: Path):
@@ -151,7 +151,7 @@ def test_stream_ports_sides():
 def test_stream_rules_catch_a_withdrawn_beat(tmp_path: Path):
     result = run("source_bad", Harness(_Source(lawful=False), _rules), mode="bmc", depth=4,
                  build_root=tmp_path)
-    _assert_counterexample(result, "sim/formal.py")
+    _assert_counterexample(result, "sim/formal/harness.py")
 
 
 def test_stream_rules_prove_a_lawful_source(tmp_path: Path):
@@ -172,7 +172,7 @@ def test_stream_rules_assume_the_environment(tmp_path: Path):
 
     failed = run("wire_free", Harness(_Wire(), output_only), mode="bmc", depth=4,
                  build_root=tmp_path)
-    _assert_counterexample(failed, "sim/formal.py")
+    _assert_counterexample(failed, "sim/formal/harness.py")
 
 
 def test_inside_finds_internal_state_by_name():
@@ -192,7 +192,7 @@ def test_hazard_rule_dropped_fails(tmp_path: Path):
     READ_HOST of the same row)."""
     result = run("hazards_bug", hazards_harness("rules", small=4, dut_class=RuleDroppedTracker),
                  mode="bmc", depth=4, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/hazards.py")
+    _assert_counterexample(result, "sim/formal/hazards.py")
     assert any("write after" in where for where in result.failed), result.failed
 
 
@@ -218,7 +218,7 @@ def test_narrow_tracker_too_narrow_fails(check: str, tmp_path: Path):
     result = run("hazards_narrow_bug", hazards_harness(check, end_bits=5,
                                                        dut_class=_NarrowerTracker),
                  mode="bmc", depth=3, build_root=tmp_path)
-    _assert_counterexample(result, "sim/proofs/hazards.py")
+    _assert_counterexample(result, "sim/formal/hazards.py")
 
 
 def test_matrix_engine_scrub_waits_for_ready(tmp_path: Path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.golden import MatrixUnitModel, from_raw, matmul, operand_range, to_raw, wrap
+from sim.models.golden import MatrixUnitModel, from_raw, matmul, operand_range, to_raw, wrap
 
 SEED = 20261130
 

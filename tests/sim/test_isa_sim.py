@@ -10,8 +10,8 @@ import pytest
 from firmware.asm import Program, encode
 from hdl import isa
 from hdl.config import TPUConfig
-from sim import golden
-from sim.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
+from sim.models import golden
+from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
 
 SEED = 20261201
 DEFAULT = TPUConfig()

@@ -1,4 +1,4 @@
-"""The guided tour (sim.tour, `make tour`) without GTKWave: its program's results, its save
+"""The guided tour (sim.waves.tour, `make tour`) without GTKWave: its program's results, its save
 file's names against the waveform, the opcode filter, the cycle numbers docs/tour.md quotes;
 and the screenshot's PNG encoder."""
 
@@ -16,10 +16,10 @@ import pytest
 from firmware.asm import disassemble
 from hdl.config import get_config
 from hdl.isa import Opcode
-from sim.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
-from sim.isa_sim import IsaSim
-from sim.screenshot import decode_xwd, encode_png
-from sim.tour import EVENTS, MARKERS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
+from sim.models.isa_sim import IsaSim
+from sim.waves.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
+from sim.waves.screenshot import decode_xwd, encode_png
+from sim.waves.tour import EVENTS, MARKERS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None,
                                 reason="the tour runs on Icarus Verilog (iverilog)")

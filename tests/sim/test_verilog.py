@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim import verilog
+from sim.rtl import verilog
 
 
 def _factory():

@@ -1,0 +1,202 @@
+"""Accumulator memory: where MATMUL output rows are written or summed in place."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl.lib.fanout import register_copies
+from hdl.memory.block_ram import PipelinedMemory
+from hdl.memory.unified_buffer import RegisteredRead, serve_reads
+from hdl.ports import MemReadSignature
+
+__all__ = ["Accumulators", "psum_write_layout"]
+
+
+def psum_write_layout(addr_bits: int, cols: int, acc_width: int = 32) -> data.StructLayout:
+    return data.StructLayout({
+        "addr":       unsigned(addr_bits),
+        "accumulate": unsigned(1),
+        "data":       data.ArrayLayout(signed(acc_width), cols),
+    })
+
+
+class Accumulators(wiring.Component):
+    """``depth`` rows of ``cols`` wrapping ``acc_width``-bit sums.
+
+    Each row on ``i_psum`` either overwrites its row or is added to it (``accumulate``), so
+    a reduction longer than the array is summed in place (TPU v1's accumulators). Rows are
+    taken one per cycle without back-pressure: a read-modify-write pipeline of two stages.
+    A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). With
+    ``bypass`` the read port is transparent to the write port, so back-to-back rows to the
+    same address add up correctly; without it (no read-during-write bypass: 144 logic cells
+    fewer on a 4x4 iCE40 core) the client must not send a row that accumulates into the
+    address of the row it sent in the cycle before
+    (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
+    and a read of ``r`` in the cycle its row is written returns an undefined row on a part
+    (the block RAM is told it may: the core's hazard rules never let an ACTIVATE read rows a
+    MATMUL writes). With the bypass, that read returns the old row; with ``registered_read``
+    it is undefined again.
+
+    With ``registered_read`` the sums live in a :class:`~hdl.memory.block_ram.PipelinedMemory`: the
+    old sums leave the block RAM through its output register and then a fabric register, so
+    the adder starts at a flip-flop next to it instead of at the RAM's slow output, and the
+    sums it makes are written from flip-flops, so it ends at one instead of at the RAM's
+    inputs across the die (the ECP5 build): five stages, a row taken in cycle ``c`` is
+    written in cycle ``c + 4``. The four rows right behind it read their old sums before that
+    write (the fourth in the cycle it is written, which returns an undefined row), so one
+    that goes to the same address adds to the newest of those sums instead (registers of the
+    last four sums made). The read client's rows arrive two cycles after their addresses.
+
+    Parameters
+    ----------
+    depth, cols, acc_width : int
+        Rows, sums per row, sum width.
+    registered_read : bool
+        The five-stage pipeline above (three more cycles from a row to ``o_written``, one
+        more to a read's row); needs ``bypass``.
+    bypass : bool
+        Back-to-back rows to one address add up (see above).
+
+    Members
+    -------
+    i_psum : In(stream.Signature(psum_write_layout))
+        Rows to write or add; always ready.
+    o_written : Out(1)
+        Pulses when a row of ``i_psum`` has been written.
+    r : In(MemReadSignature(addr_bits, ArrayLayout(signed(acc_width), cols)))
+        The read client (the activation unit): requests on ``r.addr``, responses on
+        ``r.data``, in order.
+    """
+
+    def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
+                 registered_read: bool = False, bypass: bool = True):
+        if registered_read and not bypass:
+            raise ValueError("Accumulators registered_read=True needs bypass=True (the row "
+                             "two behind a write reads through it)")
+        self.bypass = bypass
+        self.depth = depth
+        self.registered_read = registered_read
+        self.cols = cols
+        self.acc_width = acc_width
+        self.addr_bits = max(1, (depth - 1).bit_length())
+        row = data.ArrayLayout(signed(acc_width), cols)
+        super().__init__({
+            "i_psum":    In(stream.Signature(psum_write_layout(self.addr_bits, cols,
+                                                               acc_width))),
+            "o_written": Out(1),
+            "r":         In(MemReadSignature(self.addr_bits, row)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        row = data.ArrayLayout(signed(self.acc_width), self.cols)
+        if self.registered_read:
+            m.submodules.mem = mem = PipelinedMemory(shape=row, depth=self.depth, readers=2)
+            wr, rmw, rd = mem.w, mem.r[0], mem.r[1]
+        elif self.bypass:
+            m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[])
+            wr = mem.write_port()
+            rmw = mem.read_port(transparent_for=(wr,))
+            rd = mem.read_port()
+        else:
+            # No read meets a write to its own row in a cycle where its data is used (the
+            # client's rule above; the hazard rules keep ACTIVATE's reads off the rows a
+            # MATMUL writes), so the block RAM may return anything then (``no_rw_check``).
+            # (RegisteredRead: some 400 flip-flops fewer for 4 columns on the iCE40.)
+            m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[],
+                                                   attrs={"no_rw_check": 1})
+            wr = mem.write_port()
+            rmw, rd = RegisteredRead(m, mem, "rmw"), RegisteredRead(m, mem, "rd")
+
+        # Stage A: take the row, read the old sums.
+        m.d.comb += [
+            self.i_psum.ready.eq(1),
+            rmw.addr.eq(self.i_psum.payload.addr),
+            rmw.en.eq(1),
+        ]
+        valid_b = Signal()
+        # Data registers are not reset: their valid bits say whether they hold a row (and a
+        # reset routed into their inputs took the ULX3S build's reset net through a LUT).
+        write_b = Signal.like(self.i_psum.payload, reset_less=True)
+        m.d.sync += [valid_b.eq(self.i_psum.valid), write_b.eq(self.i_psum.payload)]
+
+        if not self.registered_read:
+            # Stage B: add (or not) and write.
+            m.d.comb += [
+                wr.en.eq(valid_b),
+                wr.addr.eq(write_b.addr),
+                self.o_written.eq(valid_b),
+            ]
+            for c in range(self.cols):
+                m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) +
+                                          write_b.data[c])
+        else:
+            # Stage B: the block RAM's output register takes the old sums. Stage C: a fabric
+            # register next to the adders takes them (from the block RAM's register into the
+            # adder was 2 ns of routing before a 32-bit carry chain: 7.6 ns on the ULX3S).
+            # Stage D: add (or not) into flip-flops. Stage E: write them. The old sums miss
+            # the four sums made in the four cycles before stage D: written in the cycle the
+            # row read them (stage A: that read returns an undefined row when the write is to
+            # its address) and in the three after. A row whose address one of them went to
+            # takes the newest such sums instead: those of the row right ahead (made in the
+            # cycle before) straight into the adder, the older three chosen in stage C into a
+            # register. Which it takes is decided in stage B (from compares made in stage A,
+            # against the rows then in stages B-E), into flip-flops a column: no address
+            # compare runs into the adders.
+            valid_c, valid_d = Signal(), Signal()
+            write_c = Signal.like(self.i_psum.payload, reset_less=True)
+            write_d = Signal.like(self.i_psum.payload, reset_less=True)
+            old_c = Signal(row, reset_less=True)                        # stage C: old sums
+            forward_d = Signal(row, reset_less=True)                   # stage D: older sums
+            sums = [Signal(row, name=f"sums_{i}", reset_less=True)         # made 1-3 cycles ago
+                    for i in range(1, 4)]
+            valid_e = Signal()
+            addr_e = Signal.like(write_c.addr, reset_less=True)
+            addr_a = self.i_psum.payload.addr
+            # hits[i]: the row in stage A goes to the address of the row i + 1 ahead of it.
+            hits = [Signal(name=f"hit_{i}") for i in range(4)]
+            m.d.sync += [hits[0].eq(valid_b & (write_b.addr == addr_a)),
+                         hits[1].eq(valid_c & (write_c.addr == addr_a)),
+                         hits[2].eq(valid_d & (write_d.addr == addr_a)),
+                         hits[3].eq(valid_e & (addr_e == addr_a))]
+            m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b), old_c.eq(rmw.data),
+                         valid_d.eq(valid_c), write_d.eq(write_c),
+                         valid_e.eq(valid_d), addr_e.eq(write_d.addr),
+                         sums[1].eq(sums[0]), sums[2].eq(sums[1])]
+            # The selects, a copy per column (register_copies: one register drove all the
+            # columns' multiplexers, 3.3 ns of routing on the ULX3S at 8 columns): in stage C
+            # which older sums to keep (of the rows 2-4 ahead, the newest), in stage D which
+            # addend to take. (`accumulate_b`: a row in stage B that accumulates; a reset
+            # register, so that no copy starts undefined in a Verilog simulation, where it
+            # would stay.)
+            accumulate_b = Signal()
+            m.d.sync += accumulate_b.eq(self.i_psum.valid & self.i_psum.payload.accumulate)
+            older = hits[1] | hits[2] | hits[3]
+            select = Cat(accumulate_b & ~(hits[0] | older),     # the old sums
+                         accumulate_b & hits[0],                # the row right ahead's
+                         accumulate_b & ~hits[0] & older,       # the older ones kept
+                         hits[1], ~hits[1] & hits[2], ~hits[1] & ~hits[2])
+            use_layout = data.StructLayout({"old": 1, "ahead": 1, "older": 1, "keep": 3})
+            for c, copy in enumerate(register_copies(m, select, self.cols, "use_sums")):
+                use_c = data.View(use_layout, copy)
+                # Stage D's selects: registers of the column's stage-C copy (each its own).
+                use_d = Signal(use_layout, name=f"use_d{c}")
+                m.d.sync += use_d.eq(use_c)
+                keep = use_c.keep
+                m.d.sync += forward_d[c].eq(Mux(keep[0], sums[0][c], 0) |
+                                            Mux(keep[1], sums[1][c], 0) |
+                                            Mux(keep[2], sums[2][c], 0))
+                addend = (Mux(use_d.old, old_c[c], 0) | Mux(use_d.ahead, sums[0][c], 0) |
+                          Mux(use_d.older, forward_d[c], 0)).as_signed()
+                m.d.sync += sums[0][c].eq(addend + write_d.data[c])
+            # Stage E: the sums made in the cycle before, with their row's address.
+            m.d.comb += [
+                wr.en.eq(valid_e),
+                wr.addr.eq(addr_e),
+                wr.data.eq(sums[0]),
+                self.o_written.eq(valid_e),
+            ]
+
+        serve_reads(m, rd, [self.r.addr], [self.r.data],
+                    latency=2 if self.registered_read else 1)
+        return m

@@ -1,0 +1,423 @@
+"""Activation unit: requantisation, activation function and max-pooling."""
+
+import math
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl.datapath.pe import _ecp5_instance, _mult18x18d
+from hdl.isa import Func
+from hdl.lib.compare import greater_than
+from hdl.lib.fanout import register_copies
+from hdl.ports import requant_params_layout
+
+__all__ = ["ActivationUnit", "lut_table", "acc_row_layout"]
+
+#: A table index ``q`` (int8) stands for ``q * LUT_INPUT_SCALE``.
+LUT_INPUT_SCALE = 1 / 16
+
+
+def lut_table(func: Func) -> list[int]:
+    """The 256 int8 outputs of a table function for inputs q = -128..127.
+
+    SIGMOID: output scale 1/256, zero point -128; TANH: output scale 1/128, zero point 0.
+    Rounded half away from zero, saturated to int8.
+    """
+    if func == Func.SIGMOID:
+        fn, scale, zp = (lambda x: 1 / (1 + math.exp(-x))), 256, -128
+    elif func == Func.TANH:
+        fn, scale, zp = math.tanh, 128, 0
+    else:
+        raise ValueError(f"{func} has no table")
+    table = []
+    for q in range(-128, 128):
+        y = fn(q * LUT_INPUT_SCALE) * scale
+        rounded = math.floor(y + 0.5) if y >= 0 else math.ceil(y - 0.5)
+        table.append(max(-128, min(127, rounded + zp)))
+    return table
+
+
+def acc_row_layout(cols: int, acc_width: int = 32) -> data.StructLayout:
+    """A row of accumulator sums entering the unit; ``last`` closes a pooling window."""
+    return data.StructLayout({
+        "data": data.ArrayLayout(signed(acc_width), cols),
+        "last": unsigned(1),
+    })
+
+
+def _rom_bit(values: list[int], index, memo: dict):
+    """One output bit of a table as a tree of 2:1 multiplexers on the bits of *index* (equal
+    subtrees shared), which synthesis maps to LUTs: a switch or an indexed array would be
+    turned into a block RAM, whose slow output would need a pipeline stage of its own."""
+    key = tuple(values)
+    if key not in memo:
+        if all(value == values[0] for value in values):
+            memo[key] = Const(values[0], 1)
+        else:
+            half = len(values) // 2
+            bit = index[half.bit_length() - 1]
+            memo[key] = Mux(bit, _rom_bit(values[half:], index, memo),
+                            _rom_bit(values[:half], index, memo))
+    return memo[key]
+
+
+def _pool_column(m: Module, j: int, result, c, closes, single, out) -> None:
+    """One column's max-pooling in its two lanes (see :meth:`ActivationUnit.elaborate`):
+    P1 compares each lane with *result*, the row's value; P2 keeps the larger in the row's
+    lane (*c*: the row's controls in P1); P3 and P4 put the larger lane of a window's row
+    into *out* (*closes*: the row in P1-P4 closes its window; *single*: a window of one row,
+    in P1-P2)."""
+    def reg(shape, name):
+        return Signal(shape, name=f"{name}_{j}", reset_less=True)
+
+    lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
+    above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
+    row_p1 = reg(signed(8), "row_p1")
+    m.d.sync += [above_a.eq(greater_than(lane_a, result)),
+                 above_b.eq(greater_than(lane_b, result)),
+                 row_p1.eq(result)]
+    for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
+        with m.If(c.valid & (c.odd == lane_odd)):
+            m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
+    # P3 compares the two lanes (into a register, with copies of them: the next window's
+    # rows may change them meanwhile), P4 takes the larger (compare and multiplexer in one
+    # stage: 8.1 ns on the ULX3S).
+    final_a, final_b = reg(signed(8), "final_a"), reg(signed(8), "final_b")
+    a_wins = reg(1, "a_wins")
+    with m.If(closes[1]):
+        m.d.sync += [final_a.eq(lane_a), final_b.eq(lane_b),
+                     a_wins.eq(single[1] | greater_than(lane_a, lane_b))]
+    with m.If(closes[2]):
+        m.d.sync += out.eq(Mux(a_wins, final_a, final_b))
+
+
+class ActivationUnit(wiring.Component):
+    """Turns rows of int32 sums into rows of int8 activations, one row per cycle.
+
+    For each column ``j``, exactly as :func:`sim.models.golden.requantise` and
+    :func:`sim.models.golden.activate` specify:
+
+    1. ``t = wrap32(acc + bias[j])``;
+    2. ``p = t * multiplier[j]`` (exact, 64 bits);
+    3. ``r = (p + 2**(shift-1)) >>> shift`` (``r = p`` when ``shift == 0``): rounding to
+       nearest with ties towards +infinity;
+    4. ``q = saturate_int8(saturate_int32(r) + zero_point)``;
+    5. the function: IDENTITY ``q``; RELU ``max(q, zero_point)``; CLAMP
+       ``min(max(q, zero_point), clamp_hi)``; SIGMOID and TANH a fixed table indexed by
+       ``q`` (see :func:`lut_table`);
+    6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
+       sent as one output row.
+
+    ``bias``, ``multiplier``, ``shift``, ``zero_point``, ``clamp_hi`` and the function come
+    from ``i_params``, held steady by the controller while a row is in flight.
+
+    Timing: the unit takes a row every cycle while it has room for the output rows it may
+    still owe (:data:`FIFO_DEPTH` windows: it never stalls while ``o_row`` is taken every
+    cycle) and offers a window's output row :data:`STAGES` cycles after taking the row that
+    closes the window. The datapath itself never stalls (no clock enable fans out over its
+    registers): back-pressure on ``o_row`` fills an output FIFO, and ``i_row.ready`` falls
+    before it can overflow. Every stage is a register, an adder or a few LUT levels deep:
+    the 32 x 32 product is four 18 x 18 partial products (each in a DSP block with its input
+    and output registers, then a fabric register), summed in two stages; the rounding shift
+    is two 8:1 steps; saturation works on the shifted value's low bits and a flag.
+
+    Parameters
+    ----------
+    cols, acc_width : int
+        Columns, sum width (32).
+    multiplier : str
+        ``"infer"``: the partial products are ``*`` between fabric registers (any part).
+        ``"ecp5"``: each is an ECP5 ``MULT18X18D`` with registered inputs and output, as
+        :class:`hdl.datapath.pe.PE` builds it (same timing; elaborated as for the PE: the instance
+        on
+        an ECP5 platform and in Verilog simulation, fabric registers otherwise).
+
+    Members
+    -------
+    i_row : In(stream.Signature(acc_row_layout))
+        Sums, with ``last`` on the final row of each pooling window.
+    o_row : Out(stream.Signature(ArrayLayout(signed(8), cols)))
+        Activations, one row per pooling window.
+    i_params : In(requant_params_layout(cols))
+        The requantisation parameters and the function (``func``).
+    o_busy : Out(1)
+        A row is in the pipeline or an output row waits.
+    """
+
+    #: Cycles from taking a row that closes a window to offering its output row.
+    STAGES = 19
+    #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
+    #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
+    #: it then takes a row every cycle. (The credit register is late only after a cycle
+    #: that closed no window: with a window closing every cycle it is exact.)
+    FIFO_DEPTH = STAGES + 2
+
+    def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer"):
+        if acc_width != 32:
+            raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
+        if multiplier not in ("infer", "ecp5"):
+            raise ValueError(f"multiplier={multiplier!r} is not supported; allowed: 'infer', "
+                             f"'ecp5'")
+        self.cols = cols
+        self.acc_width = acc_width
+        self.multiplier = multiplier
+        super().__init__({
+            "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
+            "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
+            "i_params": In(requant_params_layout(cols)),
+            "o_busy":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        instantiate = self.multiplier == "ecp5" and _ecp5_instance(platform)
+        m = Module()
+        cols = self.cols
+        # The parameters, registered: they are steady while rows are in flight, and the
+        # first use (the bias) is a cycle after a row is taken.
+        prm = Signal.like(self.i_params)
+        m.d.sync += prm.eq(self.i_params)
+        # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
+        # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
+        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 whether and how it
+        # clips; s12 saturated; s13 the compares with the zero point and clamp_hi and the
+        # table in quarters; s14 the
+        # function's result.
+        # Then the pooling's four (P1-P4, below), from which a window's row goes into the
+        # output FIFO (it is offered a cycle later).
+        depth = self.STAGES - 5         # s1-s14
+
+        # Output FIFO and the credit that keeps it from overflowing: a window's row is
+        # owed from the cycle its closing row is taken until o_row takes it.
+        m.submodules.out_fifo = out_fifo = fifo.SyncFIFO(
+            width=8 * cols, depth=self.FIFO_DEPTH)
+        owed = Signal(range(self.FIFO_DEPTH + 1))
+        room = Signal(init=1)       # owed < FIFO_DEPTH, or a cycle late (see below)
+        take = Signal()
+        give = Signal()
+        m.d.comb += [
+            self.i_row.ready.eq(room),
+            take.eq(self.i_row.valid & room),
+            self.o_row.valid.eq(out_fifo.r_rdy),
+            self.o_row.payload.eq(out_fifo.r_data),
+            out_fifo.r_en.eq(self.o_row.ready),
+            give.eq(out_fifo.r_rdy & self.o_row.ready),
+        ]
+        # The credit is returned a cycle after the FIFO gives a row (``given``): o_row's ready
+        # comes from the unified buffer's write arbiter, and ended a long path here. The
+        # credit counts one row too many meanwhile, never too few (FIFO_DEPTH allows for it).
+        # `room` is a register of its own, so that the compare does not run into i_row's
+        # ready and the accumulator reads behind it; it is computed from registers alone,
+        # counting a window closed whenever there was room (`last` comes late, from the
+        # activation engine's window logic: 8.1 ns into `room` on the ULX3S), so it may be
+        # low a cycle with a row to spare (after a cycle in which no window closed).
+        given = Signal()
+        m.d.sync += [given.eq(give),
+                     owed.eq(owed + (take & self.i_row.payload.last) - given),
+                     room.eq(owed + room - given < self.FIFO_DEPTH)]
+
+        valid = [Signal(name=f"valid_s{i}") for i in range(1, depth + 1)]
+        last = [Signal(name=f"last_s{i}") for i in range(1, depth + 1)]
+        m.d.sync += [valid[0].eq(take), last[0].eq(self.i_row.payload.last)]
+        for i in range(1, depth):
+            m.d.sync += [valid[i].eq(valid[i - 1]), last[i].eq(last[i - 1])]
+        m.d.comb += self.o_busy.eq(Cat(*valid).any() | (owed != 0))
+
+        # The parameters every column uses from the shift on, decoded into a register and
+        # copied from it, a copy per column (two cycles later still: their first use is 7
+        # cycles after a row is taken), so that none is routed to all the columns'
+        # multiplexers.
+        func = prm.func
+        scalars = data.StructLayout({"shift": 6, "zero_point": signed(8), "clamp_hi": signed(8),
+                                     "zp_above": 1, "table": 1, "tanh": 1, "relu": 1,
+                                     "clamp": 1})
+        shared = Signal(scalars)
+        m.d.sync += [
+            shared.shift.eq(prm.shift), shared.zero_point.eq(prm.zero_point),
+            shared.clamp_hi.eq(prm.clamp_hi),
+            shared.zp_above.eq(greater_than(prm.zero_point, prm.clamp_hi)),
+            shared.table.eq((func == Func.SIGMOID) | (func == Func.TANH)),
+            shared.tanh.eq(func == Func.TANH),
+            shared.relu.eq(func == Func.RELU),
+            shared.clamp.eq(func == Func.CLAMP),
+        ]
+        # Four copies per column: for the coarse shift (it drives a 64-bit multiplexer), for
+        # the fine shift, for the table's function bit (an input of every table LUT) and for
+        # the rest (one copy for all of it had 2.4 ns of routing into the compares with the
+        # zero point on the ULX3S).
+        copies = [data.View(scalars, copy) for copy in
+                  register_copies(m, shared.as_value(), 4 * cols, "params")]
+        column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
+        rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
+
+        # Max-pooling in two lanes: a window's even rows (by their index in it) are pooled
+        # into lane A, its odd ones into lane B, and the window's row is the larger of the
+        # two. A lane takes a row at most every other cycle, so its loop is two stages: P1
+        # compares the lane with the row (into a register), P2 keeps the larger. (In one
+        # stage, compare and multiplexer into the register's enable were the ULX3S build's
+        # longest path: 7.7 ns.) P3 and P4 take the larger lane of a window's row. `odd` and
+        # `later` describe the row in s14: its index in the window is odd; it is 2 or more
+        # (its lane already holds one of the window's rows).
+        odd = Signal()
+        later = Signal()
+        s14 = depth - 1
+        with m.If(valid[s14]):
+            m.d.sync += [odd.eq(~odd & ~last[s14]), later.eq((later | odd) & ~last[s14])]
+        # The controls of the row in P1, a copy per column (each drives only its column's
+        # multiplexers); `single`: a window of one row (lane B holds none of it).
+        ctl = data.StructLayout({"valid": 1, "odd": 1, "later": 1})
+        p1 = [data.View(ctl, copy) for copy in register_copies(
+            m, Cat(valid[s14], odd, later), cols, "pool_p1")]
+        closes = [Signal(name=f"closes_p{i}") for i in range(1, 5)]   # row in P1-P4 closes
+        single = [Signal(name=f"single_p{i}") for i in range(1, 3)]
+        m.d.sync += [closes[0].eq(valid[s14] & last[s14]), closes[1].eq(closes[0]),
+                     closes[2].eq(closes[1]), closes[3].eq(closes[2]),
+                     single[0].eq(~odd & ~later), single[1].eq(single[0])]
+        pooled = Signal(data.ArrayLayout(signed(8), cols))       # P4: the window's row
+        for j in range(cols):
+            def reg(shape, name, j=j):
+                return Signal(shape, name=f"{name}_{j}", reset_less=True)
+
+            a = reg(signed(32), "acc")                 # s1: the sum as it arrived
+            t = reg(signed(32), "t")                   # s2: + bias, wrapped
+            pp_ll = reg(unsigned(34), "pp_ll")         # s5: the four partial products
+            pp_lh = reg(signed(33), "pp_lh")
+            pp_hl = reg(signed(33), "pp_hl")
+            pp_hh = reg(signed(30), "pp_hh")
+            mid = reg(signed(34), "mid")               # s6: the middle partial products
+            lohi = reg(signed(64), "lohi")             #     the outer ones side by side
+            p = reg(signed(64), "p")                   # s7: the exact product
+            coarse = reg(signed(64), "coarse")         # s8: p >>> 8 * shift[3:6]
+            below = reg(1, "below")                    #     the bit under the coarse shift
+            r = reg(signed(64), "r")                   # s9: p >>> shift
+            rb = reg(1, "rb")                          #     the rounding bit p[shift - 1]
+            fits = {name: reg(1, name) for name in     #     r[9:64] all 0 or all 1, in parts
+                    ("hi_zero", "hi_ones", "lo_zero", "lo_ones")}
+            v = reg(signed(12), "v")                   # s10: low bits + zero point + round
+            small = reg(1, "small")                    #      r fits 10 bits: v is exact
+            negative = reg(1, "negative")
+            clip = reg(1, "clip")                      # s11: it saturates,
+            clip_low = reg(1, "clip_low")              #      to -128,
+            v_low = reg(signed(8), "v_low")            #      or is v's low bits
+            q = reg(signed(8), "q")                    # s12: saturated
+            q_13 = reg(signed(8), "q_13")              # s13: q, q > zp, ReLU > clamp_hi and
+            gt_zp = reg(1, "gt_zp")                    #      the table entries of q's
+            above = reg(1, "above")                    #      quarter of the index range
+            quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
+            result = reg(signed(8), "result")          # s14: the function's result
+
+            # t * m = t_hi m_hi 2**34 + (t_hi m_lo + t_lo m_hi) 2**17 + t_lo m_lo: each
+            # product an 18 x 18 signed multiply (the low halves zero-extended).
+            mult = prm.multiplier[j]
+            halves = {"lo": (t[0:17], mult[0:17]),
+                      "hi": (t[17:32].as_signed(), mult[17:32].as_signed())}
+            for name, target, (ta, mb) in (("ll", pp_ll, (halves["lo"][0], halves["lo"][1])),
+                                           ("lh", pp_lh, (halves["lo"][0], halves["hi"][1])),
+                                           ("hl", pp_hl, (halves["hi"][0], halves["lo"][1])),
+                                           ("hh", pp_hh, (halves["hi"][0], halves["hi"][1]))):
+                product = Signal(signed(36), name=f"prod_{name}_{j}")
+                if instantiate:
+                    m.submodules[f"mult_{name}_{j}"] = _mult18x18d(m, a=ta, b=mb, p=product,
+                                                                   ce=Const(1, 1))
+                else:
+                    op_a = reg(signed(18), f"op_a_{name}")
+                    op_b = reg(signed(18), f"op_b_{name}")
+                    m.d.sync += [op_a.eq(ta), op_b.eq(mb), product.eq(op_a * op_b)]
+                # The block's output is routed far: into a register before any adder.
+                m.d.sync += target.eq(product)
+
+            m.d.sync += [
+                a.eq(self.i_row.payload.data[j]),
+                t.eq(a + prm.bias[j]),
+                mid.eq(pp_lh + pp_hl),
+                lohi.eq(Cat(pp_ll, pp_hh)),            # t_lo m_lo < 2**34: no overlap
+                p.eq(Cat(lohi[0:17], lohi[17:64].as_signed() + mid)),
+            ]
+            # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
+            cp_hi, cp_lo, cp_tbl, cp = column_params[j]
+            shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]
+            is_table, is_tanh, is_relu, is_clamp = cp.table, cp_tbl.tanh, cp.relu, cp.clamp
+            with m.Switch(shift_hi):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.sync += [coarse.eq(p >> (8 * k)),
+                                     below.eq(p[8 * k - 1] if k else 0)]
+            with m.Switch(shift_lo):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.sync += [r.eq(coarse >> k),
+                                     rb.eq(coarse[k - 1] if k else below)]
+                        # r[9:64] is coarse[9 + k:64] (sign-extended): its bits below 16
+                        # here, those from 16 on below, each reduced from coarse, so that
+                        # `small` is one LUT of four flip-flops (reduced from r it was five
+                        # LUT levels: 7.6 ns on the ULX3S).
+                        low_bits = coarse[9 + k:16]
+                        m.d.sync += [fits["lo_zero"].eq(low_bits == 0 if k < 7 else 1),
+                                     fits["lo_ones"].eq(low_bits.all() if k < 7 else 1)]
+            m.d.sync += [fits["hi_zero"].eq(coarse[16:64] == 0),
+                         fits["hi_ones"].eq(coarse[16:64].all())]
+            # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
+            # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
+            zp = cp.zero_point
+            # s11: whether it clips, read off v's top bits, not compared (a compare is a carry
+            # chain: v -> q was 7.7 ns on the ULX3S), into registers, so that the value
+            # saturated in s12 is a LUT from registers (deciding and saturating in one stage
+            # took 7.2 ns into q's copies).
+            high = v[7:11]
+            m.d.sync += [clip.eq(~small | Mux(v[11], ~high.all(), high.any())),
+                         clip_low.eq(Mux(small, v[11], negative)),
+                         v_low.eq(v[0:8])]
+            # s12: saturated, in five registers: one is compared and passed on, and a copy
+            # for each quarter of the table indexes it (one register drove both across the
+            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). Each copy loads
+            # with a row in s11 and in some cycles that hold no row in s11 too (a different
+            # set for each), so that synthesis keeps them apart from `q`, which loads every
+            # cycle, and from each other; only a row in s12 uses them. (register_copies'
+            # form put a compare with the copy into its enable: 7.7 ns.)
+            saturated = Mux(clip, Mux(clip_low, -128, 127), v_low)
+            m.d.sync += q.eq(saturated)
+            q_tbl = []
+            # valid[i]: a row in stage s(i + 1)
+            for k, also in enumerate((0, valid[9], valid[11], valid[8])):
+                copy = reg(signed(8), f"q_tbl{k}")
+                with m.If(valid[10] | also):
+                    m.d.sync += copy.eq(saturated)
+                q_tbl.append(copy)
+            m.d.sync += [
+                v.eq(r[0:10].as_signed() + zp + rb),
+                small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
+                negative.eq(r[63]),
+                q_13.eq(q),
+                # ReLU's compare is registered and its multiplexer is in s14 (in one stage
+                # they ended the unit's longest path: 8.5 ns on the ULX3S). The unit's
+                # compares are LUT trees (greater_than): on the ECP5's carry chain each
+                # took 6.9-7.7 ns between two registers.
+                gt_zp.eq(greater_than(q, zp)),
+                # max(q, zp) > clamp_hi, without the max in series.
+                above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
+            ]
+            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s13 the
+            # four entries q's low 6 bits select (one per value of its top 2 bits), in s14
+            # the one its top bits select.
+            for k in range(4):
+                low = Cat(q_tbl[k][:6], is_tanh)
+                memo: dict = {}
+                entries = rom[64 * k:64 * (k + 1)] + rom[256 + 64 * k:256 + 64 * (k + 1)]
+                m.d.sync += quarters[k].eq(Cat(*(
+                    _rom_bit([(value >> bit) & 1 for value in entries], low, memo)
+                    for bit in range(8))))
+            top = Cat(q_13[6], ~q_13[7])
+            tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
+                      Mux(top[0], quarters[1], quarters[0]))
+            relu = Mux(gt_zp, q_13, cp.zero_point)
+            clamp = Mux(above, cp.clamp_hi, relu)
+            m.d.sync += result.eq(Mux(is_table, tbl,
+                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_13))))
+
+            _pool_column(m, j, result, p1[j], closes, single, pooled[j])
+
+        m.d.comb += [
+            out_fifo.w_data.eq(pooled),
+            out_fifo.w_en.eq(closes[3]),
+        ]
+        return m

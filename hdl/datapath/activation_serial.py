@@ -1,0 +1,200 @@
+"""Activation unit for small parts: one requantisation datapath time-shared over the columns."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl.datapath.activation import acc_row_layout, lut_table
+from hdl.isa import Func
+from hdl.ports import ParamColumnSignature
+
+__all__ = ["SerialActivationUnit", "element_cycles"]
+
+
+def element_cycles(shift: int) -> int:
+    """Cycles :class:`SerialActivationUnit` spends on one element with rounding ``shift``."""
+    return 2 + 32 + max(shift - 1, 0) + 3
+
+
+class SerialActivationUnit(wiring.Component):
+    """The :class:`~hdl.datapath.activation.ActivationUnit`'s function, bit for bit, from one
+    datapath
+    that works through a row's columns one after another, for parts whose logic or DSP blocks
+    the parallel unit would exhaust (the iCE40UP5K: the parallel unit's 32 x 32 multipliers,
+    64-bit rounding shifters and saturations per column take more than the whole part).
+
+    Each element takes :func:`element_cycles` cycles: one to read the column's bias, one to
+    add it, 32 for a shift-and-add signed multiply (one 33-bit adder),
+    ``shift - 1`` for the arithmetic right shift (a bit a cycle: a shifter by 8 as well took
+    100 of the iCE40UP5K's logic cells), one for rounding, saturation and the zero point, one
+    for the function (and the table's address), one for the table read and pooling. A row of
+    ``cols`` elements therefore takes ``cols`` times that (37 to 99 cycles an element),
+    against one row a cycle for the parallel unit.
+
+    The row is read from ``i_row`` while it waits (a stream's payload holds until it is
+    taken) and taken when its last element is done, so the unit holds no copy of it. The
+    parameters are read the same way, one word at a time from the activation engine's
+    parameter store (``params``): the column's multiplier is selected the cycle before the
+    element starts, its bias the cycle after, so the unit holds no parameter row either.
+
+    Members
+    -------
+    i_row : In(stream.Signature(acc_row_layout))
+        Sums, with ``last`` on the final row of each pooling window.
+    o_row : Out(stream.Signature(ArrayLayout(signed(8), cols)))
+        Activations, one row per pooling window.
+    params : Out(ParamColumnSignature(cols))
+        The requantisation parameters, a column's word at a time, and the function (held
+        while a row is in flight).
+    o_busy : Out(1)
+        A row is being worked on.
+    """
+
+    def __init__(self, *, cols: int, acc_width: int = 32):
+        if acc_width != 32:
+            raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
+        self.cols = cols
+        self.acc_width = acc_width
+        super().__init__({
+            "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
+            "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
+            "params":   Out(ParamColumnSignature(cols)),
+            "o_busy":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cols = self.cols
+        params = self.params
+        row = self.i_row.payload
+
+        col = Signal(range(cols))
+        hi = Signal(signed(32))            # the product's upper half while multiplying
+        lo = Signal(32)                    # multiplier bits out, product bits in
+        mcand = Signal(signed(32))
+        step = Signal(range(32))
+        left = Signal(6)                   # right shifts still to do
+        f = Signal(signed(8))
+        pooled = Signal(data.ArrayLayout(signed(8), cols))
+        window_open = Signal()
+
+        product = Cat(lo, hi).as_signed()  # 64 bits
+
+        # The column's multiplier is read in the cycle before LOAD, its bias in LOAD; the sum
+        # and its bias are added in BIAS.
+        t = Signal(signed(32))
+        m.d.comb += [t.eq(row.data[col] + params.word), params.col.eq(col)]
+
+        # One multiply step: add (or, for the multiplier's sign bit, subtract) the
+        # multiplicand into the upper half, then shift the 64-bit pair right by one. One
+        # adder: subtracting is adding the complement and a carry in.
+        sub = Signal()
+        addend = Signal(signed(32))
+        total = Signal(signed(33))
+        m.d.comb += [
+            sub.eq(step == 31),
+            addend.eq(Mux(lo[0], mcand, 0) ^ sub.replicate(32).as_signed()),
+            total.eq(hi + addend + sub),
+        ]
+
+        # Rounding, saturation, zero point: with x = p >>> shift and rb = p[shift - 1] (0
+        # for shift 0), saturate_int8(saturate_int32(x + rb) + zero_point) equals
+        # saturate_int8(x + rb + zero_point) (the zero point is an int8): exact from x's low
+        # 10 bits when x fits them, else x's sign decides. After SHIFT the product holds
+        # p >>> (shift - 1): x is its upper 63 bits and rb its bit 0; for shift 0, x is all
+        # of it. Bit tests, where 64- and 33-bit adds and compares took carry chains.
+        shift = params.shift
+        shift0 = Signal()
+        m.d.comb += shift0.eq(shift == 0)
+
+        def same(bits):
+            return bits.all() | ~bits.any()
+
+        x_low = Signal(signed(10))
+        rb = Signal()
+        small = Signal()            # x fits 10 bits
+        v = Signal(signed(12))      # x + rb + zero point, when small
+        m.d.comb += [
+            x_low.eq(Mux(shift0, product[:10], product[1:11])),
+            rb.eq(~shift0 & product[0]),
+            small.eq(Mux(shift0, same(product[9:]), same(product[10:]))),
+            v.eq(x_low + rb + params.zero_point),
+        ]
+        negative = Mux(small, v[11], product[63])
+        q_next = Signal(signed(8))
+        m.d.comb += q_next.eq(Mux(small & same(v[7:]), v[:8].as_signed(),
+                                  Mux(negative, -128, 127)))
+        # The requantised value, registered: the function's compares and the table's address
+        # start from it (on the iCE40 the rounding add, saturation, two compares and the
+        # table address in one cycle set the clock).
+        q = Signal(signed(8))
+        zp = params.zero_point
+        relu = Mux(q > zp, q, zp)
+        clamp = Mux(relu > params.clamp_hi, params.clamp_hi, relu)
+        f_next = Mux(params.func == Func.RELU, relu,
+                     Mux(params.func == Func.CLAMP, clamp, q))
+
+        # The table functions: SIGMOID at 0..255, TANH at 256..511, index q + 128.
+        rom_init = [x & 0xff for x in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
+        m.submodules.lut = rom = memory.Memory(shape=unsigned(8), depth=512, init=rom_init)
+        rd = rom.read_port()
+        # Addressed with the value about to be registered: the data lands in POOL.
+        m.d.comb += rd.addr.eq(Cat(q[:7], ~q[7], params.func == Func.TANH))
+        is_table = (params.func == Func.SIGMOID) | (params.func == Func.TANH)
+        result = Mux(is_table, rd.data.as_signed(), f)
+        best = Mux(window_open & (pooled[col] > result), pooled[col], result)
+
+        with m.FSM(name="serial_activation"):
+            with m.State("IDLE"):
+                # Column 0's multiplier is selected. A row that closes a window needs the
+                # output register free.
+                m.d.comb += params.multiplier.eq(1)
+                with m.If(self.i_row.valid & (~row.last | ~self.o_row.valid)):
+                    m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += [lo.eq(params.word), hi.eq(0), step.eq(0)]
+                m.next = "BIAS"
+            with m.State("BIAS"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += mcand.eq(t)
+                m.next = "MULTIPLY"
+            with m.State("MULTIPLY"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += [hi.eq(total[1:]), lo.eq(Cat(lo[1:], total[0])),
+                             step.eq(step + 1)]
+                with m.If(step == 31):
+                    m.d.sync += left.eq(Mux(shift == 0, 0, shift - 1))
+                    m.next = "SHIFT"
+            with m.State("SHIFT"):
+                m.d.comb += self.o_busy.eq(1)
+                with m.If(left != 0):
+                    m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1)]
+                with m.Else():
+                    m.d.sync += q.eq(q_next)
+                    m.next = "FUNC"
+            with m.State("FUNC"):
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += f.eq(f_next)
+                m.next = "POOL"
+            with m.State("POOL"):
+                # The table read of q lands this cycle.
+                m.d.comb += self.o_busy.eq(1)
+                m.d.sync += pooled[col].eq(best)
+                with m.If(row.last):
+                    m.d.sync += self.o_row.payload[col].eq(best)
+                with m.If(col == cols - 1):
+                    m.d.comb += self.i_row.ready.eq(1)
+                    m.d.sync += [col.eq(0), window_open.eq(~row.last)]
+                    with m.If(row.last):
+                        m.d.sync += self.o_row.valid.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    # The next column's multiplier.
+                    m.d.comb += [params.col.eq(col + 1), params.multiplier.eq(1)]
+                    m.d.sync += col.eq(col + 1)
+                    m.next = "LOAD"
+
+        with m.If(self.o_row.valid & self.o_row.ready):
+            m.d.sync += self.o_row.valid.eq(0)
+        return m

@@ -1,0 +1,3 @@
+"""Helpers several blocks use: constant multiplies, compares, register fan-out, vendor
+primitives.
+"""

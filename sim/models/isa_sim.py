@@ -1,0 +1,517 @@
+"""ISA-level simulator: the bit-exact reference the RTL core is compared with.
+
+:class:`IsaSim` executes the host stream of :mod:`hdl.isa` one instruction at a time, in
+program order, with numpy and :mod:`sim.models.golden`. It has no notion of time: the hardware may
+overlap instructions however it likes, but what it sends to the host and what it leaves in
+its memories must equal what this model produces.
+
+Beats
+-----
+The host stream is a sequence of beats of ``host_width`` bits. A beat is either an
+instruction (the low 64 bits; higher bits are ignored) or one of the data beats that follow
+READ_HOST, LOAD_WEIGHTS and LOAD_PARAMS. Data rows sit in the low bits of their beat; bits
+above the row are ignored.
+
+- Unified-buffer row (READ_HOST, WRITE_HOST): ``ub_row = max(rows, cols)`` elements, element
+  ``i`` at bits ``[8i, 8i+8)`` as a raw byte (int8 and uint8 share the 8 bits).
+- Weight row (LOAD_WEIGHTS): ``cols`` elements, element ``j`` at bits ``[8j, 8j+8)``.
+- Parameter row (LOAD_PARAMS): ``cols`` int32 values, column ``j`` at bits ``[32j, 32j+32)``,
+  two's complement.
+- Counter beat (READ_COUNTERS): the 48-bit counter value.
+- DONE beat (HALT, :class:`hdl.isa.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
+  of instructions in the program, the HALT included.
+- Error beat (an instruction failed its checks, :class:`hdl.isa.ErrorBeat`), see Errors.
+
+A *program* is the instructions from reset, from the last HALT, the last error clear or the
+last resynchronisation word up to and including the next HALT; its instructions are indexed
+from 0. Memories, the weight queue, parameter slots and counters persist from one program to
+the next.
+
+State
+-----
+All zero at reset (the core clears the unified buffer, the accumulators and the parameter
+slots row by row after a reset, before it takes the first beat; weight tiles are unreadable
+until written, as their written flags are cleared):
+
+- unified buffer: ``ub_depth x ub_row`` raw bytes;
+- accumulators: ``acc_depth x cols`` int32;
+- weight memory: ``weight_mem_tiles`` tiles of ``rows x cols`` raw bytes, each with a signed
+  flag and a written flag;
+- the weight queue: tiles read by READ_WEIGHTS and not yet switched in, at most
+  ``weight_fifo_depth + 1`` (the weight FIFO plus the array's shadow registers);
+- the active tile: the one MATMUL multiplies by (none until the first switch);
+- ``param_slots`` parameter slots: per-column int32 ``bias`` and ``multiplier``, ``shift``
+  (0..63), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields).
+
+Instructions
+------------
+- NOP, SYNC: no effect at this level (SYNC is a timing fence).
+- HALT: sends the DONE beat; the next instruction has index 0.
+- READ_HOST: ``count`` data beats into unified-buffer rows ``ub_addr..ub_addr+count-1``.
+- WRITE_HOST: sends unified-buffer rows ``ub_addr..ub_addr+count-1``, all ``ub_row``
+  elements of each, one beat per row.
+- LOAD_WEIGHTS: ``count * rows`` data beats into tiles ``tile..tile+count-1``, row 0 of each
+  tile first; marks each tile written, with the instruction's ``signed`` flag.
+- READ_WEIGHTS: appends copies of tiles ``tile..tile+count-1`` (their contents and signed
+  flags at that moment) to the weight queue. A later LOAD_WEIGHTS does not change queued tiles.
+- MATMUL: if ``switch``, the oldest queued tile becomes the active tile. Then for ``i`` in
+  ``0..count-1``: ``x`` = the first ``rows`` elements of unified-buffer row ``ub_addr+i``,
+  int8 if ``signed`` else uint8; ``psum = golden.matmul(x, W)`` with the active tile ``W``
+  (int8 or uint8 per its flag), wrapped to int32; accumulator row ``acc_addr+i`` becomes
+  ``wrap32(acc + psum)`` if ``accumulate`` else ``psum``.
+- ACTIVATE: ``window`` is 1, 2, 4 for ``pool`` NONE, MAX2, MAX4. Parameter slot ``slot``
+  holds per column ``j`` an int32 ``bias[j]`` and ``multiplier[j]``, and ``shift``,
+  ``z = zero_point`` and ``clamp_hi``. For every accumulator value ``a`` of rows
+  ``acc_addr..acc_addr+count-1``, column ``j``, on exact integers
+  (``golden.requantise`` and ``golden.activate``):
+
+  1. ``t = wrap32(a + bias[j])``: the sum modulo 2**32 as a two's complement int32;
+  2. ``p = t * multiplier[j]``, exact (``|p| <= 2**62``);
+  3. ``r = floor((p + 2**(shift - 1)) / 2**shift)`` when ``shift >= 1`` (round to nearest,
+     ties towards +infinity; an arithmetic right shift), ``r = p`` when ``shift == 0``;
+  4. ``q = clamp(clamp(r, -2**31, 2**31 - 1) + z, -128, 127)``: the zero point is added
+     after the shift and before the function;
+  5. ``f = q`` (IDENTITY), ``max(q, z)`` (RELU), ``min(max(q, z), clamp_hi)`` (CLAMP),
+     ``SIGMOID_LUT[q + 128]`` (SIGMOID) or ``TANH_LUT[q + 128]`` (TANH): the table is looked
+     up with the zero point already added, so a program that wants the tables' input scale
+     1/16 centred on 0 uses ``z = 0``. With ``x = (k - 128) / 16`` for ``k`` in 0..255 and
+     ``round`` rounding halves away from zero,
+     ``SIGMOID_LUT[k] = clamp(round(256 / (1 + exp(-x))) - 128, -128, 127)`` and
+     ``TANH_LUT[k] = clamp(round(128 * tanh(x)), -128, 127)``;
+  6. ``y`` = the element-wise maximum of ``f`` over each group of ``window`` consecutive
+     rows (``golden.max_pool_rows``).
+
+  The ``count / window`` rows of ``y`` go to unified-buffer rows ``ub_addr..``: elements
+  ``0..cols-1`` the results as raw bytes, elements ``cols..ub_row-1`` zero.
+- LOAD_PARAMS: ``shift``, ``zero_point`` and ``clamp_hi`` of slot ``slot`` from the
+  instruction, then two data beats: the bias row and the multiplier row.
+- READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
+- CLEAR_COUNTERS: zeroes every counter.
+
+Errors
+------
+Each instruction is checked when it is decoded, before it has any effect (before its data
+beats are consumed). The first failing check, in this order, sets the error:
+
+1. UNKNOWN_OPCODE: opcode 12..15.
+2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
+   ACTIVATE; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0`` or
+   ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots``.
+3. SIGNEDNESS: LOAD_WEIGHTS or MATMUL with ``signed`` clear on a core built for int8 only
+   (``operands="int8"``).
+4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL) or
+   ``count / window`` (ACTIVATE).
+5. ACC_RANGE: ``acc_addr + count > acc_depth`` (MATMUL, ACTIVATE).
+6. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS).
+7. WEIGHT_UNWRITTEN: READ_WEIGHTS of a tile no LOAD_WEIGHTS has written.
+8. WEIGHT_EMPTY: MATMUL with ``switch`` and an empty queue, or without ``switch`` and no
+   active tile yet.
+9. WEIGHT_OVERFLOW: READ_WEIGHTS that would make the queue longer than
+   ``weight_fifo_depth + 1`` tiles.
+
+The status then holds the error code and the failing instruction's index (``halted`` is
+cleared); memories, queue, parameters and counters are as they were before that instruction.
+The core sends an *error beat* (:class:`hdl.isa.ErrorBeat`: ``ERROR_MAGIC << 32 | code << 24
+| index``) after the output of every earlier instruction, then discards every beat it
+receives until the error is cleared, in band by the resynchronisation word
+(:data:`hdl.isa.RESYNC_WORD`, consumed) or out of band by ``i_clear`` (:meth:`IsaSim.clear`);
+the next beat after either is instruction 0 of a new program. ``i_clear`` with no error
+pending does nothing; the resynchronisation word with no error pending restarts the program
+(the next instruction has index 0) and is not an instruction. Reserved (``_``-prefixed)
+fields are ignored.
+
+The instruction index moves on when an instruction issues (decodes without error), before
+its data beats; the ``instructions`` counter counts it once its data beats are in.
+
+Counters
+--------
+Counters are ``config.counter_bits`` wide (48 by default; beats carry 48 bits), wrap, and
+count from reset or the last CLEAR_COUNTERS. READ_COUNTERS reports them as if every earlier
+instruction had completed (the hardware waits until idle before it samples them). Four are
+fixed by the program and checked exactly (:data:`DETERMINISTIC_COUNTERS`):
+
+- ``instructions``: instructions completed without error before the READ_COUNTERS being
+  executed (each READ_COUNTERS counts once it completes; CLEAR_COUNTERS leaves 0);
+- ``array_active``: the sum of MATMUL ``count`` fields;
+- ``useful_macs``: ``array_active * rows * cols``;
+- ``weight_shift``: ``rows`` for every tile that entered the shadow registers: the hardware
+  shifts the oldest queued tile in as soon as they are free, so since reset this is
+  ``rows * (tiles switched in + (1 if the queue is non-empty else 0))``.
+
+The others (``cycles``, ``weight_stall``, ``non_matrix``, ``raw_stall``, ``host_stall``)
+depend on timing: the model reports them as ``None``, in :meth:`IsaSim.counters` and as
+``None`` entries of :attr:`IsaSim.output`; :func:`beats_match` treats those as wildcards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth.lib import data
+
+from hdl import isa
+from hdl.config import TPUConfig
+from sim.models import golden
+
+__all__ = ["IsaSim", "SimStatus", "ParamSlot", "DETERMINISTIC_COUNTERS", "POOL_WINDOW",
+           "beats_match", "error_beat"]
+
+#: Counters whose values the ISA level determines; the rest depend on timing.
+DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight_shift")
+
+#: Rows each pooling mode reduces to one.
+POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
+
+_INSTR_MASK = (1 << isa.INSTR_BITS) - 1
+
+
+def _int8(value: int) -> int:
+    """An 8-bit field (unsigned or signed shape) as int8."""
+    return ((int(value) + 128) & 0xFF) - 128
+
+
+def _row(beat: int, size: int, dtype) -> np.ndarray:
+    """The data row in the low ``size`` bits of ``beat`` (a layout of :mod:`hdl.isa`:
+    elements of ``dtype``, element 0 lowest)."""
+    raw = (beat & ((1 << size) - 1)).to_bytes(size // 8, "little")
+    return np.frombuffer(raw, dtype=dtype).copy()
+
+
+#: The beat the core sends when an instruction fails (:func:`hdl.isa.error_beat`).
+error_beat = isa.error_beat
+
+
+def beats_match(expected: Sequence[int | None], actual: Sequence[int]) -> bool:
+    """Whether ``actual`` equals ``expected``, a ``None`` in ``expected`` matching any beat
+    (the timing-dependent counters)."""
+    return len(expected) == len(actual) and all(
+        e is None or e == a for e, a in zip(expected, actual, strict=True))
+
+
+@dataclass
+class ParamSlot:
+    """One requantisation parameter slot."""
+    bias: np.ndarray        # cols int32 values
+    multiplier: np.ndarray  # cols int32 values
+    shift: int = 0
+    zero_point: int = 0
+    clamp_hi: int = 0
+
+
+@dataclass(frozen=True)
+class SimStatus:
+    """The core's status (:class:`hdl.isa.Status`)."""
+    error: bool
+    code: isa.ErrorCode
+    instr_index: int
+    halted: bool
+
+    def as_bits(self) -> int:
+        """The status word as the hardware presents it."""
+        index_width = data.Layout.cast(isa.Status)["instr_index"].width
+        return data.Layout.cast(isa.Status).const({
+            "error": int(self.error), "code": self.code, "halted": int(self.halted),
+            "instr_index": self.instr_index & ((1 << index_width) - 1),
+        }).as_bits()
+
+
+class _Error(Exception):
+    def __init__(self, code: isa.ErrorCode):
+        self.code = code
+
+
+class IsaSim:
+    """Executes host beats; see the module documentation for the semantics.
+
+    Parameters
+    ----------
+    config : TPUConfig
+        The core's configuration (default :class:`TPUConfig()`).
+
+    Attributes
+    ----------
+    output : list of int or None
+        Beats the core sent, in order (``None`` for timing-dependent counters).
+    ub : ndarray, (ub_depth, ub_row) uint8
+        Unified buffer, raw bytes.
+    acc : ndarray, (acc_depth, cols) int64
+        Accumulators (int32 values).
+    weights : ndarray, (weight_mem_tiles, rows, cols) uint8
+        Weight memory, raw bytes; ``weight_signed`` and ``weight_written`` hold the flags.
+    queue : list of (ndarray, bool)
+        Tiles (raw bytes) and signed flags read but not switched in, oldest first.
+    active : (ndarray, bool) or None
+        The active tile.
+    params : list of ParamSlot
+    """
+
+    def __init__(self, config: TPUConfig | None = None):
+        self.config = config if config is not None else TPUConfig()
+        self.reset()
+
+    # Control -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Everything to its reset state (all zero, no error, index 0, output emptied)."""
+        c = self.config
+        self.ub = np.zeros((c.ub_depth, c.ub_row), dtype=np.uint8)
+        self.acc = np.zeros((c.acc_depth, c.cols), dtype=np.int64)
+        self.weights = np.zeros((c.weight_mem_tiles, c.rows, c.cols), dtype=np.uint8)
+        self.weight_signed = np.zeros(c.weight_mem_tiles, dtype=bool)
+        self.weight_written = np.zeros(c.weight_mem_tiles, dtype=bool)
+        self.queue: list[tuple[np.ndarray, bool]] = []
+        self.active: tuple[np.ndarray, bool] | None = None
+        self.params = [ParamSlot(np.zeros(c.cols, dtype=np.int64),
+                                 np.zeros(c.cols, dtype=np.int64))
+                       for _ in range(c.param_slots)]
+        self.output: list[int | None] = []
+        self._counts = dict.fromkeys(DETERMINISTIC_COUNTERS, 0)
+        self._error = isa.ErrorCode.NONE
+        self._index = 0
+        self._halted = False
+        self._pending: list[Callable[[int], None]] = []
+
+    def clear(self) -> None:
+        """The out-of-band clear (``i_clear``): with an error pending, clear it; the next
+        beat is instruction 0 of a new program. Without an error it does nothing. Memories,
+        queue, parameters and counters stay."""
+        if self._error == isa.ErrorCode.NONE:
+            return
+        self._error = isa.ErrorCode.NONE
+        self._index = 0
+        self._halted = False
+        self._pending = []
+
+    @property
+    def status(self) -> SimStatus:
+        """Error flag and code, the index of the failing (else the next) instruction in the
+        current program, and whether the last instruction was a HALT."""
+        return SimStatus(error=self._error != isa.ErrorCode.NONE, code=self._error,
+                         instr_index=self._index, halted=self._halted)
+
+    @property
+    def error(self) -> isa.ErrorCode:
+        return self._error
+
+    @property
+    def expecting_data(self) -> int:
+        """Data beats the current instruction still waits for."""
+        return len(self._pending)
+
+    def counters(self) -> dict[str, int | None]:
+        """Counter values now, ``None`` for the timing-dependent ones."""
+        mask = (1 << self.config.counter_bits) - 1
+        return {name: self._counts[name] & mask if name in self._counts else None
+                for name in isa.COUNTERS}
+
+    # Host stream ---------------------------------------------------------------------------
+
+    def feed(self, beats: Iterable[int]) -> int:
+        """Process beats; returns how many were discarded because an error was pending (the
+        core drops every beat after an error until :data:`hdl.isa.RESYNC_WORD`, which it
+        consumes to clear the error)."""
+        beats = list(beats)
+        limit = 1 << self.config.host_width
+        discarded = 0
+        for position, beat in enumerate(beats):
+            beat = int(beat)
+            if not 0 <= beat < limit:
+                raise ValueError(f"beat {position} = {beat:#x} does not fit in "
+                                 f"host_width={self.config.host_width} bits")
+            if self._error != isa.ErrorCode.NONE:
+                if beat & _INSTR_MASK == isa.RESYNC_WORD:
+                    self.clear()
+                else:
+                    discarded += 1
+                continue
+            if self._pending:
+                self._pending.pop(0)(beat)
+                if not self._pending:
+                    self._complete()
+            else:
+                self._instruction(beat)
+        return discarded
+
+    def run(self, beats: Iterable[int]) -> list[int | None]:
+        """Feed ``beats`` and return the output beats they produced; raises
+        :class:`RuntimeError` if the program stopped on an error."""
+        start = len(self.output)
+        left = self.feed(beats)
+        if self._error != isa.ErrorCode.NONE:
+            raise RuntimeError(f"{self._error.name} at instruction {self._index} "
+                               f"({left} beats unconsumed)")
+        return self.output[start:]
+
+    # Execution -----------------------------------------------------------------------------
+
+    def _complete(self) -> None:
+        self._counts["instructions"] += 1
+
+    def _instruction(self, beat: int) -> None:
+        word = beat & _INSTR_MASK
+        if word == isa.RESYNC_WORD:          # restart the program; not an instruction
+            self._index = 0
+            self._halted = False
+            return
+        self._halted = False
+        opcode, fields = isa.decode(word)       # the decoder the assembler uses too
+        try:
+            if not isinstance(opcode, isa.Opcode):
+                raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)
+            execute = getattr(self, f"_op_{opcode.name.lower()}")
+            execute(fields)
+        except _Error as error:
+            self._error = error.code
+            self._pending = []
+            self.output.append(error_beat(error.code, self._index))
+            return
+        if opcode != isa.Opcode.HALT:
+            self._index += 1                 # the index moves on as the instruction issues
+            if not self._pending:
+                self._complete()
+
+    def _check_count(self, count: int) -> None:
+        if count == 0:
+            raise _Error(isa.ErrorCode.BAD_FIELD)
+
+    def _check_signed(self, f) -> None:
+        if self.config.operands == "int8" and not f["signed"]:
+            raise _Error(isa.ErrorCode.SIGNEDNESS)
+
+    def _check_ub(self, addr: int, n: int) -> None:
+        if addr + n > self.config.ub_depth:
+            raise _Error(isa.ErrorCode.UB_RANGE)
+
+    def _check_acc(self, addr: int, n: int) -> None:
+        if addr + n > self.config.acc_depth:
+            raise _Error(isa.ErrorCode.ACC_RANGE)
+
+    def _check_tiles(self, tile: int, n: int) -> None:
+        if tile + n > self.config.weight_mem_tiles:
+            raise _Error(isa.ErrorCode.WEIGHT_RANGE)
+
+    def _op_nop(self, f) -> None:
+        pass
+
+    _op_sync = _op_nop
+
+    def _op_halt(self, f) -> None:
+        self._counts["instructions"] += 1
+        self.output.append(isa.done_beat(self._index + 1))
+        self._index = 0
+        self._halted = True
+
+    def _op_read_host(self, f) -> None:
+        self._check_count(f["count"])
+        self._check_ub(f["ub_addr"], f["count"])
+        size = data.Layout.cast(isa.ub_row_beat(self.config.ub_row)).size
+
+        def write(row: int, beat: int) -> None:
+            self.ub[row] = _row(beat, size, np.uint8)
+
+        self._pending = [lambda beat, row=f["ub_addr"] + i: write(row, beat)
+                         for i in range(f["count"])]
+
+    def _op_write_host(self, f) -> None:
+        self._check_count(f["count"])
+        self._check_ub(f["ub_addr"], f["count"])
+        for row in self.ub[f["ub_addr"]:f["ub_addr"] + f["count"]]:
+            self.output.append(int.from_bytes(row.tobytes(), "little"))
+
+    def _op_load_weights(self, f) -> None:
+        self._check_count(f["count"])
+        self._check_signed(f)
+        self._check_tiles(f["tile"], f["count"])
+        rows, cols = self.config.rows, self.config.cols
+        size = data.Layout.cast(isa.weight_row_beat(cols)).size
+        signed = bool(f["signed"])
+
+        def write(tile: int, row: int, beat: int) -> None:
+            self.weights[tile, row] = _row(beat, size, np.uint8)
+            if row == rows - 1:
+                self.weight_written[tile] = True
+                self.weight_signed[tile] = signed
+
+        self._pending = [lambda beat, t=f["tile"] + i // rows, r=i % rows: write(t, r, beat)
+                         for i in range(f["count"] * rows)]
+
+    def _op_read_weights(self, f) -> None:
+        tile, count = f["tile"], f["count"]
+        self._check_count(count)
+        self._check_tiles(tile, count)
+        if not self.weight_written[tile:tile + count].all():
+            raise _Error(isa.ErrorCode.WEIGHT_UNWRITTEN)
+        if len(self.queue) + count > self.config.weight_fifo_depth + 1:
+            raise _Error(isa.ErrorCode.WEIGHT_OVERFLOW)
+        if not self.queue:
+            self._counts["weight_shift"] += self.config.rows
+        for t in range(tile, tile + count):
+            self.queue.append((self.weights[t].copy(), bool(self.weight_signed[t])))
+
+    def _op_matmul(self, f) -> None:
+        count, ub_addr, acc_addr = f["count"], f["ub_addr"], f["acc_addr"]
+        self._check_count(count)
+        self._check_signed(f)
+        self._check_ub(ub_addr, count)
+        self._check_acc(acc_addr, count)
+        if not self.queue if f["switch"] else self.active is None:
+            raise _Error(isa.ErrorCode.WEIGHT_EMPTY)
+        if f["switch"]:
+            self.active = self.queue.pop(0)
+            if self.queue:
+                self._counts["weight_shift"] += self.config.rows
+        tile, w_signed = self.active
+        x_signed = bool(f["signed"])
+        x = golden.from_raw(self.ub[ub_addr:ub_addr + count, :self.config.rows], x_signed)
+        w = golden.from_raw(tile, w_signed)
+        psum = golden.matmul(x, w, x_signed=x_signed, w_signed=w_signed)
+        rows = slice(acc_addr, acc_addr + count)
+        self.acc[rows] = golden.wrap(self.acc[rows] + psum) if f["accumulate"] else psum
+        self._counts["array_active"] += count
+        self._counts["useful_macs"] += count * self.config.rows * self.config.cols
+
+    def _op_activate(self, f) -> None:
+        count, func, pool, slot = f["count"], f["func"], f["pool"], f["slot"]
+        self._check_count(count)
+        if (not isinstance(func, isa.Func) or not isinstance(pool, isa.Pool)
+                or count % POOL_WINDOW[pool] or slot >= self.config.param_slots):
+            raise _Error(isa.ErrorCode.BAD_FIELD)
+        window = POOL_WINDOW[pool]
+        self._check_ub(f["ub_addr"], count // window)
+        self._check_acc(f["acc_addr"], count)
+        p = self.params[slot]
+        q = golden.requantise(self.acc[f["acc_addr"]:f["acc_addr"] + count], p.bias,
+                              p.multiplier, p.shift, p.zero_point)
+        y = golden.max_pool_rows(golden.activate(q, func.value, p.zero_point, p.clamp_hi),
+                                 window)
+        out = self.ub[f["ub_addr"]:f["ub_addr"] + count // window]
+        out[:, :self.config.cols] = golden.to_raw(y)
+        out[:, self.config.cols:] = 0
+
+    def _op_load_params(self, f) -> None:
+        slot = f["slot"]
+        if slot >= self.config.param_slots:
+            raise _Error(isa.ErrorCode.BAD_FIELD)
+        p = self.params[slot]
+        p.shift = int(f["shift"])
+        p.zero_point = _int8(f["zero_point"])
+        p.clamp_hi = _int8(f["clamp_hi"])
+        size = data.Layout.cast(isa.param_row_beat(self.config.cols)).size
+
+        def bias(beat: int) -> None:
+            p.bias = _row(beat, size, np.dtype("<i4")).astype(np.int64)
+
+        def multiplier(beat: int) -> None:
+            p.multiplier = _row(beat, size, np.dtype("<i4")).astype(np.int64)
+
+        self._pending = [bias, multiplier]
+
+    def _op_read_counters(self, f) -> None:
+        self.output.extend(self.counters().values())
+
+    def _op_clear_counters(self, f) -> None:
+        # The instruction completes after this; CLEAR_COUNTERS itself is not counted.
+        self._counts = dict.fromkeys(DETERMINISTIC_COUNTERS, 0)
+        self._counts["instructions"] = -1

@@ -1,0 +1,3 @@
+"""RTL simulation plumbing: Verilog generation, the cocotb runner, stream drivers and
+scoreboards, the RTL transport's simulation side, vendor primitives' Verilog models.
+"""

@@ -1,0 +1,2 @@
+"""Waveforms: GTKWave save files, the waveform tour and its screenshot.
+"""

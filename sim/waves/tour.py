@@ -1,0 +1,486 @@
+"""A guided tour of one matmul: ``python -m sim.waves.tour`` (``make tour``).
+
+Runs one small program on the 4x4 core (:data:`TOUR_CONFIG`) under cocotb and Icarus with
+an FST waveform, checks its output beats against the ISA simulator with ``==``, writes a
+GTKWave save file that follows the data along its path, and opens GTKWave on it (without a
+display or without GTKWave it prints the path and how to open it). docs/tour.md walks
+through the waveform.
+
+The program (:func:`tour_program`, in the assembler's syntax)::
+
+    load_weights tile=0 count=1 signed         W, a 4 x 4 int8 tile (4 data beats)
+    read_weights tile=0 count=1                queue the tile for the matrix unit
+    load_params slot=0 shift=0 zp=0 clamp=127  bias 0, multiplier 1 (2 data beats)
+    read_host ub=0 count=6                     X, 6 x 4 int8 (6 data beats)
+    matmul ub=0 acc=0 count=6 switch signed
+    activate acc=0 ub=8 count=6 func=relu pool=none slot=0
+    write_host ub=8 count=6
+    halt
+
+so the host gets ``relu(X @ W)`` (requantisation with bias 0, multiplier 1 and shift 0 only
+saturates to int8) and a DONE beat.
+
+Signal names in the save file are read from the dump itself (:func:`sim.waves.gtkw.fst_signals`);
+a name that is not in the dump is an error, never silently dropped. Enumeration fields (the
+opcode) show by name through the translate filter files :func:`sim.waves.gtkw.write_enum_filters`
+writes from :mod:`hdl.isa`. ``--screenshot PNG`` takes a picture of GTKWave on the save file
+under Xvfb (:mod:`sim.waves.screenshot`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from amaranth.hdl import unsigned
+from amaranth.lib import data
+from vcd.gtkw import GTKWFlag, GTKWSave
+
+from hdl import isa
+from hdl.config import TPUConfig, get_config
+from hdl.isa import Func, Opcode, Pool
+from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
+from sim.waves.gtkw import enum_filter, fst_signals, write_enum_filters
+
+__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "Trace", "tour_stages",
+           "TourProgram", "tour_program", "decode_rows", "write_tour_gtkw", "TourResult",
+           "run_tour", "open_gtkwave", "main"]
+
+#: The tour's configuration: the 4x4 preset (its 256-row buffer clears in 256 cycles).
+TOUR_CONFIG = "small"
+
+#: Events the bench watches for the save file's markers, in marker order: name -> (the
+#: marker's label, the values signals below the toplevel have in the event's first cycle).
+#: The markers sit at the falling clock edge of that cycle, where the values are stable.
+EVENTS: dict[str, tuple[str, dict[str, int]]] = {
+    "load_weights": ("LOAD_WEIGHTS", {"front_end.dispatch": 1,
+                                      "front_end.is_load_weights": 1}),
+    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1, "front_end.scrubbing": 0}),
+    "tile_ready": ("tile ready", {"matrix_unit.array.o_shadow_full": 1}),
+    "matmul": ("MATMUL", {"matrix_unit.array.valid_in": 1}),
+    "row_out": ("row 0 out", {"matrix_unit.array.o_psum__valid": 1,
+                              "matrix_engine.o_acc__valid": 1,
+                              "matrix_engine.scrubbing": 0}),
+    "activate": ("ACTIVATE", {"activation_engine.o_ub__valid": 1,
+                              "activation_engine.o_ub__ready": 1}),
+    "write_host": ("WRITE_HOST", {"o_host__valid": 1, "o_host__ready": 1}),
+}
+
+#: The save file's markers A, B, ... in order: (event name, label); the last, ``done``, is
+#: the DONE beat (the last beat the core sends).
+MARKERS: list[tuple[str, str]] = [*((name, label) for name, (label, _) in EVENTS.items()),
+                                  ("done", "DONE")]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One trace of the tour's save file: a signal below the toplevel (as the Verilog
+    hierarchy names it, without its ``[msb:lsb]``), the name GTKWave shows, its format."""
+    path: str
+    alias: str | None = None
+    fmt: str = "hex"
+    invert: bool = False
+
+
+def _t(path: str, alias: str | None = None, fmt: str | None = None, **kw) -> Trace:
+    """A trace; one-bit signals default to binary, others to hex."""
+    return Trace(path, alias, fmt or "hex", **kw)
+
+
+_ARRAY = "matrix_unit.array."
+_CORE = _ARRAY + "core."
+_PE = _CORE + "pe_1_1."
+
+
+def tour_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
+    """The save file's stages along the data's path: (group name, the comment line that
+    names the stage, its traces). Every name must be in the dump (:func:`write_tour_gtkw`
+    raises otherwise)."""
+    rows, cols = config.rows, config.cols
+    return [
+        ("i_host", "1  host -> core: instructions, data", [
+            _t("i_host__valid", "valid", "bin"), _t("i_host__ready", "ready", "bin"),
+            _t("i_host__payload", "beat"),
+        ]),
+        ("front_end", "2  front end: decode, issue", [
+            _t("front_end.fetch_opcode", "instruction"),
+            _t("front_end.\\o_hazards__instr.a", "a (ub/acc/tile)", "dec"),
+            _t("front_end.\\o_hazards__instr.b", "b (acc/ub)", "dec"),
+            _t("front_end.\\o_hazards__instr.count", "count", "dec"),
+            _t("front_end.o_hazards__hazard", "waits on a hazard", "bin"),
+            _t("front_end.dispatch", "dispatch", "bin"),
+        ]),
+        ("busy", "3  engines busy", [
+            _t("front_end.o_host_work", "front end: host beat", "bin"),
+            _t("weight_loader.o_busy", "weight loader", "bin"),
+            _t("matrix_engine.o_idle", "matrix engine", "bin", invert=True),
+            _t("activation_engine.o_busy", "activation engine", "bin"),
+            _t("host_writer.o_busy", "host writer", "bin"),
+        ]),
+        ("unified_buffer", "4  unified buffer: writes, reads", [
+            _t("unified_buffer.w__0__valid", "write: READ_HOST", "bin"),
+            _t("unified_buffer.w__1__valid", "write: ACTIVATE", "bin"),
+            _t("unified_buffer.wr__addr", "write row", "dec"),
+            _t("unified_buffer.wr__data", "write data (bytes)"),
+            _t("unified_buffer.r__0__addr__valid", "read: MATMUL", "bin"),
+            _t("unified_buffer.r__0__addr__payload", "MATMUL row", "dec"),
+            _t("unified_buffer.r__1__addr__valid", "read: WRITE_HOST", "bin"),
+            _t("unified_buffer.r__1__addr__payload", "WRITE_HOST row", "dec"),
+        ]),
+        ("weights", "5  weights -> shadow registers", [
+            _t("weight_loader.o_weight__valid", "row into FIFO", "bin"),
+            _t("matrix_unit.o_tiles", "tiles in FIFO", "dec"),
+            _t(_ARRAY + "o_weight_shift", "row shifts in", "bin"),
+            _t(_ARRAY + "shifted", "rows shifted", "dec"),
+            _t(_ARRAY + "\\i_weight__payload.data", "weight row (bytes)"),
+            _t(_ARRAY + "o_shadow_full", "shadow tile full", "bin"),
+        ]),
+        ("act_in", "6  activations in, skewed", [
+            _t(_ARRAY + "valid_in", "row accepted", "bin"),
+            _t(_ARRAY + "\\i_act__payload.switch", "switch", "bin"),
+            _t(_ARRAY + "o_weight_stall", "weight stall", "bin"),
+            *[_t(_CORE + f"act_skew_{r}_d{r}", f"into PE row {r}", "signed")
+              for r in range(rows)],
+        ]),
+        ("pe_1_1", "7  one PE: (1,1)", [
+            _t(_PE + "shadow", "shadow weight", "signed"),
+            _t(_PE + "active", "active weight", "signed"),
+            _t(_PE + "a", "a (activation)", "signed"),
+            _t(_PE + "w", "w (weight)", "signed"),
+            _t(_PE + "product", "a * w", "signed"),
+            _t(_PE + "psum", "psum (+ sum from above)", "signed"),
+        ]),
+        ("o_psum", "8  output rows, de-skewed", [
+            *[_t(_CORE + f"pe_{rows - 1}_{c}.psum", f"bottom PE ({rows - 1},{c})", "signed")
+              for c in range(cols)],
+            _t(_ARRAY + "o_psum__valid", "output row", "bin"),
+            *[_t(_ARRAY + f"\\o_psum__payload[{c}]", f"column {c}", "signed")
+              for c in range(cols)],
+        ]),
+        ("accumulators", "9  accumulator writes", [
+            _t("matrix_engine.o_acc__valid", "write", "bin"),
+            _t("matrix_engine.\\o_acc__payload.addr", "row", "dec"),
+            *[_t(f"matrix_engine.\\o_acc__payload.data[{c}]", f"column {c}", "signed")
+              for c in range(cols)],
+        ]),
+        ("activation", "10 activation: ReLU out", [
+            _t("activation_engine.o_acc__addr__valid", "accumulator read", "bin"),
+            _t("activation.o_row__valid", "output row", "bin"),
+            *[_t(f"activation.\\o_row__payload[{c}]", f"column {c}", "signed")
+              for c in range(cols)],
+            _t("activation_engine.\\o_ub__payload.addr", "into buffer row", "dec"),
+        ]),
+        ("o_host", "11 core -> host", [
+            _t("o_host__valid", "valid", "bin"), _t("o_host__ready", "ready", "bin"),
+            _t("o_host__payload", "beat"),
+        ]),
+    ]
+
+
+#: Where the tour writes its waveform, save file and filter.
+TOUR_DIR = BUILD_ROOT / "tour"
+
+
+def _word(layout, **fields) -> int:
+    return data.Layout.cast(layout).const(fields).as_bits()
+
+
+def _row(values: Sequence[int], elem, length: int) -> int:
+    """A data beat: ``values`` packed in the low bits, element 0 lowest."""
+    width = elem.width
+    beat = 0
+    for i, value in enumerate(list(values) + [0] * (length - len(values))):
+        beat |= (int(value) & ((1 << width) - 1)) << (width * i)
+    return beat
+
+
+@dataclass
+class TourProgram:
+    """The tour's program and what it computes.
+
+    Attributes
+    ----------
+    beats : list of int
+        Every host beat, instructions and data.
+    listing : list of (str, int)
+        Each instruction's assembly-like text and its number of data beats.
+    x, w : ndarray
+        The activations (``m x rows``) and the weight tile (``rows x cols``), int8.
+    expected : ndarray
+        ``relu(x @ w)`` saturated to int8: the rows WRITE_HOST sends.
+    expected_beats : int
+        Beats the core sends: the rows and the DONE beat.
+    """
+    beats: list[int] = field(default_factory=list)
+    listing: list[tuple[str, int]] = field(default_factory=list)
+    x: np.ndarray | None = None
+    w: np.ndarray | None = None
+    expected: np.ndarray | None = None
+    expected_beats: int = 0
+
+    def add(self, text: str, word: int, rows: Sequence[int] = ()) -> None:
+        self.beats += [word, *rows]
+        self.listing.append((text, len(rows)))
+
+
+def tour_program(config: TPUConfig, m: int = 6) -> TourProgram:
+    """The tour's program for ``config`` with ``m`` activation rows (see the module's
+    documentation). Instruction words are packed with :mod:`hdl.isa`'s layouts, as the
+    assembler packs them."""
+    rows, cols, ub = config.rows, config.cols, config.ub_row
+    rng = np.random.default_rng(9)
+    x = rng.integers(-4, 5, (m, rows))
+    w = rng.integers(-3, 4, (rows, cols))
+    byte = unsigned(isa.DATA_BITS)
+    int32 = unsigned(32)
+    p = TourProgram(x=x, w=w)
+    p.add("load_weights tile=0 count=1 signed",
+          _word(isa.LoadWeights, opcode=Opcode.LOAD_WEIGHTS, signed=1, tile=0, count=1),
+          [_row(w[r], byte, cols) for r in range(rows)])
+    p.add("read_weights tile=0 count=1",
+          _word(isa.ReadWeights, opcode=Opcode.READ_WEIGHTS, tile=0, count=1))
+    p.add("load_params slot=0 shift=0 zp=0 clamp=127",
+          _word(isa.LoadParams, opcode=Opcode.LOAD_PARAMS, slot=0, shift=0, zero_point=0,
+                clamp_hi=127),
+          [_row([0] * cols, int32, cols), _row([1] * cols, int32, cols)])
+    p.add(f"read_host ub=0 count={m}",
+          _word(isa.ReadHost, opcode=Opcode.READ_HOST, ub_addr=0, count=m),
+          [_row(x[i], byte, ub) for i in range(m)])
+    p.add(f"matmul ub=0 acc=0 count={m} switch signed",
+          _word(isa.Matmul, opcode=Opcode.MATMUL, ub_addr=0, acc_addr=0, count=m, switch=1,
+                signed=1))
+    p.add(f"activate acc=0 ub=8 count={m} func=relu pool=none slot=0",
+          _word(isa.Activate, opcode=Opcode.ACTIVATE, acc_addr=0, ub_addr=8, count=m,
+                func=Func.RELU, pool=Pool.NONE, slot=0))
+    p.add(f"write_host ub=8 count={m}",
+          _word(isa.WriteHost, opcode=Opcode.WRITE_HOST, ub_addr=8, count=m))
+    p.add("halt", _word(isa.Halt, opcode=Opcode.HALT))
+    p.expected = np.clip(np.maximum(x @ w, 0), -128, 127)
+    p.expected_beats = m + 1
+    return p
+
+
+def decode_rows(beats: Sequence[int], n: int) -> np.ndarray:
+    """int8 elements ``0..n-1`` of unified-buffer row beats."""
+    out = np.array([[(beat >> (8 * i)) & 0xFF for i in range(n)] for beat in beats],
+                   dtype=np.int64)
+    return np.where(out >= 128, out - 256, out)
+
+
+#: GTKWave's window (and the screenshot's) size in pixels, and the signal pane's width.
+WINDOW = (1800, 2050)
+SIGNALS_WIDTH = 300
+#: GTKWave's zoom ``z`` shows ``2 ** -z`` time units per 200 pixels (its default zoom base
+#: and frame; checked on GTKWave 3.3.118, whose time unit here is the dump's 1 ps).
+ZOOM_FRAME = 200
+
+
+def _zoom(span_ps: float, pixels: int) -> float:
+    """The GTKWave zoom that shows *span_ps* across *pixels*."""
+    return -math.log2(span_ps / pixels * ZOOM_FRAME)
+
+
+def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[str, float],
+                    start: float, end: float, signals: dict[str, str] | None = None,
+                    filters: dict[str, Path] | None = None) -> list[str]:
+    """Write the tour's save file for the waveform *fst*: the clock, then each stage of
+    :func:`tour_stages` (a comment line naming it and a group of its traces), the named
+    markers at *events* (times in ps, by :data:`MARKERS` name), the view from *start* to *end*
+    (ps); ``events["done"]`` marks the DONE beat. Returns the traces, as named in the dump.
+    Raises :class:`ValueError` if a trace is not in the dump (GTKWave would silently drop
+    it), or if the dump cannot be read."""
+    if signals is None:
+        signals = fst_signals(fst)
+        if signals is None:
+            raise ValueError("fst2vcd (Debian package gtkwave) is needed to read the "
+                             "waveform's signal names")
+    if filters is None:
+        filters = write_enum_filters(Path(gtkw).parent)
+    top = "core"
+    stages = tour_stages(config)
+    missing = [trace.path for _, _, traces in stages for trace in traces
+               if f"{top}.{trace.path}" not in signals]
+    if missing:
+        raise ValueError(f"not in {fst}: {', '.join(missing)}")
+    traces: list[str] = []
+    width, height = WINDOW
+    labels = [(label, events[name]) for name, label in MARKERS if name in events]
+    with open(gtkw, "w") as f:
+        save = GTKWSave(f)
+        save.comment(f"amtpu guided tour: one matmul on the {config.name} core (docs/tour.md)")
+        # The dump by its path from the save file, which GTKWave resolves from [savefile].
+        save.dumpfile(os.path.relpath(Path(fst).resolve(), Path(gtkw).resolve().parent),
+                      abspath=False)
+        save.savefile(str(Path(gtkw).resolve()))
+        save.size(width, height)
+        save.pos(0, 0)
+        save.timestart(int(start))
+        save.zoom_markers(_zoom(end - start, width - SIGNALS_WIDTH - 40), -1,
+                          **{chr(ord("a") + i): int(t) for i, (_, t) in enumerate(labels)})
+        for i, (label, _) in enumerate(labels):
+            f.write(f"[markername] {chr(ord('A') + i)}{label}\n")
+        save.treeopen(f"{top}.")
+        save.signals_width(SIGNALS_WIDTH)
+        save.trace(signals[f"{top}.clk"], alias="clk", datafmt="bin")
+        traces.append(signals[f"{top}.clk"])
+        for group, line, stage in stages:
+            save.blank(line)
+            with save.group(group):
+                for trace in stage:
+                    name = signals[f"{top}.{trace.path}"]
+                    table = enum_filter(name, filters)
+                    save.trace(name, alias=trace.alias,
+                               datafmt="hex" if table else trace.fmt,
+                               extraflags=GTKWFlag.invert if trace.invert else GTKWFlag(0),
+                               translate_filter_file=str(table) if table else None)
+                    traces.append(name)
+    return traces
+
+
+@dataclass
+class TourResult:
+    """What :func:`run_tour` made and checked."""
+    fst: Path
+    gtkw: Path | None           # None without fst2vcd (GTKWave not installed)
+    filters: dict[str, Path]
+    program: TourProgram
+    received: list[int]
+    expected: list[int]
+    events: dict[str, int]
+    start: int
+    end: int
+    traces: list[str]
+    period: int = 10_000        # the clock period, ps
+
+    def cycles(self) -> dict[str, int]:
+        """The events (:attr:`events`, by :data:`MARKERS` name) in cycles counted from the
+        first instruction's issue (LOAD_WEIGHTS, marker A), as docs/tour.md counts them."""
+        first = self.events["load_weights"]
+        return {name: (time - first) // self.period for name, time in self.events.items()}
+
+
+def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourResult:
+    """Run the tour's program on the RTL core under Icarus with an FST waveform, check the
+    output beats against :class:`sim.models.isa_sim.IsaSim` with ``==`` (raises
+    :class:`AssertionError` if they differ) and write the save file; returns what it made."""
+    from hdl.core import Core
+    from sim.models.isa_sim import IsaSim
+    from sim.rtl.runner import run
+
+    config = get_config(config_key)
+    program = tour_program(config)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / "tour.json"
+    report.unlink(missing_ok=True)
+    fst = out_dir / "tour.fst"
+    # The simulation's build folder and its waveform's path are shared by every run of the
+    # tour (two test workers, or `make tour` beside the tests): one at a time.
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_ROOT / "tour.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        generic = run("core", lambda: Core(config), config_key, "sim.waves.tour_bench", REPO_ROOT,
+                      "tour", extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour",
+                      waves=True, sim="icarus", config=config)
+        if generic is not None:
+            generic.unlink()          # the runner's own save file: the tour writes its own
+        # The waveform beside the save file, which names it by a relative path (the folder
+        # can move).
+        shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)
+    result = json.loads(report.read_text())
+    received = result["received"]
+    expected = IsaSim(config).run(program.beats)
+    assert received == expected, \
+        f"the core sent {[hex(b) for b in received]}, the ISA simulator {expected}"
+    rows = decode_rows(received[:-1], config.cols)
+    assert np.array_equal(rows, program.expected), f"relu(X @ W) is {program.expected}"
+    # The view: from two cycles before the first beat is taken to four after the last one
+    # sent (the dump goes on for longer).
+    period = result["period"]
+    start = result["taken_at"][0] - 2 * period
+    end = result["received_at"][-1] + 4 * period
+    gtkw = out_dir / "tour.gtkw"
+    filters = write_enum_filters(out_dir)
+    # The bench's events, and the DONE beat (the last beat the core sends).
+    events = {**result["events"], "done": result["received_at"][-1]}
+    if shutil.which("fst2vcd") is None:
+        # Without GTKWave's fst2vcd the names cannot be checked against the dump: no save
+        # file rather than one whose unknown names GTKWave would silently drop.
+        gtkw, traces = None, []
+    else:
+        traces = write_tour_gtkw(fst, gtkw, config, events=events, start=start, end=end,
+                                 filters=filters)
+    return TourResult(fst=fst, gtkw=gtkw, filters=filters, program=program,
+                      received=received, expected=expected, events=events,
+                      start=start, end=end, traces=traces, period=period)
+
+
+def open_gtkwave(gtkw: Path) -> bool:
+    """Open GTKWave on *gtkw* (without waiting) when there is a display and GTKWave; else
+    print how to open it. Returns whether it started."""
+    how = f"gtkwave {gtkw}"
+    if shutil.which("gtkwave") is None:
+        print(f"tour: GTKWave is not installed (apt-get install gtkwave); then: {how}")
+        return False
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        print(f"tour: no display; on a machine with one: {how}")
+        return False
+    subprocess.Popen(["gtkwave", str(gtkw)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    print(f"tour: opened {how}")
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.waves.tour",
+                                     description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--no-gui", action="store_true", help="do not open GTKWave")
+    parser.add_argument("--screenshot", type=Path, metavar="PNG",
+                        help="also save a picture of GTKWave on the save file (under Xvfb)")
+    args = parser.parse_args(argv)
+    result = run_tour()
+    program = result.program
+    print(f"tour: {len(program.listing)} instructions, {len(program.beats)} beats in; "
+          f"{len(result.received)} beats out, equal to the ISA simulator's")
+    for text, data_beats in program.listing:
+        print(f"    {text}" + (f"   + {data_beats} data beats" if data_beats else ""))
+    print(f"tour: relu(X @ W) =\n{program.expected}")
+    # The markers, with cycles counted from the first instruction's (as docs/tour.md does).
+    print("tour: markers (10 ns clock)")
+    cycles = result.cycles()
+    for i, (name, label) in enumerate(MARKERS):
+        if name in result.events:
+            print(f"    {chr(ord('A') + i)} {label:12} {result.events[name] / 1000:6.0f} ns  "
+                  f"cycle {cycles[name]}")
+    print(f"tour: waveform {result.fst}")
+    if result.gtkw is None:
+        print("tour: no save file: GTKWave is not installed (its fst2vcd reads the dump's "
+              "signal names); apt-get install gtkwave, then run this again")
+        return 0 if args.screenshot is None else 1
+    print(f"tour: save file {result.gtkw}")
+    if args.screenshot is not None:
+        from sim.waves.screenshot import screenshot
+        try:
+            png = screenshot(result.gtkw, args.screenshot)
+        except RuntimeError as exc:
+            print(f"tour: no screenshot: {exc}", file=sys.stderr)
+            return 1
+        print(f"tour: screenshot {png} ({png.stat().st_size // 1024} KiB)")
+    if not args.no_gui:
+        open_gtkwave(result.gtkw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
