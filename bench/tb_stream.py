@@ -16,7 +16,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import FallingEdge
 
-from hdl.datapath.systolic_array import act_row_layout, psum_row_layout, weight_row_layout
+from hdl.layouts import act_row_layout, psum_row_layout, weight_row_layout
 from sim.models.golden import matrix_unit_stream
 from sim.rtl.runner import config_from_env
 from sim.rtl.streams import StreamDriver, StreamMonitor, reset, start_clock

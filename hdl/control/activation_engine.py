@@ -6,9 +6,9 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.datapath.activation import acc_row_layout
 from hdl.isa import Activate, Func, LoadParams, Pool, param_row_beat, ub_row_beat
-from hdl.memory.unified_buffer import RegisteredRead
+from hdl.layouts import acc_row_layout
+from hdl.memory.row_memory import RegisteredRead
 from hdl.ports import (
     MemReadSignature,
     MemWriteSignature,

@@ -9,7 +9,6 @@ from hdl.control.activation_engine import ParamKind, param_write_layout
 from hdl.control.checks import Checks
 from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
 from hdl.control.hazards import HazardQuerySignature
-from hdl.datapath.systolic_array import weight_row_layout
 from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,
@@ -32,6 +31,7 @@ from hdl.isa import (
     ub_row_beat,
     weight_row_beat,
 )
+from hdl.layouts import weight_row_layout
 from hdl.lib.arith import times_constant
 from hdl.ports import MemWriteSignature, addr_bits
 

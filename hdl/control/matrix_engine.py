@@ -5,9 +5,8 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.datapath.accumulators import psum_write_layout
-from hdl.datapath.systolic_array import act_row_layout, psum_row_layout
 from hdl.isa import Matmul, ub_row_beat
+from hdl.layouts import act_row_layout, psum_row_layout, psum_write_layout
 from hdl.memory.block_fifo import BlockFIFO
 from hdl.ports import MemReadSignature, addr_bits
 

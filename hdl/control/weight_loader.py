@@ -5,8 +5,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.datapath.systolic_array import weight_row_layout
 from hdl.isa import ReadWeights
+from hdl.layouts import weight_row_layout
 from hdl.lib.arith import times_constant
 from hdl.ports import MatrixStatusSignature, MemReadSignature, addr_bits
 

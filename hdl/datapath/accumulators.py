@@ -1,23 +1,18 @@
 """Accumulator memory: where MATMUL output rows are written or summed in place."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.lib.fanout import register_copies
+from hdl.layouts import psum_write_layout
+from hdl.lib.registers import register_copies
 from hdl.memory.block_ram import PipelinedMemory
-from hdl.memory.unified_buffer import RegisteredRead, serve_reads
+from hdl.memory.row_memory import RegisteredRead, serve_reads
 from hdl.ports import MemReadSignature
 
-__all__ = ["Accumulators", "psum_write_layout"]
+__all__ = ["Accumulators"]
 
 
-def psum_write_layout(addr_bits: int, cols: int, acc_width: int = 32) -> data.StructLayout:
-    return data.StructLayout({
-        "addr":       unsigned(addr_bits),
-        "accumulate": unsigned(1),
-        "data":       data.ArrayLayout(signed(acc_width), cols),
-    })
 
 
 class Accumulators(wiring.Component):

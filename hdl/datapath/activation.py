@@ -6,13 +6,14 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.pe import _ecp5_instance, _mult18x18d
 from hdl.isa import Func
+from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
-from hdl.lib.fanout import register_copies
+from hdl.lib.registers import register_copies
+from hdl.lib.vendor import ecp5_mult_instance, mult18x18d
 from hdl.ports import requant_params_layout
 
-__all__ = ["ActivationUnit", "lut_table", "acc_row_layout"]
+__all__ = ["ActivationUnit", "lut_table"]
 
 #: A table index ``q`` (int8) stands for ``q * LUT_INPUT_SCALE``.
 LUT_INPUT_SCALE = 1 / 16
@@ -38,12 +39,6 @@ def lut_table(func: Func) -> list[int]:
     return table
 
 
-def acc_row_layout(cols: int, acc_width: int = 32) -> data.StructLayout:
-    """A row of accumulator sums entering the unit; ``last`` closes a pooling window."""
-    return data.StructLayout({
-        "data": data.ArrayLayout(signed(acc_width), cols),
-        "last": unsigned(1),
-    })
 
 
 def _rom_bit(values: list[int], index, memo: dict):
@@ -170,7 +165,7 @@ class ActivationUnit(wiring.Component):
         })
 
     def elaborate(self, platform):
-        instantiate = self.multiplier == "ecp5" and _ecp5_instance(platform)
+        instantiate = self.multiplier == "ecp5" and ecp5_mult_instance(platform)
         m = Module()
         cols = self.cols
         # The parameters, registered: they are steady while rows are in flight, and the
@@ -317,7 +312,7 @@ class ActivationUnit(wiring.Component):
                                            ("hh", pp_hh, (halves["hi"][0], halves["hi"][1]))):
                 product = Signal(signed(36), name=f"prod_{name}_{j}")
                 if instantiate:
-                    m.submodules[f"mult_{name}_{j}"] = _mult18x18d(m, a=ta, b=mb, p=product,
+                    m.submodules[f"mult_{name}_{j}"] = mult18x18d(m, a=ta, b=mb, p=product,
                                                                    ce=Const(1, 1))
                 else:
                     op_a = reg(signed(18), f"op_a_{name}")

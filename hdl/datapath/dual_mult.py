@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, ClockSignal, Const, EnableInserter, Instance, Modu
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.pe import vendor_instance
+from hdl.lib.vendor import vendor_instance
 
 __all__ = ["DualMultiplier", "SB_MAC16_PARAMS"]
 

@@ -1,10 +1,7 @@
 """Processing element of the weight-stationary systolic array."""
 
 from amaranth.hdl import (
-    ClockSignal,
-    Const,
     EnableInserter,
-    Instance,
     Module,
     Mux,
     Signal,
@@ -14,15 +11,14 @@ from amaranth.hdl import (
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["PE", "weight_bus_layout", "PE_MULTIPLIERS", "VERILOG_SIM_PLATFORM"]
+from hdl.lib.arith import shift_add_multiply
+from hdl.lib.vendor import ecp5_mult_instance, mult18x18d
+
+__all__ = ["PE", "weight_bus_layout", "PE_MULTIPLIERS"]
 
 #: Values of :class:`PE`'s ``multiplier``.
 PE_MULTIPLIERS = ("infer", "ecp5", "lut", "ice40")
 
-#: The ``platform`` that :func:`sim.rtl.verilog.generate` elaborates designs with: Verilog for
-#: Icarus or Verilator, which have simulation models of the vendor primitives
-#: (``sim/rtl/vendor/``), so the PE instantiates them there as on the part.
-VERILOG_SIM_PLATFORM = "verilog-sim"
 
 
 def weight_bus_layout(*, data_width: int = 8, row_bits: int = 1) -> data.StructLayout:
@@ -208,7 +204,7 @@ class PE(wiring.Component):
         return self.multiplier != "lut"
 
     def elaborate(self, platform):
-        instantiate = self.multiplier == "ecp5" and _ecp5_instance(platform)
+        instantiate = self.multiplier == "ecp5" and ecp5_mult_instance(platform)
         m = Module()
 
         operand = signed(self.data_width + 1)
@@ -242,7 +238,7 @@ class PE(wiring.Component):
             # The block's A/B input registers are the operand registers, its output register
             # the product register; CE0 gates all three.
             product = Signal(product_shape)
-            m.submodules.mult = _mult18x18d(m, a=a_in, b=w_in, p=product, ce=self.i_en)
+            m.submodules.mult = mult18x18d(m, a=a_in, b=w_in, p=product, ce=self.i_en)
         else:
             a = Signal(operand, reset_less=True)        # multiplier operands
             w = Signal(operand, reset_less=True)
@@ -250,7 +246,7 @@ class PE(wiring.Component):
             m.d.sync += [
                 a.eq(a_in),
                 w.eq(w_in),
-                product.eq(_shift_add_multiply(m, a, w) if self.multiplier == "lut"
+                product.eq(shift_add_multiply(m, a, w) if self.multiplier == "lut"
                            else a * w),
             ]
 
@@ -281,82 +277,9 @@ class PE(wiring.Component):
         return m
 
 
-def vendor_instance(platform, family: str, what: str) -> bool:
-    """Whether a block built on a *family* primitive instantiates it for *platform*: on a
-    *family* platform (``platform.family``) and :data:`VERILOG_SIM_PLATFORM` (which has the
-    simulation models), not for ``None`` (``amaranth.sim``) or ``"formal"`` (the block's
-    fabric registers instead). Raises for any other platform, naming *what* the block
-    instantiates."""
-    if platform is None or platform == "formal":
-        return False
-    if platform == VERILOG_SIM_PLATFORM or getattr(platform, "family", None) == family:
-        return True
-    name = platform if isinstance(platform, str) else type(platform).__name__
-    raise ValueError(f"{what}, which platform {name!r} does not have; allowed: an {family} "
-                     f"platform, {VERILOG_SIM_PLATFORM!r}, 'formal' or None")
 
 
-def _ecp5_instance(platform) -> bool:
-    """Whether ``multiplier="ecp5"`` instantiates the ``MULT18X18D`` for *platform* (see
-    :class:`PE`); raises for a platform whose part has none."""
-    return vendor_instance(platform, "ecp5",
-                           "PE multiplier='ecp5' instantiates an ECP5 MULT18X18D")
 
 
-def _mult18x18d(m: Module, *, a, b, p, ce) -> Instance:
-    """An ECP5 ``MULT18X18D`` computing ``p = a * b`` (signed, operands sign-extended to 18
-    bits, ``p`` from the low bits of the product) with registered inputs and output on the
-    ``sync`` clock, enabled by *ce*. The port and parameter names are those of yosys's
-    ``share/ecp5/cells_bb.v``, which nextpnr-ecp5 reads: every bus is one port per bit."""
-    a18 = Signal(signed(18), name="mult_a")
-    b18 = Signal(signed(18), name="mult_b")
-    p36 = Signal(36, name="mult_p")
-    m.d.comb += [a18.eq(a), b18.eq(b), p.eq(p36[:len(p)])]
-    ports = {}
-    for index in range(18):
-        ports[f"i_A{index}"] = a18[index]
-        ports[f"i_B{index}"] = b18[index]
-        ports[f"i_C{index}"] = Const(0, 1)
-    for index in range(36):
-        ports[f"o_P{index}"] = p36[index]
-    return Instance(
-        "MULT18X18D",
-        # nextpnr-ecp5 times MULT18X18D registers only on CLK0, and reads REG_INPUTA_CLK,
-        # REG_INPUTB_CLK and REG_OUTPUT_CLK to pick its timing model (all three: REGS_ALL).
-        p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
-        p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",
-        p_REG_OUTPUT_CLK="CLK0", p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
-        p_REG_PIPELINE_CLK="NONE", p_REG_INPUTC_CLK="NONE",
-        i_SIGNEDA=Const(1, 1), i_SIGNEDB=Const(1, 1),
-        i_SOURCEA=Const(0, 1), i_SOURCEB=Const(0, 1),
-        i_CLK0=ClockSignal("sync"), i_CE0=ce, i_RST0=Const(0, 1),
-        **ports,
-    )
 
 
-def _shift_add_multiply(m, a, b):
-    """Signed ``a * b`` as a sum of shifted partial products (two's complement: the sign bit
-    of ``a`` weighs ``-2**(n-1)``), so that synthesis does not infer a DSP multiplier.
-
-    The partial products are summed in a balanced tree of two-input adders, each sum a
-    signal marked ``keep``: otherwise yosys merges the whole sum into one ``$macc`` cell and
-    builds it from LUT full adders (ECP5, 9 x 9: 413 LUT4), where each adder kept apart goes
-    onto the carry chain (44 CCU2C and 82 LUT4), and the tree keeps the chains in series to
-    its depth (4 adders for 9 partial products)."""
-    width = len(a)
-    product_shape = signed(len(a) + len(b))
-    terms = [Mux(a[i], b << i, 0) for i in range(width - 1)]
-    terms.append(-Mux(a[width - 1], b << (width - 1), 0))
-    level = 0
-    while len(terms) > 1:
-        pairs = []
-        for i in range(0, len(terms) - 1, 2):
-            total = Signal(product_shape, name=f"mul_sum_{level}_{i // 2}",
-                           attrs={"keep": 1})
-            m.d.comb += total.eq(terms[i] + terms[i + 1])
-            pairs.append(total)
-        if len(terms) % 2:
-            pairs.append(terms[-1])         # the odd one out waits for the next level
-        terms = pairs
-        level += 1
-    return terms[0]

@@ -1,46 +1,24 @@
 """Weight-stationary systolic array with double-buffered (shadow) weights."""
 
-from amaranth.hdl import EnableInserter, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.hdl import EnableInserter, Module, Mux, Signal, signed
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
 from hdl.datapath.dual_mult import DualMultiplier
 from hdl.datapath.pe import PE, weight_bus_layout
+from hdl.layouts import act_row_layout, psum_row_layout, weight_row_layout
+from hdl.lib.registers import delay_line
 
-__all__ = ["SystolicArray", "act_row_layout", "weight_row_layout", "psum_row_layout",
-           "delay_line"]
-
-
-def act_row_layout(rows: int, data_width: int = 8) -> data.StructLayout:
-    """One activation row: ``rows`` raw operands, their signedness, and the tile-switch mark."""
-    return data.StructLayout({
-        "data":   data.ArrayLayout(unsigned(data_width), rows),
-        "signed": unsigned(1),
-        "switch": unsigned(1),
-    })
+__all__ = ["SystolicArray"]
 
 
-def weight_row_layout(cols: int, data_width: int = 8) -> data.StructLayout:
-    """One row of a weight tile: ``cols`` raw weights and their signedness."""
-    return data.StructLayout({
-        "data":   data.ArrayLayout(unsigned(data_width), cols),
-        "signed": unsigned(1),
-    })
 
 
-def psum_row_layout(cols: int, acc_width: int = 32) -> data.ArrayLayout:
-    """One output row: ``cols`` wrapped partial sums."""
-    return data.ArrayLayout(signed(acc_width), cols)
 
 
-def delay_line(m: Module, value, depth: int, *, name: str, reset_less: bool = False):
-    """``value`` delayed by ``depth`` registers in ``m.d.sync`` (``depth`` may be 0)."""
-    for index in range(depth):
-        reg = Signal.like(value, name=f"{name}_d{index}", reset_less=reset_less)
-        m.d.sync += reg.eq(value)
-        value = reg
-    return value
+
+
 
 
 def _extend(raw, is_signed):

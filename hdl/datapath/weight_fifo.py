@@ -4,7 +4,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.systolic_array import weight_row_layout
+from hdl.layouts import weight_row_layout
 from hdl.memory.block_fifo import BlockFIFO
 
 __all__ = ["WeightFIFO"]

@@ -1,8 +1,8 @@
 """Arithmetic that synthesis should build from adders, not from a multiplier block."""
 
-from amaranth.hdl import Value
+from amaranth.hdl import Mux, Signal, Value, signed
 
-__all__ = ["csd_digits", "times_constant"]
+__all__ = ["csd_digits", "times_constant", "shift_add_multiply"]
 
 
 def csd_digits(k: int) -> list[tuple[int, int]]:
@@ -39,3 +39,31 @@ def times_constant(value, k: int) -> Value:
     for shift, sign in digits:
         total = total + (value << shift) if sign > 0 else total - (value << shift)
     return total
+
+
+def shift_add_multiply(m, a, b):
+    """Signed ``a * b`` as a sum of shifted partial products (two's complement: the sign bit
+    of ``a`` weighs ``-2**(n-1)``), so that synthesis does not infer a DSP multiplier.
+
+    The partial products are summed in a balanced tree of two-input adders, each sum a
+    signal marked ``keep``: otherwise yosys merges the whole sum into one ``$macc`` cell and
+    builds it from LUT full adders (ECP5, 9 x 9: 413 LUT4), where each adder kept apart goes
+    onto the carry chain (44 CCU2C and 82 LUT4), and the tree keeps the chains in series to
+    its depth (4 adders for 9 partial products)."""
+    width = len(a)
+    product_shape = signed(len(a) + len(b))
+    terms = [Mux(a[i], b << i, 0) for i in range(width - 1)]
+    terms.append(-Mux(a[width - 1], b << (width - 1), 0))
+    level = 0
+    while len(terms) > 1:
+        pairs = []
+        for i in range(0, len(terms) - 1, 2):
+            total = Signal(product_shape, name=f"mul_sum_{level}_{i // 2}",
+                           attrs={"keep": 1})
+            m.d.comb += total.eq(terms[i] + terms[i + 1])
+            pairs.append(total)
+        if len(terms) % 2:
+            pairs.append(terms[-1])         # the odd one out waits for the next level
+        terms = pairs
+        level += 1
+    return terms[0]

@@ -4,7 +4,7 @@ from amaranth.asserts import Initial
 from amaranth.hdl import Assert, Assume, Module, Mux, Signal
 from amaranth.lib import fifo, memory
 
-from hdl.memory.unified_buffer import RegisteredRead
+from hdl.memory.row_memory import RegisteredRead
 
 __all__ = ["BlockFIFO"]
 
@@ -12,7 +12,7 @@ __all__ = ["BlockFIFO"]
 class BlockFIFO(fifo.SyncFIFOBuffered):
     """:class:`amaranth.lib.fifo.SyncFIFOBuffered`, the same interface and the same behaviour
     cycle for cycle, with its storage read through
-    :class:`~hdl.memory.unified_buffer.RegisteredRead`
+    :class:`~hdl.memory.row_memory.RegisteredRead`
     and marked ``no_rw_check``.
 
     The queue reads an entry only when it holds one and writes only when it has room, so a

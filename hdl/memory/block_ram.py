@@ -11,7 +11,7 @@ from amaranth.hdl import ClockSignal, Const, Instance, Module, Shape, Signal, Va
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import Out
 
-from hdl.datapath.pe import vendor_instance
+from hdl.lib.vendor import vendor_instance
 
 __all__ = ["PipelinedMemory", "dp16kd_width"]
 
@@ -42,12 +42,12 @@ class PipelinedMemory(wiring.Component):
     at zero.
 
     A read that meets a write to its row in the same cycle returns an undefined row on the
-    part: the clients (:func:`hdl.memory.unified_buffer.serve_reads`, the accumulators' forwarding)
+    part: the clients (:func:`hdl.memory.row_memory.serve_reads`, the accumulators' forwarding)
     never use one. Each read port is a copy of the memory.
 
     Which circuit it elaborates to depends on ``platform``, as for
     :class:`hdl.datapath.pe.PE`'s ``multiplier="ecp5"``: on an ECP5 platform and
-    :data:`hdl.datapath.pe.VERILOG_SIM_PLATFORM`, DP16KD blocks with their output registers
+    :data:`hdl.lib.vendor.VERILOG_SIM_PLATFORM`, DP16KD blocks with their output registers
     (``sim/rtl/vendor/DP16KD.v`` models them, returning a colliding read's row inverted so that a
     client using one fails its test); for ``None`` (``amaranth.sim``) and ``"formal"`` an
     :class:`~amaranth.lib.memory.Memory` read port and a register behind it, both on ``en``

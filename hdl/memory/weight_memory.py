@@ -1,8 +1,8 @@
 """Weight memory: the on-chip store of weight tiles the host fills (TPU v1 kept its weights
 in off-chip DRAM; a small FPGA part keeps them in block RAM)."""
 
-from hdl.datapath.systolic_array import weight_row_layout
-from hdl.memory.unified_buffer import RowMemory
+from hdl.layouts import weight_row_layout
+from hdl.memory.row_memory import RowMemory
 
 __all__ = ["WeightMemory"]
 

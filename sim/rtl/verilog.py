@@ -7,7 +7,7 @@ included. Several pytest-xdist workers may ask for the same design at once: a lo
 one convert while the others wait, and every file is written to a private temporary file and
 renamed into place, so a reader only ever sees a complete file.
 
-Designs are elaborated with ``platform=`` :data:`hdl.datapath.pe.VERILOG_SIM_PLATFORM`: Verilog for
+Designs are elaborated with ``platform=`` :data:`hdl.lib.vendor.VERILOG_SIM_PLATFORM`: Verilog for
 Icarus and Verilator, which get simulation models of the vendor primitives a design
 instantiates (``sim/rtl/vendor/<MODULE>.v``, one module per file, named as the primitive).
 :func:`model_sources` finds the ones a generated file needs; :mod:`sim.rtl.runner` compiles them
@@ -31,7 +31,7 @@ import amaranth
 from amaranth.back import verilog
 from amaranth.lib import wiring
 
-from hdl.datapath.pe import VERILOG_SIM_PLATFORM
+from hdl.lib.vendor import VERILOG_SIM_PLATFORM
 
 __all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "generate", "design_hash",
            "atomic_write", "locked", "for_icarus", "model_sources"]

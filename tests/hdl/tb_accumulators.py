@@ -35,7 +35,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
 
-from hdl.datapath.accumulators import psum_write_layout
+from hdl.layouts import psum_write_layout
 from sim.models.golden import wrap
 from sim.rtl.scoreboard import Scoreboard
 from sim.rtl.streams import (

@@ -28,9 +28,10 @@ from amaranth.hdl import signed
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from hdl.datapath.activation import ActivationUnit, acc_row_layout, lut_table
+from hdl.datapath.activation import ActivationUnit, lut_table
 from hdl.datapath.activation_serial import element_cycles
 from hdl.isa import Func
+from hdl.layouts import acc_row_layout
 from hdl.ports import requant_params_layout
 from sim.models.golden import (
     SIGMOID_LUT,

@@ -15,7 +15,7 @@ import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
 from hdl.config import TPUConfig
-from hdl.datapath.systolic_array import act_row_layout, psum_row_layout, weight_row_layout
+from hdl.layouts import act_row_layout, psum_row_layout, weight_row_layout
 from sim.models.golden import MatrixUnitModel, operand_range, to_raw
 from sim.rtl.runner import config_from_env
 from sim.rtl.scoreboard import Scoreboard

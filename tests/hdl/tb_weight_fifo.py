@@ -15,7 +15,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from hdl.datapath.systolic_array import weight_row_layout
+from hdl.layouts import weight_row_layout
 from sim.models.golden import operand_range, to_raw
 from sim.rtl.runner import config_from_env
 from sim.rtl.scoreboard import Scoreboard

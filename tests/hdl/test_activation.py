@@ -10,8 +10,9 @@ from amaranth.hdl import Module, Mux, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.activation import ActivationUnit, acc_row_layout
+from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import SerialActivationUnit
+from hdl.layouts import acc_row_layout
 from hdl.ports import requant_params_layout
 from sim.rtl.runner import cocotb_test_names, run
 

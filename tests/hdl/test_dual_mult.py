@@ -31,8 +31,8 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from hdl.config import ConfigError, get_config
 from hdl.datapath.dual_mult import SB_MAC16_PARAMS, DualMultiplier
-from hdl.datapath.pe import VERILOG_SIM_PLATFORM
 from hdl.datapath.systolic_array import SystolicArray
+from hdl.lib.vendor import VERILOG_SIM_PLATFORM
 from sim.rtl.verilog import MODELS_DIR
 
 HERE = Path(__file__).parent

@@ -1,8 +1,17 @@
-"""Register copies of a signal with a large fan-out, so that each copy drives a part of it."""
+"""Register chains: delay lines and register copies that split a fan-out."""
 
 from amaranth.hdl import Cat, Module, Mux, Signal, Value
 
-__all__ = ["register_copies"]
+__all__ = ["delay_line", "register_copies"]
+
+
+def delay_line(m: Module, value, depth: int, *, name: str, reset_less: bool = False):
+    """``value`` delayed by ``depth`` registers in ``m.d.sync`` (``depth`` may be 0)."""
+    for index in range(depth):
+        reg = Signal.like(value, name=f"{name}_d{index}", reset_less=reset_less)
+        m.d.sync += reg.eq(value)
+        value = reg
+    return value
 
 
 def register_copies(m: Module, value, count: int, name: str) -> list[Signal]:
