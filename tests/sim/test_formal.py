@@ -2,10 +2,13 @@
 models, harnesses and designs must come back FAILED with a counterexample, and a proof whose
 induction cannot close must not pass."""
 
+import os
+import re
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import Fragment, Module, Signal, Value
+from amaranth.asserts import AnyConst
+from amaranth.hdl import Assert, Assume, Fragment, Module, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -15,7 +18,7 @@ from hdl.datapath.weight_fifo import WeightFIFO
 from sim.formal import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
 from sim.formal import harness as formal
 from sim.formal.engines import matrix_engine_harness
-from sim.formal.harness import Harness, Result, run
+from sim.formal.harness import Harness, Proof, Result, run
 from sim.formal.hazards import RuleDroppedTracker, hazards_harness
 from sim.formal.pe import pe_harness
 from sim.formal.weight_fifo import weight_fifo_harness
@@ -48,6 +51,76 @@ def test_fast_form(name: str, tmp_path: Path):
         result.report()
     assert result.ok and result.trace is None
     assert result.depth == (proof.fast_depth or FAST_DEPTH)
+
+
+# Time limits --------------------------------------------------------------------------------
+
+class _Factors(wiring.Component):
+    """Nothing but a multiplier: the harness below asks for two factors of a 64-bit product
+    of two 32-bit primes, which no SAT solver finds in minutes."""
+
+    i_x: In(32)
+    i_y: In(32)
+    o_product: Out(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.o_product.eq(self.i_x * self.i_y)
+        return m
+
+
+#: 4294967291 * 4294967279: the two largest 32-bit primes.
+_SEMIPRIME = 4294967291 * 4294967279
+
+
+def _no_factors(m, dut, inside):
+    x, y = AnyConst(32), AnyConst(32)
+    m.d.comb += [dut.i_x.eq(x), dut.i_y.eq(y), Assume((x > 1) & (y > 1))]
+    m.d.comb += Assert(dut.o_product != _SEMIPRIME, "no two factors")
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """Command lines of the live processes working in *folder* or below (SymbiYosys runs
+    its engines in ``<folder>/work``)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cwd == folder or folder in cwd.parents:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs /proc (Linux)")
+def test_time_limit_kills_the_proof(tmp_path: Path):
+    """A proof that cannot finish in its limit comes back TIMEOUT, a failure that names the
+    proof, its limit and how to run it alone, and leaves no SymbiYosys, smtbmc or solver
+    process behind."""
+    proof = Proof("factors", lambda: Harness(_Factors(), _no_factors), "bmc", 1,
+                  "a 64-bit product has no two factors (false, and hopeless)", limit=15)
+    result = run_proof(proof, build_root=tmp_path)
+    assert result.status == "TIMEOUT", result.report()
+    assert not result.ok and result.limit == 15 and result.trace is None
+    report = result.report()
+    assert "TIMEOUT" in report and "limit of 15 s" in report
+    assert "factors did not finish in 15 s" in report
+    assert "python -m sim.formal factors --limit SECONDS" in report
+    assert _processes_in(tmp_path.resolve()) == []
+    # The solver had started: the limit stopped a proof in progress, not its set-up.
+    log = (result.workdir / "logfile.txt").read_text()
+    assert re.search(r"engine_0.*starting process", log), log
+
+
+def test_time_limit_is_checked():
+    with pytest.raises(ValueError, match="limit=0 is not supported; allowed"):
+        Proof("p", lambda: None, "bmc", 1, limit=0)
+    with pytest.raises(TypeError, match="limit"):        # no default: each proof says
+        Proof("p", lambda: None, "bmc", 1)
+    with pytest.raises(ValueError, match="limit must be a positive number"):
+        run("p", None, mode="bmc", depth=1, limit=-1)
 
 
 def test_pe_model_bug_fails(tmp_path: Path):
