@@ -105,7 +105,7 @@ def _table(*proofs: Proof) -> dict[str, Proof]:
 PROOFS: dict[str, Proof] = _table(
     Proof("pe", functools.partial(pe_harness, data_width=8, acc_width=32), "prove", 6,
           "PE 8/32 (DSP multiplier): o_psum = i_psum + a*w with its timing; weight switch",
-          limit=60),
+          limit=120),
     # Depth 2: induction closes at k=1, and each further base-case step is another 9x9
     # multiplier equivalence (~40 s).
     Proof("pe_lut", functools.partial(pe_harness, data_width=8, acc_width=32, use_dsp=False),
@@ -119,102 +119,105 @@ PROOFS: dict[str, Proof] = _table(
     Proof("pe_ecp5", functools.partial(pe_harness, data_width=4, acc_width=16,
                                        multiplier="ecp5"), "prove", 6,
           "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 7",
-          limit=60),
+          limit=120),
     Proof("pe_lut_pipelined", functools.partial(pe_harness, data_width=4, acc_width=16,
                                                 multiplier="lut", pipelined=True), "prove", 6,
           "PE 4/16, LUT multiplier on the ECP5 PE's registers (a LUT product in an ECP5 "
-          "array), i_en free: as pe_ecp5", limit=60),
+          "array), i_en free: as pe_ecp5", limit=120),
     Proof("weight_fifo_tiny", _fifo("tiny"), "prove", 6,
           "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules",
-          limit=60),
+          limit=120),
     Proof("weight_fifo_odd", functools.partial(weight_fifo_harness, rows=3, cols=1,
                                                data_width=8, depth=3), "prove", 6,
           "WeightFIFO 3 rows x 3 tiles (a capacity that is not a power of two): as above",
-          limit=60),
+          limit=120),
     Proof("weight_fifo", _fifo("default"), "prove", 6,
-          "WeightFIFO 8x8, 4 tiles (the default configuration): as above", limit=60),
+          "WeightFIFO 8x8, 4 tiles (the default configuration): as above", limit=120),
     Proof("weight_fifo_ring", functools.partial(weight_fifo_harness, rows=2, cols=1,
                                                 data_width=4, depth=2, registered=True),
           "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (multiplier='ecp5'): "
           "counts, whole tiles, no gaps, order, stream rules, for 14 cycles", limit=120),
     _control(weight_loader_harness, "weight_loader_streams",
-             "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract", limit=60),
+             "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams",
-             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots", limit=60),
+             "MatrixEngine: stream rules on o_ub.addr, o_act, o_acc; MATMUL slots", limit=120),
     _control(activation_engine_harness, "activation_engine_streams",
-             "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract", limit=60),
+             "ActivationEngine: stream rules on o_acc.addr, o_row, o_ub; busy contract", limit=120),
     _control(activation_engine_harness, "activation_engine_streams_serial",
              "ActivationEngine for the serial unit (its parameters a column at a time): as "
-             "activation_engine_streams", activation_unit="serial", limit=60),
+             "activation_engine_streams", activation_unit="serial", limit=120),
     _control(host_writer_harness, "host_writer_streams",
-             "HostWriter: stream rules on o_ub.addr, o_host; busy contract", limit=60),
+             "HostWriter: stream rules on o_ub.addr, o_host; busy contract", limit=120),
     _control(front_end_streams_harness, "front_end_streams",
-             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes", limit=60),
+             "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes",
+             limit=120),
     _control(front_end_stopped_harness, "front_end_stopped",
-             "FrontEnd stopped on an error: no dispatch, no writes, one error beat", limit=60),
+             "FrontEnd stopped on an error: no dispatch, no writes, one error beat", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams_registered",
              "MatrixEngine with dispatch='registered': as matrix_engine_streams",
-             dispatch="registered", limit=60),
+             dispatch="registered", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams_icebreaker",
              f"MatrixEngine with dispatch={ICEBREAKER_DISPATCH!r} and {ICEBREAKER_SLOTS} MATMUL "
              f"slots (the icebreaker preset's): as matrix_engine_streams",
-             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS, limit=60),
+             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS, limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams_pipelined",
              "MatrixEngine with dispatch='pipelined' and multiplier='ecp5' (the ULX3S "
              "preset's: a MATMUL retires a cycle after its last write): as "
-             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5", limit=60),
+             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5", limit=120),
     _control(front_end_streams_harness, "front_end_streams_registered",
              "FrontEnd with dispatch='registered': as front_end_streams",
-             dispatch="registered", limit=60),
+             dispatch="registered", limit=120),
     _control(front_end_stopped_harness, "front_end_stopped_registered",
              "FrontEnd with dispatch='registered': as front_end_stopped",
-             dispatch="registered", limit=60),
+             dispatch="registered", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams_ahead",
              "MatrixEngine with dispatch='ahead': as matrix_engine_streams_registered",
-             dispatch="ahead", limit=60),
+             dispatch="ahead", limit=120),
     _control(front_end_streams_harness, "front_end_streams_ahead",
              "FrontEnd with dispatch='ahead' (issues on last cycle's readiness): as "
-             "front_end_streams", dispatch="ahead", limit=60),
+             "front_end_streams", dispatch="ahead", limit=120),
     _control(front_end_stopped_harness, "front_end_stopped_ahead",
-             "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead", limit=60),
+             "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead", limit=120),
     _control(front_end_streams_harness, "front_end_streams_pipelined",
              "FrontEnd with dispatch='pipelined' and multiplier='ecp5' (the ULX3S preset's: "
              "the engines' readies registered, the DONE and error beats too): as "
-             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=60),
+             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=120),
     _control(front_end_stopped_harness, "front_end_stopped_pipelined",
              "FrontEnd with dispatch='pipelined' and multiplier='ecp5': as "
-             "front_end_stopped", dispatch="pipelined", multiplier="ecp5", limit=60),
+             "front_end_stopped", dispatch="pipelined", multiplier="ecp5", limit=120),
     _control(weight_loader_harness, "weight_loader_streams_odd",
              "WeightLoader with 3 rows, multiplier='ecp5' (its counts scaled to rows a cycle "
              "after it takes the instruction): as weight_loader_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5", limit=60),
+             rows=3, dispatch="pipelined", multiplier="ecp5", limit=120),
     _control(front_end_streams_harness, "front_end_streams_odd",
              "FrontEnd with 3 rows, dispatch='pipelined', multiplier='ecp5' (LOAD_WEIGHTS "
              "scaled to rows in WEIGHT_SCALE): as front_end_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=60),
+             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=120),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)",
-             limit=120),
+             limit=300),
     _hazards("ring", "hazards_ring",
              "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2,
              fast_depth=6, limit=900),
     _hazards("ranges", "hazards_ranges",
-             "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges", limit=60),
-    # With the range ends given by the front end, z3 proves this one (102 s with the LUT-tree
-    # compares, on 2 cores) and yices does not in 10 minutes (with the tracker's own adders it
-    # was the other way round). Its fast form is a BMC of 4 cycles (a rise takes two; 8 took
-    # 162 s of CI's time, 4 takes 14 s).
+             "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges", limit=300),
+    # no_rise on the tracker with word compares, late proves the trees equal them (see
+    # sim/formal/hazards.py); each with the solver that finishes it first. Their fast forms
+    # are BMCs of 4 cycles (a rise takes two).
     _hazards("no_rise", "hazards_no_rise",
              "HazardTracker: hazard does not rise for a waiting instruction", solver="z3",
              fast_depth=4, limit=400),
-    # The same four at the width and slots the icebreaker core builds the tracker with.
+    _hazards("late", "hazards_late",
+             "HazardTracker: hazard_late is hazard a cycle later; its compare trees are `>`",
+             solver="yices", fast_depth=4, limit=400),
+    # The same five at the width and slots the icebreaker core builds the tracker with.
     *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
                f"preset's {ICEBREAKER_END_BITS} bits and {ICEBREAKER_SLOTS} MATMUL slots, "
                f"for ranges its memories hold: as {'hazards' + suffix}",
-               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=120,
-               solver="yices" if check == "no_rise" else "z3")
+               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=300,
+               solver="yices" if check == "late" else "z3")
       for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
-                            ("no_rise", "_no_rise"))),
+                            ("no_rise", "_no_rise"), ("late", "_late"))),
 )
 
 

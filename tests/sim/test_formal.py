@@ -5,21 +5,25 @@ induction cannot close must not pass."""
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
-from amaranth.asserts import AnyConst
 from amaranth.hdl import Assert, Assume, Fragment, Module, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+import hdl.control.hazards as tracker_module
 from hdl.control.hazards import HazardTracker
 from hdl.datapath.pe import PE
 from hdl.datapath.weight_fifo import WeightFIFO
+from hdl.isa import Opcode
+from hdl.lib.compare import greater_than
 from sim.formal import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
 from sim.formal import harness as formal
+from sim.formal import hazards as formal_hazards
 from sim.formal.engines import matrix_engine_harness
 from sim.formal.harness import Harness, Proof, Result, run
-from sim.formal.hazards import RuleDroppedTracker, hazards_harness
+from sim.formal.hazards import RuleDroppedTracker, hazards_harness, word_compares
 from sim.formal.pe import pe_harness
 from sim.formal.weight_fifo import weight_fifo_harness
 from sim.waves.gtkw import gtkw_traces
@@ -69,13 +73,13 @@ class _Factors(wiring.Component):
         return m
 
 
-#: 4294967291 * 4294967279: the two largest 32-bit primes.
-_SEMIPRIME = 4294967291 * 4294967279
+#: Two 32-bit primes drawn at random (their bit patterns irregular: the two largest 32-bit
+#: primes, 2**32 - 5 and 2**32 - 17, the solver finds in seconds).
+_SEMIPRIME = 3375443983 * 3435831071
 
 
 def _no_factors(m, dut, inside):
-    x, y = AnyConst(32), AnyConst(32)
-    m.d.comb += [dut.i_x.eq(x), dut.i_y.eq(y), Assume((x > 1) & (y > 1))]
+    m.d.comb += Assume((dut.i_x > 1) & (dut.i_y > 1))
     m.d.comb += Assert(dut.o_product != _SEMIPRIME, "no two factors")
 
 
@@ -274,6 +278,77 @@ def test_hazard_rules_hold_with_the_rule(tmp_path: Path):
     result = run("hazards_ok", hazards_harness("rules", small=4), mode="bmc", depth=4,
                  build_root=tmp_path)
     assert result.status == "bounded", result.report()
+
+
+class _RisingTracker(HazardTracker):
+    """A broken tracker: a READ_HOST that has waited a cycle (nothing dispatched) gets a
+    hazard, as from a range recorded a cycle after its dispatch."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        waited = Signal()
+        m.d.sync += waited.eq(~self.i_query.dispatch)
+        with m.If(waited & (self.i_query.instr.opcode == Opcode.READ_HOST)):
+            m.d.comb += self.i_query.hazard.eq(1)
+        return m
+
+
+class _EarlyLateTracker(HazardTracker):
+    """A broken tracker: ``hazard_late`` is ``hazard`` of the same cycle."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.comb += self.i_query.hazard_late.eq(self.i_query.hazard)
+        return m
+
+
+@pytest.mark.parametrize("end_bits", [None, 5])
+def test_hazard_rise_fails(end_bits, tmp_path: Path):
+    """no_rise has teeth at both widths (on the tracker with word compares it proves): a
+    hazard that rises for a waiting instruction is caught."""
+    result = run("hazards_rise_bug", hazards_harness("no_rise", small=4, end_bits=end_bits,
+                                                     dut_class=_RisingTracker),
+                 mode="bmc", depth=3, build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/hazards.py")
+    assert any("does not rise" in where for where in result.failed), result.failed
+
+
+def test_hazard_late_early_fails(tmp_path: Path):
+    result = run("hazards_late_bug", hazards_harness("late", end_bits=5,
+                                                     dut_class=_EarlyLateTracker),
+                 mode="bmc", depth=3, build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/hazards.py")
+    assert any("a cycle later" in where for where in result.failed), result.failed
+
+
+def test_hazard_compare_lemma_fails_for_wrong_trees(tmp_path: Path):
+    """The lemma that lets no_rise prove the tracker with `>` in place of its trees: trees
+    that answer `>=` fail it (and no_rise, on word compares, would not notice them)."""
+    def wrong(a, b):
+        return greater_than(a, b) | (a == b)
+
+    with mock.patch.object(formal_hazards, "greater_than", wrong), \
+            mock.patch.object(tracker_module, "greater_than", wrong):
+        result = run("hazards_trees_bug", hazards_harness("late", end_bits=5),
+                     mode="bmc", depth=1, build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/hazards.py")
+    assert any("compare trees" in where for where in result.failed), result.failed
+
+
+def test_word_compares_replace_the_trees():
+    """The tracker no_rise proves has no compare trees left (else the solver would be back
+    on the bit-level problem), and is the tracker otherwise."""
+    built = formal.Inside(Fragment.get(HazardTracker(end_bits=5, late=True), None))
+    proved = formal.Inside(Fragment.get(word_compares(HazardTracker)(end_bits=5, late=True),
+                                        None))
+    assert proved.signal("mm0_ub_lo").name == built.signal("mm0_ub_lo").name
+    calls = []
+    with mock.patch.object(tracker_module, "greater_than",
+                           lambda a, b: calls.append(1) or greater_than(a, b)):
+        Fragment.get(word_compares(HazardTracker)(end_bits=5, late=True), None)
+        assert not calls
+        Fragment.get(HazardTracker(end_bits=5, late=True), None)
+        assert calls
 
 
 class _NarrowerTracker(HazardTracker):
