@@ -424,7 +424,7 @@ class Result:
     def report(self) -> str:
         """Lines for the console: the verdict and, on failure, where to look."""
         cpu = "" if self.cpu_seconds is None else f" (CPU {self.cpu_seconds:.1f} s)"
-        lines = [f"{self.name:<22} {self.describe():<58} {self.seconds:7.1f} s{cpu}"]
+        lines = [f"{self.name:<32} {self.describe():<58} {self.seconds:7.1f} s{cpu}"]
         if self.status == "TIMEOUT":
             alone = self.rerun or f"the proof {self.name!r} alone"
             lines.append(f"    {self.name} did not finish in {self.limit:g} s; run it alone "
