@@ -151,9 +151,12 @@ synth:
 bitstream:
 	$(RUN) $(PY) -m boards.$(BOARD) $(BOARD_ARGS)
 
+# Proofs at once: each is one solver process.
+FORMAL_JOBS ?= 2
+
 .PHONY: formal
 formal:
-	$(RUN) $(PY) -m sim.formal $(ARGS)
+	$(RUN) $(PY) -m sim.formal -j $(FORMAL_JOBS) $(ARGS)
 
 bench:
 	$(RUN) $(PY) -m bench.utilisation

@@ -10,11 +10,14 @@ Usage::
     python -m sim.formal pe weight_fifo  # some of them (names or prefixes)
     python -m sim.formal --fast          # each in its fast form, as the tests run them
     python -m sim.formal --list
+    python -m sim.formal -j 2            # two at a time (make formal does)
+    python -m sim.formal pe --limit 600  # another time limit (0: none)
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import functools
 import signal
@@ -32,7 +35,7 @@ from sim.formal.engines import (
     weight_loader_harness,
 )
 from sim.formal.front_end import front_end_stopped_harness, front_end_streams_harness
-from sim.formal.harness import FORMAL_ROOT, Proof, Result, run
+from sim.formal.harness import FORMAL_ROOT, Proof, Result, run, stop_all
 from sim.formal.hazards import hazards_harness
 from sim.formal.pe import pe_harness
 from sim.formal.weight_fifo import weight_fifo_harness
@@ -114,7 +117,7 @@ PROOFS: dict[str, Proof] = _table(
           "prove", 2,
           "PE 8/32, shift-and-add multiplier: as pe, so the LUT multiplier equals `*`",
           fast_harness=functools.partial(pe_harness, data_width=4, acc_width=8,
-                                         use_dsp=False), limit=300),
+                                         use_dsp=False), limit=600),
     # 8/32 did not finish in 3 minutes (the block's registers double the state the solver
     # tracks); the 8/32 PE is checked lock-step against the inferred one in simulation
     # (tests/hdl/test_pe_dsp.py).
@@ -138,7 +141,7 @@ PROOFS: dict[str, Proof] = _table(
     Proof("weight_fifo_ring", functools.partial(weight_fifo_harness, rows=2, cols=1,
                                                 data_width=4, depth=2, registered=True),
           "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (multiplier='ecp5'): "
-          "counts, whole tiles, no gaps, order, stream rules, for 14 cycles", limit=120),
+          "counts, whole tiles, no gaps, order, stream rules, for 14 cycles", limit=600),
     _control(weight_loader_harness, "weight_loader_streams",
              "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams",
@@ -200,7 +203,7 @@ PROOFS: dict[str, Proof] = _table(
              limit=300),
     _hazards("ring", "hazards_ring",
              "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2,
-             fast_depth=6, limit=900),
+             fast_depth=6, limit=300),
     _hazards("ranges", "hazards_ranges",
              "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges", limit=300),
     # no_rise on the tracker with word compares, late proves the trees equal them (see
@@ -208,15 +211,15 @@ PROOFS: dict[str, Proof] = _table(
     # are BMCs of 4 cycles (a rise takes two).
     _hazards("no_rise", "hazards_no_rise",
              "HazardTracker: hazard does not rise for a waiting instruction", solver="z3",
-             fast_depth=4, limit=400),
+             fast_depth=4, limit=300),
     _hazards("late", "hazards_late",
              "HazardTracker: hazard_late is hazard a cycle later; its compare trees are `>`",
-             solver="yices", fast_depth=4, limit=400),
+             solver="yices", fast_depth=4, limit=300),
     # The same five at the width and slots the icebreaker core builds the tracker with.
     *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
                f"preset's {ICEBREAKER_END_BITS} bits and {ICEBREAKER_SLOTS} MATMUL slots, "
                f"for ranges its memories hold: as {'hazards' + suffix}",
-               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=300,
+               end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=120,
                solver="yices" if check == "late" else "z3")
       for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
                             ("no_rise", "_no_rise"), ("late", "_late"))),
@@ -262,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"each in its fast form, mostly a BMC of {FAST_DEPTH} cycles "
                              f"(what the tests run)")
     parser.add_argument("--list", action="store_true", help="list the proofs and exit")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="proofs run at once (each is one solver process); 1")
     parser.add_argument("--limit", type=float, default=None, metavar="SECONDS",
                         help="time limit per proof instead of each proof's own (the table's "
                              "limit column); 0: none")
@@ -269,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.limit is not None and args.limit < 0:
         parser.error(f"--limit must be 0 (no limit) or a positive number of seconds, "
                      f"not {args.limit:g}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, not {args.jobs}")
     limit = 0 if args.limit is None else (args.limit or None)
     proofs = _select(args.names)
     if args.list:
@@ -281,11 +288,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.monotonic()
     failures = 0
-    for proof in proofs:
-        print(f"{proof.name}: {proof.summary}", flush=True)
-        result = run_proof(proof, fast=args.fast, limit=limit)
-        print(result.report(), flush=True)
-        failures += not result.ok
+    # Threads only wait for their solver processes; reports come in the table's order.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        try:
+            running = [pool.submit(run_proof, proof, fast=args.fast, limit=limit)
+                       for proof in proofs]
+            for proof, future in zip(proofs, running, strict=True):
+                result = future.result()
+                print(f"{proof.name}: {proof.summary}", flush=True)
+                print(result.report(), flush=True)
+                failures += not result.ok
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_all()
+            raise
     total = time.monotonic() - start
     print(f"formal: {len(proofs) - failures}/{len(proofs)} passed in {total:.1f} s"
           f" (build/formal/<name>/)")

