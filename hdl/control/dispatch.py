@@ -1,11 +1,12 @@
-"""The front end's dispatch decision: whether the instruction at fetch issues, fails or waits."""
+"""The front end's timing: whether the instruction at fetch issues, fails or waits, and in
+which cycle the front end acts on what it sees."""
 
 from amaranth.hdl import Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.isa import ErrorCode, Opcode
+from hdl.isa import INSTR_BITS, ErrorCode, Opcode
 
 __all__ = ["Dispatch", "ENGINE_OPCODES"]
 
@@ -19,7 +20,8 @@ class Dispatch(wiring.Component):
     checks pass, the hazard tracker reports no conflict, and its engine can take it: for SYNC,
     HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS no ACTIVATE
     runs) or fails a check. Which cycle is the config's :attr:`~hdl.config.TPUConfig.pipeline`'s,
-    and this is where it is decided:
+    and this component owns every such decision of the front end (the checks register their
+    own answers to suit, :class:`~hdl.control.checks.Checks`):
 
     - ``"reference"``: on this cycle's answers; a beat may issue in its first cycle.
     - ``"compact"``: the front end registers the beat's range ends and the word it asks the
@@ -42,23 +44,33 @@ class Dispatch(wiring.Component):
       the earliest in its fourth cycle.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
-    word; the front end takes the beat in that cycle.
+    word; the front end takes the beat in that cycle. With the compact and fast pipelines the
+    front end also acts on the resynchronisation word in its second cycle (``o_resync``,
+    from a register: the word was offered and not taken, so it is still there) and, stopped,
+    takes each beat in its second cycle (``o_take_stopped``), so that the word's compare (a
+    LUT tree over the instruction word) does not run into ``i_host``'s ready and what that
+    drives; and the word the hazard tracker is asked about is registered with the checks'
+    range ends.
 
     Members
     -------
+    i_valid : In(1)
+        A beat is offered to the front end.
     i_waiting : In(1)
         A beat waits at fetch.
     i_taken : In(1)
         The front end takes it this cycle.
     i_resync : In(1)
         It is the resynchronisation word.
+    i_word : In(INSTR_BITS)
+        Its instruction word.
     i_opcode : In(Opcode)
     i_error : In(ErrorCode)
         Its checks' answer, this cycle (the first that fails).
     i_failed : In(1)
         Some check fails (``i_error`` is not NONE), this cycle.
-    i_hazard : In(1)
-        The hazard tracker's answer, this cycle.
+    i_hazard, i_hazard_late : In(1)
+        The hazard tracker's answer, this cycle, and a cycle later (used with ``"fast"``).
     i_engine_ready : In(len(ENGINE_OPCODES))
         Each engine's ``ready`` (:data:`ENGINE_OPCODES` order).
     i_activate_busy, i_idle : In(1)
@@ -71,18 +83,29 @@ class Dispatch(wiring.Component):
         The instruction issues, or fails a check, this cycle.
     o_issue : Out(2 ** opcode width)
         ``o_dispatch``, one-hot by opcode (bit ``opcode.value``).
+    o_raw_stall : Out(1)
+        At fetch, the instruction waits on a conflict (the ``raw_stall`` counter's event).
+    o_resync : Out(1)
+        Act on the resynchronisation word now (restart the program, or leave ERROR).
+    o_take_stopped : Out(1)
+        Stopped on an error, take the beat offered now.
+    o_query : Out(INSTR_BITS)
+        The word the hazard tracker is asked about.
     """
 
     def __init__(self, config: TPUConfig):
         self.config = config
         super().__init__({
+            "i_valid":         In(1),
             "i_waiting":       In(1),
             "i_taken":         In(1),
             "i_resync":        In(1),
+            "i_word":          In(INSTR_BITS),
             "i_opcode":        In(Opcode),
             "i_error":         In(ErrorCode),
             "i_failed":        In(1),
             "i_hazard":        In(1),
+            "i_hazard_late":   In(1),
             "i_engine_ready":  In(len(ENGINE_OPCODES)),
             "i_activate_busy": In(1),
             "i_idle":          In(1),
@@ -92,6 +115,10 @@ class Dispatch(wiring.Component):
             "o_dispatch":      Out(1),
             "o_fail":          Out(1),
             "o_issue":         Out(1 << Shape.cast(Opcode).width),
+            "o_raw_stall":     Out(1),
+            "o_resync":        Out(1),
+            "o_take_stopped":  Out(1),
+            "o_query":         Out(INSTR_BITS),
         })
 
     def elaborate(self, platform):
@@ -116,13 +143,27 @@ class Dispatch(wiring.Component):
                 self.o_hazard.eq(self.i_hazard),
                 self.o_fail.eq(waiting & self.i_failed),
                 self.o_dispatch.eq(waiting & ~self.i_failed & ~self.i_hazard & ~busy),
+                self.o_raw_stall.eq(waiting & ~self.i_failed & self.i_hazard),
+                self.o_resync.eq(self.i_valid & self.i_resync),
+                self.o_take_stopped.eq(1),
+                self.o_query.eq(self.i_word),
             ]
             for o in Opcode:
                 m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         else:
+            resync_q = Signal()
+            stayed_offered = Signal()
+            offered_stays = self.i_valid & ~self.i_taken
+            m.d.sync += [resync_q.eq(offered_stays & self.i_resync),
+                         stayed_offered.eq(offered_stays),
+                         self.o_query.eq(self.i_word)]
+            m.d.comb += [self.o_resync.eq(resync_q), self.o_take_stopped.eq(stayed_offered)]
+            # ("fast": the hazard a cycle later, registered inside the tracker; the beat's
+            # own from its third cycle, as its checks' answers.)
+            hazard = self.i_hazard_late if pipeline == "fast" else self.i_hazard
             stays = Signal()    # offered and not taken: the same beat is there next cycle
             m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
-            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
+            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(hazard)]
             # The answers are the beat's own once it has stayed a cycle (`stayed`; with
             # "fast", whose checks' answers come a cycle later, two: `stayed2`):
             # registered then, they may be acted on a cycle later.
@@ -155,5 +196,7 @@ class Dispatch(wiring.Component):
                 self.o_fail.eq(self.o_settled & failed_q),
                 self.o_dispatch.eq(ready_go & clear),
                 self.o_issue.eq(ready_issue & clear.replicate(len(ready_issue))),
+                self.o_raw_stall.eq(~self.o_dispatch & ~self.o_fail & ~resync_q &
+                                    self.o_settled & self.o_hazard),
             ]
         return m

@@ -46,6 +46,8 @@ Invariants tie ``o_status.error`` to the front end's FSM (``ERROR_BEAT`` or ``ER
 
 from __future__ import annotations
 
+import functools
+
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
 
 from hdl.config import TPUConfig
@@ -61,11 +63,28 @@ def _fire(port) -> Value:
     return port.valid & port.ready
 
 
+def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
+    """Invariants: the front end's FSM and its transfers' agree on who is working (the front
+    end waits in TRANSFER or ERROR_BEAT exactly while its transfers run one)."""
+    fe = functools.partial(inside.in_state, "front_end_state")
+    xfer = functools.partial(inside.in_state, "transfers.transfers_state")
+    rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "SEND_COUNTERS",
+            "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
+    m.d.comb += [
+        Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
+        Assert(fe("ERROR_BEAT") == xfer("ERROR_BEAT"), "ERROR_BEAT in both"),
+        Assert(~fe("FETCH", "ERROR") | xfer("IDLE"), "no transfer while fetching or stopped"),
+        Assert(~fe("SETTLE") | xfer("SCRUB", "IDLE"), "settling: the scrub or nothing"),
+        Assert(fe("SETTLE", "FETCH", "TRANSFER", "ERROR_BEAT", "ERROR"), "a state of its own"),
+    ]
+
+
 def front_end_streams_harness(config: TPUConfig) -> Harness:
     """Stream rules of :class:`FrontEnd` under the assumptions of the module docstring."""
 
     def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
         all_stream_rules(m, fe)
+        _states_agree(m, config, inside)
         fresh = was_reset(m)
         q = fe.o_hazards
         hazard_1 = past(m, q.hazard, name="hazard_1")
@@ -121,6 +140,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
     free."""
 
     def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
+        _states_agree(m, config, inside)
         fresh = was_reset(m)
         status = fe.o_status
         error = status.error
@@ -158,7 +178,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
                 # Invariant where the beat is a register (the fast pipeline): it holds the
                 # error beat while stopped.
                 Assert(Const(config.pipeline != "fast") |
-                       (inside.signal("beat_word") == expected_beat[:64]),
+                       (inside.signal("transfers.beat_word") == expected_beat[:64]),
                        "stopped: the beat register holds the error beat"),
                 Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
                        "stopped: the error beat is offered once no WRITE_HOST runs"),
@@ -180,7 +200,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
         if config.pipeline != "reference":
             # The front end acts on the word in its second cycle (`resync_q`, an invariant):
             # the error clears a cycle after i_clear or two after the word was offered.
-            m.d.comb += Assert(fresh | ~inside.signal("resync_q") | resync_1,
+            m.d.comb += Assert(fresh | ~inside.signal("dispatch.resync_q") | resync_1,
                                "resync_q: the word was offered a cycle ago")
             restart_1 = clear_1 | past(m, resync_1, name="resync_2")
         with m.If(~fresh & error_1):

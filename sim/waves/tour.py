@@ -65,7 +65,8 @@ TOUR_CONFIG = "small"
 EVENTS: dict[str, tuple[str, dict[str, int]]] = {
     "load_weights": ("LOAD_WEIGHTS", {"front_end.dispatch": 1,
                                       "front_end.is_load_weights": 1}),
-    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1, "front_end.scrubbing": 0}),
+    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1,
+                                "front_end.transfers.scrubbing": 0}),
     "tile_ready": ("tile ready", {"matrix_unit.array.o_shadow_full": 1}),
     "matmul": ("MATMUL", {"matrix_unit.array.valid_in": 1}),
     "row_out": ("row 0 out", {"matrix_unit.array.o_psum__valid": 1,
