@@ -43,7 +43,7 @@ from funcov import Coverage, ProgramObserver, observe_rtl, promised_points
 from progen import program_block, random_program, short_counts
 
 from firmware.asm import Program
-from firmware.runtime import DeviceError
+from firmware.device import DeviceError
 from firmware.transports.rtl import RtlDevice
 from hdl.config import TPUConfig, get_config
 from sim.models.isa_sim import IsaSim, beats_match
