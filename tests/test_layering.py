@@ -247,21 +247,10 @@ def test_no_import_cycle():
                     + "\n".join(text))
 
 
-#: Checks that fail on the code as it is, with the imports at fault; each turns into an
-#: unexpected pass, failing the suite, once fixed, so its mark goes too.
-KNOWN = {
-    "sim.rtl": "sim/rtl/runner.py imports sim.waves.gtkw (the runner writes a waveform's .gtkw) "
-               "while sim/waves/ is built on sim/rtl/ (gtkw.py and tour.py import "
-               "sim.rtl.verilog): the two sub-packages import each other",
-}
-
-
 def _part_params():
     for package, layers in LAYERS.items():
         for part in layers:
-            marks = ([pytest.mark.xfail(strict=True, reason=KNOWN[part])]
-                     if part in KNOWN else [])
-            yield pytest.param(package, part, marks=marks, id=part)
+            yield pytest.param(package, part, id=part)
 
 
 @pytest.mark.parametrize(("package", "part"), list(_part_params()))

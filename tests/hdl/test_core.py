@@ -15,8 +15,8 @@ import pytest
 from hdl.config import TPUConfig, get_config
 from hdl.core import Core
 from hdl.isa import Opcode
+from sim.rtl.gtkw import fst_signals, gtkw_traces, read_enum_filter
 from sim.rtl.runner import run
-from sim.waves.gtkw import fst_signals, gtkw_traces, read_enum_filter
 
 HERE = Path(__file__).parent
 PROGRAMS_PER_BLOCK = 25

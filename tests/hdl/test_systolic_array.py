@@ -9,8 +9,8 @@ import pytest
 
 from hdl.config import get_config
 from hdl.datapath.systolic_array import SystolicArray
+from sim.rtl.gtkw import fst_signals, gtkw_traces
 from sim.rtl.runner import cocotb_test_names, run
-from sim.waves.gtkw import fst_signals, gtkw_traces
 
 HERE = Path(__file__).parent
 CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
