@@ -373,7 +373,7 @@ def build_harness(board: Board, config: TPUConfig, *, target: str = "array",
         result["commands"].append(f"cd {run_dir} && sh {plan.script}.sh")
         try:
             run = place_and_route(plan, run_dir, paths=paths, period_ns=1e3 / constraint,
-                                  log=None, timeout_s=timeout_s)
+                                  log=run_dir / "build.log", timeout_s=timeout_s)
         except BuildError as error:
             result["errors"].append(f"the build at {constraint:g} MHz failed: {error}")
             stop_reason = "build failed"
