@@ -122,7 +122,7 @@ class ULX3STop(Elaboratable):
         m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.submodules.board_core = core = BoardCore(
             self.config, divisor=self.divisor, max_beats=self.max_beats,
-            clock_hz=self.clock_hz, register_link=True, reset_buffer=global_reset)
+            clock_hz=self.clock_hz, reset_buffer=global_reset)
         m.d.comb += [core.i_rx.eq(rx.i), tx.o.eq(core.o_tx)]
         for i, value in ((0, core.o_running), (1, locked), (7, core.o_error)):
             m.submodules[f"led{i}"] = led = io.Buffer("o", platform.request("led", i, dir="-"))

@@ -18,30 +18,28 @@ class Dispatch(wiring.Component):
     """Decides, for the instruction waiting at the front end's fetch, whether it issues (its
     checks pass, the hazard tracker reports no conflict, and its engine can take it: for SYNC,
     HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS no ACTIVATE
-    runs) or fails a check, as :attr:`~hdl.config.TPUConfig.dispatch` says:
+    runs) or fails a check. Which cycle is the config's :attr:`~hdl.config.TPUConfig.pipeline`'s,
+    and this is where it is decided:
 
-    - ``"direct"``: on this cycle's answers;
-    - ``"registered"``: on last cycle's checks and hazard, for a beat that was offered and
-      not taken then (``o_settled``): the same beat, with nothing issued since, so the answers
-      are still its own (the hazard does not rise for a waiting instruction, and the checks'
-      state changes only as instructions issue). A beat issues or fails at the earliest in its
-      second cycle;
-    - ``"ahead"``: the front end registers the beat's range ends and the word it asks the hazard
-      tracker about (its checks and the tracker's answer are the beat's own from its second
-      cycle), the answers are registered, and the part of the decision that depends on the
-      opcode and the engines' readiness is registered too, taken a cycle ahead for the beat that
-      stays: a beat issues or fails at the earliest in its third cycle, and the dispatch (and
-      each opcode's) is one LUT of four flip-flops (that part, whether a check failed, the
-      hazard, whether the beat was not taken last cycle), not a LUT cone from the instruction
-      word and the engines' ``ready``. It relies on the engines: a ready engine stays ready
-      until it takes an instruction, the activation engine becomes busy and the core stops
-      being idle only as something is dispatched (each a proved property,
+    - ``"reference"``: on this cycle's answers; a beat may issue in its first cycle.
+    - ``"compact"``: the front end registers the beat's range ends and the word it asks the
+      hazard tracker about (its checks and the tracker's answer are the beat's own from its
+      second cycle), the answers are registered, and the part of the decision that depends on
+      the opcode and the engines' readiness is registered too, taken a cycle ahead for the
+      beat that stays: a beat issues or fails at the earliest in its third cycle, and the
+      dispatch (and each opcode's) is one LUT of four flip-flops (that part, whether a check
+      failed, the hazard, whether the beat was not taken last cycle), not a LUT cone from the
+      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
+      stays ready until it takes an instruction, the activation engine becomes busy and the
+      core stops being idle only as something is dispatched (each a proved property,
       :mod:`sim.formal.engines`). An instruction that waits for its engine issues a cycle
       after the engine is ready.
-    - ``"pipelined"``: as ``"ahead"``, and the front end registers its checks' answers
-      before they are combined (``i_error`` and ``i_failed`` are the beat's own from its
-      third cycle), so that no check's logic (the range compares, the tile masks) runs into
-      the dispatch's registers: a beat issues or fails at the earliest in its fourth cycle.
+    - ``"fast"``: as ``"compact"``, and the front end registers its checks' answers before
+      they are combined (``i_error`` and ``i_failed`` are the beat's own from its third
+      cycle), the engines' readiness is registered, and the hazard tracker's answer comes a
+      cycle late (``i_hazard`` is its ``hazard_late``), so that no check's logic (the range
+      compares, the tile masks) runs into the dispatch's registers: a beat issues or fails at
+      the earliest in its fourth cycle.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
     word; the front end takes the beat in that cycle.
@@ -68,7 +66,7 @@ class Dispatch(wiring.Component):
         The answers below are the beat's own and may be acted on.
     o_error : Out(ErrorCode)
     o_hazard : Out(1)
-        The answers acted on (registered but with ``"direct"``).
+        The answers acted on (registered but with ``"reference"``).
     o_dispatch, o_fail : Out(1)
         The instruction issues, or fails a check, this cycle.
     o_issue : Out(2 ** opcode width)
@@ -97,7 +95,7 @@ class Dispatch(wiring.Component):
         })
 
     def elaborate(self, platform):
-        mode = self.config.dispatch
+        pipeline = self.config.pipeline
         m = Module()
         op = self.i_opcode
         is_ = {o: op == o for o in Opcode}
@@ -111,18 +109,22 @@ class Dispatch(wiring.Component):
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync
-        if mode == "direct":
-            m.d.comb += [self.o_settled.eq(1), self.o_error.eq(self.i_error),
-                         self.o_hazard.eq(self.i_hazard)]
+        if pipeline == "reference":
+            m.d.comb += [
+                self.o_settled.eq(1),
+                self.o_error.eq(self.i_error),
+                self.o_hazard.eq(self.i_hazard),
+                self.o_fail.eq(waiting & self.i_failed),
+                self.o_dispatch.eq(waiting & ~self.i_failed & ~self.i_hazard & ~busy),
+            ]
+            for o in Opcode:
+                m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         else:
             stays = Signal()    # offered and not taken: the same beat is there next cycle
             m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
             m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
-            if mode == "registered":
-                m.d.sync += self.o_settled.eq(stays)
-        if self.config.dispatch_ahead:
             # The answers are the beat's own once it has stayed a cycle (`stayed`; with
-            # "pipelined", whose checks' answers come a cycle later, two: `stayed2`):
+            # "fast", whose checks' answers come a cycle later, two: `stayed2`):
             # registered then, they may be acted on a cycle later.
             stayed = Signal()
             failed_q = Signal()
@@ -132,14 +134,13 @@ class Dispatch(wiring.Component):
             # end does not take it this cycle, a long path) goes into `stayed` alone, and is
             # ANDed in as that register.
             held = self.i_waiting & stayed & ~self.i_resync
-            if mode == "pipelined":
+            if pipeline == "fast":
                 stayed2 = Signal()
                 m.d.sync += stayed2.eq(stays & stayed)
                 held = held & stayed2
-                # The engines' readies registered too (the weight loader's ran into
-                # `ready_go`: 7.3 ns on the ULX3S). A ready falls only as its engine takes an
-                # instruction, and the beat after that one is held two cycles later at the
-                # soonest, when the register has the fall.
+                # The engines' readies registered too (a ready ran into `ready_go`). A ready
+                # falls only as its engine takes an instruction, and the beat after that one
+                # is held two cycles later at the soonest, when the register has the fall.
                 busy_q = Signal()
                 m.d.sync += busy_q.eq(busy)
                 busy = busy_q
@@ -155,12 +156,4 @@ class Dispatch(wiring.Component):
                 self.o_dispatch.eq(ready_go & clear),
                 self.o_issue.eq(ready_issue & clear.replicate(len(ready_issue))),
             ]
-        else:
-            m.d.comb += [
-                self.o_fail.eq(waiting & self.o_settled & (self.o_error != ErrorCode.NONE)),
-                self.o_dispatch.eq(waiting & self.o_settled & (self.o_error == ErrorCode.NONE) &
-                                   ~self.o_hazard & ~busy),
-            ]
-            for o in Opcode:
-                m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         return m

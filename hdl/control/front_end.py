@@ -52,10 +52,10 @@ class FrontEnd(wiring.Component):
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
       CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
       it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. In
-      which cycle is :attr:`~hdl.config.TPUConfig.dispatch`'s (:class:`~hdl.control.dispatch.
-      Dispatch`): with ``"registered"`` and ``"ahead"`` at the earliest in its second cycle
-      at the front end, on the previous cycle's answers (with ``"ahead"`` in its third,
-      its range ends registered, and on the previous cycle's engine readiness);
+      which cycle is the :attr:`~hdl.config.TPUConfig.pipeline`'s, decided by
+      :class:`~hdl.control.dispatch.Dispatch`: with ``"reference"`` in its first cycle at
+      the front end at the earliest, with ``"compact"`` in its third, with ``"fast"`` in
+      its fourth;
     - a dispatch stream's ``valid`` rises only with the instruction's checks passed and no
       conflict, and stays until the engine takes it;
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order;
@@ -167,15 +167,16 @@ class FrontEnd(wiring.Component):
         lw = data.View(LoadWeights, word)
         lp = data.View(LoadParams, word)
         a, count = instr.a, instr.count
-        # The checks (with dispatch="ahead" or "pipelined" they answer from the beat's second
-        # or third cycle; Dispatch waits for that). The word the hazard tracker is asked about
+        # The checks (but with the reference pipeline they answer from the beat's second or
+        # third cycle; Dispatch waits for that). The word the hazard tracker is asked about
         # is registered with their range ends, which it takes too.
         m.submodules.checks = checks = Checks(cfg)
         m.d.comb += [checks.i_word.eq(word), checks.i_written.eq(written),
                      checks.i_queued.eq(queued), checks.i_have_active.eq(have_active),
                      self.o_hazards.a_end.eq(checks.o_a_end),
                      self.o_hazards.b_end.eq(checks.o_b_end)]
-        ahead = m.d.sync if cfg.dispatch_ahead else m.d.comb
+        decided_ahead = cfg.pipeline != "reference"     # see Dispatch
+        ahead = m.d.sync if decided_ahead else m.d.comb
         ahead += self.o_hazards.instr.eq(word)
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
         for o in Opcode:
@@ -190,7 +191,7 @@ class FrontEnd(wiring.Component):
         # ready and what that drives. (A beat every other cycle while stopped.)
         resync_q = Signal()
         stayed = Signal()
-        if cfg.dispatch_ahead:
+        if decided_ahead:
             m.d.sync += [resync_q.eq(self.i_host.valid & ~self.i_host.ready & resync),
                          stayed.eq(self.i_host.valid & ~self.i_host.ready)]
         fetching = Signal()
@@ -206,9 +207,9 @@ class FrontEnd(wiring.Component):
             decide.i_opcode.eq(op),
             decide.i_error.eq(checks.o_error),
             decide.i_failed.eq(checks.o_failed),
-            # ("pipelined": the answer a cycle later, registered inside the tracker; the
-            # beat's own from its third cycle, as its checks' answers.)
-            decide.i_hazard.eq(self.o_hazards.hazard_late if cfg.dispatch == "pipelined"
+            # ("fast": the answer a cycle later, registered inside the tracker; the beat's
+            # own from its third cycle, as its checks' answers.)
+            decide.i_hazard.eq(self.o_hazards.hazard_late if cfg.pipeline == "fast"
                                else self.o_hazards.hazard),
             decide.i_engine_ready.eq(Cat(*(engines[o].ready for o in ENGINE_OPCODES))),
             decide.i_activate_busy.eq(self.i_activate_busy),
@@ -239,11 +240,12 @@ class FrontEnd(wiring.Component):
         counter = Signal(range(len(COUNTERS)))
         # A counter beat's payload is held in a register: the counters keep counting while
         # the host stalls, and a stream's payload must not change before the transfer. It is
-        # sampled when the counter bank shows the counter, then offered. In the build for
-        # Fmax (registered_datapath) the DONE and error beats are loaded into it too, as
-        # their states are entered, so that the beat is a register and no state decode runs
-        # into its 64 bits (7.6 ns into the host writer's queue on the ULX3S).
-        beat_in_register = cfg.registered_datapath
+        # sampled when the counter bank shows the counter, then offered. With the fast
+        # pipeline the DONE and error beats are loaded into it too, as their states are
+        # entered, so that the beat is a register and no state decode runs into its 64 bits
+        # (and on into the host writer's queue).
+        beat_in_register = cfg.pipeline == "fast"
+        scale_late = cfg.scale_tiles_late
         beat_word = Signal(64 if beat_in_register else COUNTER_BITS)
 
         def done_beat(count):
@@ -289,7 +291,7 @@ class FrontEnd(wiring.Component):
         def issue_actions():
             m.d.comb += self.i_host.ready.eq(1)
             m.d.sync += [halted.eq(0), index.eq(index + 1)]
-            if cfg.dispatch_ahead:  # each opcode's from its own register
+            if decided_ahead:   # each opcode's from its own register
                 m.d.comb += self.o_instruction.eq(~issue[Opcode.READ_COUNTERS] &
                                                   ~issue[Opcode.CLEAR_COUNTERS])
                 for o in Opcode:
@@ -308,7 +310,7 @@ class FrontEnd(wiring.Component):
                 m.d.sync += [addr.eq(a), left.eq(count)]
                 m.next = "HOST_ROWS"
             elif o == Opcode.LOAD_WEIGHTS:
-                late = cfg.scale_tiles_late     # in tiles now, rows in WEIGHT_SCALE
+                late = scale_late               # in tiles now, rows in WEIGHT_SCALE
                 m.d.sync += [
                     addr.eq(a if late else times_constant(a, rows)),
                     left.eq(count if late else times_constant(count, rows)),
@@ -350,7 +352,7 @@ class FrontEnd(wiring.Component):
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), host_wait.eq(~self.i_host.valid)]
-                if cfg.dispatch_ahead:
+                if decided_ahead:
                     # dispatch and fail imply a valid beat that is not the resynchronisation
                     # word: tested first, they take the beat straight from their registers.
                     with m.If(dispatch):
@@ -371,9 +373,9 @@ class FrontEnd(wiring.Component):
                             issue_actions()
                         with m.Else():
                             m.d.comb += self.o_raw_stall.eq(settled & hazard)
-            if cfg.scale_tiles_late:
+            if scale_late:
                 # LOAD_WEIGHTS's tile and count scaled to rows, from the registers (a multiply
-                # by rows from the host beat was the longest path on the ULX3S 14x8).
+                # by rows, from adders, straight from the host beat is a long path).
                 with m.State("WEIGHT_SCALE"):
                     m.d.sync += [addr.eq(times_constant(addr, rows)),
                                  left.eq(times_constant(left, rows))]
@@ -430,7 +432,7 @@ class FrontEnd(wiring.Component):
                         m.next = "ERROR"
             # Stopped: every beat is discarded until the resynchronisation word or i_clear.
             with m.State("ERROR"):
-                if cfg.dispatch_ahead:
+                if decided_ahead:
                     m.d.comb += self.i_host.ready.eq(stayed)
                     restart = self.i_clear | resync_q
                 else:

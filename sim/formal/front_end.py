@@ -15,7 +15,7 @@ rest of :class:`hdl.core.Core`, each a property another proof checks:
   first write, the scalars, without looking at ``o_param_write.ready`` (a bias or
   multiplier row may wait: the serial unit's store writes it a column a cycle);
 
-With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also:
+With ``pipeline="compact"`` or ``"fast"`` (the front end issues on last cycle's readiness), also:
 
 - an engine's ``ready`` does not fall unless it takes an instruction, ``i_activate_busy``
   rises only in the cycle after an ACTIVATE is dispatched, and ``i_idle`` does not fall
@@ -73,7 +73,7 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         instr_1 = past(m, q.instr.as_value(), name="instr_1")
         m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
                            (q.instr.as_value() != instr_1))
-        if config.dispatch == "pipelined":
+        if config.pipeline == "fast":
             # The answer it uses, a cycle later: no rise but within two cycles of a dispatch
             # or a new word.
             late_1 = past(m, q.hazard_late, name="hazard_late_1")
@@ -90,7 +90,7 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             Assume(fe.i_activate_busy | fe.o_param_write.ready |
                    (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
         ]
-        if config.dispatch_ahead:
+        if config.pipeline != "reference":
             for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
                 port = getattr(fe, name)
                 ready_1 = past(m, port.ready, name=f"{name}_ready_1")
@@ -155,9 +155,9 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
                 Assert(~beat.valid | (beat.payload == expected_beat),
                        "stopped: the only beat is the error beat (status code and index)"),
                 Assert(~beat.valid | (sent == 0), "stopped: at most one error beat"),
-                # Invariant where the beat is a register (registered_datapath): it holds the
+                # Invariant where the beat is a register (the fast pipeline): it holds the
                 # error beat while stopped.
-                Assert(Const(not config.registered_datapath) |
+                Assert(Const(config.pipeline != "fast") |
                        (inside.signal("beat_word") == expected_beat[:64]),
                        "stopped: the beat register holds the error beat"),
                 Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
@@ -177,7 +177,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
         clear_1 = past(m, fe.i_clear, name="clear_1")
         resync_1 = past(m, resync, name="resync_1")
         restart_1 = clear_1 | resync_1
-        if config.dispatch_ahead:
+        if config.pipeline != "reference":
             # The front end acts on the word in its second cycle (`resync_q`, an invariant):
             # the error clears a cycle after i_clear or two after the word was offered.
             m.d.comb += Assert(fresh | ~inside.signal("resync_q") | resync_1,

@@ -274,7 +274,7 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         elif check == "no_rise":
             m.d.comb += [
                 Assert(no_rise, "hazard does not rise for an instruction that waits"),
-                # (the tracker is built with late=True: dispatch="pipelined" acts on it)
+                # (the tracker is built with late=True: pipeline="fast" acts on it)
                 Assert(fresh | (q.hazard_late == hazard_1), "hazard_late is hazard a cycle "
                        "later"),
             ]
