@@ -25,7 +25,15 @@ from pathlib import Path
 from boards.build import BUILD_ROOT, Board, build_board, build_harness, format_harness
 from boards.harness import BLOCKS
 from boards.tools import BuildError
-from hdl.config import ACTIVATION_UNITS, MULTIPLIERS, PRESETS, ConfigError, TPUConfig, get_config
+from hdl.config import (
+    ACTIVATION_UNITS,
+    MULTIPLIERS,
+    PIPELINES,
+    PRESETS,
+    ConfigError,
+    TPUConfig,
+    get_config,
+)
 
 __all__ = ["TARGETS", "BOARDS", "board", "configure", "main"]
 
@@ -46,7 +54,8 @@ def board(name: str) -> Board:
 def configure(spec: Board, target: str, name: str | None, **changes) -> tuple[str, TPUConfig]:
     """The preset's name and the configuration to build: the preset *name* (default: the
     board build's, or for an array the board's array preset) with *changes* (``rows``,
-    ``cols``, ``lut_multipliers``, ``multiplier``, ``activation_unit``; ``None`` keeps the
+    ``cols``, ``lut_multipliers``, ``multiplier``, ``activation_unit``, ``pipeline``; ``None``
+    keeps the
     preset's). ``multiplier="ice40"`` makes the core int8-only, as its dual products need. An
     array's products beyond the part's DSP blocks go to LUTs unless *lut_multipliers* says
     otherwise. Raises :class:`ConfigError` naming what is allowed."""
@@ -91,6 +100,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         "ice40 on icebreaker only")
     p.add_argument("--activation-unit", choices=ACTIVATION_UNITS,
                    help="the configuration's activation unit (serial: no multipliers)")
+    p.add_argument("--pipeline", choices=PIPELINES,
+                   help="the configuration's pipeline policy (TPUConfig.pipeline)")
     p.add_argument("--clock", type=float, metavar="MHZ",
                    help="the clock asked for (default: the board build's; a harness's first "
                         "constraint, above the Fmax the board usually reaches)")
@@ -156,7 +167,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m boards") -> in
     _check(parser, args, spec)
     part = args.part or spec.default_part
     changes = {"rows": args.rows, "cols": args.cols, "lut_multipliers": args.lut_multipliers,
-               "multiplier": args.multiplier, "activation_unit": args.activation_unit}
+               "multiplier": args.multiplier, "activation_unit": args.activation_unit,
+               "pipeline": args.pipeline}
     try:
         preset, config = configure(spec, args.target, args.config, **changes)
         if args.target == "array" and args.lut_multipliers is None:

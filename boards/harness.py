@@ -36,26 +36,38 @@ __all__ = ["BLOCKS", "block", "shift_in", "fold_out", "Harness", "HarnessTop"]
 
 
 def _blocks() -> dict[str, Callable[[TPUConfig], wiring.Component]]:
+    """Each block as :class:`hdl.core.Core` builds it for a configuration (its pipeline
+    policy and activation unit)."""
     from hdl.control.front_end import FrontEnd
     from hdl.control.hazards import HazardTracker
     from hdl.control.matrix_engine import MatrixEngine
     from hdl.core import Core
     from hdl.datapath.accumulators import Accumulators
     from hdl.datapath.activation import ActivationUnit
+    from hdl.datapath.activation_serial import SerialActivationUnit
     from hdl.datapath.systolic_array import SystolicArray
     from hdl.memory.unified_buffer import UnifiedBuffer
+
+    def activation(cfg: TPUConfig) -> wiring.Component:
+        if cfg.activation_unit == "serial":
+            return SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
+        return ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
+                              multiplier="ecp5" if cfg.multiplier == "ecp5" else "infer")
 
     return {
         "array": SystolicArray,
         "core": Core,
-        "activation": lambda cfg: ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
-                                                 multiplier=cfg.multiplier),
+        "activation": activation,
         "accumulators": lambda cfg: Accumulators(depth=cfg.acc_depth, cols=cfg.cols,
-                                                 acc_width=cfg.acc_width),
+                                                 acc_width=cfg.acc_width,
+                                                 registered=cfg.pipeline == "fast"),
         "unified_buffer": lambda cfg: UnifiedBuffer(depth=cfg.ub_depth, row_elems=cfg.ub_row,
-                                                    data_width=cfg.data_width),
+                                                    data_width=cfg.data_width,
+                                                    pipelined=cfg.pipeline == "fast"),
         "front_end": FrontEnd,
-        "hazards": lambda cfg: HazardTracker(),
+        "hazards": lambda cfg: HazardTracker(end_bits=cfg.range_end_bits,
+                                             slots=cfg.matmul_slots,
+                                             late=cfg.pipeline == "fast"),
         "matrix_engine": MatrixEngine,
     }
 

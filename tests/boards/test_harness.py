@@ -113,3 +113,19 @@ def test_next_constraint():
     assert build.next_constraint([run(30, 33.0)], 0.03) == 34.3
     # A failure above a pass that achieved no more: converged.
     assert build.next_constraint([run(36, 33.0), run(32.8, 33.1)], 0.03) is None
+
+
+def test_blocks_follow_the_configuration():
+    """A block alone is the block the core builds for that configuration: the fast
+    pipeline's registers, the serial activation unit of the iCEBreaker's preset."""
+    from amaranth.hdl import Fragment
+
+    from hdl.datapath.activation_serial import SerialActivationUnit
+
+    built = [block("accumulators", get_config("ulx3s")),
+             block("accumulators", get_config("default")),
+             block("activation", get_config("icebreaker"))]
+    for component in built:
+        Fragment.get(component, None)           # elaborates: every block is used
+    assert [b.registered for b in built[:2]] == [True, False]
+    assert isinstance(built[2], SerialActivationUnit)
