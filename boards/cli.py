@@ -79,7 +79,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="build")
+    # A board file (python -m boards.<board>) gives its own name and the target and board.
     p = commands.add_parser("build", help="synthesise, place and route a target on a board",
+                            prog=f"{prog} build" if prog == "python -m boards" else prog,
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, choices=TARGETS, help="what to build")
