@@ -68,14 +68,16 @@ def short_name(name: str, width: int = 70) -> str:
 
 
 def format_critical_path(path: dict[str, Any]) -> list[str]:
-    """The lines of a :func:`critical_path` summary: one a cell, a carry chain as one."""
+    """The lines of a :func:`critical_path` summary: one a cell, a carry chain (ECP5's
+    ``FCI`` -> ``FCO``, iCE40's ``CIN`` -> ``COUT``) as one."""
     lines = [f"critical path (nextpnr): {path['total_ns']:.2f} ns ({path['logic_ns']:.2f} "
              f"logic, {path['routing_ns']:.2f} routing, {path['logic_levels']} logic levels)"]
     cells: list[list] = []
     for hop in path["hops"]:
         if hop["type"] == "routing":
             continue
-        carry = hop["from"].endswith(".FCI") and hop["to"].endswith(".FCO")
+        carry = (hop["from"].endswith(".FCI") and hop["to"].endswith(".FCO")
+                 or hop["from"].endswith(".CIN") and hop["to"].endswith(".COUT"))
         if carry and cells and cells[-1][0] == "carry":
             cells[-1][1] += hop["delay_ns"]
             cells[-1][2] += 1

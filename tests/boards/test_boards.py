@@ -147,3 +147,37 @@ def test_ulx3s_resized_config_is_checked(capsys):
     assert ulx3s.main(["--rows", "4", "--cols", "4", "--lut-multipliers", "17"]) == 1
     err = capsys.readouterr().err
     assert "lut_multipliers" in err and "0 to rows * cols = 16" in err, err
+
+
+def test_ice40_carry_chain_is_one_line():
+    path = critical_path({"critical_paths": [{"from": "clk", "to": "clk", "path": [
+        _step("clk-to-q", "q.CLK", "q.O", 1.0),
+        _step("logic", "a.I1", "a.COUT", 0.7),
+        _step("logic", "b.CIN", "b.COUT", 0.3),
+        _step("logic", "c.CIN", "c.COUT", 0.3),
+        _step("setup", "d.I3", "d.I3", 0.8)]}]})
+    assert "  carry     0.60 ns  2 carry cells after b.CIN" in format_critical_path(path)
+
+
+def test_harness_figures_as_text():
+    """One run: its achieved Fmax against the clock asked; a search: the highest pass."""
+    from boards import cli
+    from boards.build import format_harness
+
+    run = {"constraint_mhz": 36, "achieved_mhz": 33.89, "passed": False, "wall_s": 70}
+    result = {"block": "array", "config_tag": "4x4-lut8", "pes": 16, "part": "UP5K", "seed": 1,
+              "config": {"rows": 4, "cols": 4, "lut_multipliers": 8, "multiplier": "infer"},
+              "runs": [run], "fmax": None, "best_achieved_mhz": 33.89, "stop_reason": "single",
+              "utilization": {"ICESTORM_LC": {"used": 2651, "available": 5280}},
+              "dsp_check": {"cell": "SB_MAC16", "mapped": 8, "expected": 8, "ok": True},
+              "json": "a.json", "work_dir": "w", "errors": []}
+    text = format_harness(result, cli.board("icebreaker"))
+    assert "Fmax      33.89 MHz against 36 MHz asked: NOT MET" in text, text
+    assert "LUT4      2,651 / 5,280 (50.2%)  (ICESTORM_LC)" in text
+    assert "DSP check 8 SB_MAC16 mapped, 8 expected: OK" in text
+    passed = {**run, "constraint_mhz": 32.8, "achieved_mhz": 33.1, "passed": True}
+    result.update(runs=[run, passed], fmax={"achieved_mhz": 33.1, "constraint_mhz": 32.8},
+                  best_achieved_mhz=33.89)
+    text = format_harness(result, cli.board("icebreaker"))
+    assert ("Fmax      33.10 MHz (constraint 32.8 MHz met); best achieved in any run "
+            "33.89 MHz") in text, text
