@@ -155,10 +155,10 @@ def sweep(budget_s: float, out_dir: Path = WORK, kinds: tuple[str, ...] = ("arra
             continue
         spec = board(board_name)
         _, config = configure(spec, kind, preset)
-        if kind == "array":
-            config = config.replace(lut_multipliers=max(
-                config.lut_multipliers,
-                config.macs - config.products_per_dsp * spec.dsps[spec.default_part]))
+        # The array's products beyond the part's DSP blocks in LUTs, in the core too.
+        config = config.replace(lut_multipliers=max(
+            config.lut_multipliers,
+            config.macs - config.products_per_dsp * spec.dsps[spec.default_part]))
         label = f"{kind} {spec.family} {config_tag(config)}"
         if time.monotonic() - started > budget_s:
             skipped.append(label)
