@@ -36,7 +36,7 @@ from hdl.lib.vendor import VERILOG_SIM_PLATFORM
 __all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "generate", "design_hash",
            "atomic_write", "locked", "for_icarus", "model_sources"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = REPO_ROOT / "build"
 HDL_DIR = REPO_ROOT / "hdl"
 MODELS_DIR = Path(__file__).resolve().parent / "vendor"
