@@ -344,9 +344,11 @@ def build_harness(board: Board, config: TPUConfig, *, target: str = "array",
     block = block or target
     part = part or board.default_part
     started = time.monotonic()
-    tag = f"{board.name}{'' if part == board.default_part else '-' + part.lower()}-" \
-          f"{preset + '-' if preset else ''}{'' if block == target else block + '-'}" \
-          f"{config_tag(config)}"
+    # The preset named unless it is the board's own (the ulx3s preset on the ULX3S).
+    tag = "-".join(name for name in (
+        board.name, None if part == board.default_part else part.lower(),
+        None if preset in (None, board.name) else preset,
+        None if block == target else block, config_tag(config)) if name)
     work = (out_dir / target / tag).resolve()
     if work.exists():
         shutil.rmtree(work)

@@ -17,7 +17,9 @@ what a board build gets), so :class:`Harness` wraps the block:
   by itself.
 
 Every harness path is register to register through at most one LUT, so the harness does not
-set the critical path. It computes nothing useful: it is for timing and utilisation figures.
+set the critical path; a block whose outputs follow its inputs through logic (the hazard
+tracker's answer to a query) is measured with that logic between two harness registers. It
+computes nothing useful: it is for timing and utilisation figures.
 :class:`HarnessTop` puts it on the pins of an amaranth-boards platform, so the platform's own
 build plan writes the pin and clock constraints.
 """
