@@ -214,3 +214,11 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m boards") -> in
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def board_main(board_name: str, argv: list[str] | None = None) -> int:
+    """``python -m boards.<board_name>``: ``python -m boards build --target board --board
+    <board_name>`` with *argv* (the command line's by default)."""
+    return main(["build", "--target", "board", "--board", board_name,
+                 *(sys.argv[1:] if argv is None else argv)],
+                prog=f"python -m boards.{board_name}")

@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m boards build --target board --board icebreaker`` with *argv*."""
     from boards import cli
 
-    return cli.main(["build", "--target", "board", "--board", "icebreaker",
-                     *(sys.argv[1:] if argv is None else argv)],
-                    prog="python -m boards.icebreaker")
+    return cli.board_main("icebreaker", argv)
 
 
 if __name__ == "__main__":

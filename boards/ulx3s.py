@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m boards build --target board --board ulx3s`` with *argv*."""
     from boards import cli
 
-    return cli.main(["build", "--target", "board", "--board", "ulx3s",
-                     *(sys.argv[1:] if argv is None else argv)],
-                    prog="python -m boards.ulx3s")
+    return cli.board_main("ulx3s", argv)
 
 
 if __name__ == "__main__":
