@@ -28,8 +28,8 @@ IMAGES    ?=
 BOARD      ?= icebreaker
 BOARD_ARGS ?=
 
-# `make synth`: extra arguments (SYNTH_ARGS="--board ice40 --multiplier ice40").
-SYNTH_ARGS ?=
+# `make synth`: the array's board and options (SYNTH_ARGS="--board ulx3s --runs 4").
+SYNTH_ARGS ?= --board icebreaker
 
 # `make report`: extra arguments (REPORT_ARGS="--rerun" also measures simulation speed,
 # "--synth" reruns the synthesis sweep, "--cached" only redraws from bench/results/).
@@ -62,8 +62,9 @@ help:
 	  '  test-all  all tests, including the slow (large configuration) ones' \
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
-	  '  synth     python -m bench.synth (FPGA synthesis via YoWASP; SYNTH_ARGS="--board ice40 --multiplier ice40")' \
-	  '  bitstream the whole core for a board: python -m boards.BOARD (BOARD=icebreaker|ulx3s)' \
+	  '  synth     the array placed and routed, its Fmax: python -m boards build --target array (SYNTH_ARGS="--board ulx3s --runs 4")' \
+	  '  bitstream the whole core for a board: python -m boards build --target board --board BOARD (BOARD=icebreaker|ulx3s)' \
+	  '            (any FPGA build: python -m boards build --target array|block|core|board --board icebreaker|ulx3s; --help)' \
 	  '  formal    python -m sim.formal (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
@@ -73,7 +74,7 @@ help:
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
 	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa|serial PORT=url DEMO_SIM=verilator IMAGES=n (demo)' \
-	  '           BOARD=icebreaker|ulx3s BOARD_ARGS="--clock 20" (bitstream)' \
+	  '           BOARD=icebreaker|ulx3s BOARD_ARGS="--clock 20" (bitstream)  SYNTH_ARGS="--board ulx3s" (synth)' \
 	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
 
 setup:
@@ -146,10 +147,10 @@ demo:
 	  $(if $(PORT),--port $(PORT))
 
 synth:
-	$(RUN) $(PY) -m bench.synth $(SYNTH_ARGS)
+	$(RUN) $(PY) -m boards build --target array $(SYNTH_ARGS)
 
 bitstream:
-	$(RUN) $(PY) -m boards.$(BOARD) $(BOARD_ARGS)
+	$(RUN) $(PY) -m boards build --target board --board $(BOARD) $(BOARD_ARGS)
 
 # Proofs at once: each is one solver process.
 FORMAL_JOBS ?= 2

@@ -27,7 +27,8 @@ from amaranth.hdl import ClockSignal, Instance, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from boards.build import clock_critical_path, clock_fmax, run_timed, tool_env
+from boards.nextpnr import clock_critical_path, clock_fmax
+from boards.tools import run_timed, tool_env
 
 __all__ = ["BramRead", "measure", "main"]
 

@@ -16,8 +16,9 @@ import time
 
 import numpy as np
 
+from firmware.device import open_device
 from firmware.gemm import gemm_program, gemm_reference
-from firmware.runtime import open_device, run_program
+from firmware.runtime import run_program
 from firmware.transports.isa import IsaSimDevice
 from hdl.config import get_config
 from hdl.isa import Func

@@ -491,7 +491,7 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
             + ", ".join(f"{k} {v}" for k, v in synth["tools"].items()) + ". What was "
             "synthesised:",
             "",
-            "- *array*: the systolic array alone in `boards/synth_harness.py`'s pin harness "
+            "- *array*: the systolic array alone in `boards/harness.py`'s pin harness "
             "(inputs from a shift register on one pin, outputs XOR-folded into registers on "
             "another), synthesised by yosys and placed and routed by nextpnr on the real "
             "package (ECP5: LFE5U-85F-6 CABGA381 of the ULX3S; iCE40: UP5K SG48 of the "

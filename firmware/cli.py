@@ -64,9 +64,10 @@ def demo(args: argparse.Namespace) -> int:
 
     from firmware.compiler import compile_network
     from firmware.datasets import digits
+    from firmware.device import open_device
     from firmware.models import digits as models
     from firmware.quant import quantise, reference_forward
-    from firmware.runtime import open_device, run
+    from firmware.runtime import run
     from hdl.config import PRESETS, get_config
 
     config = get_config(args.config)
@@ -154,8 +155,8 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from firmware.device import transport_names
     from firmware.models.digits import NETWORKS
-    from firmware.runtime import TRANSPORTS
 
     parser = argparse.ArgumentParser(prog="amtpu", description="amtpu: a TPU-v1-style "
                                      "accelerator in Amaranth; host tools.")
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--config", default="default",
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")
-    d.add_argument("--transport", choices=TRANSPORTS, default="rtl",
+    d.add_argument("--transport", choices=transport_names(), default="rtl",
                    help="rtl: the RTL core under cocotb; isa: the ISA simulator; serial: a "
                         "board over its UART (needs --port) (default: rtl)")
     d.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
@@ -197,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.transport == "serial") != (args.port is not None):
         parser.error("--transport serial needs --port (e.g. /dev/ttyUSB1), and --port needs "
                      "--transport serial")
-    from firmware.runtime import DeviceError
+    from firmware.device import DeviceError
     from hdl.config import ConfigError
     try:
         return demo(args)

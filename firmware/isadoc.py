@@ -19,6 +19,7 @@ import argparse
 import inspect
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from amaranth.hdl import Shape
@@ -28,6 +29,8 @@ import sim.models.isa_sim
 from firmware.asm import ALIASES, field_specs
 from hdl import isa
 from hdl.config import PRESETS
+from hdl.datapath.activation import ActivationUnit
+from hdl.datapath.activation_serial import element_cycles
 
 __all__ = ["generate", "DOC_PATH", "main"]
 
@@ -177,6 +180,21 @@ def _syntax(opcode: isa.Opcode) -> str:
     return " ".join(parts)
 
 
+def _activation_depth() -> str:
+    """ACTIVATE's timing from the gateware's own figures, so the reference cannot state a
+    depth the activation units do not have (their testbenches check these figures)."""
+    shift_max = 2 ** Shape.cast(data.Layout.cast(isa.LoadParams)["shift"].shape).width - 1
+    return textwrap.fill(
+        f"Depth: the pipelined activation unit (`hdl/datapath/activation.py`) takes a row "
+        f"every cycle and offers a pooling window's output row "
+        f"`ActivationUnit.STAGES` = {ActivationUnit.STAGES} cycles after taking the row that "
+        f"closes the window. The serial unit of small parts (`activation_unit=\"serial\"`, "
+        f"`hdl/datapath/activation_serial.py`) works through a row's columns one after "
+        f"another, `element_cycles(shift)` = {element_cycles(0)} to "
+        f"{element_cycles(shift_max)} cycles an element (`shift` 0 to {shift_max}).",
+        width=92, break_long_words=False, break_on_hyphens=False)
+
+
 def generate() -> str:
     """The text of docs/isa.md."""
     out = [
@@ -223,6 +241,7 @@ def generate() -> str:
             "",
             _md(layout.__doc__),
             "",
+            *([_activation_depth(), ""] if opcode == isa.Opcode.ACTIVATE else []),
             f"Assembler: `{_syntax(opcode)}`",
             "",
             _layout_table(layout, opcode),

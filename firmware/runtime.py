@@ -1,139 +1,26 @@
-"""Host runtime: the :class:`Device` protocol every transport implements, and running
-programs and compiled networks on a device.
+"""Host runtime: running programs and compiled networks on a device.
 
-A device is a core reached through its host stream: :meth:`Device.send` queues beats for the
-core's input, :meth:`Device.receive` blocks until the core has sent a number of beats back.
-Transports (:mod:`firmware.transports`):
-
-- ``isa``: :class:`firmware.transports.isa.IsaSimDevice`, the ISA simulator in process (fast,
-  functional, timing-dependent counters unknown);
-- ``rtl``: :class:`firmware.transports.rtl.RtlDevice`, the RTL core under cocotb (Icarus or
-  Verilator), cycle-accurate, with the hardware's own counters;
-- ``serial``: :class:`firmware.transports.serial.SerialDevice`, a board over its UART (the
-  frame protocol of :mod:`hdl.link.protocol`, docs/host-link.md).
-
-On top of any device, :func:`run_program` runs one program (beats in, the program's output
-beats out) and :func:`run` runs a compiled network over a batch of inputs, returning the
-outputs and the core's performance counters over the run.
+A device is anything implementing :class:`firmware.device.Device` (open one by transport
+name with :func:`firmware.device.open_device`). On top of any device, :func:`run_program`
+runs one program (beats in, the program's output beats out) and :func:`run` runs a compiled
+network over a batch of inputs, returning the outputs and the core's performance counters over
+the run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
-from amaranth.lib import data
 
+from firmware.device import Device, DeviceError
 from hdl import isa
 from hdl.config import TPUConfig
 
-__all__ = ["DeviceStatus", "DeviceError", "DeviceTimeout", "Device", "open_device",
-           "TRANSPORTS", "run_program", "RunResult", "run", "counter_beats_program",
-           "decode_counters", "done_beat"]
-
-_STATUS = data.Layout.cast(isa.Status)
-
-#: Names accepted by :func:`open_device`.
-TRANSPORTS = ("isa", "rtl", "serial")
-
-
-@dataclass(frozen=True)
-class DeviceStatus:
-    """The core's status word (:class:`hdl.isa.Status`), decoded."""
-    error: bool
-    code: isa.ErrorCode
-    instr_index: int
-    halted: bool
-
-    @classmethod
-    def from_bits(cls, bits: int) -> DeviceStatus:
-        view = _STATUS.from_bits(int(bits))
-        code_field = _STATUS["code"]
-        code_value = (int(bits) >> code_field.offset) & ((1 << code_field.width) - 1)
-        try:
-            code = isa.ErrorCode(code_value)
-        except ValueError:          # a code no ErrorCode names: keep the number
-            code = code_value
-        return cls(error=bool(int(view.error)), code=code,
-                   instr_index=int(view.instr_index), halted=bool(int(view.halted)))
-
-    def __str__(self) -> str:
-        code = self.code.name if isinstance(self.code, isa.ErrorCode) else self.code
-        state = f"error {code}" if self.error else "no error"
-        return f"{state} at instruction {self.instr_index}" + (", halted" if self.halted else "")
-
-
-class DeviceError(RuntimeError):
-    """The core stopped with an error (``status`` says which and where), or the device
-    cannot go on (a program that waits for beats the host never sends)."""
-
-    def __init__(self, message: str, status: DeviceStatus | None = None):
-        super().__init__(message if status is None else f"{message}: {status}")
-        self.status = status
-
-
-class DeviceTimeout(DeviceError):
-    """The core sent fewer beats than asked for within the time allowed (a hang)."""
-
-
-@runtime_checkable
-class Device(Protocol):
-    """A core reached through its host stream.
-
-    Attributes
-    ----------
-    config : TPUConfig
-        The core's configuration.
-    """
-
-    config: TPUConfig
-
-    def send(self, beats: Sequence[int]) -> None:
-        """Queue ``beats`` (instructions and data beats, ``host_width`` bits each) for the
-        core's input stream, in order. Returns without waiting for the core to take them."""
-
-    def receive(self, count: int, *, timeout_cycles: int | None = None) -> list[int]:
-        """Block until the core has sent ``count`` more beats and return them, oldest first.
-        Raises :class:`DeviceError` if the core stops with an error first, and
-        :class:`DeviceTimeout` if they do not arrive within ``timeout_cycles`` core cycles
-        (when ``None``, a default of the transport's: the RTL transport's counts cycles
-        with no beat in or out, the serial one's scales with the beats sent)."""
-
-    def status(self) -> DeviceStatus:
-        """The core's status now."""
-
-    def clear(self) -> None:
-        """The out-of-band clear (``i_clear``): clears a pending error (without one it
-        changes nothing in the core); beats still queued for the core and beats the core
-        sent that were not received (the error beat among them) are dropped, and the next
-        beat sent starts a new program."""
-
-    def reset(self) -> None:
-        """Reset the core (``rst``); queued beats are dropped."""
-
-    def cycles(self) -> int | None:
-        """Core clock cycles simulated so far (``None`` where there is no notion of time)."""
-
-    def close(self) -> None:
-        """Release the device (stop the simulator)."""
-
-
-def open_device(transport: str, config: TPUConfig, **options) -> Device:
-    """A device of the named transport: ``isa``, ``rtl`` (options: ``sim``, ``waves``,
-    ``label``) or ``serial`` (options: ``port``, ``baudrate``, ``timeout_s``, ``retries``)."""
-    if transport == "isa":
-        from firmware.transports.isa import IsaSimDevice
-        return IsaSimDevice(config, **options)
-    if transport == "rtl":
-        from firmware.transports.rtl import RtlDevice
-        return RtlDevice(config, **options)
-    if transport == "serial":
-        from firmware.transports.serial import SerialDevice
-        return SerialDevice(config, **options)
-    raise ValueError(f"transport {transport!r} is not supported; allowed: "
-                     f"{', '.join(TRANSPORTS)}")
+__all__ = ["run_program", "RunResult", "run", "counter_beats_program", "decode_counters",
+           "done_beat", "Executable", "Batch"]
 
 
 def done_beat(instructions: int) -> int:

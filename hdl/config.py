@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
-           "ACTIVATION_UNITS", "PARAM_STORES", "DISPATCH_MODES", "OPERAND_KINDS"]
+           "ACTIVATION_UNITS", "PARAM_STORES", "PIPELINES", "OPERAND_KINDS"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5", "ice40")
@@ -24,8 +24,8 @@ ACTIVATION_UNITS = ("pipelined", "serial")
 #: Where the activation engine keeps its parameter slots (:attr:`TPUConfig.param_store`).
 PARAM_STORES = ("auto", "block")
 
-#: When the front end decides to issue an instruction (:attr:`TPUConfig.dispatch`).
-DISPATCH_MODES = ("direct", "registered", "ahead", "pipelined")
+#: Where the core's registers sit (:attr:`TPUConfig.pipeline`).
+PIPELINES = ("reference", "compact", "fast")
 
 
 class ConfigError(ValueError):
@@ -72,13 +72,14 @@ class TPUConfig:
     lut_multipliers : int
         How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
         instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
-        for a 4x4 array -> 8). 0 to rows * cols. With ``multiplier="ecp5"`` they take the
-        ECP5 PE's registers too (``PE(pipelined=True)``), so that every PE has its latency.
+        for a 4x4 array -> 8). 0 to rows * cols. They take the same registers as the other
+        PEs (:attr:`pipeline`), so that every PE has the same latency.
     multiplier : str
-        How the other PEs build their multiplier and its registers. ``"infer"``: a plain
-        ``*`` that synthesis maps to a DSP block, registers in the fabric (any part).
-        ``"ecp5"``: an instantiated ECP5 ``MULT18X18D`` holding the operand and product
-        registers (ECP5 parts only; same timing, higher Fmax). ``"ice40"``: two PEs' products
+        Which primitive the other PEs' products are built on (where the registers sit is
+        :attr:`pipeline`'s choice). ``"infer"``: a plain ``*`` that synthesis maps to a DSP
+        block, registers in the fabric (any part). ``"ecp5"``: an instantiated ECP5
+        ``MULT18X18D`` holding the operand and product registers (ECP5 parts only; same
+        cycles, higher Fmax; the activation unit's multipliers too). ``"ice40"``: two PEs' products
         in one iCE40 ``SB_MAC16`` in its dual 8x8 mode, its input and product registers the
         PEs' (iCE40 parts; needs ``operands="int8"``, since the block's signedness is fixed:
         a 4x4 array takes the UP5K's 8 blocks). See :class:`hdl.datapath.pe.PE` and
@@ -103,24 +104,32 @@ class TPUConfig:
         ``activation_unit="serial"`` the slots are always one 32-bit-wide block RAM, a word
         per column, kind and slot (``"auto"``; see
         :class:`hdl.control.activation_engine.ActivationEngine`).
-    dispatch : str
-        ``"direct"``: an instruction may issue in its first cycle at the front end (its
-        checks and the hazard tracker's answer decide in that cycle). ``"registered"``: the
-        checks and the tracker's answer are registered and the instruction issues at the
-        earliest in its second cycle, so that no path runs from the instruction word through
-        the range adders and compares into the dispatch and everything it enables (one
-        cycle more per instruction, not per data beat; the iCE40's critical path).
-        ``"ahead"``: as ``"registered"``, and the ends of the instruction's ranges are
-        registered before the checks compare them, and so is the word the hazard tracker is
-        asked about, and what depends on its opcode and the engines' readiness is decided a
-        cycle ahead into flip-flops (one per opcode), so that no adder starts those compares and
-        nothing from the word or an engine's ready runs combinationally into the dispatch and
-        what it enables in every engine (an instruction issues at the earliest in its third
-        cycle, and one that waits for its engine a cycle after the engine is ready; some 50
-        flip-flops more). ``"pipelined"``: as ``"ahead"``, and the checks' answers are
-        registered before they are combined, so that no check's logic runs into the dispatch
-        (an instruction issues at the earliest in its fourth cycle; the ECP5's). See
-        :class:`hdl.control.dispatch.Dispatch`. Same results.
+    pipeline : str
+        Where the core's registers sit, one policy for the whole design (the multiplier
+        primitive is :attr:`multiplier`'s choice, independent of this). The three give the
+        same results and the same beats; they differ in cycles and Fmax, and the
+        random-program regression proves each equal to the ISA simulator.
+
+        - ``"reference"``: the readable specification. An instruction may issue in its first
+          cycle at the front end (its checks and the hazard tracker's answer decide in that
+          cycle); memories answer a read in one cycle; a PE's latency is 3.
+        - ``"compact"``: the small-part build (the iCEBreaker's). The ends of an
+          instruction's ranges and the word the hazard tracker is asked about are registered
+          before they are compared, and what depends on the opcode and the engines'
+          readiness is decided a cycle ahead, so no adder or compare runs from the
+          instruction word into the dispatch: an instruction issues at the earliest in its
+          third cycle. Nothing else changes.
+        - ``"fast"``: the retimed build for high clocks (the ULX3S's). As ``"compact"``, and
+          each check's answer and the engines' readiness are registered before they are
+          combined, the hazard tracker answers a cycle late (an instruction issues at the
+          earliest in its fourth cycle); the unified buffer, weight memory and accumulators
+          read through their block RAMs' output registers (a cycle more; the accumulators
+          forward the rows in flight); the weight FIFO's rows leave through a ring of
+          registers; the array's enable is a register decided a cycle ahead; each PE has two
+          more registers each side of its multiplier (latency 7); LOAD_WEIGHTS and
+          READ_WEIGHTS scale their tile counts to rows a cycle late when ``rows`` is not a
+          power of two; on a board the link's checks and the link-core beats are registered.
+          Not with ``multiplier="ice40"``, whose shared block holds the PEs' registers.
     operands : str
         ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
         ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a
@@ -153,7 +162,7 @@ class TPUConfig:
     activation_unit: str = "pipelined"
     counter_bits: int = 48
     param_store: str = "auto"
-    dispatch: str = "direct"
+    pipeline: str = "reference"
     operands: str = "any"
     matmul_slots: int = 4
 
@@ -199,10 +208,10 @@ class TPUConfig:
               self.activation_unit in ACTIVATION_UNITS,
               " or ".join(repr(value) for value in ACTIVATION_UNITS))
         check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
-        # (multiplier="ecp5": the weight FIFO's output ring holds two rows of its storage.)
-        check("weight_fifo_depth", self.multiplier != "ecp5" or
+        # (pipeline="fast": the weight FIFO's output ring holds two rows of its storage.)
+        check("weight_fifo_depth", self.pipeline != "fast" or
               self.rows * self.weight_fifo_depth > 2,
-              f"with multiplier='ecp5', more than 2 rows of weight FIFO (rows={self.rows} x "
+              f"with pipeline='fast', more than 2 rows of weight FIFO (rows={self.rows} x "
               f"depth)")
         check("matmul_slots", 1 <= self.matmul_slots <= 8, "1 to 8")
         check("param_store", isinstance(self.param_store, str) and
@@ -212,8 +221,13 @@ class TPUConfig:
             raise ConfigError(f"TPUConfig.param_store={self.param_store!r} is not supported "
                               f"with activation_unit='serial' (its parameters are always a "
                               f"32-bit word per column in block RAM); allowed: 'auto'")
-        check("dispatch", isinstance(self.dispatch, str) and self.dispatch in DISPATCH_MODES,
-              " or ".join(repr(value) for value in DISPATCH_MODES))
+        check("pipeline", isinstance(self.pipeline, str) and self.pipeline in PIPELINES,
+              " or ".join(repr(value) for value in PIPELINES))
+        if self.pipeline == "fast" and self.multiplier == "ice40":
+            raise ConfigError("TPUConfig.pipeline='fast' is not supported with "
+                              "multiplier='ice40' (an SB_MAC16 shared by two PEs holds their "
+                              "operand and product registers, so the PE cannot take the fast "
+                              "build's registers around it); allowed: 'reference' or 'compact'")
         check("operands", isinstance(self.operands, str) and self.operands in OPERAND_KINDS,
               " or ".join(repr(value) for value in OPERAND_KINDS))
         if self.multiplier == "ice40" and self.operands != "int8":
@@ -256,44 +270,6 @@ class TPUConfig:
         return -(-(self.macs - self.lut_multipliers) // self.products_per_dsp)
 
     @property
-    def registered_datapath(self) -> bool:
-        """Whether this is the build for Fmax (``multiplier="ecp5"``): the systolic array's
-        enable is a register decided a cycle ahead, the weight FIFO's rows leave through a
-        ring of registers, and the memories read through their block RAMs' output registers
-        (:attr:`pipelined_memories`; see :class:`hdl.datapath.systolic_array.SystolicArray`,
-        :class:`hdl.datapath.weight_fifo.WeightFIFO` and
-        :class:`hdl.datapath.accumulators.Accumulators`)."""
-        return self.multiplier == "ecp5"
-
-    @property
-    def acc_bypass(self) -> bool:
-        """Whether the accumulators read through a write to the same row in the same cycle
-        (see :class:`hdl.datapath.accumulators.Accumulators`' ``bypass``): only the build for Fmax
-        (:attr:`registered_datapath`), whose registered read needs it; elsewhere the matrix
-        engine leaves a cycle between two rows that would need it."""
-        return self.registered_datapath
-
-    @property
-    def pipelined_memories(self) -> bool:
-        """Whether the unified buffer, the weight memory and the accumulators read through
-        their block RAMs' output registers (:class:`hdl.memory.block_ram.PipelinedMemory`, ECP5
-        DP16KD: a cycle more from address to row, no logic between the RAM and the first
-        flip-flop): only the build for Fmax (:attr:`registered_datapath`). A read that meets
-        a write to its row returns an undefined row on every build (the hazard rules never
-        let the core use one)."""
-        return self.registered_datapath
-
-    @property
-    def scale_tiles_late(self) -> bool:
-        """Whether LOAD_WEIGHTS (the front end) and READ_WEIGHTS (the weight loader) scale
-        their tile and count fields to rows (``* rows``) in the cycle after they take the
-        instruction, from registers, instead of from the instruction word as they take it: the
-        build for Fmax (:attr:`registered_datapath`) with ``rows`` not a power of two, where
-        the multiply is an adder (on the ULX3S 14x8, 8.2-8.9 ns from the host beat into the
-        counts). Each such instruction takes a cycle more."""
-        return self.registered_datapath and self.rows & (self.rows - 1) != 0
-
-    @property
     def operand_range(self) -> tuple[int, int]:
         """Smallest and largest operand value the core multiplies."""
         return (-128, 127) if self.operands == "int8" else (-128, 255)
@@ -306,12 +282,6 @@ class TPUConfig:
         products = (lo * hi, max(lo * lo, hi * hi))
         low, high = terms * min(products), terms * max(products)
         return max((-low - 1).bit_length(), high.bit_length()) + 1
-
-    @property
-    def dispatch_ahead(self) -> bool:
-        """Whether the front end decides the dispatch a cycle ahead (:attr:`dispatch`
-        ``"ahead"`` or ``"pipelined"``)."""
-        return self.dispatch in ("ahead", "pipelined")
 
     @property
     def macs(self) -> int:
@@ -330,12 +300,21 @@ class TPUConfig:
         return max(self.ub_depth, self.acc_depth, self.weight_mem_tiles).bit_length()
 
     @property
+    def scale_tiles_late(self) -> bool:
+        """Whether LOAD_WEIGHTS (the front end) and READ_WEIGHTS (the weight loader) scale
+        their tile and count fields to rows (``* rows``) in the cycle after they take the
+        instruction, from registers, instead of from the instruction word as they take it:
+        the fast pipeline with ``rows`` not a power of two, where the multiply is adders.
+        Each such instruction takes a cycle more."""
+        return self.pipeline == "fast" and self.rows & (self.rows - 1) != 0
+
+    @property
     def array_latency(self) -> int:
         """Cycles from accepting an activation row to presenting its output row: the skew
-        and de-skew (``rows + cols - 1``) plus a PE's latency (3; 7 with ``multiplier="ecp5"``,
-        whose PE registers the operands twice before the DSP block and the product twice
+        and de-skew (``rows + cols - 1``) plus a PE's latency (3; 7 with ``pipeline="fast"``,
+        whose PEs register the operands twice before the multiplier and the product twice
         after it, see :class:`hdl.datapath.pe.PE`)."""
-        return self.rows + self.cols + (6 if self.multiplier == "ecp5" else 2)
+        return self.rows + self.cols + (6 if self.pipeline == "fast" else 2)
 
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again)."""
@@ -355,18 +334,18 @@ PRESETS: dict[str, TPUConfig] = {
     "default": TPUConfig(),
     # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
     "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
-    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's 5,280 logic cells, 8
-    # SB_MAC16 and 30 EBR next to the host link: a 4x4 array of int8 products two to an
-    # SB_MAC16, the serial activation unit, 32-bit counters, two MATMUL slots, 8 weight tiles
-    # (16 take 84 logic cells more), the dispatch decided ahead (registered dispatch misses
-    # 24 MHz there: 21.5 MHz).
+    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's logic cells, 8 SB_MAC16
+    # and 30 EBR next to the host link: a 4x4 array of int8 products two to an SB_MAC16, the
+    # serial activation unit, 32-bit counters, two MATMUL slots, 8 weight tiles, and the
+    # compact pipeline (the range compares out of the path into the dispatch, which limits
+    # the clock there; docs/timing-closure.md).
     "icebreaker": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=256, weight_mem_tiles=8,
                             param_slots=2, weight_fifo_depth=2, operands="int8",
                             multiplier="ice40", activation_unit="serial", counter_bits=32,
-                            dispatch="ahead", matmul_slots=2),
-    # ULX3S (ECP5-85F): the default array on registered MULT18X18D multipliers (the
-    # activation unit's partial products too), the front end's dispatch pipelined.
-    "ulx3s": TPUConfig(multiplier="ecp5", dispatch="pipelined"),
+                            pipeline="compact", matmul_slots=2),
+    # ULX3S (ECP5-85F): the default array on MULT18X18D multipliers (the activation unit's
+    # partial products too), the fast pipeline.
+    "ulx3s": TPUConfig(multiplier="ecp5", pipeline="fast"),
 }
 
 

@@ -73,13 +73,14 @@ class Core(wiring.Component):
 
     def elaborate(self, platform):
         cfg = self.config
+        fast = cfg.pipeline == "fast"
         m = Module()
 
         m.submodules.front_end = fe = FrontEnd(cfg)
         # The front end dispatches only ranges that fit the memories: compare that wide.
         m.submodules.hazards = hz = HazardTracker(end_bits=cfg.range_end_bits,
                                                   slots=cfg.matmul_slots,
-                                                  late=cfg.dispatch == "pipelined")
+                                                  late=fast)
         m.submodules.weight_loader = wl = WeightLoader(cfg)
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)
@@ -88,14 +89,14 @@ class Core(wiring.Component):
                                                   width=cfg.counter_bits)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width,
-            read_first=False, pipelined=cfg.pipelined_memories)
+            pipelined=fast)
         m.submodules.weight_memory = wm = WeightMemory(
             tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
-            read_first=False, pipelined=cfg.pipelined_memories)
+            pipelined=fast)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
-            registered_read=cfg.registered_datapath, bypass=cfg.acc_bypass)
+            registered=fast)
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
         else:

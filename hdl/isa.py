@@ -236,9 +236,9 @@ class Activate(data.Struct):
     ``slot``, function ``func`` and max-pooling ``pool`` into unified-buffer rows
     ``ub_addr..`` (``count / window`` rows, the first ``cols`` elements of each).
     Timing: runs in the activation engine behind later instructions: one cycle to fetch the
-    parameters, then one accumulator row a cycle through a 5-stage pipeline. Waits while
-    an unfinished MATMUL writes its accumulator rows or reads its buffer rows, a WRITE_HOST
-    reads its buffer rows, or another ACTIVATE runs."""
+    parameters, then the rows through the activation unit (``ActivationUnit.STAGES`` deep).
+    Waits while an unfinished MATMUL writes its accumulator rows or reads its buffer rows, a
+    WRITE_HOST reads its buffer rows, or another ACTIVATE runs."""
     opcode:   Opcode
     _flags:   4
     acc_addr: 16

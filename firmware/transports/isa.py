@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
+from firmware.device import DeviceError, DeviceStatus, DeviceTimeout, register_transport
 from hdl.config import TPUConfig
 from sim.models.isa_sim import IsaSim, error_beat
 
@@ -12,7 +12,7 @@ __all__ = ["IsaSimDevice"]
 
 
 class IsaSimDevice:
-    """:class:`firmware.runtime.Device` backed by :class:`sim.models.isa_sim.IsaSim`.
+    """:class:`firmware.device.Device` backed by :class:`sim.models.isa_sim.IsaSim`.
 
     Beats are executed as they are sent. Counters that depend on timing come back as
     ``None`` (the ISA simulator cannot know them), and :meth:`cycles` is ``None``.
@@ -65,3 +65,6 @@ class IsaSimDevice:
 
     def __exit__(self, *exc):
         self.close()
+
+
+register_transport("isa", IsaSimDevice)

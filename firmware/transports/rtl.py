@@ -30,7 +30,7 @@ from pathlib import Path
 
 from amaranth.lib import data
 
-from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
+from firmware.device import DeviceError, DeviceStatus, DeviceTimeout, register_transport
 from hdl import isa
 from hdl.config import PRESETS, TPUConfig
 from hdl.datapath.activation_serial import element_cycles
@@ -97,7 +97,7 @@ def design(config: TPUConfig, *, sim: str, waves: bool = False,
 
 
 class RtlDevice:
-    """:class:`firmware.runtime.Device` backed by the RTL core in Icarus or Verilator.
+    """:class:`firmware.device.Device` backed by the RTL core in Icarus or Verilator.
 
     Parameters
     ----------
@@ -348,3 +348,6 @@ class RtlDevice:
     def __del__(self):
         if not getattr(self, "_closed", True) and getattr(self, "_process", None) is not None:
             self._kill()
+
+
+register_transport("rtl", RtlDevice)

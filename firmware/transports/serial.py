@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import serial
 
-from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
+from firmware.device import DeviceError, DeviceStatus, DeviceTimeout, register_transport
 from hdl import isa
 from hdl.config import PRESETS, TPUConfig
 from hdl.link.protocol import (
@@ -63,7 +63,7 @@ def _looks_like_error_beat(beat: int) -> bool:
 
 
 class SerialDevice:
-    """:class:`firmware.runtime.Device` backed by a board on a serial link.
+    """:class:`firmware.device.Device` backed by a board on a serial link.
 
     Opening sends ``INFO`` and checks that the board was built with ``config`` (a
     :class:`DeviceError` names the fields that differ), then resets the board unless
@@ -374,7 +374,7 @@ class SerialDevice:
             self.stats["beats"] += len(chunk)
 
     def receive(self, count: int, *, timeout_cycles: int | None = None) -> list[int]:
-        """As :meth:`firmware.runtime.Device.receive`; the budget is wall time: the
+        """As :meth:`firmware.device.Device.receive`; the budget is wall time: the
         receive gives up after ``timeout_s`` plus ``timeout_cycles`` (default 10,000 plus 64
         per beat sent since the last receive) at the board's clock without a new beat."""
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -514,3 +514,6 @@ class SerialDevice:
     def __del__(self):
         if not getattr(self, "_closed", True):
             self._stop.set()
+
+
+register_transport("serial", SerialDevice)

@@ -210,11 +210,11 @@ class ActivationEngine(wiring.Component):
                                     RegisteredRead(m, scalar_mem, "scalar"))
 
         scrubbing, scrub_slot = self._scrub(m, cfg.param_slots)
-        # The build for Fmax writes a slot a cycle after the front end sends it, from
+        # The fast pipeline writes a slot a cycle after the front end sends it, from
         # flip-flops: the write's address otherwise ends the front end's dispatch path. An
         # ACTIVATE taken the cycle after the last write still reads the slot it wrote (its
         # read is a cycle after it is taken).
-        if cfg.registered_datapath:
+        if cfg.pipeline == "fast":
             write_valid = Signal()
             p = Signal.like(pw.payload)
             m.d.sync += [write_valid.eq(pw.valid & pw.ready), p.eq(pw.payload)]

@@ -29,13 +29,13 @@ class Checks(wiring.Component):
     int8 only, :attr:`~hdl.config.TPUConfig.operands`), unified-buffer, accumulator and
     weight-memory range, unwritten tile, no tile to switch in, weight FIFO overflow.
 
-    When the answers are the word's own depends on :attr:`~hdl.config.TPUConfig.dispatch`
+    When the answers are the word's own depends on :attr:`~hdl.config.TPUConfig.pipeline`
     (:class:`~hdl.control.dispatch.Dispatch` waits for them):
 
-    - ``"direct"``, ``"registered"``: in the cycle the word is shown;
-    - ``"ahead"``: the range ends (``o_a_end``, ``o_b_end``) are registered before they are
+    - ``"reference"``: in the cycle the word is shown;
+    - ``"compact"``: the range ends (``o_a_end``, ``o_b_end``) are registered before they are
       compared, so the answers are the word's own from its second cycle;
-    - ``"pipelined"``: as ``"ahead"``, and each check's answer is registered before they are
+    - ``"fast"``: as ``"compact"``, and each check's answer is registered before they are
       combined (the tile check keeps its tiles and ORs them a cycle later): from its third
       cycle.
 
@@ -91,13 +91,13 @@ class Checks(wiring.Component):
         a_end, b_end = self.o_a_end, self.o_b_end
         window_log = Signal(2)
         m.d.comb += window_log.eq(window_log2(av.pool))
-        # With dispatch="ahead" or "pipelined", registered: the beat offered last cycle's, its
-        # own once it has stayed a cycle, so that the compares do not start at the beat.
-        ends = m.d.sync if cfg.dispatch_ahead else m.d.comb
-        if cfg.dispatch == "pipelined":
+        # Registered but with "reference": the beat offered last cycle's, its own once it has
+        # stayed a cycle, so that the compares do not start at the beat.
+        ends = m.d.comb if cfg.pipeline == "reference" else m.d.sync
+        if cfg.pipeline == "fast":
             # An adder for each window and the choice after them, so that the adders start
-            # at the beat (the opcode's decode and the window's shift before the adder ran
-            # into b_end's carry chain: 7.4 ns on the ULX3S).
+            # at the beat (the opcode's decode and the window's shift ran into b_end's carry
+            # chain).
             b_ends = [b + (count >> k) for k in range(3)]
             b_shifted = Mux(window_log[1], b_ends[2], Mux(window_log[0], b_ends[1], b_ends[0]))
             ends += [a_end.eq(a + count),
@@ -158,7 +158,7 @@ class Checks(wiring.Component):
             (weight_empty, ErrorCode.WEIGHT_EMPTY),
             (weight_overflow, ErrorCode.WEIGHT_OVERFLOW),
         ]
-        if cfg.dispatch == "pipelined":
+        if cfg.pipeline == "fast":
             # The checks' answers registered, so that no check's logic runs into the
             # dispatch's registers. The tile check keeps its tiles (`unwritten`), ORed a cycle
             # later: its masks and the wide OR together were the longest.

@@ -1,11 +1,12 @@
-"""The front end's dispatch decision: whether the instruction at fetch issues, fails or waits."""
+"""The front end's timing: whether the instruction at fetch issues, fails or waits, and in
+which cycle the front end acts on what it sees."""
 
 from amaranth.hdl import Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.isa import ErrorCode, Opcode
+from hdl.isa import INSTR_BITS, ErrorCode, Opcode
 
 __all__ = ["Dispatch", "ENGINE_OPCODES"]
 
@@ -18,49 +19,58 @@ class Dispatch(wiring.Component):
     """Decides, for the instruction waiting at the front end's fetch, whether it issues (its
     checks pass, the hazard tracker reports no conflict, and its engine can take it: for SYNC,
     HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS no ACTIVATE
-    runs) or fails a check, as :attr:`~hdl.config.TPUConfig.dispatch` says:
+    runs) or fails a check. Which cycle is the config's :attr:`~hdl.config.TPUConfig.pipeline`'s,
+    and this component owns every such decision of the front end (the checks register their
+    own answers to suit, :class:`~hdl.control.checks.Checks`):
 
-    - ``"direct"``: on this cycle's answers;
-    - ``"registered"``: on last cycle's checks and hazard, for a beat that was offered and
-      not taken then (``o_settled``): the same beat, with nothing issued since, so the answers
-      are still its own (the hazard does not rise for a waiting instruction, and the checks'
-      state changes only as instructions issue). A beat issues or fails at the earliest in its
-      second cycle;
-    - ``"ahead"``: the front end registers the beat's range ends and the word it asks the hazard
-      tracker about (its checks and the tracker's answer are the beat's own from its second
-      cycle), the answers are registered, and the part of the decision that depends on the
-      opcode and the engines' readiness is registered too, taken a cycle ahead for the beat that
-      stays: a beat issues or fails at the earliest in its third cycle, and the dispatch (and
-      each opcode's) is one LUT of four flip-flops (that part, whether a check failed, the
-      hazard, whether the beat was not taken last cycle), not a LUT cone from the instruction
-      word and the engines' ``ready``. It relies on the engines: a ready engine stays ready
-      until it takes an instruction, the activation engine becomes busy and the core stops
-      being idle only as something is dispatched (each a proved property,
+    - ``"reference"``: on this cycle's answers; a beat may issue in its first cycle.
+    - ``"compact"``: the front end registers the beat's range ends and the word it asks the
+      hazard tracker about (its checks and the tracker's answer are the beat's own from its
+      second cycle), the answers are registered, and the part of the decision that depends on
+      the opcode and the engines' readiness is registered too, taken a cycle ahead for the
+      beat that stays: a beat issues or fails at the earliest in its third cycle, and the
+      dispatch (and each opcode's) is one LUT of four flip-flops (that part, whether a check
+      failed, the hazard, whether the beat was not taken last cycle), not a LUT cone from the
+      instruction word and the engines' ``ready``. It relies on the engines: a ready engine
+      stays ready until it takes an instruction, the activation engine becomes busy and the
+      core stops being idle only as something is dispatched (each a proved property,
       :mod:`sim.formal.engines`). An instruction that waits for its engine issues a cycle
       after the engine is ready.
-    - ``"pipelined"``: as ``"ahead"``, and the front end registers its checks' answers
-      before they are combined (``i_error`` and ``i_failed`` are the beat's own from its
-      third cycle), so that no check's logic (the range compares, the tile masks) runs into
-      the dispatch's registers: a beat issues or fails at the earliest in its fourth cycle.
+    - ``"fast"``: as ``"compact"``, and the front end registers its checks' answers before
+      they are combined (``i_error`` and ``i_failed`` are the beat's own from its third
+      cycle), the engines' readiness is registered, and the hazard tracker's answer comes a
+      cycle late (``i_hazard`` is its ``hazard_late``), so that no check's logic (the range
+      compares, the tile masks) runs into the dispatch's registers: a beat issues or fails at
+      the earliest in its fourth cycle.
 
     ``o_dispatch`` and ``o_fail`` each imply a waiting beat that is not the resynchronisation
-    word; the front end takes the beat in that cycle.
+    word; the front end takes the beat in that cycle. With the compact and fast pipelines the
+    front end also acts on the resynchronisation word in its second cycle (``o_resync``,
+    from a register: the word was offered and not taken, so it is still there) and, stopped,
+    takes each beat in its second cycle (``o_take_stopped``), so that the word's compare (a
+    LUT tree over the instruction word) does not run into ``i_host``'s ready and what that
+    drives; and the word the hazard tracker is asked about is registered with the checks'
+    range ends.
 
     Members
     -------
+    i_valid : In(1)
+        A beat is offered to the front end.
     i_waiting : In(1)
         A beat waits at fetch.
     i_taken : In(1)
         The front end takes it this cycle.
     i_resync : In(1)
         It is the resynchronisation word.
+    i_word : In(INSTR_BITS)
+        Its instruction word.
     i_opcode : In(Opcode)
     i_error : In(ErrorCode)
         Its checks' answer, this cycle (the first that fails).
     i_failed : In(1)
         Some check fails (``i_error`` is not NONE), this cycle.
-    i_hazard : In(1)
-        The hazard tracker's answer, this cycle.
+    i_hazard, i_hazard_late : In(1)
+        The hazard tracker's answer, this cycle, and a cycle later (used with ``"fast"``).
     i_engine_ready : In(len(ENGINE_OPCODES))
         Each engine's ``ready`` (:data:`ENGINE_OPCODES` order).
     i_activate_busy, i_idle : In(1)
@@ -68,23 +78,34 @@ class Dispatch(wiring.Component):
         The answers below are the beat's own and may be acted on.
     o_error : Out(ErrorCode)
     o_hazard : Out(1)
-        The answers acted on (registered but with ``"direct"``).
+        The answers acted on (registered but with ``"reference"``).
     o_dispatch, o_fail : Out(1)
         The instruction issues, or fails a check, this cycle.
     o_issue : Out(2 ** opcode width)
         ``o_dispatch``, one-hot by opcode (bit ``opcode.value``).
+    o_raw_stall : Out(1)
+        At fetch, the instruction waits on a conflict (the ``raw_stall`` counter's event).
+    o_resync : Out(1)
+        Act on the resynchronisation word now (restart the program, or leave ERROR).
+    o_take_stopped : Out(1)
+        Stopped on an error, take the beat offered now.
+    o_query : Out(INSTR_BITS)
+        The word the hazard tracker is asked about.
     """
 
     def __init__(self, config: TPUConfig):
         self.config = config
         super().__init__({
+            "i_valid":         In(1),
             "i_waiting":       In(1),
             "i_taken":         In(1),
             "i_resync":        In(1),
+            "i_word":          In(INSTR_BITS),
             "i_opcode":        In(Opcode),
             "i_error":         In(ErrorCode),
             "i_failed":        In(1),
             "i_hazard":        In(1),
+            "i_hazard_late":   In(1),
             "i_engine_ready":  In(len(ENGINE_OPCODES)),
             "i_activate_busy": In(1),
             "i_idle":          In(1),
@@ -94,10 +115,14 @@ class Dispatch(wiring.Component):
             "o_dispatch":      Out(1),
             "o_fail":          Out(1),
             "o_issue":         Out(1 << Shape.cast(Opcode).width),
+            "o_raw_stall":     Out(1),
+            "o_resync":        Out(1),
+            "o_take_stopped":  Out(1),
+            "o_query":         Out(INSTR_BITS),
         })
 
     def elaborate(self, platform):
-        mode = self.config.dispatch
+        pipeline = self.config.pipeline
         m = Module()
         op = self.i_opcode
         is_ = {o: op == o for o in Opcode}
@@ -111,18 +136,36 @@ class Dispatch(wiring.Component):
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync
-        if mode == "direct":
-            m.d.comb += [self.o_settled.eq(1), self.o_error.eq(self.i_error),
-                         self.o_hazard.eq(self.i_hazard)]
+        if pipeline == "reference":
+            m.d.comb += [
+                self.o_settled.eq(1),
+                self.o_error.eq(self.i_error),
+                self.o_hazard.eq(self.i_hazard),
+                self.o_fail.eq(waiting & self.i_failed),
+                self.o_dispatch.eq(waiting & ~self.i_failed & ~self.i_hazard & ~busy),
+                self.o_raw_stall.eq(waiting & ~self.i_failed & self.i_hazard),
+                self.o_resync.eq(self.i_valid & self.i_resync),
+                self.o_take_stopped.eq(1),
+                self.o_query.eq(self.i_word),
+            ]
+            for o in Opcode:
+                m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         else:
+            resync_q = Signal()
+            stayed_offered = Signal()
+            offered_stays = self.i_valid & ~self.i_taken
+            m.d.sync += [resync_q.eq(offered_stays & self.i_resync),
+                         stayed_offered.eq(offered_stays),
+                         self.o_query.eq(self.i_word)]
+            m.d.comb += [self.o_resync.eq(resync_q), self.o_take_stopped.eq(stayed_offered)]
+            # ("fast": the hazard a cycle later, registered inside the tracker; the beat's
+            # own from its third cycle, as its checks' answers.)
+            hazard = self.i_hazard_late if pipeline == "fast" else self.i_hazard
             stays = Signal()    # offered and not taken: the same beat is there next cycle
             m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
-            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(self.i_hazard)]
-            if mode == "registered":
-                m.d.sync += self.o_settled.eq(stays)
-        if self.config.dispatch_ahead:
+            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(hazard)]
             # The answers are the beat's own once it has stayed a cycle (`stayed`; with
-            # "pipelined", whose checks' answers come a cycle later, two: `stayed2`):
+            # "fast", whose checks' answers come a cycle later, two: `stayed2`):
             # registered then, they may be acted on a cycle later.
             stayed = Signal()
             failed_q = Signal()
@@ -132,14 +175,13 @@ class Dispatch(wiring.Component):
             # end does not take it this cycle, a long path) goes into `stayed` alone, and is
             # ANDed in as that register.
             held = self.i_waiting & stayed & ~self.i_resync
-            if mode == "pipelined":
+            if pipeline == "fast":
                 stayed2 = Signal()
                 m.d.sync += stayed2.eq(stays & stayed)
                 held = held & stayed2
-                # The engines' readies registered too (the weight loader's ran into
-                # `ready_go`: 7.3 ns on the ULX3S). A ready falls only as its engine takes an
-                # instruction, and the beat after that one is held two cycles later at the
-                # soonest, when the register has the fall.
+                # The engines' readies registered too (a ready ran into `ready_go`). A ready
+                # falls only as its engine takes an instruction, and the beat after that one
+                # is held two cycles later at the soonest, when the register has the fall.
                 busy_q = Signal()
                 m.d.sync += busy_q.eq(busy)
                 busy = busy_q
@@ -154,13 +196,7 @@ class Dispatch(wiring.Component):
                 self.o_fail.eq(self.o_settled & failed_q),
                 self.o_dispatch.eq(ready_go & clear),
                 self.o_issue.eq(ready_issue & clear.replicate(len(ready_issue))),
+                self.o_raw_stall.eq(~self.o_dispatch & ~self.o_fail & ~resync_q &
+                                    self.o_settled & self.o_hazard),
             ]
-        else:
-            m.d.comb += [
-                self.o_fail.eq(waiting & self.o_settled & (self.o_error != ErrorCode.NONE)),
-                self.o_dispatch.eq(waiting & self.o_settled & (self.o_error == ErrorCode.NONE) &
-                                   ~self.o_hazard & ~busy),
-            ]
-            for o in Opcode:
-                m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         return m

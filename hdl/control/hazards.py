@@ -45,15 +45,15 @@ class HazardQuerySignature(wiring.Signature):
     a_end, b_end : Out(ADDR_END_BITS)
         The exclusive ends of its ranges, ``a + count`` and ``b`` plus the rows at ``b``
         (``count``; an ACTIVATE's ``count`` over its pooling window), as the front end
-        computes them for its range checks (with ``dispatch="ahead"`` registered along with
-        ``instr``), so that no adder starts the tracker's compares.
+        computes them for its range checks (registered along with ``instr`` but with the
+        ``"reference"`` pipeline), so that no adder starts the tracker's compares.
     dispatch : Out(1)
         The instruction issues this cycle (the tracker records its ranges).
     hazard : In(1)
         The instruction conflicts with an unfinished one and must wait.
     hazard_late : In(1)
         ``hazard`` a cycle later, from the rules' answers registered (a tracker built with
-        ``late=True``, for ``dispatch="pipelined"``: no range compare runs into the
+        ``late=True``, for ``pipeline="fast"``: no range compare runs into the
         dispatch); low otherwise.
     """
 

@@ -69,8 +69,8 @@ class HostWriter(wiring.Component):
             m.d.sync += [addr.eq(addr + 1), req_left.eq(req_left - 1)]
 
         beat = self.i_beat
-        if self.config.registered_datapath:
-            # The build for Fmax: the front end's beats wait in a two-entry FIFO (registered
+        if self.config.pipeline == "fast":
+            # The front end's beats wait in a two-entry FIFO (registered
             # ready and valid), so that its state machine's beat does not run through the
             # choice below into the unified buffer's read handshake, nor that handshake back
             # into the front end. The front end offers beats only while no WRITE_HOST runs,

@@ -53,7 +53,8 @@ class MatrixEngine(wiring.Component):
     def __init__(self, config: TPUConfig):
         cfg = self.config = config
         #: Rows are spaced for accumulators without a read-during-write bypass.
-        self.acc_gap = not cfg.acc_bypass
+        # The accumulators add back-to-back rows to one address only when registered.
+        self.acc_gap = cfg.pipeline != "fast"
         self.ub_bits = addr_bits(cfg.ub_depth)
         self.acc_bits = addr_bits(cfg.acc_depth)
         ub_row = ub_row_beat(cfg.ub_row)
@@ -113,7 +114,7 @@ class MatrixEngine(wiring.Component):
         # with pipelined memories two cycles after, when a buffered FIFO's registered
         # output has it (its read then starts at a flip-flop, not at a LUT RAM: the ULX3S
         # build's path from here through the tile switch into the weight FIFO).
-        meta_fifo = fifo.SyncFIFOBuffered if cfg.pipelined_memories else fifo.SyncFIFO
+        meta_fifo = fifo.SyncFIFOBuffered if cfg.pipeline == "fast" else fifo.SyncFIFO
         m.submodules.meta_a = meta_a = meta_fifo(width=meta_a_layout.size, depth=4)
         m.submodules.meta_b = meta_b = BlockFIFO(
             width=meta_b_layout.size, depth=cfg.array_latency + 2)
@@ -141,10 +142,11 @@ class MatrixEngine(wiring.Component):
                 m.d.sync += issued_acc.eq(acc_next)
             m.d.comb += meta_a_in.gap.eq(accumulate & (acc_next == issued_acc))
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
-        # (With dispatch="registered" or "ahead", only once it has been issued: then the
-        # engine's ready is a function of registers, off the path from the array's stall into
-        # dispatch, and falls only as it takes a MATMUL, which "ahead" relies on.)
-        last_row = meta_a.w_en & (left == 1) if cfg.dispatch == "direct" else 0
+        # (But with the reference pipeline, only once it has been issued: then the engine's
+        # ready is a function of registers, off the path from the array's stall into
+        # dispatch, and falls only as it takes a MATMUL, which the dispatch decided ahead
+        # relies on.)
+        last_row = meta_a.w_en & (left == 1) if cfg.pipeline == "reference" else 0
         m.d.comb += [
             cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),
             self.o_idle.eq(~scrubbing & ~busy & ~Cat(*in_flight).any()),
@@ -207,7 +209,7 @@ class MatrixEngine(wiring.Component):
 
         # Retire MATMULs as their last row is written (a scrub row's write is no MATMUL's:
         # its slot is not in flight).
-        if not cfg.pipelined_memories:
+        if not cfg.pipeline == "fast":
             for i in range(slots):
                 with m.If(self.i_acc_written & (head == i) & in_flight[i]):
                     m.d.sync += pending[i].eq(pending[i] - 1)

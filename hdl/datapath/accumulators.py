@@ -21,36 +21,32 @@ class Accumulators(wiring.Component):
     Each row on ``i_psum`` either overwrites its row or is added to it (``accumulate``), so
     a reduction longer than the array is summed in place (TPU v1's accumulators). Rows are
     taken one per cycle without back-pressure: a read-modify-write pipeline of two stages.
-    A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). With
-    ``bypass`` the read port is transparent to the write port, so back-to-back rows to the
-    same address add up correctly; without it (no read-during-write bypass: 144 logic cells
-    fewer on a 4x4 iCE40 core) the client must not send a row that accumulates into the
-    address of the row it sent in the cycle before
-    (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves a cycle between them),
-    and a read of ``r`` in the cycle its row is written returns an undefined row on a part
-    (the block RAM is told it may: the core's hazard rules never let an ACTIVATE read rows a
-    MATMUL writes). With the bypass, that read returns the old row; with ``registered_read``
-    it is undefined again.
+    A row taken in cycle ``c`` is written in cycle ``c + 1`` (``o_written`` high then). The
+    read port is not transparent to the write port (a bypass costs a multiplexer per bit on
+    small parts): the client must not send a row that accumulates into the address of the
+    row it sent in the cycle before (:class:`~hdl.control.matrix_engine.MatrixEngine` leaves
+    a cycle between them), and a read of ``r`` in the cycle its row is written returns an
+    undefined row on a part (the block RAM is told it may: the core's hazard rules never let
+    an ACTIVATE read rows a MATMUL writes).
 
-    With ``registered_read`` the sums live in a :class:`~hdl.memory.block_ram.PipelinedMemory`: the
-    old sums leave the block RAM through its output register and then a fabric register, so
-    the adder starts at a flip-flop next to it instead of at the RAM's slow output, and the
-    sums it makes are written from flip-flops, so it ends at one instead of at the RAM's
-    inputs across the die (the ECP5 build): five stages, a row taken in cycle ``c`` is
+    With ``registered`` the sums live in a :class:`~hdl.memory.block_ram.PipelinedMemory`:
+    the old sums leave the block RAM through its output register and then a fabric register,
+    so the adder starts at a flip-flop next to it instead of at the RAM's slow output, and
+    the sums it makes are written from flip-flops, so it ends at one instead of at the RAM's
+    inputs across the die (the fast pipeline): five stages, a row taken in cycle ``c`` is
     written in cycle ``c + 4``. The four rows right behind it read their old sums before that
     write (the fourth in the cycle it is written, which returns an undefined row), so one
     that goes to the same address adds to the newest of those sums instead (registers of the
-    last four sums made). The read client's rows arrive two cycles after their addresses.
+    last four sums made): back-to-back rows to one address add up. The read client's rows
+    arrive two cycles after their addresses.
 
     Parameters
     ----------
     depth, cols, acc_width : int
         Rows, sums per row, sum width.
-    registered_read : bool
+    registered : bool
         The five-stage pipeline above (three more cycles from a row to ``o_written``, one
-        more to a read's row); needs ``bypass``.
-    bypass : bool
-        Back-to-back rows to one address add up (see above).
+        more to a read's row, rows to one address back to back).
 
     Members
     -------
@@ -64,13 +60,9 @@ class Accumulators(wiring.Component):
     """
 
     def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
-                 registered_read: bool = False, bypass: bool = True):
-        if registered_read and not bypass:
-            raise ValueError("Accumulators registered_read=True needs bypass=True (the row "
-                             "two behind a write reads through it)")
-        self.bypass = bypass
+                 registered: bool = False):
         self.depth = depth
-        self.registered_read = registered_read
+        self.registered = registered
         self.cols = cols
         self.acc_width = acc_width
         self.addr_bits = max(1, (depth - 1).bit_length())
@@ -85,19 +77,14 @@ class Accumulators(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         row = data.ArrayLayout(signed(self.acc_width), self.cols)
-        if self.registered_read:
+        if self.registered:
             m.submodules.mem = mem = PipelinedMemory(shape=row, depth=self.depth, readers=2)
             wr, rmw, rd = mem.w, mem.r[0], mem.r[1]
-        elif self.bypass:
-            m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[])
-            wr = mem.write_port()
-            rmw = mem.read_port(transparent_for=(wr,))
-            rd = mem.read_port()
         else:
             # No read meets a write to its own row in a cycle where its data is used (the
             # client's rule above; the hazard rules keep ACTIVATE's reads off the rows a
             # MATMUL writes), so the block RAM may return anything then (``no_rw_check``).
-            # (RegisteredRead: some 400 flip-flops fewer for 4 columns on the iCE40.)
+            # (RegisteredRead: no read-before-write registers for the block RAM to emulate.)
             m.submodules.mem = mem = memory.Memory(shape=row, depth=self.depth, init=[],
                                                    attrs={"no_rw_check": 1})
             wr = mem.write_port()
@@ -111,11 +98,11 @@ class Accumulators(wiring.Component):
         ]
         valid_b = Signal()
         # Data registers are not reset: their valid bits say whether they hold a row (and a
-        # reset routed into their inputs took the ULX3S build's reset net through a LUT).
+        # reset routed into their inputs puts the reset net through a LUT).
         write_b = Signal.like(self.i_psum.payload, reset_less=True)
         m.d.sync += [valid_b.eq(self.i_psum.valid), write_b.eq(self.i_psum.payload)]
 
-        if not self.registered_read:
+        if not self.registered:
             # Stage B: add (or not) and write.
             m.d.comb += [
                 wr.en.eq(valid_b),
@@ -127,8 +114,8 @@ class Accumulators(wiring.Component):
                                           write_b.data[c])
         else:
             # Stage B: the block RAM's output register takes the old sums. Stage C: a fabric
-            # register next to the adders takes them (from the block RAM's register into the
-            # adder was 2 ns of routing before a 32-bit carry chain: 7.6 ns on the ULX3S).
+            # register next to the adders takes them (the route from the block RAM's register
+            # would otherwise come before a 32-bit carry chain).
             # Stage D: add (or not) into flip-flops. Stage E: write them. The old sums miss
             # the four sums made in the four cycles before stage D: written in the cycle the
             # row read them (stage A: that read returns an undefined row when the write is to
@@ -158,8 +145,8 @@ class Accumulators(wiring.Component):
                          valid_d.eq(valid_c), write_d.eq(write_c),
                          valid_e.eq(valid_d), addr_e.eq(write_d.addr),
                          sums[1].eq(sums[0]), sums[2].eq(sums[1])]
-            # The selects, a copy per column (register_copies: one register drove all the
-            # columns' multiplexers, 3.3 ns of routing on the ULX3S at 8 columns): in stage C
+            # The selects, a copy per column (register_copies: one register driving all the
+            # columns' multiplexers is a long route): in stage C
             # which older sums to keep (of the rows 2-4 ahead, the newest), in stage D which
             # addend to take. (`accumulate_b`: a row in stage B that accumulates; a reset
             # register, so that no copy starts undefined in a Verilog simulation, where it
@@ -193,5 +180,5 @@ class Accumulators(wiring.Component):
             ]
 
         serve_reads(m, rd, [self.r.addr], [self.r.data],
-                    latency=2 if self.registered_read else 1)
+                    latency=2 if self.registered else 1)
         return m

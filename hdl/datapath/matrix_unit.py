@@ -48,7 +48,7 @@ class MatrixUnit(wiring.Component):
         m.submodules.array = array = self._array
         m.submodules.weight_fifo = wfifo = WeightFIFO(
             rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
-            depth=cfg.weight_fifo_depth, registered=cfg.registered_datapath)
+            depth=cfg.weight_fifo_depth, registered=cfg.pipeline == "fast")
 
         wiring.connect(m, wiring.flipped(self.i_weight), wfifo.i_row)
         wiring.connect(m, wfifo.o_row, array.i_weight)

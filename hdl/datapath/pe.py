@@ -52,14 +52,14 @@ class PE(wiring.Component):
     sit inside the DSP block), the product one cycle later, and ``o_psum = i_psum + product``
     the cycle after that: ``o_psum`` holds the sum :attr:`latency` = 3 cycles after the
     activation arrived, and the partial sum from the cell above must arrive
-    ``latency - 1`` = 2 cycles after it. With ``multiplier="ecp5"`` the routes into and out of
-    the DSP block (4-5 ns each on the 85F, up to 6.5 ns when the placer packs the part) get
-    two cycles each: the weight the activation meets is registered in the fabric
-    (``w_pre``), ``w_pipe`` and ``a_pre`` (from ``o_act``'s register) take the operands on
-    towards the block, whose input registers take them one cycle later, and two fabric
-    registers (``product_pipe``, ``addend``) hold the product between the block's output
-    register and the adder: ``latency`` = 7, and ``i_psum`` is added 6 cycles after the
-    activation. The array's skew
+    ``latency - 1`` = 2 cycles after it. With ``pipelined`` (the fast pipeline) the routes
+    into and out of the multiplier, a DSP block far from the fabric around it, get two cycles
+    each: the weight the activation meets is registered in the fabric (``w_pre``),
+    ``w_pipe`` and ``a_pre`` (from ``o_act``'s register) take the operands on towards the
+    block, whose input registers take them one cycle later, and two fabric registers
+    (``product_pipe``, ``addend``) hold the product between the block's output register and
+    the adder: ``latency`` = 7, and ``i_psum`` is added 6 cycles after the activation. The
+    array's skew
     provides either: the cell below gets the activation one cycle after this cell and this
     cell's ``o_psum`` one cycle after this cell's ``i_psum``, whatever ``latency`` is. The
     weight is still chosen in the cycle the activation arrives, so tile switches keep their
@@ -87,9 +87,8 @@ class PE(wiring.Component):
         - ``"ecp5"``: an ECP5 ``MULT18X18D`` instance whose input registers are the operand
           registers and whose output register is the product register (``REG_INPUTA_CLK``,
           ``REG_INPUTB_CLK``, ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable ``CE0`` =
-          ``i_en``), with no fabric between the registers and the multiplier, two fabric
-          registers before each input and two after the product (``latency`` 7 instead
-          of 3). Adds the ``i_en`` port.
+          ``i_en``), with no fabric between the registers and the multiplier; the same
+          cycles as ``"infer"``. Adds the ``i_en`` port.
         - ``"lut"``: the same product built from shifted partial products, which synthesis
           keeps in LUT logic (for parts with fewer DSP blocks than PEs).
         - ``"ice40"``: the product comes from outside, from a
@@ -99,15 +98,10 @@ class PE(wiring.Component):
           flags, see :attr:`hdl.config.TPUConfig.operands`) and takes the product on
           ``i_product`` two cycles later; the block's input and product registers are the
           cell's, so the timing is that of ``"infer"`` (``latency`` 3). Adds those ports.
-    use_dsp : bool, optional
-        The older spelling: ``False`` is ``multiplier="lut"``, ``True`` changes nothing.
-    pipelined : bool, optional
-        The registers of ``multiplier="ecp5"`` (``w_pre``, ``a_pre``, ``w_pipe``,
-        ``product_pipe`` and ``addend``, ``latency`` 7, and
-        the ``i_en`` port) around another multiplier: with ``multiplier="lut"``, for the LUT
-        products of an ECP5 array (:attr:`hdl.config.TPUConfig.lut_multipliers`), whose
-        skew needs every PE's latency the same. Default: ``multiplier == "ecp5"`` (which
-        cannot be unpipelined); ``"lut"`` or ``"ecp5"`` only.
+    pipelined : bool
+        Two more registers each side of the multiplier (``w_pre``, ``a_pre``, ``w_pipe``,
+        ``product_pipe`` and ``addend``; ``latency`` 7) and the ``i_en`` port: the fast
+        pipeline's PE. Not with ``"ice40"``, whose shared block holds the registers.
 
     Which circuit ``multiplier="ecp5"`` elaborates to depends on the ``platform`` it is
     elaborated for (the PE behaves the same on every path):
@@ -136,7 +130,8 @@ class PE(wiring.Component):
     o_psum : Out(signed(acc_width))
         Partial sum for the cell below.
     i_en : In(1, init=1)
-        Only with ``multiplier="ecp5"``: clock enable of every register of the cell. An
+        Only with ``multiplier="ecp5"`` or ``pipelined``: clock enable of every register of
+        the cell. An
         ``EnableInserter`` around the cell does not reach an instance's registers, so the
         enable it applies must also drive ``i_en``.
     o_mul_a, o_mul_w : Out(signed(data_width))
@@ -146,26 +141,19 @@ class PE(wiring.Component):
     """
 
     def __init__(self, *, data_width: int = 8, acc_width: int = 32, row: int = 0,
-                 row_bits: int = 1, multiplier: str = "infer", use_dsp: bool | None = None,
-                 pipelined: bool | None = None):
+                 row_bits: int = 1, multiplier: str = "infer", pipelined: bool = False):
         if not 0 <= row < 2 ** row_bits:
             raise ValueError(f"PE row={row} does not fit row_bits={row_bits}")
         if multiplier not in PE_MULTIPLIERS:
             raise ValueError(f"PE multiplier={multiplier!r} is not supported; allowed: "
                              + ", ".join(repr(value) for value in PE_MULTIPLIERS))
-        if use_dsp is False:
-            if multiplier not in ("infer", "lut"):
-                raise ValueError(f"PE use_dsp=False (a LUT multiplier) contradicts "
-                                 f"multiplier={multiplier!r}")
-            multiplier = "lut"
         if multiplier == "ecp5" and 2 * (data_width + 1) > 18:
             raise ValueError(f"PE multiplier='ecp5' takes operands of up to 8 bits (9 after "
                              f"extension, an 18-bit product), not data_width={data_width}")
-        if pipelined is None:
-            pipelined = multiplier == "ecp5"
-        if pipelined != (multiplier == "ecp5") and multiplier != "lut":
-            raise ValueError(f"PE pipelined={pipelined} with multiplier={multiplier!r}: only a "
-                             f"'lut' multiplier may take the 'ecp5' registers or not")
+        if pipelined and multiplier == "ice40":
+            raise ValueError("PE pipelined=True is not supported with multiplier='ice40' (the "
+                             "shared SB_MAC16 holds the operand and product registers); "
+                             "allowed: 'infer', 'ecp5' or 'lut'")
         self.data_width = data_width
         self.acc_width = acc_width
         self.row = row
@@ -183,7 +171,7 @@ class PE(wiring.Component):
             "o_wbus":   Out(bus),
             "o_psum":   Out(signed(acc_width)),
         }
-        if pipelined:
+        if pipelined or multiplier == "ecp5":
             members["i_en"] = In(1, init=1)
         if multiplier == "ice40":
             members["o_mul_a"] = Out(signed(data_width))
@@ -194,8 +182,7 @@ class PE(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from an activation on ``i_act`` to ``o_psum`` holding its sum (3; 7 with
-        ``multiplier="ecp5"`` or ``pipelined``); ``i_psum`` is added ``latency - 1`` cycles
-        after it."""
+        ``pipelined``); ``i_psum`` is added ``latency - 1`` cycles after it."""
         return 7 if self.pipelined else 3
 
     @property
@@ -217,10 +204,9 @@ class PE(wiring.Component):
 
         if self.pipelined:
             # Register to register into the block: the weight select (a LUT after the
-            # neighbour's o_switch) and a 4-5 ns route do not fit one cycle together, and
-            # a route from the PE's fabric to its DSP site takes 6.5 ns on its own (150 MHz
-            # asked): w_pre, and a_pre and w_pipe (which take the operands only to the
-            # block, so the placer can put them half way) split it in two.
+            # neighbour's o_switch) and the route to the DSP site do not fit one cycle
+            # together, and the route alone is long: w_pre, and a_pre and w_pipe (which take
+            # the operands only to the block, so the placer can put them half way) split it.
             w_pre = Signal(operand, reset_less=True)
             a_pre = Signal(operand, reset_less=True)
             w_pipe = Signal(operand, reset_less=True)
@@ -251,10 +237,9 @@ class PE(wiring.Component):
             ]
 
         if self.pipelined:
-            # The block's P output reaches the fabric late (4-5 ns of routing on the 85F,
-            # 6.4 ns to a flip-flop beside the adder at 150 MHz asked): product_pipe, which
-            # only takes the product on, and addend keep that route in two cycles and the
-            # carry chain in a third.
+            # The block's P output reaches the fabric late: product_pipe, which only takes
+            # the product on, and addend keep that route in two cycles and the carry chain
+            # in a third.
             product_pipe = Signal(product_shape, reset_less=True)
             addend = Signal(product_shape, reset_less=True)
             m.d.sync += [product_pipe.eq(product), addend.eq(product_pipe)]
@@ -272,7 +257,7 @@ class PE(wiring.Component):
         with m.If(self.i_wbus.valid & (self.i_wbus.row == self.row)):
             m.d.sync += shadow.eq(self.i_wbus.data)
 
-        if self.pipelined:
+        if "i_en" in self.signature.members:
             return EnableInserter(self.i_en)(m)
         return m
 

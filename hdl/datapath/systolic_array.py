@@ -38,7 +38,7 @@ class SystolicArray(wiring.Component):
     after it was accepted, the PE below it one cycle later, and each PE must get ``i_psum``
     :attr:`PE.latency <hdl.datapath.pe.PE.latency>` - 1 cycles after its activation, which is when
     the PE above shows its sum (its activation one cycle earlier, ``latency`` cycles to its
-    ``o_psum``). So the four extra register stages of ``multiplier="ecp5"`` PEs (``w_pre``,
+    ``o_psum``). So the four extra register stages of the fast pipeline's PEs (``w_pre``,
     ``w_pipe``, ``product_pipe``, ``addend``) only add four cycles to ``array_latency``
     (``rows + cols + 6`` instead of ``rows + cols + 2``). The weight and the ``switch`` mark
     travel with the same skew as the activations, and a PE still picks the weight in the
@@ -63,7 +63,7 @@ class SystolicArray(wiring.Component):
 
     - by default it advances in each cycle ``o_psum`` is not holding an unaccepted row (one
       combinational enable from ``o_psum.ready`` to every register);
-    - with ``multiplier="ecp5"`` (the build for Fmax, :attr:`registered_enable`) the enable
+    - with the fast pipeline (:attr:`registered_enable`) the enable
       is a register, decided a cycle ahead from ``o_psum.ready`` and the output state, with
       a copy for each PE and each skew line so that no net drives more than a PE's clock
       enables. A row that leaves the pipeline in a cycle ``o_psum`` does not take it waits
@@ -107,9 +107,9 @@ class SystolicArray(wiring.Component):
 
     @property
     def registered_enable(self) -> bool:
-        """Whether the pipeline's enable is a register (``multiplier="ecp5"``, the build for
-        Fmax; see the class docstring)."""
-        return self.config.registered_datapath
+        """Whether the pipeline's enable is a register (the fast pipeline; see the class
+        docstring)."""
+        return self.config.pipeline == "fast"
 
     def elaborate(self, platform):
         cfg = self.config
@@ -180,9 +180,8 @@ class SystolicArray(wiring.Component):
                    acc_width=min(cfg.acc_width, cfg.psum_bits(r + 1)), row=r,
                    row_bits=row_bits,
                    multiplier=cfg.multiplier if r * cols + c < first_lut else "lut",
-                   # (a LUT product in an ECP5 array takes the ECP5 PE's registers too:
-                   # the skew needs every PE's latency the same)
-                   pipelined=cfg.multiplier == "ecp5")
+                   # (every PE, a LUT product's too: the skew needs one latency)
+                   pipelined=cfg.pipeline == "fast")
                 for c in range(cols)] for r in range(rows)]
         for r in range(rows):
             for c in range(cols):

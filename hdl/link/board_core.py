@@ -82,31 +82,30 @@ class BoardCore(wiring.Component):
     Parameters
     ----------
     config : TPUConfig
-        The core's configuration.
+        The core's configuration. With ``pipeline="fast"`` the paths between the link and
+        the core are registered (below).
     divisor : int
         Clock cycles per UART bit (clock / baud), at least 2.
     max_beats : int
         Beats a DATA frame may carry (the link's frame buffers).
     clock_hz : int
         The clock, reported in INFO_REPLY and used for the LED's hold time.
-    register_link : bool
-        Register the paths between the link and the core, for fast clocks (the ULX3S's):
-        the beats each way pass through a one-entry
-        :class:`BeatSlot` (reset with the core), so that no path
-        runs from the unified buffer's block RAM output through the link's frame logic, nor
-        from the link's frame buffer into the core's dispatch; the link's ``o_clear`` reaches
-        the core a cycle later, and the core's status the link a cycle later; the link's
-        frame checks are registered (``HostLink(registered_checks=True)``); and the core
-        (with both slots) runs in a clock domain of its own on the same clock, whose reset
-        is the link's core reset or the domain's own, registered twice (``reset_buffer`` may
-        put it on a global network), the link taking no beat in the two cycles after the
-        RESET.
-        A beat every other cycle at most each way, which the UART is far below;
-        ``2 * host_width`` flip-flops more.
     reset_buffer : callable, optional
-        With ``register_link``: ``reset_buffer(m, signal)`` returns the signal that resets
+        With the fast pipeline: ``reset_buffer(m, signal)`` returns the signal that resets
         the core, driven from ``signal`` (the ULX3S top puts it on a ``DCCA`` global, since
         nextpnr-ecp5 promotes only clocks and the core has thousands of flip-flops).
+
+    With the fast pipeline the paths between the link and the core are registered, for fast
+    clocks: the beats each way pass through a one-entry :class:`BeatSlot` (reset with the
+    core), so that no path runs from the unified buffer's block RAM output through the
+    link's frame logic, nor from the link's frame buffer into the core's dispatch; the link's
+    ``o_clear`` reaches the core a cycle later, and the core's status the link a cycle later;
+    the link's frame checks are registered (``HostLink(registered_checks=True)``); and the
+    core (with both slots) runs in a clock domain of its own on the same clock, whose reset
+    is the link's core reset or the domain's own, registered twice (``reset_buffer`` may put
+    it on a global network), the link taking no beat in the two cycles after the RESET. A
+    beat every other cycle at most each way, which the UART is far below; ``2 * host_width``
+    flip-flops more.
 
     Members
     -------
@@ -125,10 +124,9 @@ class BoardCore(wiring.Component):
     """
 
     def __init__(self, config: TPUConfig, *, divisor: int, max_beats: int, clock_hz: int,
-                 register_link: bool = False,
                  reset_buffer: Callable[[Module, Value], Value] | None = None):
         self.config = config
-        self.register_link = register_link
+        self.register_link = config.pipeline == "fast"
         self.reset_buffer = reset_buffer
         self.divisor = divisor
         self.max_beats = max_beats
@@ -137,7 +135,7 @@ class BoardCore(wiring.Component):
         self._rx = UARTReceiver(divisor=divisor)
         self._tx = UARTTransmitter(divisor=divisor)
         self._link = HostLink(config, max_beats=max_beats, clock_hz=clock_hz,
-                              registered_checks=register_link)
+                              registered_checks=self.register_link)
         super().__init__({
             "i_rx":      In(1, init=1),
             "o_tx":      Out(1, init=1),
@@ -159,14 +157,14 @@ class BoardCore(wiring.Component):
         else:
             # The core's domain: the same clock, reset by a register (the link's core reset
             # or the domain's own, registered twice) that drives nothing but the reset
-            # network. (With the masks below on the same register, the ULX3S build placed
-            # it by the link: 5.3 ns of routing to the global buffer.) `core_reset` is high
-            # from the cycle before the core's reset to its last cycle.
+            # network (with the masks below on the same register, the placer pulls it
+            # towards the link, far from the global buffer). `core_reset` is high from the
+            # cycle before the core's reset to its last cycle.
             m.domains.core = cd_core = ClockDomain("core", local=True)
             reset_1 = Signal(init=1, reset_less=True)
             reset_net = Signal(init=1, reset_less=True)
             # (`core_reset`, the masks', is reset_1 | reset_net in a register of its own: from
-            # reset_net, by the global buffer, it took 2.4 ns of routing back to the link.)
+            # reset_net, by the global buffer, the route back to the link is long.)
             core_reset = Signal(init=1, reset_less=True)
             restart = link.o_core_reset | ResetSignal("sync")
             m.d.sync += [reset_1.eq(restart), reset_net.eq(reset_1),

@@ -97,10 +97,10 @@ class RowMemory(wiring.Component):
     clients send an address on ``addr`` and receive the row on ``data``, in order; each
     has a read port of its own (FPGA block RAMs give two ports, or synthesis duplicates the
     memory), so the matrix unit is fed a row every cycle while the host reads too. A read and
-    a write of the same row in one cycle return the old row (read-before-write) with
-    ``read_first``, else an undefined row on a part (simulation gives the old one); clients
-    that need ordering are serialised by the controller's interlocks, so the core never uses
-    such a read.
+    a write of the same row in one cycle return an undefined row on a part (the block RAM is
+    told it may, ``no_rw_check``, so it need not emulate read-before-write; simulation gives
+    the old one); clients that need ordering are serialised by the controller's interlocks,
+    so the core never uses such a read.
 
     Parameters
     ----------
@@ -110,20 +110,14 @@ class RowMemory(wiring.Component):
         Shape of one row.
     readers, writers : int
         Clients of the read and the write port.
-    init : iterable, optional
-        Initial contents.
-    read_first : bool
-        Reads that meet a write to their row return the old row. Without it the block RAM is
-        told it may return anything then (see :class:`RegisteredRead`: on the iCE40 two
-        registers and a multiplexer per bit of the row fewer).
     pipelined : bool
-        The rows in a :class:`~hdl.memory.block_ram.PipelinedMemory`: a read's row leaves the block
-        RAM's output register, one cycle later (the ECP5 build for Fmax), and a write lands a
+        The rows in a :class:`~hdl.memory.block_ram.PipelinedMemory`: a read's row leaves the
+        block RAM's output register, one cycle later (the fast pipeline), and a write lands a
         cycle after it is accepted: a read accepted in that cycle returns the old row, one
-        accepted in the next an undefined row, and only one after that the new row (needs
-        ``read_first=False`` and no ``init``; the core's engines read from the cycle after
-        they take an instruction, and the one that writes, or its ``busy``, lets a reader of
-        the rows issue at the earliest in the cycle after the last write is accepted).
+        accepted in the next an undefined row, and only one after that the new row (the
+        core's engines read from the cycle after they take an instruction, and the one that
+        writes, or its ``busy``, lets a reader of the rows issue at the earliest in the cycle
+        after the last write is accepted).
 
     Members
     -------
@@ -135,17 +129,11 @@ class RowMemory(wiring.Component):
     """
 
     def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
-                 init=(), read_first: bool = True, pipelined: bool = False):
-        if pipelined and (read_first or tuple(init)):
-            raise ValueError("RowMemory pipelined=True needs read_first=False and no init (a "
-                             "PipelinedMemory starts at zero, and its reads that meet a "
-                             "write return an undefined row)")
-        self.read_first = read_first
+                 pipelined: bool = False):
         self.pipelined = pipelined
         self.depth = depth
         self.row_shape = row_shape
         self.addr_bits = max(1, (depth - 1).bit_length())
-        self._init = init
         super().__init__({
             "w": In(MemWriteSignature(self.addr_bits, row_shape)).array(writers),
             "r": In(MemReadSignature(self.addr_bits, row_shape)).array(readers),
@@ -163,9 +151,8 @@ class RowMemory(wiring.Component):
                                  en=Signal())
             m.d.sync += [mem.w.addr.eq(wr.addr), mem.w.data.eq(wr.data), mem.w.en.eq(wr.en)]
         else:
-            m.submodules.mem = mem = memory.Memory(
-                shape=self.row_shape, depth=self.depth, init=self._init,
-                attrs=None if self.read_first else {"no_rw_check": 1})
+            m.submodules.mem = mem = memory.Memory(shape=self.row_shape, depth=self.depth,
+                                                   init=[], attrs={"no_rw_check": 1})
             wr = mem.write_port()
 
         # Write port.
@@ -182,7 +169,6 @@ class RowMemory(wiring.Component):
             if self.pipelined:
                 serve_reads(m, mem.r[index], [r.addr], [r.data], name=f"r{index}", latency=2)
                 continue
-            port = (mem.read_port() if self.read_first else
-                    RegisteredRead(m, mem, f"r{index}_port"))
+            port = RegisteredRead(m, mem, f"r{index}_port")
             serve_reads(m, port, [r.addr], [r.data], name=f"r{index}")
         return m

@@ -21,9 +21,9 @@ class UnifiedBuffer(RowMemory):
     MATMUL_READ, HOST_READ = 0, 1
 
     def __init__(self, *, depth: int, row_elems: int, data_width: int = 8,
-                 read_first: bool = True, pipelined: bool = False):
+                 pipelined: bool = False):
         # Two write clients share one port; the two readers have a port each.
         self.row_elems = row_elems
         super().__init__(depth=depth, row_shape=data.ArrayLayout(unsigned(data_width),
                                                                  row_elems),
-                         readers=2, writers=2, read_first=read_first, pipelined=pipelined)
+                         readers=2, writers=2, pipelined=pipelined)

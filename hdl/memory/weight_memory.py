@@ -17,8 +17,8 @@ class WeightMemory(RowMemory):
     """
 
     def __init__(self, *, tiles: int, rows: int, cols: int, data_width: int = 8,
-                 read_first: bool = True, pipelined: bool = False):
+                 pipelined: bool = False):
         self.tiles = tiles
         self.rows = rows
         super().__init__(depth=tiles * rows, row_shape=weight_row_layout(cols, data_width),
-                         read_first=read_first, pipelined=pipelined)
+                         pipelined=pipelined)

@@ -60,8 +60,8 @@ CONTROL = PRESETS["tiny"]
 ICEBREAKER_END_BITS = PRESETS["icebreaker"].range_end_bits
 #: And its MATMUL slots.
 ICEBREAKER_SLOTS = PRESETS["icebreaker"].matmul_slots
-#: And its dispatch.
-ICEBREAKER_DISPATCH = PRESETS["icebreaker"].dispatch
+#: And its pipeline.
+ICEBREAKER_PIPELINE = PRESETS["icebreaker"].pipeline
 
 #: Their fast forms' and the tests': the smallest memories.
 CONTROL_FAST = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
@@ -113,22 +113,22 @@ PROOFS: dict[str, Proof] = _table(
           limit=120),
     # Depth 2: induction closes at k=1, and each further base-case step is another 9x9
     # multiplier equivalence (~40 s).
-    Proof("pe_lut", functools.partial(pe_harness, data_width=8, acc_width=32, use_dsp=False),
+    Proof("pe_lut", functools.partial(pe_harness, data_width=8, acc_width=32, multiplier="lut"),
           "prove", 2,
           "PE 8/32, shift-and-add multiplier: as pe, so the LUT multiplier equals `*`",
           fast_harness=functools.partial(pe_harness, data_width=4, acc_width=8,
-                                         use_dsp=False), limit=600),
+                                         multiplier="lut"), limit=600),
     # 8/32 did not finish in 3 minutes (the block's registers double the state the solver
     # tracks); the 8/32 PE is checked lock-step against the inferred one in simulation
     # (tests/hdl/test_pe_dsp.py).
     Proof("pe_ecp5", functools.partial(pe_harness, data_width=4, acc_width=16,
-                                       multiplier="ecp5"), "prove", 6,
-          "PE 4/16 on the ECP5 multiplier's registers, i_en free: as pe, with the latency 7",
-          limit=120),
+                                       multiplier="ecp5", pipelined=True), "prove", 6,
+          "PE 4/16 on the ECP5 multiplier's registers with the fast pipeline's (the ULX3S "
+          "preset's), i_en free: as pe, with the latency 7", limit=120),
     Proof("pe_lut_pipelined", functools.partial(pe_harness, data_width=4, acc_width=16,
                                                 multiplier="lut", pipelined=True), "prove", 6,
-          "PE 4/16, LUT multiplier on the ECP5 PE's registers (a LUT product in an ECP5 "
-          "array), i_en free: as pe_ecp5", limit=120),
+          "PE 4/16, LUT multiplier with the fast pipeline's registers (a LUT product in a "
+          "fast array), i_en free: as pe_ecp5", limit=120),
     Proof("weight_fifo_tiny", _fifo("tiny"), "prove", 6,
           "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules",
           limit=120),
@@ -140,7 +140,7 @@ PROOFS: dict[str, Proof] = _table(
           "WeightFIFO 8x8, 4 tiles (the default configuration): as above", limit=120),
     Proof("weight_fifo_ring", functools.partial(weight_fifo_harness, rows=2, cols=1,
                                                 data_width=4, depth=2, registered=True),
-          "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (multiplier='ecp5'): "
+          "bmc", 14, "WeightFIFO 2 rows x 2 tiles with its output ring (pipeline='fast'): "
           "counts, whole tiles, no gaps, order, stream rules, for 14 cycles", limit=600),
     _control(weight_loader_harness, "weight_loader_streams",
              "WeightLoader: stream rules on o_wm.addr, o_weight; busy contract", limit=120),
@@ -158,46 +158,36 @@ PROOFS: dict[str, Proof] = _table(
              limit=120),
     _control(front_end_stopped_harness, "front_end_stopped",
              "FrontEnd stopped on an error: no dispatch, no writes, one error beat", limit=120),
-    _control(matrix_engine_harness, "matrix_engine_streams_registered",
-             "MatrixEngine with dispatch='registered': as matrix_engine_streams",
-             dispatch="registered", limit=120),
     _control(matrix_engine_harness, "matrix_engine_streams_icebreaker",
-             f"MatrixEngine with dispatch={ICEBREAKER_DISPATCH!r} and {ICEBREAKER_SLOTS} MATMUL "
+             f"MatrixEngine with pipeline={ICEBREAKER_PIPELINE!r} and {ICEBREAKER_SLOTS} MATMUL "
              f"slots (the icebreaker preset's): as matrix_engine_streams",
-             dispatch=ICEBREAKER_DISPATCH, matmul_slots=ICEBREAKER_SLOTS, limit=120),
-    _control(matrix_engine_harness, "matrix_engine_streams_pipelined",
-             "MatrixEngine with dispatch='pipelined' and multiplier='ecp5' (the ULX3S "
-             "preset's: a MATMUL retires a cycle after its last write): as "
-             "matrix_engine_streams", dispatch="pipelined", multiplier="ecp5", limit=120),
-    _control(front_end_streams_harness, "front_end_streams_registered",
-             "FrontEnd with dispatch='registered': as front_end_streams",
-             dispatch="registered", limit=120),
-    _control(front_end_stopped_harness, "front_end_stopped_registered",
-             "FrontEnd with dispatch='registered': as front_end_stopped",
-             dispatch="registered", limit=120),
-    _control(matrix_engine_harness, "matrix_engine_streams_ahead",
-             "MatrixEngine with dispatch='ahead': as matrix_engine_streams_registered",
-             dispatch="ahead", limit=120),
-    _control(front_end_streams_harness, "front_end_streams_ahead",
-             "FrontEnd with dispatch='ahead' (issues on last cycle's readiness): as "
-             "front_end_streams", dispatch="ahead", limit=120),
-    _control(front_end_stopped_harness, "front_end_stopped_ahead",
-             "FrontEnd with dispatch='ahead': as front_end_stopped", dispatch="ahead", limit=120),
-    _control(front_end_streams_harness, "front_end_streams_pipelined",
-             "FrontEnd with dispatch='pipelined' and multiplier='ecp5' (the ULX3S preset's: "
-             "the engines' readies registered, the DONE and error beats too): as "
-             "front_end_streams", dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=120),
-    _control(front_end_stopped_harness, "front_end_stopped_pipelined",
-             "FrontEnd with dispatch='pipelined' and multiplier='ecp5': as "
-             "front_end_stopped", dispatch="pipelined", multiplier="ecp5", limit=120),
+             pipeline=ICEBREAKER_PIPELINE, matmul_slots=ICEBREAKER_SLOTS, limit=120),
+    _control(matrix_engine_harness, "matrix_engine_streams_compact",
+             "MatrixEngine with pipeline='compact': as matrix_engine_streams",
+             pipeline="compact", limit=120),
+    _control(matrix_engine_harness, "matrix_engine_streams_fast",
+             "MatrixEngine with pipeline='fast' (the ULX3S preset's: a MATMUL retires a cycle "
+             "after its last write): as matrix_engine_streams", pipeline="fast", limit=120),
+    _control(front_end_streams_harness, "front_end_streams_compact",
+             "FrontEnd with pipeline='compact' (issues on last cycle's readiness): as "
+             "front_end_streams", pipeline="compact", limit=120),
+    _control(front_end_stopped_harness, "front_end_stopped_compact",
+             "FrontEnd with pipeline='compact': as front_end_stopped", pipeline="compact",
+             limit=120),
+    _control(front_end_streams_harness, "front_end_streams_fast",
+             "FrontEnd with pipeline='fast' (the ULX3S preset's: the engines' readies "
+             "registered, the DONE and error beats too): as front_end_streams",
+             pipeline="fast", fast_depth=3, limit=120),
+    _control(front_end_stopped_harness, "front_end_stopped_fast",
+             "FrontEnd with pipeline='fast': as front_end_stopped", pipeline="fast", limit=120),
     _control(weight_loader_harness, "weight_loader_streams_odd",
-             "WeightLoader with 3 rows, multiplier='ecp5' (its counts scaled to rows a cycle "
+             "WeightLoader with 3 rows, pipeline='fast' (its counts scaled to rows a cycle "
              "after it takes the instruction): as weight_loader_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5", limit=120),
+             rows=3, pipeline="fast", limit=120),
     _control(front_end_streams_harness, "front_end_streams_odd",
-             "FrontEnd with 3 rows, dispatch='pipelined', multiplier='ecp5' (LOAD_WEIGHTS "
-             "scaled to rows in WEIGHT_SCALE): as front_end_streams",
-             rows=3, dispatch="pipelined", multiplier="ecp5", fast_depth=3, limit=120),
+             "FrontEnd with 3 rows, pipeline='fast' (LOAD_WEIGHTS scaled to rows in "
+             "WEIGHT_SCALE): as front_end_streams", rows=3, pipeline="fast", fast_depth=3,
+             limit=120),
     _hazards("rules", "hazards",
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)",
              limit=300),

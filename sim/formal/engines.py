@@ -12,8 +12,8 @@ offers a beat only while no WRITE_HOST runs).
 Each harness also checks the engine's side of the contracts the hazard and front-end proofs
 assume of it: ``o_busy`` rises only in the cycle after the engine takes an instruction (or
 after a reset), the engine takes one only while not busy, its ``ready`` does not fall
-unless it takes an instruction (with ``dispatch="ahead"`` the front end issues on last
-cycle's ready), and the matrix engine retires only MATMULs in flight, never holds more than
+unless it takes an instruction (with the compact and fast pipelines the front end issues on
+last cycle's ready), and the matrix engine retires only MATMULs in flight, never holds more than
 :attr:`~hdl.config.TPUConfig.matmul_slots`, and its ``o_idle`` does not fall unless it takes
 one (SYNC, HALT and the counter instructions wait on it).
 
@@ -128,8 +128,8 @@ def matrix_engine_harness(config: TPUConfig) -> Harness:
 
     def properties(m: Module, me: MatrixEngine, inside: Inside) -> None:
         all_stream_rules(m, me)
-        if config.dispatch != "direct":
-            # (With dispatch="direct" the next MATMUL may be taken as the last row of the
+        if config.pipeline != "reference":
+            # (With pipeline="reference" the next MATMUL may be taken as the last row of the
             # current one is issued: ready follows the array's stall, and falls with it.)
             _ready_holds(m, me.i_matmul, name="matrix engine")
         idle_1 = past(m, me.o_idle, name="me_idle_1")
@@ -153,7 +153,7 @@ def matrix_engine_harness(config: TPUConfig) -> Harness:
         for i in range(SLOTS):
             m.d.comb += Assert(slots[i] == (((i - head) % SLOTS) < in_flight),
                                f"slot {i} is valid when it is among those in flight")
-        if config.pipelined_memories:
+        if config.pipeline == "fast":
             # Invariants of the retire a cycle after the last write: the one-hot head is the
             # head, and a MATMUL is retiring only while one is in flight.
             m.d.comb += [

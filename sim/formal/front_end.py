@@ -15,7 +15,7 @@ rest of :class:`hdl.core.Core`, each a property another proof checks:
   first write, the scalars, without looking at ``o_param_write.ready`` (a bias or
   multiplier row may wait: the serial unit's store writes it a column a cycle);
 
-With ``dispatch="ahead"`` (the front end issues on last cycle's readiness), also:
+With ``pipeline="compact"`` or ``"fast"`` (the front end issues on last cycle's readiness), also:
 
 - an engine's ``ready`` does not fall unless it takes an instruction, ``i_activate_busy``
   rises only in the cycle after an ACTIVATE is dispatched, and ``i_idle`` does not fall
@@ -46,6 +46,8 @@ Invariants tie ``o_status.error`` to the front end's FSM (``ERROR_BEAT`` or ``ER
 
 from __future__ import annotations
 
+import functools
+
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
 
 from hdl.config import TPUConfig
@@ -61,11 +63,28 @@ def _fire(port) -> Value:
     return port.valid & port.ready
 
 
+def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
+    """Invariants: the front end's FSM and its transfers' agree on who is working (the front
+    end waits in TRANSFER or ERROR_BEAT exactly while its transfers run one)."""
+    fe = functools.partial(inside.in_state, "front_end_state")
+    xfer = functools.partial(inside.in_state, "transfers.transfers_state")
+    rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "SEND_COUNTERS",
+            "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
+    m.d.comb += [
+        Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
+        Assert(fe("ERROR_BEAT") == xfer("ERROR_BEAT"), "ERROR_BEAT in both"),
+        Assert(~fe("FETCH", "ERROR") | xfer("IDLE"), "no transfer while fetching or stopped"),
+        Assert(~fe("SETTLE") | xfer("SCRUB", "IDLE"), "settling: the scrub or nothing"),
+        Assert(fe("SETTLE", "FETCH", "TRANSFER", "ERROR_BEAT", "ERROR"), "a state of its own"),
+    ]
+
+
 def front_end_streams_harness(config: TPUConfig) -> Harness:
     """Stream rules of :class:`FrontEnd` under the assumptions of the module docstring."""
 
     def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
         all_stream_rules(m, fe)
+        _states_agree(m, config, inside)
         fresh = was_reset(m)
         q = fe.o_hazards
         hazard_1 = past(m, q.hazard, name="hazard_1")
@@ -73,7 +92,7 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         instr_1 = past(m, q.instr.as_value(), name="instr_1")
         m.d.comb += Assume(fresh | ~(q.hazard & ~hazard_1) | dispatch_1 |
                            (q.instr.as_value() != instr_1))
-        if config.dispatch == "pipelined":
+        if config.pipeline == "fast":
             # The answer it uses, a cycle later: no rise but within two cycles of a dispatch
             # or a new word.
             late_1 = past(m, q.hazard_late, name="hazard_late_1")
@@ -90,7 +109,7 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             Assume(fe.i_activate_busy | fe.o_param_write.ready |
                    (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
         ]
-        if config.dispatch_ahead:
+        if config.pipeline != "reference":
             for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
                 port = getattr(fe, name)
                 ready_1 = past(m, port.ready, name=f"{name}_ready_1")
@@ -121,6 +140,7 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
     free."""
 
     def properties(m: Module, fe: FrontEnd, inside: Inside) -> None:
+        _states_agree(m, config, inside)
         fresh = was_reset(m)
         status = fe.o_status
         error = status.error
@@ -155,10 +175,10 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
                 Assert(~beat.valid | (beat.payload == expected_beat),
                        "stopped: the only beat is the error beat (status code and index)"),
                 Assert(~beat.valid | (sent == 0), "stopped: at most one error beat"),
-                # Invariant where the beat is a register (registered_datapath): it holds the
+                # Invariant where the beat is a register (the fast pipeline): it holds the
                 # error beat while stopped.
-                Assert(Const(not config.registered_datapath) |
-                       (inside.signal("beat_word") == expected_beat[:64]),
+                Assert(Const(config.pipeline != "fast") |
+                       (inside.signal("transfers.beat_word") == expected_beat[:64]),
                        "stopped: the beat register holds the error beat"),
                 Assert((sent != 0) | fe.i_write_host_busy | beat.valid,
                        "stopped: the error beat is offered once no WRITE_HOST runs"),
@@ -177,10 +197,10 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
         clear_1 = past(m, fe.i_clear, name="clear_1")
         resync_1 = past(m, resync, name="resync_1")
         restart_1 = clear_1 | resync_1
-        if config.dispatch_ahead:
+        if config.pipeline != "reference":
             # The front end acts on the word in its second cycle (`resync_q`, an invariant):
             # the error clears a cycle after i_clear or two after the word was offered.
-            m.d.comb += Assert(fresh | ~inside.signal("resync_q") | resync_1,
+            m.d.comb += Assert(fresh | ~inside.signal("dispatch.resync_q") | resync_1,
                                "resync_q: the word was offered a cycle ago")
             restart_1 = clear_1 | past(m, resync_1, name="resync_2")
         with m.If(~fresh & error_1):

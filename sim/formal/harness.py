@@ -66,8 +66,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from vcd.gtkw import GTKWSave
 
+from sim.rtl.gtkw import enum_filter, write_enum_filters
 from sim.rtl.verilog import BUILD_ROOT, atomic_write
-from sim.waves.gtkw import enum_filter, write_enum_filters
 
 __all__ = ["FORMAL_ROOT", "Harness", "Inside", "free_inputs", "past", "was_reset",
            "stream_rules", "stream_ports", "all_stream_rules", "Proof", "Result", "run",

@@ -321,7 +321,7 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
             m.d.comb += [
                 x.eq(AnySeq(hz.end_bits)), y.eq(AnySeq(hz.end_bits)),
                 Assert(greater_than(x, y) == (x > y), "the tracker's compare trees are `>`"),
-                # (the tracker is built with late=True: dispatch="pipelined" acts on it)
+                # (the tracker is built with late=True: pipeline="fast" acts on it)
                 Assert(fresh | (q.hazard_late == hazard_1), "hazard_late is hazard a cycle "
                        "later"),
             ]

@@ -42,20 +42,15 @@ def _past(m: Module, value, cycles: int, *, name: str, reset_less: bool) -> list
     return past
 
 
-def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True,
-               row: int = 1, row_bits: int = 2, multiplier: str | None = None,
-               pipelined: bool | None = None, model_bug: bool = False,
+def pe_harness(*, data_width: int = 8, acc_width: int = 32, row: int = 1, row_bits: int = 2,
+               multiplier: str = "infer", pipelined: bool = False, model_bug: bool = False,
                invariants: bool = True) -> Harness:
     """Harness proving :class:`PE` (see the module docstring).
 
     Parameters
     ----------
-    data_width, acc_width, use_dsp, row, row_bits
+    data_width, acc_width, row, row_bits, multiplier, pipelined
         The PE's parameters.
-    multiplier : str, optional
-        The PE's ``multiplier`` (instead of ``use_dsp``).
-    pipelined : bool, optional
-        The PE's ``pipelined`` (with ``multiplier``).
     model_bug : bool
         Deliberately wrong model (adds 1 to the sum): the proof must fail. For the tests.
     invariants : bool
@@ -63,9 +58,8 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
         but k-induction cannot close (the active weight can hide for any number of cycles).
         For the tests.
     """
-    kind = ({"multiplier": multiplier, "pipelined": pipelined} if multiplier is not None
-            else {"use_dsp": use_dsp})
-    dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits, **kind)
+    dut = PE(data_width=data_width, acc_width=acc_width, row=row, row_bits=row_bits,
+             multiplier=multiplier, pipelined=pipelined)
     operand = signed(data_width + 1)
     latency = dut.latency
 
@@ -106,7 +100,7 @@ def pe_harness(*, data_width: int = 8, acc_width: int = 32, use_dsp: bool = True
 
         # Invariants on the internal state, for induction: the model's weights are the PE's,
         # the multiplier's operands are the activation and the weight the model chose, the
-        # product register holds their product (for use_dsp=False this is where the
+        # product register holds their product (for multiplier="lut" this is where the
         # shift-and-add multiplier is proved equal to `*`).
         if not invariants:
             return

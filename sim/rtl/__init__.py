@@ -1,3 +1,4 @@
 """RTL simulation plumbing: Verilog generation, the cocotb runner, stream drivers and
-scoreboards, the RTL transport's simulation side, vendor primitives' Verilog models.
+scoreboards, GTKWave save files, the RTL transport's simulation side, vendor primitives'
+Verilog models.
 """

@@ -37,6 +37,7 @@ from xml.etree import ElementTree
 from amaranth.lib import wiring
 
 from hdl.config import PRESETS, TPUConfig, get_config
+from sim.rtl.gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
 from sim.rtl.verilog import (
     BUILD_ROOT,
     REPO_ROOT,
@@ -46,7 +47,6 @@ from sim.rtl.verilog import (
     locked,
     model_sources,
 )
-from sim.waves.gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
 
 __all__ = ["SIMULATORS", "simulator", "waves_enabled", "config_to_env", "config_from_env",
            "build", "run", "cocotb_test_names", "tool_path", "launch", "save_waves", "tail"]

@@ -1,2 +1,2 @@
-"""Waveforms: GTKWave save files, the waveform tour and its screenshot.
+"""Waveforms: the waveform tour and its screenshot (GTKWave save files: :mod:`sim.rtl.gtkw`).
 """

@@ -20,9 +20,9 @@ The program (:func:`tour_program`, in the assembler's syntax)::
 so the host gets ``relu(X @ W)`` (requantisation with bias 0, multiplier 1 and shift 0 only
 saturates to int8) and a DONE beat.
 
-Signal names in the save file are read from the dump itself (:func:`sim.waves.gtkw.fst_signals`);
+Signal names in the save file are read from the dump itself (:func:`sim.rtl.gtkw.fst_signals`);
 a name that is not in the dump is an error, never silently dropped. Enumeration fields (the
-opcode) show by name through the translate filter files :func:`sim.waves.gtkw.write_enum_filters`
+opcode) show by name through the translate filter files :func:`sim.rtl.gtkw.write_enum_filters`
 writes from :mod:`hdl.isa`. ``--screenshot PNG`` takes a picture of GTKWave on the save file
 under Xvfb (:mod:`sim.waves.screenshot`).
 """
@@ -49,8 +49,8 @@ from vcd.gtkw import GTKWFlag, GTKWSave
 from hdl import isa
 from hdl.config import TPUConfig, get_config
 from hdl.isa import Func, Opcode, Pool
+from sim.rtl.gtkw import enum_filter, fst_signals, write_enum_filters
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
-from sim.waves.gtkw import enum_filter, fst_signals, write_enum_filters
 
 __all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "Trace", "tour_stages",
            "TourProgram", "tour_program", "decode_rows", "write_tour_gtkw", "TourResult",
@@ -65,7 +65,8 @@ TOUR_CONFIG = "small"
 EVENTS: dict[str, tuple[str, dict[str, int]]] = {
     "load_weights": ("LOAD_WEIGHTS", {"front_end.dispatch": 1,
                                       "front_end.is_load_weights": 1}),
-    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1, "front_end.scrubbing": 0}),
+    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1,
+                                "front_end.transfers.scrubbing": 0}),
     "tile_ready": ("tile ready", {"matrix_unit.array.o_shadow_full": 1}),
     "matmul": ("MATMUL", {"matrix_unit.array.valid_in": 1}),
     "row_out": ("row 0 out", {"matrix_unit.array.o_psum__valid": 1,

@@ -12,16 +12,11 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from boards import icebreaker
-from boards.build import (
-    BuildError,
-    BuildReport,
-    _parse_report,
-    pll_ecp5,
-    pll_ice40,
-    prepare,
-    uart_divisor,
-)
+from boards.build import BuildReport, prepare
+from boards.clocks import pll_ecp5, pll_ice40, uart_divisor
 from boards.icebreaker import ICEBreakerTop
+from boards.nextpnr import PnrReport, critical_path, format_critical_path
+from boards.tools import BuildError
 from boards.ulx3s import ULX3STop
 from hdl.config import get_config
 
@@ -84,18 +79,56 @@ def test_report_reads_nextpnr(tmp_path: Path):
         "utilization": {"ICESTORM_LC": {"used": 4100, "available": 5280},
                         "ICESTORM_DSP": {"used": 4, "available": 8}},
     }))
-    fmax, resources = _parse_report(path)
-    assert fmax == 31.25e6 and resources["ICESTORM_LC"] == (4100, 5280)
+    pnr = PnrReport.read(path)
+    assert pnr.achieved_mhz == 31.25 and pnr.resources["ICESTORM_LC"] == (4100, 5280)
+    assert pnr.constraint_mhz == 24.0 and pnr.met and pnr.critical_path is None
     report = BuildReport(board="icebreaker", config="2x2", rows=2, cols=2, clock_hz=24_000_000,
-                         fmax_hz=fmax, resources=resources, bitstream="top.bin", seconds=1.0,
-                         baud=3_000_000)
+                         fmax_hz=pnr.achieved_mhz * 1e6, resources=pnr.resources,
+                         bitstream="top.bin", seconds=1.0, baud=3_000_000)
     assert report.timing_met and report.peak_gops == pytest.approx(0.192)
     assert "ICESTORM_LC" in report.table() and "met" in report.table()
     slow = BuildReport(**{**report.__dict__, "fmax_hz": 20e6})
     assert not slow.timing_met and "NOT MET" in slow.table()
     path.write_text(json.dumps({"fmax": {}, "utilization": {}}))
     with pytest.raises(BuildError, match="reported no clock"):
-        _parse_report(path)
+        PnrReport.read(path)
+    with pytest.raises(BuildError, match="nextpnr wrote no report"):
+        PnrReport.read(tmp_path / "missing.json")
+
+
+def _step(kind: str, src: str, dst: str, delay: float, net: str | None = None) -> dict:
+    (fc, _, fp), (tc, _, tp) = src.rpartition("."), dst.rpartition(".")
+    step = {"type": kind, "from": {"cell": fc, "port": fp}, "to": {"cell": tc, "port": tp},
+            "delay": delay}
+    return {**step, "net": net} if net else step
+
+
+#: A critical path as nextpnr-ecp5's ``--report`` writes one, after one from an input pin.
+CRITICAL = {"fmax": {"clk": {"achieved": 120.0, "constraint": 100.0}}, "critical_paths": [
+    {"from": "<async>", "to": "clk", "path": [_step("routing", "pin.O", "a.D", 9.0)]},
+    {"from": "clk", "to": "clk", "path": [
+        _step("clk-to-q", "harness.array.w.CLK", "harness.array.w.Q", 0.5),
+        _step("routing", "harness.array.w.Q", "c0.A0", 1.5, net="w_q"),
+        _step("logic", "c0.A0", "c0.FCO", 0.4),
+        _step("logic", "c1.FCI", "c1.FCO", 0.1),
+        _step("logic", "c2.FCI", "c2.FCO", 0.1),
+        _step("routing", "c2.FCO", "harness.array.p.DI", 0.2, net="sum"),
+        _step("setup", "harness.array.p.DI", "harness.array.p.CLK", 0.1)]}]}
+
+
+def test_critical_path_from_report():
+    """The clock-to-clock path (not the one from the pin): delays split into logic and
+    routing, and a carry chain printed as one line."""
+    path = critical_path(CRITICAL)
+    assert (path["total_ns"], path["logic_ns"], path["routing_ns"], path["logic_levels"]) == \
+        (2.9, 1.2, 1.7, 3)
+    assert path["longest_route"] == {"net": "w_q", "delay_ns": 1.5}
+    lines = format_critical_path(path)
+    assert lines[0] == ("critical path (nextpnr): 2.90 ns (1.20 logic, 1.70 routing, "
+                        "3 logic levels)")
+    assert "  carry     0.20 ns  2 carry cells after c1.FCI" in lines
+    assert "  clk-to-q  0.50 ns  array.w.CLK -> Q" in lines
+    assert PnrReport.parse(CRITICAL).critical_path == path
 
 
 def test_demo_clock_is_the_boards_clock():
@@ -114,3 +147,37 @@ def test_ulx3s_resized_config_is_checked(capsys):
     assert ulx3s.main(["--rows", "4", "--cols", "4", "--lut-multipliers", "17"]) == 1
     err = capsys.readouterr().err
     assert "lut_multipliers" in err and "0 to rows * cols = 16" in err, err
+
+
+def test_ice40_carry_chain_is_one_line():
+    path = critical_path({"critical_paths": [{"from": "clk", "to": "clk", "path": [
+        _step("clk-to-q", "q.CLK", "q.O", 1.0),
+        _step("logic", "a.I1", "a.COUT", 0.7),
+        _step("logic", "b.CIN", "b.COUT", 0.3),
+        _step("logic", "c.CIN", "c.COUT", 0.3),
+        _step("setup", "d.I3", "d.I3", 0.8)]}]})
+    assert "  carry     0.60 ns  2 carry cells after b.CIN" in format_critical_path(path)
+
+
+def test_harness_figures_as_text():
+    """One run: its achieved Fmax against the clock asked; a search: the highest pass."""
+    from boards import cli
+    from boards.build import format_harness
+
+    run = {"constraint_mhz": 36, "achieved_mhz": 33.89, "passed": False, "wall_s": 70}
+    result = {"block": "array", "config_tag": "4x4-lut8", "pes": 16, "part": "UP5K", "seed": 1,
+              "config": {"rows": 4, "cols": 4, "lut_multipliers": 8, "multiplier": "infer"},
+              "runs": [run], "fmax": None, "best_achieved_mhz": 33.89, "stop_reason": "single",
+              "utilization": {"ICESTORM_LC": {"used": 2651, "available": 5280}},
+              "dsp_check": {"cell": "SB_MAC16", "mapped": 8, "expected": 8, "ok": True},
+              "json": "a.json", "work_dir": "w", "errors": []}
+    text = format_harness(result, cli.board("icebreaker"))
+    assert "Fmax      33.89 MHz against 36 MHz asked: NOT MET" in text, text
+    assert "LUT4      2,651 / 5,280 (50.2%)  (ICESTORM_LC)" in text
+    assert "DSP check 8 SB_MAC16 mapped, 8 expected: OK" in text
+    passed = {**run, "constraint_mhz": 32.8, "achieved_mhz": 33.1, "passed": True}
+    result.update(runs=[run, passed], fmax={"achieved_mhz": 33.1, "constraint_mhz": 32.8},
+                  best_achieved_mhz=33.89)
+    text = format_harness(result, cli.board("icebreaker"))
+    assert ("Fmax      33.10 MHz (constraint 32.8 MHz met); best achieved in any run "
+            "33.89 MHz") in text, text

@@ -41,3 +41,21 @@ def test_everything_is_documented():
         assert f"| {i} | `{name}` |" in text
     assert "| `instr_index` | 31:8 | 24 |" in text
     assert "0x444f4e45" in text
+
+
+def test_activate_states_the_activation_units_depth_from_the_gateware(monkeypatch):
+    from hdl.datapath.activation import ActivationUnit
+    from hdl.datapath.activation_serial import element_cycles
+
+    def activate_section(text: str) -> str:
+        start = text.index(f"### {isa.Opcode.ACTIVATE.value}: `activate`")
+        return text[start:text.index("\n### ", start + 1)]
+
+    section = activate_section(isadoc.generate())
+    assert f"`ActivationUnit.STAGES` = {ActivationUnit.STAGES} cycles" in section
+    assert f"{element_cycles(0)} to {element_cycles(63)} cycles an element" in section
+    assert "5-stage" not in section
+    # The figure follows the gateware: a unit one stage deeper is documented as such.
+    monkeypatch.setattr(ActivationUnit, "STAGES", ActivationUnit.STAGES + 1)
+    section = activate_section(isadoc.generate())
+    assert f"`ActivationUnit.STAGES` = {ActivationUnit.STAGES} cycles" in section

@@ -19,15 +19,9 @@ import numpy as np
 import pytest
 
 from firmware.asm import Program
+from firmware.device import Device, DeviceError, DeviceStatus, DeviceTimeout
 from firmware.gemm import GemmProgram, gemm_program, gemm_reference
-from firmware.runtime import (
-    Device,
-    DeviceError,
-    DeviceStatus,
-    DeviceTimeout,
-    done_beat,
-    run_program,
-)
+from firmware.runtime import done_beat, run_program
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice, SimulatorExited
 from hdl import isa

@@ -26,18 +26,10 @@ from firmware import nn
 from firmware.asm import Program
 from firmware.cli import main as cli_main
 from firmware.compiler import compile_network
+from firmware.device import Device, DeviceError, DeviceStatus, DeviceTimeout, open_device
 from firmware.gemm import GemmProgram, gemm_program, gemm_reference
 from firmware.quant import quantise, reference_forward
-from firmware.runtime import (
-    Device,
-    DeviceError,
-    DeviceStatus,
-    DeviceTimeout,
-    done_beat,
-    open_device,
-    run,
-    run_program,
-)
+from firmware.runtime import done_beat, run, run_program
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.serial import SerialDevice
 from hdl import isa

@@ -6,8 +6,8 @@ host beats (:mod:`test_interlocks`, :mod:`test_fuzz`).
 (``==``; a timing-dependent counter, ``None`` from the ISA simulator, matches anything), and
 the status after it. When the ISA simulator stops on an error, the RTL must stop on the same
 one: the same beats before the error beat, the error beat itself (the RTL transport raises
-:class:`~firmware.runtime.DeviceError` only once it holds the error beat its status names),
-and the same status. A :class:`~firmware.runtime.DeviceTimeout` (a hang) is always a failure.
+:class:`~firmware.device.DeviceError` only once it holds the error beat its status names),
+and the same status. A :class:`~firmware.device.DeviceTimeout` (a hang) is always a failure.
 
 :meth:`Pair.check_state` reads back every piece of state the core keeps
 (:func:`hoststreams.dump_program`), so a test can prove that an error or an interlock left
@@ -22,7 +22,7 @@ import pytest
 from hoststreams import dump_program
 
 from firmware.asm import disassemble
-from firmware.runtime import DeviceError, DeviceTimeout
+from firmware.device import DeviceError, DeviceTimeout
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice
 from hdl import isa

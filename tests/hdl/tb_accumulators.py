@@ -7,16 +7,16 @@ it checks, as observed and documented by ``Accumulators``:
 
 - ``i_psum`` is always ready (after reset);
 - a row accepted in cycle ``c`` is written at the end of cycle ``c + L``, and ``o_written``
-  is high in exactly that cycle ``c + L`` (``L`` = 1; 4 with ``registered_read``);
+  is high in exactly that cycle ``c + L`` (``L`` = 1; 4 with ``registered``);
 - the row it adds to is the memory's row *including* the write of cycle ``c`` (the RMW read
-  is transparent), so back-to-back rows to one address add up; without ``bypass`` the
+  is transparent) with ``registered``, so back-to-back rows to one address add up; without it the
   psum driver keeps the block's rule instead: it leaves a cycle before a row that
   accumulates into the address of the row it sent in the cycle before;
 - the read client is read-before-write: a read accepted in cycle ``c + L`` (while the row is
   being written) returns the old row, one accepted in ``c + L + 1`` the new one (without
-  ``bypass`` the first is undefined on a part, and simulation's old row is not checked;
-  with ``registered_read`` it is undefined in simulation too, the DP16KD model's inverted
-  row, and only its arrival is checked). With ``registered_read`` a read's row arrives two
+  ``registered`` the first is undefined on a part, and simulation's old row is not checked;
+  with ``registered`` it is undefined in simulation too, the DP16KD model's inverted
+  row, and only its arrival is checked). With ``registered`` a read's row arrives two
   cycles after its address, else one.
 
 Reads go to an in-order scoreboard fed by that model. The memory keeps its contents from one
@@ -61,18 +61,14 @@ def sizes_from_env() -> tuple[int, int]:
     return int(value["depth"]), int(value["cols"])
 
 
-def bypass_from_env() -> bool:
-    """Whether the DUT has the read-during-write bypass (``bypass``, the default)."""
-    return bool(json.loads(os.environ.get(ENV, "{}")).get("bypass", True))
-
-
 def registered_from_env() -> bool:
-    """Whether the DUT has the ``registered_read`` pipeline."""
-    return bool(json.loads(os.environ.get(ENV, "{}")).get("registered_read"))
+    """Whether the DUT has the ``registered`` pipeline (and with it, rows to one address
+    back to back)."""
+    return bool(json.loads(os.environ.get(ENV, "{}")).get("registered"))
 
 
 def latency_from_env() -> int:
-    """Cycles from taking a row to writing it: 4 with ``registered_read``, else 1."""
+    """Cycles from taking a row to writing it: 4 with ``registered``, else 1."""
     return 4 if registered_from_env() else 1
 
 
@@ -95,7 +91,7 @@ class Testbench:
         self.scoreboard = Scoreboard(f"accumulators d{self.depth}x{self.cols}", seed, self.log)
         start_clock(dut)
         clk = dut.clk
-        self.bypass = bypass_from_env()
+        self.bypass = registered_from_env()
         self.psum = StreamDriver(dut, "i_psum", clk, self.psum_layout,
                                  psum_idle if self.bypass else self._gapped(psum_idle))
         self.reader = StreamDriver(dut, "r__addr", clk, unsigned(self.addr_bits), read_idle)

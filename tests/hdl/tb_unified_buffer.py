@@ -6,8 +6,8 @@ the falling edge, so a sampled ``valid & ready`` is a transfer at the next risin
 keeps a Python model of the memory:
 
 - a read accepted in a cycle is answered with the model's row *before* that cycle's write
-  (read-before-write: the DUT's read ports are not transparent; without ``read_first`` a
-  part may return anything then, and the directed test does not check that read; with
+  (read-before-write in simulation: the DUT's read ports are not transparent; a part may
+  return anything then, and the directed test does not check that read; with
   ``pipelined`` simulation returns anything too, the DP16KD model's inverted row, and only
   its arrival is checked; its rows arrive two cycles after their addresses, else one);
 - the write accepted in that cycle is then applied to the model (``pipelined``: in the next
@@ -53,11 +53,6 @@ def sizes_from_env() -> tuple[int, int]:
     return int(value["depth"]), int(value["row_elems"])
 
 
-def read_first_from_env() -> bool:
-    """Whether the DUT promises read-before-write (``read_first``, the default)."""
-    return bool(json.loads(os.environ.get(ENV, "{}")).get("read_first", True))
-
-
 def pipelined_from_env() -> bool:
     """Whether the DUT reads through its block RAMs' output registers (``pipelined``): rows
     two cycles after their addresses, a read that meets a write to its row undefined."""
@@ -72,7 +67,6 @@ class Testbench:
                  backpressure=(None, None)):
         self.dut = dut
         self.depth, self.row_elems = sizes_from_env()
-        self.read_first = read_first_from_env()
         self.pipelined = pipelined_from_env()
         self.latency = 2 if self.pipelined else 1
         self.addr_bits = max(1, (self.depth - 1).bit_length())
@@ -303,7 +297,7 @@ async def test_read_during_write(dut):
         await tb.wait_done()
         for reader in range(2):
             got = tb.monitors[reader].received[-reads:]
-            # Without read_first the read that meets the write is undefined on a part
+            # The read that meets the write is undefined on a part
             # (simulation gives the old row; pipelined, the DP16KD model's inverted row,
             # checked below): only the others are checked.
             if tb.pipelined:
@@ -312,7 +306,7 @@ async def test_read_during_write(dut):
                     f"{got[1]}, expected the model's inverted old row (seed {tb.seed})")
                 want = [old, got[1], new]
             else:
-                want = [old, new] if tb.read_first else [got[0], new]
+                want = [got[0], new]
             assert got == want, (
                 f"w[{writer}] row {addr} {old} -> {new} with reads by r[{reader}] in the same "
                 f"and the following cycles: got {got}, expected {want} (seed {tb.seed})")

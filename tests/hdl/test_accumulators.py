@@ -25,28 +25,22 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_accumulators.py"))
 
 
-#: The pipelines: (registered_read, bypass) by name.
-PIPELINES = {"": (False, True), "registered": (True, True), "no-bypass": (False, False)}
+#: The pipelines by name: ``registered`` or not.
+PIPELINES = {"": False, "registered": True}
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("size", SIZES)
 def test_accumulators(size: str, group: str, pipeline: str):
-    """Every pipeline (``registered_read``: the old sums registered out of the RAM, a cycle
-    longer, the last write forwarded to the row behind it; no ``bypass``: the driver spaces
-    a row that accumulates into the row sent just before it)."""
+    """Both pipelines (``registered``, the fast pipeline's: the old sums registered out of
+    the RAM, a cycle longer, the last writes forwarded to the rows behind them; without it:
+    the driver spaces a row that accumulates into the row sent just before it)."""
     depth, cols = SIZES[size]
-    registered_read, bypass = PIPELINES[pipeline]
+    registered = PIPELINES[pipeline]
     run("accumulators", lambda: Accumulators(depth=depth, cols=cols, acc_width=32,
-                                             registered_read=registered_read, bypass=bypass),
+                                             registered=registered),
         size + (f"-{pipeline}" if pipeline else ""), "tb_accumulators", HERE,
         GROUPS[group], label=group,
         extra_env={"AMTPU_ACC": json.dumps({"depth": depth, "cols": cols,
-                                            "registered_read": registered_read,
-                                            "bypass": bypass})})
-
-
-def test_registered_read_needs_bypass():
-    with pytest.raises(ValueError, match="registered_read=True needs bypass=True"):
-        Accumulators(depth=16, cols=2, registered_read=True, bypass=False)
+                                            "registered": registered})})

@@ -20,9 +20,16 @@ CLOCK_HZ = 20_000           # what INFO_REPLY reports; the LED's epoch is 1,024 
 TESTS = cocotb_test_names(HERE / "tb_board_core.py")
 
 
+def _config(register_link: bool):
+    """The tiny core; with ``register_link``, with the fast pipeline, whose board core
+    registers the paths between the link and the core."""
+    config = get_config(CONFIG_KEY)
+    return config.replace(pipeline="fast") if register_link else config
+
+
 def _factory(register_link=False):
-    return BoardCore(get_config(CONFIG_KEY), divisor=DIVISOR, max_beats=MAX_BEATS,
-                     clock_hz=CLOCK_HZ, register_link=register_link)
+    return BoardCore(_config(register_link), divisor=DIVISOR, max_beats=MAX_BEATS,
+                     clock_hz=CLOCK_HZ)
 
 
 #: The error cases run in one simulation (each resets the board first): one simulator start.
@@ -37,7 +44,7 @@ def _run(testcase, register_link=False):
     suffix = "-reg" if register_link else ""
     run("board_core", lambda: _factory(register_link),
         f"{CONFIG_KEY}-d{DIVISOR}-b{MAX_BEATS}{suffix}", "tb_board_core",
-        HERE, testcase, config=get_config(CONFIG_KEY),
+        HERE, testcase, config=_config(register_link),
         extra_env={"AMTPU_DIVISOR": str(DIVISOR), "AMTPU_MAX_BEATS": str(MAX_BEATS),
                    "AMTPU_CLOCK_HZ": str(CLOCK_HZ)})
 
@@ -62,7 +69,7 @@ REGISTERED_FAST = ["test_program", "test_bad_crc", "test_instruction_error_resyn
     pytest.param(REGISTERED_FAST, id="fast"),
     pytest.param(["test_program", *ERROR_CASES], id="all", marks=pytest.mark.slow)])
 def test_registered_beats(cases):
-    """As the ULX3S builds it: the core's beats and reset through registers
-    (``register_link``); the program, then error cases."""
+    """As the ULX3S builds it (the fast pipeline): the core's beats and reset through
+    registers; the program, then error cases."""
     assert set(cases) <= set(TESTS)
     _run(cases, register_link=True)

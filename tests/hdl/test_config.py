@@ -89,9 +89,31 @@ def test_serial_unit_keeps_its_own_param_store():
         TPUConfig(activation_unit="serial", param_store="block")
 
 
-def test_ecp5_weight_fifo_holds_its_ring():
-    """multiplier="ecp5": two rows of the weight FIFO are its output ring (WeightFIFO
-    registered=True), so it needs more than two."""
+def test_fast_weight_fifo_holds_its_ring():
+    """pipeline="fast": two rows of the weight FIFO are its output ring (WeightFIFO
+    registered=True), so it needs more than two; the primitive alone does not."""
     with pytest.raises(ConfigError, match="weight_fifo_depth=2 .*more than 2 rows"):
-        get_config("tiny").replace(rows=1, weight_fifo_depth=2, multiplier="ecp5")
-    assert get_config("tiny").replace(rows=1, weight_fifo_depth=3, multiplier="ecp5").rows == 1
+        get_config("tiny").replace(rows=1, weight_fifo_depth=2, pipeline="fast")
+    assert get_config("tiny").replace(rows=1, weight_fifo_depth=3, pipeline="fast").rows == 1
+    assert get_config("tiny").replace(rows=1, weight_fifo_depth=2, multiplier="ecp5").rows == 1
+
+
+def test_pipeline_policy():
+    """One pipeline axis: three named policies, the presets' choices, a bad name refused
+    with the allowed ones, and the fast pipeline refused on the iCE40's shared blocks."""
+    assert TPUConfig().pipeline == "reference"
+    assert {name: preset.pipeline for name, preset in PRESETS.items()
+            if preset.pipeline != "reference"} == {"icebreaker": "compact", "ulx3s": "fast"}
+    for bad in ("direct", "pipelined", "", None):
+        with pytest.raises(ConfigError, match=rf"TPUConfig.pipeline={bad!r} is not supported; "
+                                              r"allowed: 'reference' or 'compact' or 'fast'"):
+            TPUConfig(pipeline=bad)
+    with pytest.raises(ConfigError, match="pipeline='fast' is not supported with "
+                                          "multiplier='ice40'.*allowed: 'reference' or "
+                                          "'compact'"):
+        get_config("icebreaker").replace(pipeline="fast")
+    # The PE latency follows the policy, not the primitive.
+    for multiplier in ("infer", "ecp5"):
+        cfg = get_config("tiny").replace(multiplier=multiplier)
+        assert cfg.array_latency == cfg.rows + cfg.cols + 2
+        assert cfg.replace(pipeline="fast").array_latency == cfg.rows + cfg.cols + 6

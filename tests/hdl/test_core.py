@@ -15,19 +15,21 @@ import pytest
 from hdl.config import TPUConfig, get_config
 from hdl.core import Core
 from hdl.isa import Opcode
+from sim.rtl.gtkw import fst_signals, gtkw_traces, read_enum_filter
 from sim.rtl.runner import run
-from sim.waves.gtkw import fst_signals, gtkw_traces, read_enum_filter
 
 HERE = Path(__file__).parent
 PROGRAMS_PER_BLOCK = 25
 
 
-#: Configurations that are no preset: the tiny core with the iCEBreaker preset's
-#: dispatch="ahead", with the ULX3S preset's "pipelined", and with the whole ULX3S build for
-#: Fmax (its MULT18X18D model, registered memories, buffered beats) under the bench's stalls.
-CONFIGS = {"tiny-ahead": get_config("tiny").replace(dispatch="ahead"),
-           "tiny-pipelined": get_config("tiny").replace(dispatch="pipelined"),
-           "tiny-ulx3s": get_config("tiny").replace(dispatch="pipelined", multiplier="ecp5")}
+#: Configurations that are no preset: the tiny core with each pipeline (the iCEBreaker
+#: preset's "compact", the ULX3S preset's "fast"), the fast pipeline on MULT18X18D (the whole
+#: ULX3S build: its MULT18X18D model, registered memories, buffered beats) and the reference
+#: pipeline on MULT18X18D, under the bench's stalls.
+CONFIGS = {"tiny-compact": get_config("tiny").replace(pipeline="compact"),
+           "tiny-fast": get_config("tiny").replace(pipeline="fast"),
+           "tiny-ulx3s": get_config("tiny").replace(pipeline="fast", multiplier="ecp5"),
+           "tiny-ecp5": get_config("tiny").replace(multiplier="ecp5")}
 
 
 def run_core(config_key: str, testcase: str, **env):
@@ -39,11 +41,12 @@ def run_core(config_key: str, testcase: str, **env):
 # (configuration, first block, blocks): block b runs seeds 1000 + 25 b .. 1000 + 25 b + 24,
 # so every block has seeds of its own.
 # (One wide block in CI: 34 s to 48 s each.)
-_FAST = (("tiny", 0, 2), ("small", 4, 1), ("wide", 7, 1), ("tiny-ahead", 8, 1),
-         ("tiny-pipelined", 27, 1), ("tiny-ulx3s", 29, 1))
-_SLOW = (("tiny", 2, 2), ("small", 5, 1), ("wide", 6, 1), ("tiny-ahead", 9, 1), ("tiny", 10, 8),
+_FAST = (("tiny", 0, 2), ("small", 4, 1), ("wide", 7, 1), ("tiny-compact", 8, 1),
+         ("tiny-fast", 27, 1), ("tiny-ulx3s", 29, 1), ("tiny-ecp5", 31, 1))
+_SLOW = (("tiny", 2, 2), ("small", 5, 1), ("wide", 6, 1), ("tiny-compact", 9, 1),
+         ("tiny", 10, 8),
          ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2), ("large", 26, 1),
-         ("tiny-pipelined", 28, 1), ("tiny-ulx3s", 30, 1))
+         ("tiny-fast", 28, 1), ("tiny-ulx3s", 30, 1))
 RANDOM_BLOCKS = (
     [pytest.param(key, b, id=f"{key}-{b}")
      for key, first, blocks in _FAST for b in range(first, first + blocks)] +
@@ -58,19 +61,19 @@ def test_random_programs(config_key: str, block: int):
              AMTPU_SEED=1000 + block * PROGRAMS_PER_BLOCK)
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-ahead",
-                                        "tiny-pipelined", "tiny-ulx3s"])
+@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-compact",
+                                        "tiny-fast", "tiny-ulx3s", "tiny-ecp5"])
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-ahead", "tiny-pipelined",
+@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-compact", "tiny-fast",
                                         "tiny-ulx3s"])
 def test_errors(config_key: str):
     run_core(config_key, ["test_error", "test_error_priority"])
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-ahead", "tiny-ulx3s"])
+@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-compact", "tiny-ulx3s"])
 def test_status_clear_and_reset(config_key: str):
     """D1 (halted cleared by an error), D4 (i_clear without an error), D2 (reset clears the
     memories)."""

@@ -25,7 +25,7 @@ from hoststreams import fuzz_case
 from rtl_pair import Pair, describe
 
 from firmware.asm import encode
-from firmware.runtime import DeviceError
+from firmware.device import DeviceError
 from firmware.transports.isa import IsaSimDevice
 from hdl import isa
 from hdl.config import get_config

@@ -285,7 +285,7 @@ def test_back_to_back_accumulation_into_one_row(pair, config_key: str):
     """MATMULs whose first row accumulates into the row the one before wrote last, issued
     back to back (one-row MATMULs into one row, and longer ones overlapping by a row): the
     accumulators of these cores have no read-during-write bypass, so the matrix engine must
-    leave a cycle between such rows (:attr:`hdl.config.TPUConfig.acc_bypass`); every sum
+    leave a cycle between such rows (the reference and compact pipelines); every sum
     equals the ISA simulator's."""
     pair = pair(config_key)
     cfg = pair.config

@@ -37,8 +37,8 @@ def test_matrix_unit(config_key: str, group: str):
 
 @pytest.mark.parametrize("group", ["flow", "stalls"])
 def test_matrix_unit_ecp5(group: str):
-    """The weight FIFO in front of the ``multiplier="ecp5"`` array (a cycle longer per PE,
+    """The weight FIFO in front of the fast pipeline's array on MULT18X18D (a cycle longer per PE,
     the registered enable: ``i_weight.ready`` from a register)."""
-    config = get_config("small").replace(multiplier="ecp5")
+    config = get_config("small").replace(multiplier="ecp5", pipeline="fast")
     run("matrix_unit", lambda: MatrixUnit(config), "small-ecp5", "tb_matrix_unit", HERE,
         GROUPS[group], label=group, config=config, sim="icarus")

@@ -24,7 +24,7 @@ def make_pe() -> PE:
 
 def make_lut_pe() -> PE:
     """The shift-and-add multiplier that parts short of DSP blocks use."""
-    return PE(data_width=8, acc_width=32, row=1, row_bits=2, use_dsp=False)
+    return PE(data_width=8, acc_width=32, row=1, row_bits=2, multiplier="lut")
 
 
 def test_groups_cover_testbench():

@@ -11,7 +11,7 @@
 Each Verilator build costs 10-30 s of C++ compilation: CI runs the model alone, the PE
 (the enable every cycle), the array (back-pressure: the core's accumulators never stall its
 array) and the core (every instance in place) on Icarus, and ``test_random_volume.py``'s
-``mixed`` and ``edge-pipelined`` cores (every PE on the model) on Verilator;
+``mixed`` and ``edge-fast`` cores (every PE on the model) on Verilator;
 ``make test-all`` (``slow``) adds the model, the PE, the array and the core on Verilator.
 """
 
@@ -76,13 +76,16 @@ def _used(pe: PE) -> PE:
 
 
 def test_pe_keywords():
-    infer, lut, ecp5 = _used(PE()), _used(PE(use_dsp=False)), _used(PE(multiplier="ecp5"))
+    infer, lut, ecp5 = _used(PE()), _used(PE(multiplier="lut")), _used(PE(multiplier="ecp5"))
+    fast = _used(PE(multiplier="ecp5", pipelined=True))
     assert infer.multiplier == "infer" and infer.use_dsp
     assert lut.multiplier == "lut" and not lut.use_dsp
     assert ecp5.use_dsp
     assert "i_en" in ecp5.signature.members and "i_en" not in infer.signature.members
+    # The primitive does not change the cycles; the fast pipeline's registers do.
+    assert (infer.latency, lut.latency, ecp5.latency, fast.latency) == (3, 3, 3, 7)
     _refused("allowed: 'infer', 'ecp5', 'lut'", multiplier="dsp")
-    _refused("contradicts multiplier='ecp5'", use_dsp=False, multiplier="ecp5")
+    _refused("not supported with multiplier='ice40'", multiplier="ice40", pipelined=True)
 
 
 def _refused(match: str, **kwargs) -> None:
@@ -288,7 +291,7 @@ def test_model_harness_runs():
 # The PE, the array and the core on the instance -------------------------------------------
 
 def make_pe() -> PE:
-    return PE(data_width=8, acc_width=32, row=1, row_bits=2, multiplier="ecp5")
+    return PE(data_width=8, acc_width=32, row=1, row_bits=2, multiplier="ecp5", pipelined=True)
 
 
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
@@ -296,7 +299,7 @@ def test_pe_lockstep(sim: str):
     run("pe", make_pe, "row1-ecp5", "tb_pe_dsp", HERE, "test_pe_enable", sim=sim)
 
 
-ARRAY_CONFIG = get_config("small").replace(multiplier="ecp5")
+ARRAY_CONFIG = get_config("small").replace(multiplier="ecp5", pipeline="fast")
 
 
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
@@ -313,7 +316,7 @@ def test_array_random_and_stalls(sim: str):
         config=ARRAY_CONFIG, sim=sim)
 
 
-CORE_CONFIG = get_config("tiny").replace(multiplier="ecp5")
+CORE_CONFIG = get_config("tiny").replace(multiplier="ecp5", pipeline="fast")
 
 
 @pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])

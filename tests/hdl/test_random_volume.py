@@ -43,13 +43,13 @@ from funcov import Coverage, ProgramObserver, observe_rtl, promised_points
 from progen import program_block, random_program, short_counts
 
 from firmware.asm import Program
-from firmware.runtime import DeviceError
+from firmware.device import DeviceError
 from firmware.transports.rtl import RtlDevice
 from hdl.config import TPUConfig, get_config
 from sim.models.isa_sim import IsaSim, beats_match
 from sim.rtl.verilog import BUILD_ROOT
 
-#: `edge` below, and the base of `edge-pipelined`.
+#: `edge` below, and the base of `edge-fast`, `edge-compact` and `edge-ecp5`.
 _EDGE = TPUConfig(rows=3, cols=5, ub_depth=16, acc_depth=16, weight_mem_tiles=3,
                   weight_fifo_depth=2, param_slots=2, matmul_slots=1)
 
@@ -73,18 +73,22 @@ CONFIGS: dict[str, TPUConfig] = {
     "int8": TPUConfig(rows=3, cols=3, ub_depth=32, acc_depth=32, weight_mem_tiles=5,
                       weight_fifo_depth=2, param_slots=2, multiplier="ice40",
                       operands="int8", activation_unit="serial", counter_bits=32),
-    # The ULX3S preset's build for Fmax on a small non-square core: dispatch="pipelined", the
-    # PEs on MULT18X18D (the model) with the array's registered enable, the accumulators'
-    # registered read.
-    "wide-pipelined": get_config("wide").replace(dispatch="pipelined", multiplier="ecp5"),
+    # The ULX3S preset's build on a small non-square core: the fast pipeline, the PEs on
+    # MULT18X18D (the model) with the array's registered enable, the accumulators' registered
+    # read.
+    "wide-fast": get_config("wide").replace(pipeline="fast", multiplier="ecp5"),
     # An ECP5 array larger than the part's multipliers, on a small core: MULT18X18D and LUT
     # products in one array (the last 6 of 16 in LUTs, on their adder tree), the serial
-    # activation unit, dispatch="pipelined".
-    "mixed": get_config("small").replace(dispatch="pipelined", multiplier="ecp5",
+    # activation unit, the fast pipeline.
+    "mixed": get_config("small").replace(pipeline="fast", multiplier="ecp5",
                                          lut_multipliers=6, activation_unit="serial"),
-    # The build for Fmax with rows not a power of two (3x5, the edge memories): LOAD_WEIGHTS
+    # The fast pipeline with rows not a power of two (3x5, the edge memories): LOAD_WEIGHTS
     # and READ_WEIGHTS scale their tiles to rows a cycle late (TPUConfig.scale_tiles_late).
-    "edge-pipelined": _EDGE.replace(dispatch="pipelined", multiplier="ecp5"),
+    "edge-fast": _EDGE.replace(pipeline="fast", multiplier="ecp5"),
+    # The compact pipeline (the iCEBreaker preset's) on the odd edge core, any operands.
+    "edge-compact": _EDGE.replace(pipeline="compact"),
+    # test-all only: the reference pipeline on MULT18X18D (the model).
+    "edge-ecp5": _EDGE.replace(multiplier="ecp5"),
     # test-all only: the largest ULX3S build that meets timing (README), 12x12 with the last
     # 44 products in LUTs (about 9 minutes for 50 programs).
     "ulx3s-12x12": get_config("ulx3s").replace(rows=12, cols=12, lut_multipliers=44,
@@ -96,13 +100,14 @@ BLOCK = 25
 #: First seed of each configuration's programs; CI runs the first ones, test-all the next.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
-             "int8": 900_000, "wide-pipelined": 1_000_000, "mixed": 1_100_000,
-             "ulx3s-12x12": 1_300_000, "edge-pipelined": 1_400_000}
+             "int8": 900_000, "wide-fast": 1_000_000, "mixed": 1_100_000,
+             "ulx3s-12x12": 1_300_000, "edge-fast": 1_400_000, "edge-compact": 1_500_000,
+             "edge-ecp5": 1_600_000}
 FAST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
-        "mixed": 25, "edge-pipelined": 25}
+        "mixed": 25, "edge-fast": 25, "edge-compact": 25}
 SLOW = {"tiny": 1750, "small": 1450, "wide": 1475, "edge": 1750, "thin": 1000, "tall": 1000,
-        "default": 500, "icebreaker": 975, "int8": 975, "wide-pipelined": 1000, "mixed": 975,
-        "ulx3s-12x12": 50, "edge-pipelined": 975}
+        "default": 500, "icebreaker": 975, "int8": 975, "wide-fast": 1000, "mixed": 975,
+        "ulx3s-12x12": 50, "edge-fast": 975, "edge-compact": 975, "edge-ecp5": 500}
 
 RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
         [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",

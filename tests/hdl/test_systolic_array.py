@@ -9,8 +9,8 @@ import pytest
 
 from hdl.config import get_config
 from hdl.datapath.systolic_array import SystolicArray
+from sim.rtl.gtkw import fst_signals, gtkw_traces
 from sim.rtl.runner import cocotb_test_names, run
-from sim.waves.gtkw import fst_signals, gtkw_traces
 
 HERE = Path(__file__).parent
 CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
@@ -64,11 +64,12 @@ def test_ice40_odd_count():
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_registered_enable(group: str):
-    """``multiplier="ecp5"`` on a non-square array: PEs four cycles longer (``array_latency``
-    = rows + cols + 6, checked to the cycle by test_back_to_back) and the registered enable
-    with its skid under the same stimulus, stalls and back-pressure (the testbench checks the
-    stream rules on ``o_psum`` and the enable's invariants every cycle)."""
-    config = get_config("wide").replace(multiplier="ecp5")
+    """The fast pipeline on MULT18X18D on a non-square array: PEs four cycles longer
+    (``array_latency`` = rows + cols + 6, checked to the cycle by test_back_to_back) and the
+    registered enable with its skid under the same stimulus, stalls and back-pressure (the
+    testbench checks the stream rules on ``o_psum`` and the enable's invariants every
+    cycle)."""
+    config = get_config("wide").replace(multiplier="ecp5", pipeline="fast")
     assert config.array_latency == config.rows + config.cols + 6
     run("systolic_array", lambda: SystolicArray(config), "wide-ecp5", "tb_systolic_array",
         HERE, GROUPS[group], label=group, config=config, sim="icarus")

@@ -25,23 +25,22 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_unified_buffer.py"))
 
 
-#: The read ports by name: (read_first, pipelined).
-PORTS = {"": (True, False), "no-read-first": (False, False), "pipelined": (False, True)}
+#: The read ports by name: pipelined or not.
+PORTS = {"": False, "pipelined": True}
 
 
 @pytest.mark.parametrize("ports", PORTS)
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("size", SIZES)
 def test_unified_buffer(size: str, group: str, ports: str):
-    """Every kind of read port: read-before-write; the registered asynchronous read whose
-    same-cycle collisions are left to the block RAM (the iCE40 build's); the block RAM's
-    output register, a cycle later (``pipelined``, the ECP5 build's DP16KD and its model)."""
+    """Both kinds of read port: the registered asynchronous read whose same-cycle collisions
+    are left to the block RAM (the reference and compact pipelines'); the block RAM's output
+    register, a cycle later (``pipelined``, the fast pipeline's DP16KD and its model)."""
     depth, row_elems = SIZES[size]
-    read_first, pipelined = PORTS[ports]
+    pipelined = PORTS[ports]
     run("unified_buffer", lambda: UnifiedBuffer(depth=depth, row_elems=row_elems,
-                                                read_first=read_first, pipelined=pipelined),
+                                                pipelined=pipelined),
         size + (f"-{ports}" if ports else ""), "tb_unified_buffer", HERE,
         GROUPS[group], label=group,
         extra_env={"AMTPU_UB": json.dumps({"depth": depth, "row_elems": row_elems,
-                                           "read_first": read_first,
                                            "pipelined": pipelined})})

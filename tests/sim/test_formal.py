@@ -26,7 +26,7 @@ from sim.formal.harness import Harness, Proof, Result, run
 from sim.formal.hazards import RuleDroppedTracker, hazards_harness, word_compares
 from sim.formal.pe import pe_harness
 from sim.formal.weight_fifo import weight_fifo_harness
-from sim.waves.gtkw import gtkw_traces
+from sim.rtl.gtkw import gtkw_traces
 
 
 def _assert_counterexample(result: Result, source: str) -> None:

@@ -17,7 +17,7 @@ from firmware.asm import disassemble
 from hdl.config import get_config
 from hdl.isa import Opcode
 from sim.models.isa_sim import IsaSim
-from sim.waves.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
+from sim.rtl.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
 from sim.waves.screenshot import decode_xwd, encode_png
 from sim.waves.tour import EVENTS, MARKERS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
 
