@@ -315,7 +315,8 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         elif check == "no_rise":
             m.d.comb += Assert(no_rise, "hazard does not rise for an instruction that waits")
         elif check == "late":
-            # The lemma that makes the tracker no_rise proves (word compares) the one built.
+            # The lemma that makes the tracker the other checks prove (word compares) the one
+            # built.
             x = Signal(hz.end_bits, name="lemma_x")
             y = Signal(hz.end_bits, name="lemma_y")
             m.d.comb += [
