@@ -33,7 +33,7 @@ tiles, whether a tile is active); :class:`sim.models.isa_sim.IsaSim` computes th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from funcov import RESERVED_BITS
@@ -44,10 +44,10 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from hdl.core import ACTIVITY
 from hdl.isa import Func, Pool
-from sim.models.isa_sim import POOL_WINDOW, IsaSim
+from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim
 
 __all__ = ["random_program", "random_bytes", "random_params", "program_block", "short_counts",
-           "MOTIFS"]
+           "MOTIFS", "counter_reads", "counter_invariants", "check_counter_invariants"]
 
 
 def random_bytes(rng: np.random.Generator, shape, signed: bool) -> np.ndarray:
@@ -572,3 +572,78 @@ def program_block(config: TPUConfig, seeds, ref: IsaSim | None = None,
         length = int(rng.integers(lengths[0], lengths[1] + 1))
         program = random_program(config, rng, length=length, after=ref, max_count=max_count)
         yield seed, program, ref.run(program.beats)
+
+
+# Invariants of the timing-dependent counters ------------------------------------------------
+
+#: The counters the ISA simulator leaves open (``None`` in its output).
+_OPEN = tuple(name for name in isa.COUNTERS if name not in DETERMINISTIC_COUNTERS)
+#: A READ_COUNTERS's beats that have surely left when ``non_matrix`` is sampled: all before
+#: it but the last (which may still be offered, ``LAG`` cycles after the events counted).
+_BEATS_BEFORE_NON_MATRIX = isa.COUNTERS.index("non_matrix") - 1
+
+
+def counter_reads(expected: Sequence[int | None], got: Sequence[int]) -> list[dict[str, int]]:
+    """The values of every READ_COUNTERS in ``got`` (the core's beats), found where
+    ``expected`` (the ISA simulator's) has its ``None`` counters."""
+    reads = []
+    n = len(isa.COUNTERS)
+    i = 0
+    while i < min(len(expected), len(got)):
+        if expected[i] is None:
+            beats = expected[i:i + n]
+            assert len(beats) == n and all(
+                (beats[k] is None) == (name in _OPEN) for k, name in enumerate(isa.COUNTERS)), \
+                f"beat {i}: a None beat that does not start the counters"
+            if i + n <= len(got):
+                reads.append(dict(zip(isa.COUNTERS, got[i:i + n], strict=True)))
+            i += n
+        else:
+            i += 1
+    return reads
+
+
+def counter_invariants(counts: dict[str, int]) -> list[str]:
+    """The relations one READ_COUNTERS's values hold in every program, as text, each with
+    the values that break it (an empty list: all hold).
+
+    READ_COUNTERS samples the counters one after another, each ``LAG`` = 3 cycles behind its
+    events (:class:`~hdl.control.counters.PerfCounters`), ``cycles`` first, in a cycle after
+    READ_COUNTERS issues (``r``). So with ``c`` the cycle the counters were cleared (or reset),
+    ``cycles`` counts the cycles ``c + 1 .. t - 3`` for some ``t > r``, at least ``c + 1 ..
+    r - 2``; every counter sampled after it counts its events up to ``r - 1`` at least, and
+    those that stop before READ_COUNTERS issues (it waits until every unit is idle) count all
+    their events. Hence:
+
+    - ``array_active + weight_stall <= cycles``: a ``switch`` row either waits or enters the
+      array, and the matrix engine is idle some cycles before READ_COUNTERS issues;
+    - ``raw_stall + host_stall + instructions <= cycles + 1``: each is a cycle of the front
+      end of its own kind (an instruction waiting on a conflict, the front end waiting for a
+      beat, an instruction issuing or a READ_COUNTERS's last beat leaving), all before
+      ``r``; the one cycle is ``r - 1``, which ``cycles`` may not count yet (a host gap right
+      before READ_COUNTERS is in ``host_stall``, not yet in ``cycles``);
+    - ``non_matrix >= 5``: the READ_COUNTERS's own first five beats (``cycles`` ..
+      ``weight_stall``) are host work while the array is idle, each offered at least a
+      cycle, and all left more than ``LAG`` cycles before ``non_matrix`` is sampled.
+    """
+    c = counts
+    broken = []
+    if not c["array_active"] + c["weight_stall"] <= c["cycles"]:
+        broken.append("array_active + weight_stall <= cycles")
+    if not c["raw_stall"] + c["host_stall"] + c["instructions"] <= c["cycles"] + 1:
+        broken.append("raw_stall + host_stall + instructions <= cycles + 1")
+    if not c["non_matrix"] >= _BEATS_BEFORE_NON_MATRIX:
+        broken.append(f"non_matrix >= {_BEATS_BEFORE_NON_MATRIX}")
+    return broken
+
+
+def check_counter_invariants(expected: Sequence[int | None], got: Sequence[int],
+                             what: str) -> int:
+    """Assert :func:`counter_invariants` for every READ_COUNTERS in the core's beats ``got``;
+    returns how many were checked."""
+    reads = counter_reads(expected, got)
+    for k, counts in enumerate(reads):
+        broken = counter_invariants(counts)
+        assert not broken, (f"{what}: READ_COUNTERS {k} of {len(reads)} breaks "
+                            f"{'; '.join(broken)}: {counts}")
+    return len(reads)

@@ -364,3 +364,69 @@ async def test_weight_stall(dut, gap: int):
         "weight_stall": max(0, 2 * cfg.rows - d),
         "non_matrix": r.counter_beat_cycles(),
     })
+
+
+@cocotb.test()
+@cocotb.parametrize(gap=list(range(8)))
+async def test_read_right_after_clear(dut, gap: int):
+    """CLEAR_COUNTERS, the host silent ``gap`` cycles, READ_COUNTERS: ``host_stall`` is the
+    gap; ``cycles`` counts up to three cycles before ``cycles`` is shown, which comes round
+    once in eight cycles, so over the eight gaps it is once ``host_stall - 1`` (the bound
+    ``raw_stall + host_stall + instructions <= cycles + 1`` of
+    :func:`progen.counter_invariants` is reached)."""
+    r = CounterRun(dut, seed=50 + gap, name=f"READ_COUNTERS {gap} cycles after CLEAR")
+    p = r.p
+    r.mark("clear")
+    p.clear_counters()
+    r.mark("read_counters", gap=gap)
+    p.read_counters()
+    p.halt()
+    await r.run()
+    r.check({
+        "cycles": EVERY_CYCLE,
+        "host_stall": gap,
+        "raw_stall": 0,
+        "weight_stall": 0,
+        "non_matrix": r.counter_beat_cycles(),
+    })
+
+
+@cocotb.test()
+async def test_non_matrix_excludes_array_active(dut):
+    """READ_HOST's data beats while a MATMUL's rows enter the array (a row the cycle after
+    its buffer read, a read a cycle from the cycle after the MATMUL issues): a cycle with
+    both is array work, not ``non_matrix``; the host withholds the last data beat until the
+    MATMUL's rows are in, so that one counts."""
+    r = CounterRun(dut, seed=60, name="host beats under MATMUL rows")
+    cfg, p = r.cfg, r.p
+    count = 6
+    p.load_weights(0, np.arange(cfg.rows * cfg.cols).reshape(cfg.rows, cfg.cols) % 5)
+    p.read_host(0, np.arange(count * cfg.ub_row).reshape(count, cfg.ub_row) % 9)
+    p.read_weights(0, 1)
+    p.matmul(0, 0, 1, switch=True)
+    p.sync()
+    r.mark("clear")
+    p.clear_counters()
+    r.mark("matmul")
+    p.matmul(0, 0, count)
+    start = len(p.beats)
+    p.read_host(count + 2, _rows(cfg, 3, 4))     # rows the MATMUL does not read
+    data = [start + 1, start + 2, start + 3]
+    r.gaps[data[-1]] = count
+    r.marks["counters_out"] = 0
+    p.read_counters()
+    p.halt()
+    await r.run()
+    m = r.taken("matmul")
+    assert m == r.offered("matmul"), f"{r.name}: the MATMUL waited"
+    active = set(range(m + 2, m + 2 + count))
+    beats = [r.taken(i) for i in data]
+    assert beats[:2] == [m + 2, m + 3] and beats[2] > max(active), \
+        f"{r.name}: data beats taken in cycles {[b - m for b in beats]} after the MATMUL"
+    r.check({
+        "cycles": EVERY_CYCLE,
+        "host_stall": count,
+        "raw_stall": 0,
+        "weight_stall": 0,
+        "non_matrix": (set(beats) - active) | set(r.counter_beat_cycles()),
+    })

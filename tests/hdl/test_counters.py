@@ -1,5 +1,8 @@
 """Performance counters: each event counts, ``clear`` wins, and a narrow counter wraps at its
-width (``TPUConfig.counter_bits``), as the ISA simulator masks it."""
+width (``TPUConfig.counter_bits``), as the ISA simulator masks it; the relations between the
+timing-dependent counters that the random regression checks (:func:`progen.counter_invariants`)
+find each read and each broken relation. The counters of the whole core, computed exactly:
+``test_counters_exact.py``."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import random
 
 import pytest
 from amaranth.sim import Simulator
+from progen import check_counter_invariants, counter_invariants, counter_reads
 
-from hdl.config import ConfigError, TPUConfig
+from firmware.asm import Program
+from hdl.config import ConfigError, TPUConfig, get_config
 from hdl.control.counters import RING, PerfCounters
 from hdl.isa import COUNTERS
 from hdl.ports import COUNTER_EVENTS
@@ -88,3 +93,38 @@ def test_counter_bits_in_config_and_isa_sim():
     sim = IsaSim(TPUConfig(rows=2, cols=2, counter_bits=32))
     sim._counts["instructions"] = (1 << 32) + 5
     assert sim.counters()["instructions"] == 5
+
+
+def test_counter_invariants_find_each_read_and_each_broken_relation():
+    """progen.counter_reads finds every READ_COUNTERS in a stream by the ISA simulator's
+    open counters; counter_invariants names each relation a made-up read breaks."""
+    config = get_config("tiny")
+    p = Program(config)
+    p.read_host(0, [[1, 2], [3, 4]])
+    p.read_counters()
+    p.write_host(0, 2)
+    p.read_counters()
+    p.halt()
+    expected = IsaSim(config).run(p.beats)
+    good = {"cycles": 40, "weight_stall": 0, "non_matrix": 5, "raw_stall": 3,
+            "host_stall": 30}
+    got = [good[name] if e is None and name in good else e
+           for e, name in zip(expected, [*COUNTERS, "row", "row", *COUNTERS, "done"],
+                              strict=True)]
+    reads = counter_reads(expected, got)
+    assert [read["instructions"] for read in reads] == [1, 3]
+    assert all(counter_invariants(read) == [] for read in reads)
+    assert check_counter_invariants(expected, got, "good") == 2
+    base = dict(reads[0], array_active=0, instructions=1)
+    cases = {
+        "array_active + weight_stall <= cycles": dict(weight_stall=41),
+        "raw_stall + host_stall + instructions <= cycles + 1": dict(host_stall=38),
+        "non_matrix >= 5": dict(non_matrix=4),
+    }
+    for relation, change in cases.items():
+        assert counter_invariants({**base, **change}) == [relation]
+    assert counter_invariants({**base, "host_stall": 37}) == []      # cycles + 1 is allowed
+    bad = list(got)
+    bad[COUNTERS.index("non_matrix")] = 0
+    with pytest.raises(AssertionError, match="READ_COUNTERS 0 of 2 breaks non_matrix >= 5"):
+        check_counter_invariants(expected, bad, "bad")
