@@ -7,10 +7,16 @@ find each read and each broken relation. The counters of the whole core, compute
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from amaranth.sim import Simulator
-from progen import check_counter_invariants, counter_invariants, counter_reads
+from progen import (
+    check_counter_invariants,
+    check_counter_timing,
+    counter_invariants,
+    counter_reads,
+)
 
 from firmware.asm import Program
 from hdl.config import ConfigError, TPUConfig, get_config
@@ -128,3 +134,33 @@ def test_counter_invariants_find_each_read_and_each_broken_relation():
     bad[COUNTERS.index("non_matrix")] = 0
     with pytest.raises(AssertionError, match="READ_COUNTERS 0 of 2 breaks non_matrix >= 5"):
         check_counter_invariants(expected, bad, "bad")
+
+
+def test_counter_timing_bounds_each_read_by_the_cycles_seen():
+    """progen.check_counter_timing: CLEAR_COUNTERS taken in cycle 10, a NOP in 11, the host
+    silent in 12..14, READ_COUNTERS taken in 15, its beats leaving from cycle 20: ``cycles``
+    lies in 3..6, the front end's cycles fit in 4; one past either bound fails, naming it."""
+    config = get_config("tiny")
+    p = Program(config)
+    p.clear_counters()
+    p.nop()
+    p.read_counters()
+    p.halt()
+    expected = IsaSim(config).run(p.beats)
+    taken = [10, 11, 15, 16]
+    sent = [20 + 9 * k for k in range(len(expected))]
+    values = {"cycles": 6, "weight_stall": 0, "non_matrix": 6, "raw_stall": 0, "host_stall": 3}
+
+    def check(**change):
+        got = [{**values, **change}[name] if e is None else e
+               for e, name in zip(expected, [*COUNTERS, "done"], strict=True)]
+        return check_counter_timing(p.beats, [0, 1, 2, 3], taken, sent, expected, got, "case")
+
+    assert check() == 1
+    assert check(cycles=3, host_stall=0) == 1
+    for change, bound in [({"cycles": 2}, "cycles >= r - 2 - c"),
+                          ({"cycles": 7}, "cycles <= (cycles's beat left) - 4 - c"),
+                          ({"host_stall": 4}, "raw_stall + host_stall + instructions <= r - 1 - c"),
+                          ({"non_matrix": 61}, "array_active + non_matrix <= ")]:
+        with pytest.raises(AssertionError, match=re.escape(bound)):
+            check(**change)
