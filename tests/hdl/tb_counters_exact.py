@@ -67,10 +67,12 @@ def idle_schedule(gaps: dict[int, int], beats: int) -> Iterator[bool]:
 
 
 class CounterRun:
-    """A program with a gap schedule, run on the core, and the cycles its beats moved in.
+    """A program (:attr:`p`) with a gap schedule, run on the core, and the cycles its beats
+    moved in.
 
-    ``send`` queues the program; after ``run`` the methods give the cycles (of the driver's
-    and the monitor's common count) each beat was taken, offered and sent back.
+    :meth:`run` resets the core, sends the program (compared with the ISA simulator beat for
+    beat) and waits for every answer; then the methods give the cycles (of the driver's and
+    the monitor's common count) each beat was taken, offered and sent back.
     """
 
     def __init__(self, dut, seed: int, name: str):
@@ -116,10 +118,6 @@ class CounterRun:
             monitor.set_backpressure_generator(held())
         tb.send(self.p.beats)
         await tb.check(self.name)
-        # Every gap was a gap: the beat after it was offered exactly then.
-        for i, gap in self.gaps.items():
-            assert self.offered(i) == self.taken(i - 1) + gap + 1, \
-                f"{self.name}: beat {i} offered in cycle {self.offered(i)}"
 
     # Cycles ------------------------------------------------------------------------------
 
