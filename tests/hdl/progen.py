@@ -33,7 +33,7 @@ tiles, whether a tile is active); :class:`sim.models.isa_sim.IsaSim` computes th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from funcov import RESERVED_BITS
@@ -44,10 +44,11 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from hdl.core import ACTIVITY
 from hdl.isa import Func, Pool
-from sim.models.isa_sim import POOL_WINDOW, IsaSim
+from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim
 
 __all__ = ["random_program", "random_bytes", "random_params", "program_block", "short_counts",
-           "MOTIFS"]
+           "MOTIFS", "counter_positions", "counter_reads", "counter_invariants",
+           "check_counter_invariants", "check_counter_timing"]
 
 
 def random_bytes(rng: np.random.Generator, shape, signed: bool) -> np.ndarray:
@@ -572,3 +573,146 @@ def program_block(config: TPUConfig, seeds, ref: IsaSim | None = None,
         length = int(rng.integers(lengths[0], lengths[1] + 1))
         program = random_program(config, rng, length=length, after=ref, max_count=max_count)
         yield seed, program, ref.run(program.beats)
+
+
+# Invariants of the timing-dependent counters ------------------------------------------------
+
+#: The counters the ISA simulator leaves open (``None`` in its output).
+_OPEN = tuple(name for name in isa.COUNTERS if name not in DETERMINISTIC_COUNTERS)
+#: A READ_COUNTERS's beats that have surely left when ``non_matrix`` is sampled: all before
+#: it but the last (which may still be offered, ``LAG`` cycles after the events counted).
+_BEATS_BEFORE_NON_MATRIX = isa.COUNTERS.index("non_matrix") - 1
+
+
+def counter_positions(expected: Sequence[int | None]) -> list[int]:
+    """Where each READ_COUNTERS's beats start in ``expected`` (the ISA simulator's output),
+    found by its ``None`` counters."""
+    positions = []
+    n = len(isa.COUNTERS)
+    i = 0
+    while i < len(expected):
+        if expected[i] is None:
+            beats = expected[i:i + n]
+            assert len(beats) == n and all(
+                (beats[k] is None) == (name in _OPEN) for k, name in enumerate(isa.COUNTERS)), \
+                f"beat {i}: a None beat that does not start the counters"
+            positions.append(i)
+            i += n
+        else:
+            i += 1
+    return positions
+
+
+def counter_reads(expected: Sequence[int | None], got: Sequence[int]) -> list[dict[str, int]]:
+    """The values of every READ_COUNTERS in ``got`` (the core's beats), found where
+    ``expected`` (the ISA simulator's) has its ``None`` counters."""
+    n = len(isa.COUNTERS)
+    return [dict(zip(isa.COUNTERS, got[i:i + n], strict=True))
+            for i in counter_positions(expected) if i + n <= len(got)]
+
+
+def counter_invariants(counts: dict[str, int]) -> list[str]:
+    """The relations one READ_COUNTERS's values hold in every program, as text, each with
+    the values that break it (an empty list: all hold).
+
+    READ_COUNTERS samples the counters one after another, each ``LAG`` = 3 cycles behind its
+    events (:class:`~hdl.control.counters.PerfCounters`), ``cycles`` first, in a cycle after
+    READ_COUNTERS issues (``r``). So with ``c`` the cycle the counters were cleared (or reset),
+    ``cycles`` counts the cycles ``c + 1 .. t - 3`` for some ``t > r``, at least ``c + 1 ..
+    r - 2``; every counter sampled after it counts its events up to ``r - 1`` at least, and
+    those that stop before READ_COUNTERS issues (it waits until every unit is idle) count all
+    their events. Hence:
+
+    - ``array_active + weight_stall <= cycles``: a ``switch`` row either waits or enters the
+      array, and the matrix engine is idle some cycles before READ_COUNTERS issues;
+    - ``raw_stall + host_stall + instructions <= cycles + 1``: each is a cycle of the front
+      end of its own kind (an instruction waiting on a conflict, the front end waiting for a
+      beat, an instruction issuing or a READ_COUNTERS's last beat leaving), all before
+      ``r``; the one cycle is ``r - 1``, which ``cycles`` may not count yet (a host gap right
+      before READ_COUNTERS is in ``host_stall``, not yet in ``cycles``);
+    - ``non_matrix >= 5``: the READ_COUNTERS's own first five beats (``cycles`` ..
+      ``weight_stall``) are host work while the array is idle, each offered at least a
+      cycle, and all left more than ``LAG`` cycles before ``non_matrix`` is sampled.
+    """
+    c = counts
+    broken = []
+    if not c["array_active"] + c["weight_stall"] <= c["cycles"]:
+        broken.append("array_active + weight_stall <= cycles")
+    if not c["raw_stall"] + c["host_stall"] + c["instructions"] <= c["cycles"] + 1:
+        broken.append("raw_stall + host_stall + instructions <= cycles + 1")
+    if not c["non_matrix"] >= _BEATS_BEFORE_NON_MATRIX:
+        broken.append(f"non_matrix >= {_BEATS_BEFORE_NON_MATRIX}")
+    return broken
+
+
+def check_counter_invariants(expected: Sequence[int | None], got: Sequence[int],
+                             what: str) -> int:
+    """Assert :func:`counter_invariants` for every READ_COUNTERS in the core's beats ``got``;
+    returns how many were checked."""
+    reads = counter_reads(expected, got)
+    for k, counts in enumerate(reads):
+        broken = counter_invariants(counts)
+        assert not broken, (f"{what}: READ_COUNTERS {k} of {len(reads)} breaks "
+                            f"{'; '.join(broken)}: {counts}")
+    return len(reads)
+
+
+def check_counter_timing(stream: Sequence[int], starts: Sequence[int], taken: Sequence[int],
+                         sent: Sequence[int], expected: Sequence[int | None],
+                         got: Sequence[int], what: str) -> int:
+    """The timed counters of every READ_COUNTERS after a CLEAR_COUNTERS, against the cycles
+    the testbench saw: ``stream`` the beats given to the core, ``starts`` the positions of
+    its instruction words, ``taken`` the cycle each beat was taken, ``sent`` the cycle each
+    output beat left. For a stream whose instructions all ran (no error discarded any).
+    Returns how many reads were checked.
+
+    An instruction is taken in the cycle it issues. With CLEAR_COUNTERS issued in ``c`` and
+    READ_COUNTERS in ``r``, a counter sampled in ``t`` counts its events of ``c + 1 .. t - 3``
+    (:func:`counter_invariants`), and its beat leaves after ``t``: ``cycles`` is at least
+    ``r - 2 - c`` and below the cycle its beat left less ``3 + c``; the front end's kinds of
+    cycle (``raw_stall``, ``host_stall``, ``instructions``) fit in ``c + 1 .. r - 1``, as do
+    ``array_active`` and ``weight_stall``; ``array_active + non_matrix`` fit before
+    ``non_matrix``'s beat left, less three.
+    """
+    ops = []
+    for s in starts:
+        if s < len(taken):
+            opcode = int(stream[s]) & 0xF
+            if opcode in (isa.Opcode.CLEAR_COUNTERS.value, isa.Opcode.READ_COUNTERS.value):
+                ops.append((isa.Opcode(opcode), taken[s]))
+    reads = [cycle for opcode, cycle in ops if opcode == isa.Opcode.READ_COUNTERS]
+    positions = counter_positions(expected)
+    assert len(reads) >= len(positions), \
+        f"{what}: {len(positions)} READ_COUNTERS answered, {len(reads)} taken"
+    checked = 0
+    clear = None
+    n = len(isa.COUNTERS)
+    reads_seen = 0
+    for opcode, cycle in ops:
+        if opcode == isa.Opcode.CLEAR_COUNTERS:
+            clear = cycle
+            continue
+        k = reads_seen
+        reads_seen += 1
+        if clear is None or k >= len(positions) or positions[k] + n > len(got):
+            continue
+        at = positions[k]
+        c, r = clear, cycle
+        v = dict(zip(isa.COUNTERS, got[at:at + n], strict=True))
+        left = {name: sent[at + i] for i, name in enumerate(isa.COUNTERS)}
+        bounds = {
+            "cycles >= r - 2 - c": v["cycles"] >= r - 2 - c,
+            "cycles <= (cycles's beat left) - 4 - c": v["cycles"] <= left["cycles"] - 4 - c,
+            "raw_stall + host_stall + instructions <= r - 1 - c":
+                v["raw_stall"] + v["host_stall"] + v["instructions"] <= r - 1 - c,
+            "array_active + weight_stall <= r - 1 - c":
+                v["array_active"] + v["weight_stall"] <= r - 1 - c,
+            "array_active + non_matrix <= (non_matrix's beat left) - 4 - c":
+                v["array_active"] + v["non_matrix"] <= left["non_matrix"] - 4 - c,
+        }
+        broken = [text for text, ok in bounds.items() if not ok]
+        assert not broken, (f"{what}: READ_COUNTERS {k} (CLEAR_COUNTERS taken in cycle {c}, "
+                            f"READ_COUNTERS in {r}, its beats left in "
+                            f"{list(left.values())}) breaks {'; '.join(broken)}: {v}")
+        checked += 1
+    return checked

@@ -3,8 +3,9 @@ host beats (:mod:`test_interlocks`, :mod:`test_fuzz`).
 
 :class:`Pair` sends every beat to an :class:`~firmware.transports.rtl.RtlDevice` and an
 :class:`~firmware.transports.isa.IsaSimDevice` and compares what comes back, beat for beat
-(``==``; a timing-dependent counter, ``None`` from the ISA simulator, matches anything), and
-the status after it. When the ISA simulator stops on an error, the RTL must stop on the same
+(``==``; a timing-dependent counter, ``None`` from the ISA simulator, matches anything, but
+every READ_COUNTERS's values must hold :func:`progen.counter_invariants`), and the status
+after it. When the ISA simulator stops on an error, the RTL must stop on the same
 one: the same beats before the error beat, the error beat itself (the RTL transport raises
 :class:`~firmware.device.DeviceError` only once it holds the error beat its status names),
 and the same status. A :class:`~firmware.device.DeviceTimeout` (a hang) is always a failure.
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 import pytest
 from hoststreams import dump_program
+from progen import check_counter_invariants
 
 from firmware.asm import disassemble
 from firmware.device import DeviceError, DeviceTimeout
@@ -141,6 +143,7 @@ def _compare(got: Sequence[int], expected: Sequence[int | None], what: str) -> N
                      if e is not None and e != g)
         raise AssertionError(f"{what}: beat {first} is {got[first]:#x}, the ISA simulator "
                              f"sent {expected[first]:#x}")
+    check_counter_invariants(expected, got, what)
 
 
 def describe(beats: Sequence[int], config: TPUConfig) -> str:

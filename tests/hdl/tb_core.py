@@ -18,7 +18,7 @@ import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 from cocotb.triggers import FallingEdge
-from progen import random_bytes, random_program
+from progen import check_counter_invariants, check_counter_timing, random_bytes, random_program
 
 from firmware.asm import Program, decode, disassemble
 from firmware.gemm import gemm_program, gemm_reference
@@ -215,6 +215,7 @@ class Testbench:
         assert len(got) == len(self.expected), \
             f"seed {self.seed}: {what}: got {len(got)} beats, expected {len(self.expected)}"
         assert beats_match(self.expected, got)
+        check_counter_invariants(self.expected, got, f"seed {self.seed}: {what}")
 
     def status(self) -> dict:
         value = STATUS.from_bits(int(self.dut.o_status.value))
@@ -235,6 +236,9 @@ async def test_random_programs(dut, block: int):
     dut._log.info(f"{programs} programs, seeds {base}..{base + programs - 1}, "
                   f"{len(tb.driver._queue)} beats")
     await tb.check(f"programs with seeds {base}..{base + programs - 1}")
+    reads = check_counter_timing(tb.stream, tb.starts, tb.driver.sent_cycles, tb.monitor.cycles,
+                                 tb.expected, tb.monitor.received, f"seeds {base}..")
+    dut._log.info(f"{reads} READ_COUNTERS after a CLEAR_COUNTERS checked against the cycles")
     counts = tb.ref.counters()
     dut._log.info(f"reference counters after the programs: {counts}")
 

@@ -1,14 +1,25 @@
 """Performance counters: each event counts, ``clear`` wins, and a narrow counter wraps at its
-width (``TPUConfig.counter_bits``), as the ISA simulator masks it."""
+width (``TPUConfig.counter_bits``), as the ISA simulator masks it; the relations between the
+timing-dependent counters that the random regression checks (:func:`progen.counter_invariants`)
+find each read and each broken relation. The counters of the whole core, computed exactly:
+``test_counters_exact.py``."""
 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from amaranth.sim import Simulator
+from progen import (
+    check_counter_invariants,
+    check_counter_timing,
+    counter_invariants,
+    counter_reads,
+)
 
-from hdl.config import ConfigError, TPUConfig
+from firmware.asm import Program
+from hdl.config import ConfigError, TPUConfig, get_config
 from hdl.control.counters import RING, PerfCounters
 from hdl.isa import COUNTERS
 from hdl.ports import COUNTER_EVENTS
@@ -88,3 +99,68 @@ def test_counter_bits_in_config_and_isa_sim():
     sim = IsaSim(TPUConfig(rows=2, cols=2, counter_bits=32))
     sim._counts["instructions"] = (1 << 32) + 5
     assert sim.counters()["instructions"] == 5
+
+
+def test_counter_invariants_find_each_read_and_each_broken_relation():
+    """progen.counter_reads finds every READ_COUNTERS in a stream by the ISA simulator's
+    open counters; counter_invariants names each relation a made-up read breaks."""
+    config = get_config("tiny")
+    p = Program(config)
+    p.read_host(0, [[1, 2], [3, 4]])
+    p.read_counters()
+    p.write_host(0, 2)
+    p.read_counters()
+    p.halt()
+    expected = IsaSim(config).run(p.beats)
+    good = {"cycles": 40, "weight_stall": 0, "non_matrix": 5, "raw_stall": 3,
+            "host_stall": 30}
+    got = [good[name] if e is None and name in good else e
+           for e, name in zip(expected, [*COUNTERS, "row", "row", *COUNTERS, "done"],
+                              strict=True)]
+    reads = counter_reads(expected, got)
+    assert [read["instructions"] for read in reads] == [1, 3]
+    assert all(counter_invariants(read) == [] for read in reads)
+    assert check_counter_invariants(expected, got, "good") == 2
+    base = dict(reads[0], array_active=0, instructions=1)
+    cases = {
+        "array_active + weight_stall <= cycles": dict(weight_stall=41),
+        "raw_stall + host_stall + instructions <= cycles + 1": dict(host_stall=38),
+        "non_matrix >= 5": dict(non_matrix=4),
+    }
+    for relation, change in cases.items():
+        assert counter_invariants({**base, **change}) == [relation]
+    assert counter_invariants({**base, "host_stall": 37}) == []      # cycles + 1 is allowed
+    bad = list(got)
+    bad[COUNTERS.index("non_matrix")] = 0
+    with pytest.raises(AssertionError, match="READ_COUNTERS 0 of 2 breaks non_matrix >= 5"):
+        check_counter_invariants(expected, bad, "bad")
+
+
+def test_counter_timing_bounds_each_read_by_the_cycles_seen():
+    """progen.check_counter_timing: CLEAR_COUNTERS taken in cycle 10, a NOP in 11, the host
+    silent in 12..14, READ_COUNTERS taken in 15, its beats leaving from cycle 20: ``cycles``
+    lies in 3..6, the front end's cycles fit in 4; one past either bound fails, naming it."""
+    config = get_config("tiny")
+    p = Program(config)
+    p.clear_counters()
+    p.nop()
+    p.read_counters()
+    p.halt()
+    expected = IsaSim(config).run(p.beats)
+    taken = [10, 11, 15, 16]
+    sent = [20 + 9 * k for k in range(len(expected))]
+    values = {"cycles": 6, "weight_stall": 0, "non_matrix": 6, "raw_stall": 0, "host_stall": 3}
+
+    def check(**change):
+        got = [{**values, **change}[name] if e is None else e
+               for e, name in zip(expected, [*COUNTERS, "done"], strict=True)]
+        return check_counter_timing(p.beats, [0, 1, 2, 3], taken, sent, expected, got, "case")
+
+    assert check() == 1
+    assert check(cycles=3, host_stall=0) == 1
+    for change, bound in [({"cycles": 2}, "cycles >= r - 2 - c"),
+                          ({"cycles": 7}, "cycles <= (cycles's beat left) - 4 - c"),
+                          ({"host_stall": 4}, "raw_stall + host_stall + instructions <= r - 1 - c"),
+                          ({"non_matrix": 61}, "array_active + non_matrix <= ")]:
+        with pytest.raises(AssertionError, match=re.escape(bound)):
+            check(**change)
