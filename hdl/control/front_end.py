@@ -215,8 +215,7 @@ class FrontEnd(wiring.Component):
             self.o_counter_select.eq(xfer.o_counter_select),
             xfer.i_counter_valid.eq(self.i_counter_valid),
             xfer.i_counter_value.eq(self.i_counter_value),
-            self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid |
-                                self.o_beat.valid),
+            self.o_host_work.eq(xfer.o_host_work),
             self.o_clear_counters.eq(issue[Opcode.CLEAR_COUNTERS]),
             self.o_instruction.eq((dispatch & ~issue[Opcode.READ_COUNTERS] &
                                    ~issue[Opcode.CLEAR_COUNTERS]) | xfer.o_counters_sent),

@@ -78,6 +78,9 @@ class HostTransfers(wiring.Component):
         ``o_done`` of the DONE beat; of the last counter beat.
     o_host_wait : Out(1)
         A transfer waits for a beat from the host.
+    o_host_work : Out(1)
+        A transfer moves a beat: a data row (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS's bias and
+        multiplier rows; not the instruction beat) or a beat to the host.
     """
 
     def __init__(self, config: TPUConfig):
@@ -107,6 +110,7 @@ class HostTransfers(wiring.Component):
             "o_halted":          Out(1),
             "o_counters_sent":   Out(1),
             "o_host_wait":       Out(1),
+            "o_host_work":       Out(1),
         })
 
     def elaborate(self, platform):
@@ -139,6 +143,7 @@ class HostTransfers(wiring.Component):
         beat_word = Signal(64 if beat_in_register else COUNTER_BITS)
         counter_held = Signal()
         scrubbing = Signal()
+        param_rows = Signal()       # LOAD_PARAMS's bias or multiplier row is offered
         scrub_addr = Signal(range(cfg.ub_depth))
         beat_out = self.o_beat
 
@@ -162,6 +167,8 @@ class HostTransfers(wiring.Component):
             self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),
             self.o_counter_select.eq(counter),
             beat_out.payload.eq(beat_word),
+            self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid | param_rows |
+                                beat_out.valid),
         ]
 
         with m.FSM(name="transfers"):
@@ -230,6 +237,7 @@ class HostTransfers(wiring.Component):
                     m.d.comb += [
                         self.o_host_wait.eq(~self.i_host.valid),
                         self.o_param_write.valid.eq(self.i_host.valid),
+                        param_rows.eq(self.i_host.valid),
                         self.o_param_write.payload.slot.eq(slot),
                         self.o_param_write.payload.kind.eq(kind),
                         self.i_host.ready.eq(self.o_param_write.ready),

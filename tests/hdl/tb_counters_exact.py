@@ -186,7 +186,8 @@ def _tile(cfg, value: int = 1) -> np.ndarray:
 async def test_host_gaps(dut):
     """The host withholds beats: before instructions, between READ_HOST's and LOAD_WEIGHTS's
     data beats, and before LOAD_PARAMS's bias and multiplier beats. ``host_stall`` is the sum
-    of the gaps; ``non_matrix`` the data beats and the counter beats; nothing else stalls."""
+    of the gaps; ``non_matrix`` the data beats (LOAD_PARAMS's too) and the counter beats;
+    nothing else stalls."""
     r = CounterRun(dut, seed=31, name="host gaps")
     cfg, p = r.cfg, r.p
     r.mark("clear")
@@ -202,8 +203,9 @@ async def test_host_gaps(dut):
     r.gaps[weight_rows[1]] = 4
     start = len(p.beats)
     p.load_params(0, [0] * cfg.cols, [1] * cfg.cols)
-    r.gaps[start + 1] = 5                   # LOAD_PARAMS waits for its bias beat
-    r.gaps[start + 2] = 2                   # ... and for its multiplier beat
+    param_rows = [start + 1, start + 2]
+    r.gaps[param_rows[0]] = 5               # LOAD_PARAMS waits for its bias beat
+    r.gaps[param_rows[1]] = 2               # ... and for its multiplier beat
     r.gap_next(3)
     p.nop()
     r.mark("read_counters", gap=6)
@@ -216,17 +218,15 @@ async def test_host_gaps(dut):
         "host_stall": sum(r.gaps.values()),
         "raw_stall": 0,
         "weight_stall": 0,
-        "non_matrix": [r.taken(i) for i in host_rows + weight_rows] + beats_out,
+        "non_matrix": [r.taken(i) for i in host_rows + weight_rows + param_rows] + beats_out,
     })
 
 
-@cocotb.test(expect_fail=True)
+@cocotb.test()
 async def test_load_params_beats_are_host_work(dut):
-    """LOAD_PARAMS is a host transfer (``FrontEnd``: "host transfers ... READ_HOST,
-    LOAD_WEIGHTS, LOAD_PARAMS"; ``o_host_work``: "a host transfer moved a beat"), so by
-    :data:`hdl.isa.COUNTERS` its two data beats are ``non_matrix`` cycles. The core does not
-    count them (``o_host_work`` leaves out ``o_param_write``): this test documents the
-    difference and fails until it is settled (``expect_fail``: it passes once it fails)."""
+    """LOAD_PARAMS is a host transfer, so by :data:`hdl.isa.COUNTERS` its two data beats
+    (not its instruction beat, as for READ_HOST and LOAD_WEIGHTS) are ``non_matrix``
+    cycles."""
     r = CounterRun(dut, seed=32, name="LOAD_PARAMS beats as host work")
     cfg, p = r.cfg, r.p
     r.mark("clear")
