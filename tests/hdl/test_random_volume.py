@@ -40,7 +40,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from funcov import Coverage, ProgramObserver, observe_rtl, promised_points
-from progen import program_block, random_program, short_counts
+from progen import (
+    counter_invariants,
+    counter_reads,
+    program_block,
+    random_program,
+    short_counts,
+)
 
 from firmware.asm import Program
 from firmware.device import DeviceError
@@ -194,6 +200,12 @@ def test_random_volume(device, record_property, key: str, first: int, programs: 
                 pytest.fail(_failure(key, block, seed, program, expected, None, str(exc)))
             if not beats_match(expected, got):
                 pytest.fail(_failure(key, block, seed, program, expected, got))
+            broken = [f"READ_COUNTERS {k}: {'; '.join(relations)}: {counts}"
+                      for k, counts in enumerate(counter_reads(expected, got))
+                      if (relations := counter_invariants(counts))]
+            if broken:
+                pytest.fail(_failure(key, block, seed, program, expected, got,
+                                     "counters break " + " / ".join(broken)))
             status = rtl.status()
             if status.error or not status.halted or status.instr_index != 0:
                 pytest.fail(_failure(key, block, seed, program, expected, got,
