@@ -108,8 +108,9 @@ def _registers(text: str, *names: str) -> list[str]:
             if re.search(rf"^\s*reg (signed )?(\[\d+:0\] )?{name} ", text, re.MULTILINE)]
 
 
-def _verilog(platform) -> str:
-    return verilog.convert(PE(multiplier="ecp5"), name="pe", platform=platform)
+def _verilog(platform, *, pipelined: bool = True) -> str:
+    return verilog.convert(PE(multiplier="ecp5", pipelined=pipelined), name="pe",
+                           platform=platform)
 
 
 @pytest.mark.parametrize("platform", [VERILOG_SIM_PLATFORM, ULX3S_85F_Platform()],
@@ -129,6 +130,18 @@ def test_instance_on_ecp5_and_verilog_sim(platform):
     assert not _registers(text, "a", "w", "product")
     pipeline = ["o_act", "w_pre", "a_pre", "w_pipe", "product_pipe", "addend"]
     assert _registers(text, *pipeline) == pipeline
+
+
+@pytest.mark.parametrize("platform", [VERILOG_SIM_PLATFORM, ULX3S_85F_Platform()],
+                         ids=["verilog-sim", "ulx3s"])
+def test_instance_without_the_fast_registers(platform):
+    """The primitive with the reference pipeline: the block's registers are the operand and
+    product registers, and no fabric register sits before or after it (latency 3)."""
+    text = _verilog(platform, pipelined=False)
+    assert text.count("MULT18X18D #(") == 1
+    assert ".CE0(i_en)" in text
+    assert not _registers(text, "a", "w", "product", "w_pre", "a_pre", "w_pipe",
+                          "product_pipe", "addend")
 
 
 @pytest.mark.parametrize("platform", [None, "formal"])
@@ -154,17 +167,18 @@ def test_model_sources_follow_the_instances():
 
 # amaranth.sim: the behavioural path -------------------------------------------------------
 
-def test_amaranth_sim_matches_infer():
+@pytest.mark.parametrize("pipelined", [True, False], ids=["fast", "reference"])
+def test_amaranth_sim_matches_infer(pipelined: bool):
     """Side by side in amaranth.sim, the ``ecp5`` PE (behavioural here) and an ``infer`` PE
     under an ``EnableInserter`` of the same enable, the enable high for a while, then random:
     ``o_act``, ``o_switch``, ``o_wbus`` agree every cycle, and the ``ecp5`` PE's ``o_psum``
-    is its ``i_psum`` plus the product four enabled cycles later than the ``infer`` PE's
-    (``w_pre`` and ``a_pre``/``w_pipe`` before the block, ``product_pipe`` and ``addend``
-    after it): the ``infer`` PE, fed ``i_psum`` = 0,
-    shows the products on its ``o_psum``."""
+    is its ``i_psum`` plus the product four enabled cycles later than the ``infer`` PE's with
+    the fast pipeline's registers (``w_pre`` and ``a_pre``/``w_pipe`` before the block,
+    ``product_pipe`` and ``addend`` after it), in the same cycle without them: the ``infer``
+    PE, fed ``i_psum`` = 0, shows the products on its ``o_psum``."""
     m = Module()
     en = Signal(init=1)
-    m.submodules.ecp5 = ecp5 = PE(multiplier="ecp5", row=1, row_bits=2)
+    m.submodules.ecp5 = ecp5 = PE(multiplier="ecp5", row=1, row_bits=2, pipelined=pipelined)
     infer = PE(row=1, row_bits=2)
     m.submodules.infer = EnableInserter(en)(infer)
     m.d.comb += ecp5.i_en.eq(en)
@@ -180,7 +194,7 @@ def test_amaranth_sim_matches_infer():
         held = 0
         checked = 0
         lag = ecp5.latency - infer.latency
-        assert lag == 4
+        assert lag == (4 if pipelined else 0)
         products = []               # the infer PE's o_psum before each enabled cycle
         expected = None             # the ecp5 PE's o_psum, once it no longer shows reset junk
         for cycle in range(400):
@@ -203,7 +217,10 @@ def test_amaranth_sim_matches_infer():
             got = [ctx.get(getattr(ecp5, name)) for name in outputs]
             want = [ctx.get(getattr(infer, name)) for name in outputs]
             assert got == want, f"cycle {cycle}: ecp5 {got}, infer {want}"
-            if enabled and len(products) >= lag:
+            if enabled and lag == 0:
+                # The product both adders took in this cycle.
+                expected = wrap32(psum + ctx.get(infer.o_psum))
+            elif enabled and len(products) >= lag:
                 # The product the ecp5 PE's adder took in this cycle.
                 expected = wrap32(psum + products[-lag])
             if expected is not None:
