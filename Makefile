@@ -65,7 +65,7 @@ help:
 	  '  synth     the array placed and routed, its Fmax: python -m boards build --target array (SYNTH_ARGS="--board ulx3s --runs 4")' \
 	  '  bitstream the whole core for a board: python -m boards build --target board --board BOARD (BOARD=icebreaker|ulx3s)' \
 	  '            (any FPGA build: python -m boards build --target array|block|core|board --board icebreaker|ulx3s; --help)' \
-	  '  formal    python -m sim.formal (SymbiYosys proofs; ARGS="pe --fast"); counterexamples: make waves' \
+	  '  formal    python -m sim.formal -j FORMAL_JOBS (SymbiYosys proofs, each with a time limit; FORMAL_JOBS=2, ARGS="pe --fast" or "--limit 0"); counterexamples: make waves' \
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
