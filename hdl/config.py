@@ -98,8 +98,8 @@ class TPUConfig:
         Where the activation engine keeps the requantisation parameter slots (a row of
         ``cols`` int32 biases, one of multipliers and the scalars each). ``"auto"``: as
         synthesis chooses (so small a memory lands in flip-flops or distributed RAM).
-        ``"block"``: in block RAM (iCE40: 10 EBR for a 2-column row, where flip-flops took
-        about 450 logic cells), for small parts. Same timing and results. For the pipelined
+        ``"block"``: in block RAM, for small parts, where flip-flops would take a large share
+        of the logic. Same timing and results. For the pipelined
         unit only: the serial unit reads a word at a time, so with
         ``activation_unit="serial"`` the slots are always one 32-bit-wide block RAM, a word
         per column, kind and slot (``"auto"``; see
@@ -142,8 +142,7 @@ class TPUConfig:
         1 to 8: the matrix engine's slots and the hazard tracker's recorded ranges (each slot
         a buffer range and an accumulator range, four compares against an instruction's two
         ranges). A MATMUL waits for a free slot; with fewer slots, short MATMULs back to back
-        wait for the oldest to drain from the array. Fewer saves logic on small parts
-        (iCE40, 256-row memories: 4 slots to 2 took 280 logic cells off a 4x4 core). Same
+        wait for the oldest to drain from the array. Fewer saves logic on small parts. Same
         results.
     """
 

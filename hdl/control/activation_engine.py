@@ -79,8 +79,8 @@ class ActivationEngine(wiring.Component):
         RAM, a word per column and kind and one for the scalars in each slot (the scalars
         are read into a register when an ACTIVATE starts, one cycle more before its first
         read). A bias or multiplier row is written a column a cycle: the engine takes it
-        (``ready``) in the cycle it writes the last column. (iCE40, 4 columns: 2 EBR where a
-        memory per row kind took 18 and their registered rows 256 flip-flops.)
+        (``ready``) in the cycle it writes the last column. (One narrow block RAM takes far
+        fewer blocks than a memory per row kind, and no registered rows.)
     o_busy : Out(1)
     """
 

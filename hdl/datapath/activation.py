@@ -76,8 +76,8 @@ def _pool_column(m: Module, j: int, result, c, closes, single, out) -> None:
         with m.If(c.valid & (c.odd == lane_odd)):
             m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
     # P3 compares the two lanes (into a register, with copies of them: the next window's
-    # rows may change them meanwhile), P4 takes the larger (compare and multiplexer in one
-    # stage: 8.1 ns on the ULX3S).
+    # rows may change them meanwhile), P4 takes the larger: compare and multiplexer do not
+    # fit one cycle on the fast build.
     final_a, final_b = reg(signed(8), "final_a"), reg(signed(8), "final_b")
     a_wins = reg(1, "a_wins")
     with m.If(closes[1]):
@@ -204,8 +204,8 @@ class ActivationUnit(wiring.Component):
         # `room` is a register of its own, so that the compare does not run into i_row's
         # ready and the accumulator reads behind it; it is computed from registers alone,
         # counting a window closed whenever there was room (`last` comes late, from the
-        # activation engine's window logic: 8.1 ns into `room` on the ULX3S), so it may be
-        # low a cycle with a row to spare (after a cycle in which no window closed).
+        # activation engine's window logic), so it may be low a cycle with a row to spare
+        # (after a cycle in which no window closed).
         given = Signal()
         m.d.sync += [given.eq(give),
                      owed.eq(owed + (take & self.i_row.payload.last) - given),
@@ -238,8 +238,8 @@ class ActivationUnit(wiring.Component):
         ]
         # Four copies per column: for the coarse shift (it drives a 64-bit multiplexer), for
         # the fine shift, for the table's function bit (an input of every table LUT) and for
-        # the rest (one copy for all of it had 2.4 ns of routing into the compares with the
-        # zero point on the ULX3S).
+        # the rest: one copy for all of it is a long route into the compares with the zero
+        # point.
         copies = [data.View(scalars, copy) for copy in
                   register_copies(m, shared.as_value(), 4 * cols, "params")]
         column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
@@ -248,11 +248,11 @@ class ActivationUnit(wiring.Component):
         # Max-pooling in two lanes: a window's even rows (by their index in it) are pooled
         # into lane A, its odd ones into lane B, and the window's row is the larger of the
         # two. A lane takes a row at most every other cycle, so its loop is two stages: P1
-        # compares the lane with the row (into a register), P2 keeps the larger. (In one
-        # stage, compare and multiplexer into the register's enable were the ULX3S build's
-        # longest path: 7.7 ns.) P3 and P4 take the larger lane of a window's row. `odd` and
-        # `later` describe the row in s14: its index in the window is odd; it is 2 or more
-        # (its lane already holds one of the window's rows).
+        # compares the lane with the row (into a register), P2 keeps the larger: compare and
+        # multiplexer into the register's enable do not fit one cycle. P3 and P4 take the
+        # larger lane of a window's row. `odd` and `later` describe the row in s14: its index
+        # in the window is odd; it is 2 or more (its lane already holds one of the window's
+        # rows).
         odd = Signal()
         later = Signal()
         s14 = depth - 1
@@ -344,8 +344,7 @@ class ActivationUnit(wiring.Component):
                                      rb.eq(coarse[k - 1] if k else below)]
                         # r[9:64] is coarse[9 + k:64] (sign-extended): its bits below 16
                         # here, those from 16 on below, each reduced from coarse, so that
-                        # `small` is one LUT of four flip-flops (reduced from r it was five
-                        # LUT levels: 7.6 ns on the ULX3S).
+                        # `small` is one LUT of four flip-flops, not five LUT levels from r.
                         low_bits = coarse[9 + k:16]
                         m.d.sync += [fits["lo_zero"].eq(low_bits == 0 if k < 7 else 1),
                                      fits["lo_ones"].eq(low_bits.all() if k < 7 else 1)]
@@ -355,20 +354,19 @@ class ActivationUnit(wiring.Component):
             # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
             # s11: whether it clips, read off v's top bits, not compared (a compare is a carry
-            # chain: v -> q was 7.7 ns on the ULX3S), into registers, so that the value
-            # saturated in s12 is a LUT from registers (deciding and saturating in one stage
-            # took 7.2 ns into q's copies).
+            # chain), into registers, so that the value saturated in s12 is a LUT from
+            # registers: deciding and saturating do not fit one cycle on the fast build.
             high = v[7:11]
             m.d.sync += [clip.eq(~small | Mux(v[11], ~high.all(), high.any())),
                          clip_low.eq(Mux(small, v[11], negative)),
                          v_low.eq(v[0:8])]
             # s12: saturated, in five registers: one is compared and passed on, and a copy
-            # for each quarter of the table indexes it (one register drove both across the
-            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). Each copy loads
-            # with a row in s11 and in some cycles that hold no row in s11 too (a different
-            # set for each), so that synthesis keeps them apart from `q`, which loads every
-            # cycle, and from each other; only a row in s12 uses them. (register_copies'
-            # form put a compare with the copy into its enable: 7.7 ns.)
+            # for each quarter of the table indexes it (one register, or one copy for the
+            # whole table, fans out too far). Each copy loads with a row in s11 and in some
+            # cycles that hold no row in s11 too (a different set for each), so that
+            # synthesis keeps them apart from `q`, which loads every cycle, and from each
+            # other; only a row in s12 uses them. (register_copies' form would put a compare
+            # with the copy into its enable.)
             saturated = Mux(clip, Mux(clip_low, -128, 127), v_low)
             m.d.sync += q.eq(saturated)
             q_tbl = []
@@ -383,10 +381,9 @@ class ActivationUnit(wiring.Component):
                 small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
                 negative.eq(r[63]),
                 q_13.eq(q),
-                # ReLU's compare is registered and its multiplexer is in s14 (in one stage
-                # they ended the unit's longest path: 8.5 ns on the ULX3S). The unit's
-                # compares are LUT trees (greater_than): on the ECP5's carry chain each
-                # took 6.9-7.7 ns between two registers.
+                # ReLU's compare is registered and its multiplexer is in s14: in one stage
+                # they do not fit a cycle on the fast build. The unit's compares are LUT
+                # trees (greater_than), faster than the ECP5's carry chain.
                 gt_zp.eq(greater_than(q, zp)),
                 # max(q, zp) > clamp_hi, without the max in series.
                 above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
