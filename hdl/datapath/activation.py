@@ -39,8 +39,6 @@ def lut_table(func: Func) -> list[int]:
     return table
 
 
-
-
 def _rom_bit(values: list[int], index, memo: dict):
     """One output bit of a table as a tree of 2:1 multiplexers on the bits of *index* (equal
     subtrees shared), which synthesis maps to LUTs: a switch or an indexed array would be
