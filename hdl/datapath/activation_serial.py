@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.activation import lut_table
+from hdl.datapath.activation_table import lut_table
 from hdl.isa import Func
 from hdl.layouts import acc_row_layout
 from hdl.ports import ParamColumnSignature
