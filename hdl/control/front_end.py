@@ -5,10 +5,10 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import ParamKind, param_write_layout
 from hdl.control.checks import Checks
 from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
 from hdl.control.hazards import HazardQuerySignature
+from hdl.control.param_store import ParamKind, param_write_layout
 from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,

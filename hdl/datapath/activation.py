@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import table_quarter
 from hdl.datapath.pooling import pool_column, pool_controls
-from hdl.datapath.wide_product import product_32x32
+from hdl.datapath.wide_product import biased_product
 from hdl.isa import Func
 from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
@@ -182,8 +182,6 @@ class ActivationUnit(wiring.Component):
             def reg(shape, name, j=j):
                 return Signal(shape, name=f"{name}_{j}", reset_less=True)
 
-            a = reg(signed(32), "acc")                 # s1: the sum as it arrived
-            t = reg(signed(32), "t")                   # s2: + bias, wrapped
             coarse = reg(signed(64), "coarse")         # s8: p >>> 8 * shift[3:6]
             below = reg(1, "below")                    #     the bit under the coarse shift
             r = reg(signed(64), "r")                   # s9: p >>> shift
@@ -203,9 +201,9 @@ class ActivationUnit(wiring.Component):
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
             result = reg(signed(8), "result")          # s14: the function's result
 
-            # s3-s7: the exact product (hdl.datapath.wide_product).
-            p = product_32x32(m, t, prm.multiplier[j], suffix=f"_{j}", instantiate=instantiate)
-            m.d.sync += [a.eq(self.i_row.payload.data[j]), t.eq(a + prm.bias[j])]
+            # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
+            p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], prm.multiplier[j],
+                               suffix=f"_{j}", instantiate=instantiate)
             # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
             cp_hi, cp_lo, cp_tbl, cp = column_params[j]
             shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]

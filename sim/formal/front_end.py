@@ -49,8 +49,8 @@ from __future__ import annotations
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
 
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import ParamKind
 from hdl.control.front_end import FrontEnd
+from hdl.control.param_store import ParamKind
 from hdl.isa import ERROR_MAGIC, INSTR_BITS, RESYNC_WORD, ErrorBeat
 from sim.formal.harness import Harness, Inside, all_stream_rules, past, was_reset
 
