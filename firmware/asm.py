@@ -64,7 +64,7 @@ import numpy as np
 from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
-from hdl import isa
+from hdl import beats, isa
 from hdl.config import TPUConfig, get_config
 
 __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
@@ -211,11 +211,11 @@ class _Data:
     def size(self, config: TPUConfig) -> tuple[int, int]:
         """(elements, bits per element), from the beat layouts of :mod:`hdl.isa`."""
         if self.kind == "ub":
-            layout = isa.ub_row_beat(config.ub_row)
+            layout = beats.ub_row_beat(config.ub_row)
         elif self.kind == "weight":
-            layout = isa.weight_row_beat(config.cols)
+            layout = beats.weight_row_beat(config.cols)
         else:
-            layout = isa.param_row_beat(config.cols)
+            layout = beats.param_row_beat(config.cols)
         return layout.length, Shape.cast(layout.elem_shape).width
 
     @property

@@ -5,9 +5,10 @@ from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
 from hdl.control.param_store import column_store, param_write_layout, row_store
-from hdl.isa import Activate, Func, Pool, ub_row_beat
+from hdl.isa import Activate, Func, Pool
 from hdl.layouts import acc_row_layout
 from hdl.ports import (
     MemReadSignature,

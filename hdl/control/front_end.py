@@ -4,6 +4,14 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import (
+    DONE_MAGIC,
+    ERROR_MAGIC,
+    ErrorBeat,
+    param_row_beat,
+    ub_row_beat,
+    weight_row_beat,
+)
 from hdl.config import TPUConfig
 from hdl.control.checks import Checks
 from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
@@ -12,12 +20,9 @@ from hdl.control.param_store import ParamKind, param_write_layout
 from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,
-    DONE_MAGIC,
-    ERROR_MAGIC,
     INSTR_BITS,
     RESYNC_WORD,
     Activate,
-    ErrorBeat,
     ErrorCode,
     Instr,
     LoadParams,
@@ -27,9 +32,6 @@ from hdl.isa import (
     ReadWeights,
     Status,
     WriteHost,
-    param_row_beat,
-    ub_row_beat,
-    weight_row_beat,
 )
 from hdl.layouts import weight_row_layout
 from hdl.lib.arith import times_constant
@@ -61,7 +63,7 @@ class FrontEnd(wiring.Component):
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order;
       :class:`~hdl.control.checks.Checks`) sets
       the sticky status before the instruction has any effect; the front end then sends an
-      error beat (:class:`~hdl.isa.ErrorBeat`) once no WRITE_HOST runs, and discards every
+      error beat (:class:`~hdl.beats.ErrorBeat`) once no WRITE_HOST runs, and discards every
       beat until :data:`~hdl.isa.RESYNC_WORD` or ``i_clear``, which restart the program.
       While stopped it issues nothing and writes no memory;
     - the resynchronisation word at instruction fetch restarts the program;

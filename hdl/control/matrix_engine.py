@@ -4,8 +4,9 @@ from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import Matmul, ub_row_beat
+from hdl.isa import Matmul
 from hdl.layouts import act_row_layout, psum_row_layout, psum_write_layout
 from hdl.memory.block_fifo import BlockFIFO
 from hdl.ports import MemReadSignature, addr_bits

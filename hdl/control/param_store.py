@@ -5,8 +5,9 @@ the serial one. After a reset either zeroes every slot before it takes a write."
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, memory
 
+from hdl.beats import param_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import LoadParams, param_row_beat
+from hdl.isa import LoadParams
 from hdl.memory.row_memory import RegisteredRead
 
 __all__ = ["ParamKind", "param_write_layout", "row_store", "column_store"]

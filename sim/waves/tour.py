@@ -46,7 +46,7 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data
 from vcd.gtkw import GTKWFlag, GTKWSave
 
-from hdl import isa
+from hdl import beats, isa
 from hdl.config import TPUConfig, get_config
 from hdl.isa import Func, Opcode, Pool
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
@@ -241,7 +241,7 @@ def tour_program(config: TPUConfig, m: int = 6) -> TourProgram:
     rng = np.random.default_rng(9)
     x = rng.integers(-4, 5, (m, rows))
     w = rng.integers(-3, 4, (rows, cols))
-    byte = unsigned(isa.DATA_BITS)
+    byte = unsigned(beats.DATA_BITS)
     int32 = unsigned(32)
     p = TourProgram(x=x, w=w)
     p.add("load_weights tile=0 count=1 signed",
