@@ -67,7 +67,8 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from boards.build import BuildError, clock_critical_path, prepare, run_plan
 from boards.timing import sdf_worst_paths
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
+from hdl.presets import get_config
 
 __all__ = ["CoreTimingHarness", "shift_in", "fold_out", "pll_params", "build", "main"]
 

@@ -19,8 +19,8 @@ import numpy as np
 from firmware.gemm import gemm_program, gemm_reference
 from firmware.runtime import open_device, run_program
 from firmware.transports.isa import IsaSimDevice
-from hdl.config import get_config
 from hdl.isa import Func
+from hdl.presets import get_config
 
 SEED = 2026
 

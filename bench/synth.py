@@ -91,7 +91,8 @@ from boards.build import (
     with_clock,
 )
 from boards.synth_harness import SynthTop
-from hdl.config import MULTIPLIERS, TPUConfig, get_config
+from hdl.config import MULTIPLIERS, TPUConfig
+from hdl.presets import get_config
 
 __all__ = ["Board", "BOARDS", "plan", "synthesise", "main"]
 

@@ -38,8 +38,9 @@ from pathlib import Path
 from amaranth.back import rtlil
 
 from bench.synth import BOARDS, _version, board_config, config_tag, run_tool, synthesise, tool
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.core import Core
+from hdl.presets import get_config
 
 __all__ = ["SWEEP", "RESULTS", "sweep", "main"]
 

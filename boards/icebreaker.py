@@ -24,12 +24,13 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 
 from boards.build import BuildError, build, pll_ice40, uart_divisor
-from hdl.config import PRESETS, TPUConfig, get_config
+from hdl.config import TPUConfig
+from hdl.presets import PRESETS, get_config
 
 __all__ = ["ICEBreakerTop", "BOARD_CONFIG", "main"]
 
 #: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR): a 4x4 array
-#: of int8 products, two to an SB_MAC16 (see :data:`hdl.config.PRESETS`).
+#: of int8 products, two to an SB_MAC16 (see :data:`hdl.presets.PRESETS`).
 BOARD_CONFIG = "icebreaker"
 CLOCK_MHZ = 24.0
 BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably

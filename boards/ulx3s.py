@@ -24,7 +24,8 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards import ulx3s
 
 from boards.build import BUILD_ROOT, BuildError, build, pll_ecp5, uart_divisor
-from hdl.config import ACTIVATION_UNITS, PRESETS, ConfigError, TPUConfig, get_config
+from hdl.config import ACTIVATION_UNITS, ConfigError, TPUConfig
+from hdl.presets import PRESETS, get_config
 
 __all__ = ["ULX3STop", "PARTS", "BOARD_CONFIG", "main"]
 

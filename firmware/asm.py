@@ -65,7 +65,8 @@ from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
 from hdl import beats, isa
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
+from hdl.presets import get_config
 
 __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
            "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "main"]

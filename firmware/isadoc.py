@@ -28,9 +28,9 @@ from amaranth.lib import data, enum
 import sim.models.isa_sim
 from firmware.asm import ALIASES, field_specs
 from hdl import beats, isa
-from hdl.config import PRESETS
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import element_cycles
+from hdl.presets import PRESETS
 
 __all__ = ["generate", "DOC_PATH", "main"]
 
@@ -208,7 +208,7 @@ def generate() -> str:
         "## Configurations",
         "",
         "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
-        "`host_width` bits. The presets in `hdl/config.py`:",
+        "`host_width` bits. The presets in `hdl/presets.py`:",
         "",
         _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
                 "weight_mem_tiles", "weight_fifo_depth", "param_slots"],

@@ -24,7 +24,7 @@ import serial
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
 from hdl import beats, isa
-from hdl.config import PRESETS, TPUConfig
+from hdl.config import TPUConfig
 from hdl.link.protocol import (
     PROTOCOL_VERSION,
     Frame,
@@ -36,6 +36,7 @@ from hdl.link.protocol import (
     StatusReply,
     encode_frame,
 )
+from hdl.presets import PRESETS
 
 __all__ = ["SerialDevice", "DEFAULT_BAUDRATE", "CONFIG_FIELDS"]
 

@@ -47,8 +47,9 @@ from amaranth.lib import data
 from vcd.gtkw import GTKWFlag, GTKWSave
 
 from hdl import beats, isa
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.isa import Func, Opcode, Pool
+from hdl.presets import get_config
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
 from sim.waves.gtkw import enum_filter, fst_signals, write_enum_filters
 

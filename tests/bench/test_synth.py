@@ -9,7 +9,7 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 
 from bench import synth
 from boards.build import with_clock
-from hdl.config import get_config
+from hdl.presets import get_config
 
 #: What the platform writes for each board's harness pins (resource -> pin), and its
 #: constraint file's name.

@@ -23,7 +23,7 @@ from boards.build import (
 )
 from boards.icebreaker import ICEBreakerTop
 from boards.ulx3s import ULX3STop
-from hdl.config import get_config
+from hdl.presets import get_config
 
 
 def _plan_files(platform, top, **options) -> dict[str, str]:

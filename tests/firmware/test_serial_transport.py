@@ -41,7 +41,6 @@ from firmware.runtime import (
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.serial import SerialDevice
 from hdl import isa
-from hdl.config import get_config
 from hdl.link.protocol import (
     END,
     ESC,
@@ -55,6 +54,7 @@ from hdl.link.protocol import (
     encode_frame,
     slip_encode,
 )
+from hdl.presets import get_config
 from sim.models.link_model import LinkModel, serve
 
 #: Seconds a device waits for an answer before it sends a frame again, in the tests that

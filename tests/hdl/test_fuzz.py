@@ -28,8 +28,8 @@ from firmware.asm import encode
 from firmware.runtime import DeviceError
 from firmware.transports.isa import IsaSimDevice
 from hdl import beats, isa
-from hdl.config import get_config
 from hdl.core import Core
+from hdl.presets import get_config
 from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
