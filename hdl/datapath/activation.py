@@ -103,13 +103,12 @@ class ActivationUnit(wiring.Component):
         prm = Signal.like(self.i_params)
         m.d.sync += prm.eq(self.i_params)
         # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
-        # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
-        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 whether and how it
-        # clips; s12 saturated; s13 the compares with the zero point and clamp_hi and the
-        # table in quarters; s14 the
-        # function's result.
-        # Then the pooling's four (P1-P4, below), from which a window's row goes into the
-        # output FIFO (it is offered a cycle later).
+        # input and output registers; s5 partial products; s6 middle sum; s7 product (s1-s7:
+        # hdl.datapath.wide_product); s8 coarse shift; s9 fine shift; s10 low bits + zero
+        # point; s11 whether and how it clips; s12 saturated; s13 the compares with the zero
+        # point and clamp_hi and the table in quarters; s14 the function's result. Then the
+        # pooling's four (P1-P4, hdl.datapath.pooling), from which a window's row goes into
+        # the output FIFO (it is offered a cycle later).
         depth = self.STAGES - 5         # s1-s14
 
         # Output FIFO and the credit that keeps it from overflowing: a window's row is
