@@ -5,17 +5,14 @@ from amaranth.hdl import Cat, Const, Module, Signal, signed, unsigned
 
 from hdl.lib.vendor import mult18x18d
 
-__all__ = ["PRODUCT_STAGES", "biased_product"]
-
-#: Cycles from the sum to the product: the sum registered, the bias added, the multipliers'
-#: input and output registers, the partial products, their middle sum, the product.
-PRODUCT_STAGES = 7
+__all__ = ["biased_product"]
 
 
 def biased_product(m: Module, acc, bias, mult, *, suffix: str, instantiate: bool) -> Signal:
-    """``wrap32(acc + bias) * mult`` exactly (int32 operands, a 64-bit register),
-    :data:`PRODUCT_STAGES` cycles after *acc*, with *bias* and *mult* read a cycle and two
-    cycles after it.
+    """``wrap32(acc + bias) * mult`` exactly (int32 operands, a 64-bit register), 7 cycles
+    after *acc* (the sum registered, the bias added, the multipliers' input and output
+    registers, the partial products, their middle sum, the product), with *bias* read a
+    cycle and *mult* two cycles after it.
 
     ``t * m = t_hi m_hi 2**34 + (t_hi m_lo + t_lo m_hi) 2**17 + t_lo m_lo``: each an 18 x 18
     signed multiply (the low halves zero-extended), an ECP5 ``MULT18X18D`` with registered
