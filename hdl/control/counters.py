@@ -32,7 +32,7 @@ class PerfCounters(wiring.Component):
     event as it moves, and ``o_value`` shows the one at the ring's head: the counter
     ``i_select`` names is shown (``o_valid``) one cycle in every ``len(RING)`` = 8. A ring
     is much smaller than a multiplexer choosing any counter at any time (a small part's
-    concern): it costs a few cells for its events, and a counter a cell a bit as before
+    concern): it costs a few cells for its events, and a counter a cell a bit either way
     (each register loads its neighbour plus one, an increment on the carry chain).
     ``useful_macs`` is ``array_active`` times ``macs_per_row``, computed from
     it as it is shown (both wrap at ``2**width`` and clear together, so they are the same
