@@ -64,7 +64,8 @@ import numpy as np
 from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
-from hdl import beats, isa
+from hdl import isa
+from hdl.beats import param_row_beat, ub_row_beat, weight_row_beat
 from hdl.config import TPUConfig
 from hdl.presets import get_config
 
@@ -212,11 +213,11 @@ class _Data:
     def size(self, config: TPUConfig) -> tuple[int, int]:
         """(elements, bits per element), from the beat layouts of :mod:`hdl.isa`."""
         if self.kind == "ub":
-            layout = beats.ub_row_beat(config.ub_row)
+            layout = ub_row_beat(config.ub_row)
         elif self.kind == "weight":
-            layout = beats.weight_row_beat(config.cols)
+            layout = weight_row_beat(config.cols)
         else:
-            layout = beats.param_row_beat(config.cols)
+            layout = param_row_beat(config.cols)
         return layout.length, Shape.cast(layout.elem_shape).width
 
     @property

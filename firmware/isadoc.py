@@ -27,7 +27,8 @@ from amaranth.lib import data, enum
 
 import sim.models.isa_sim
 from firmware.asm import ALIASES, field_specs
-from hdl import beats, isa
+from hdl import isa
+from hdl.beats import DONE_MAGIC, ERROR_MAGIC, DoneBeat, ErrorBeat
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import element_cycles
 from hdl.presets import PRESETS
@@ -269,18 +270,18 @@ def generate() -> str:
         "",
         "## DONE beat",
         "",
-        f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {beats.DONE_MAGIC:#010x}` "
-        f"(\"{beats.DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
+        f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {DONE_MAGIC:#010x}` "
+        f"(\"{DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
         "instructions in the program, the HALT included (`DoneBeat`, in the low 64 bits):",
         "",
-        _layout_table(beats.DoneBeat),
+        _layout_table(DoneBeat),
         "",
         "## Error beat",
         "",
-        _md(beats.ErrorBeat.__doc__) + f" `ERROR_MAGIC = {beats.ERROR_MAGIC:#010x}` "
-        f"(\"{beats.ERROR_MAGIC.to_bytes(4, 'big').decode()}\").",
+        _md(ErrorBeat.__doc__) + f" `ERROR_MAGIC = {ERROR_MAGIC:#010x}` "
+        f"(\"{ERROR_MAGIC.to_bytes(4, 'big').decode()}\").",
         "",
-        _layout_table(beats.ErrorBeat),
+        _layout_table(ErrorBeat),
         "",
         "## Resynchronisation word",
         "",

@@ -26,7 +26,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from amaranth.lib import data
 
-from hdl import beats, isa
+import hdl.beats
+from hdl import isa
 from hdl.config import TPUConfig
 
 __all__ = ["DeviceStatus", "DeviceError", "DeviceTimeout", "Device", "open_device",
@@ -138,7 +139,7 @@ def open_device(transport: str, config: TPUConfig, **options) -> Device:
 
 def done_beat(instructions: int) -> int:
     """The beat HALT sends for a program of ``instructions`` instructions."""
-    return beats.done_beat(instructions)
+    return hdl.beats.done_beat(instructions)
 
 
 def run_program(device: Device, beats: Sequence[int], output_beats: int, *,

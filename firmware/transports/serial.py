@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import serial
 
 from firmware.runtime import DeviceError, DeviceStatus, DeviceTimeout
-from hdl import beats, isa
+from hdl import isa
+from hdl.beats import ERROR_MAGIC, error_beat
 from hdl.config import TPUConfig
 from hdl.link.protocol import (
     PROTOCOL_VERSION,
@@ -60,7 +61,7 @@ _LOW64 = (1 << isa.INSTR_BITS) - 1
 
 
 def _looks_like_error_beat(beat: int) -> bool:
-    return (beat & _LOW64) >> 32 == beats.ERROR_MAGIC
+    return (beat & _LOW64) >> 32 == ERROR_MAGIC
 
 
 class SerialDevice:
@@ -399,7 +400,7 @@ class SerialDevice:
             if any(_looks_like_error_beat(b) for b in got[checked:]):
                 status = self._settled_status(deadline)
                 if status.error:
-                    beat = beats.error_beat(status.code, status.instr_index)
+                    beat = error_beat(status.code, status.instr_index)
                     stop = next((i for i, b in enumerate(got) if b & _LOW64 == beat), None)
                     if stop is not None:
                         raise DeviceError(f"the core stopped after {stop} of {count} beats",
@@ -447,7 +448,7 @@ class SerialDevice:
         status = self.status()
         if status.error:
             # The core ignores i_clear until it has sent its error beat.
-            beat = beats.error_beat(status.code, status.instr_index)
+            beat = error_beat(status.code, status.instr_index)
             deadline = time.monotonic() + self.timeout_s
             with self._cond:
                 while beat not in self._error_beats and time.monotonic() < deadline:

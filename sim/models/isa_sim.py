@@ -151,7 +151,8 @@ from dataclasses import dataclass
 import numpy as np
 from amaranth.lib import data
 
-from hdl import beats, isa
+from hdl import isa
+from hdl.beats import done_beat, error_beat, param_row_beat, ub_row_beat, weight_row_beat
 from hdl.config import TPUConfig
 from sim.models import golden
 
@@ -177,10 +178,6 @@ def _row(beat: int, size: int, dtype) -> np.ndarray:
     elements of ``dtype``, element 0 lowest)."""
     raw = (beat & ((1 << size) - 1)).to_bytes(size // 8, "little")
     return np.frombuffer(raw, dtype=dtype).copy()
-
-
-#: The beat the core sends when an instruction fails (:func:`hdl.beats.error_beat`).
-error_beat = beats.error_beat
 
 
 def beats_match(expected: Sequence[int | None], actual: Sequence[int]) -> bool:
@@ -399,14 +396,14 @@ class IsaSim:
 
     def _op_halt(self, f) -> None:
         self._counts["instructions"] += 1
-        self.output.append(beats.done_beat(self._index + 1))
+        self.output.append(done_beat(self._index + 1))
         self._index = 0
         self._halted = True
 
     def _op_read_host(self, f) -> None:
         self._check_count(f["count"])
         self._check_ub(f["ub_addr"], f["count"])
-        size = data.Layout.cast(beats.ub_row_beat(self.config.ub_row)).size
+        size = data.Layout.cast(ub_row_beat(self.config.ub_row)).size
 
         def write(row: int, beat: int) -> None:
             self.ub[row] = _row(beat, size, np.uint8)
@@ -425,7 +422,7 @@ class IsaSim:
         self._check_signed(f)
         self._check_tiles(f["tile"], f["count"])
         rows, cols = self.config.rows, self.config.cols
-        size = data.Layout.cast(beats.weight_row_beat(cols)).size
+        size = data.Layout.cast(weight_row_beat(cols)).size
         signed = bool(f["signed"])
 
         def write(tile: int, row: int, beat: int) -> None:
@@ -498,7 +495,7 @@ class IsaSim:
         p.shift = int(f["shift"])
         p.zero_point = _int8(f["zero_point"])
         p.clamp_hi = _int8(f["clamp_hi"])
-        size = data.Layout.cast(beats.param_row_beat(self.config.cols)).size
+        size = data.Layout.cast(param_row_beat(self.config.cols)).size
 
         def bias(beat: int) -> None:
             p.bias = _row(beat, size, np.dtype("<i4")).astype(np.int64)

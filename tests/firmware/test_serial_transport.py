@@ -41,6 +41,7 @@ from firmware.runtime import (
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.serial import SerialDevice
 from hdl import isa
+from hdl.beats import error_beat
 from hdl.link.protocol import (
     END,
     ESC,
@@ -277,7 +278,7 @@ def test_error_then_resync_word(board):
     plan, expected = _gemm("tiny", 2, 3, 2, seed=12)
     beats = program.beats + [isa.RESYNC_WORD] + plan.beats
     out = _run_both(dev, ref, beats, 3 + plan.output_beats, "error, RESYNC_WORD, program")
-    assert out[2] == beats.error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 2)
+    assert out[2] == error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 2)
     assert np.array_equal(plan.decode(out[3:]), expected)
 
 
