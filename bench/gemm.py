@@ -20,8 +20,8 @@ from firmware.device import open_device
 from firmware.gemm import gemm_program, gemm_reference
 from firmware.runtime import run_program
 from firmware.transports.isa import IsaSimDevice
-from hdl.config import get_config
 from hdl.isa import Func
+from hdl.presets import get_config
 
 SEED = 2026
 

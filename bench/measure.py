@@ -17,8 +17,9 @@ from firmware.gemm import gemm_program, gemm_reference
 from firmware.runtime import run, run_program
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.isa import Func
+from hdl.presets import get_config
 
 __all__ = ["SIZES", "GEMMS", "report_config", "measure_gemm", "measure_network",
            "measure_workloads", "stream_speed", "amaranth_stream_speed", "transport_speed",

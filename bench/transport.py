@@ -27,8 +27,8 @@ import numpy as np
 from firmware.gemm import gemm_program, gemm_reference
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice, design
-from hdl.config import get_config
 from hdl.isa import Func
+from hdl.presets import get_config
 from sim.rtl.verilog import locked
 
 

@@ -16,8 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from hdl.config import get_config
 from hdl.datapath.matrix_unit import MatrixUnit
+from hdl.presets import get_config
 from sim.rtl.runner import run
 
 HERE = Path(__file__).parent

@@ -25,15 +25,8 @@ from pathlib import Path
 from boards.build import BUILD_ROOT, Board, build_board, build_harness, format_harness
 from boards.harness import BLOCKS
 from boards.tools import BuildError
-from hdl.config import (
-    ACTIVATION_UNITS,
-    MULTIPLIERS,
-    PIPELINES,
-    PRESETS,
-    ConfigError,
-    TPUConfig,
-    get_config,
-)
+from hdl.config import ACTIVATION_UNITS, MULTIPLIERS, PIPELINES, ConfigError, TPUConfig
+from hdl.presets import PRESETS, get_config
 
 __all__ = ["TARGETS", "BOARDS", "board", "configure", "main"]
 

@@ -30,7 +30,7 @@ from hdl.config import TPUConfig
 __all__ = ["ICEBreakerTop", "BOARD", "BOARD_CONFIG", "CLOCK_MHZ", "main"]
 
 #: The configuration that fits the UP5K (5,280 logic cells, 8 SB_MAC16, 30 EBR): a 4x4 array
-#: of int8 products, two to an SB_MAC16 (see :data:`hdl.config.PRESETS`).
+#: of int8 products, two to an SB_MAC16 (see :data:`hdl.presets.PRESETS`).
 BOARD_CONFIG = "icebreaker"
 CLOCK_MHZ = 24.0
 BAUD = 3_000_000        # the FT2232H's UART takes 3 Mbaud reliably

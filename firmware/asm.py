@@ -65,7 +65,9 @@ from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
 from hdl import isa
-from hdl.config import TPUConfig, get_config
+from hdl.beats import param_row_beat, ub_row_beat, weight_row_beat
+from hdl.config import TPUConfig
+from hdl.presets import get_config
 
 __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
            "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "main"]
@@ -211,11 +213,11 @@ class _Data:
     def size(self, config: TPUConfig) -> tuple[int, int]:
         """(elements, bits per element), from the beat layouts of :mod:`hdl.isa`."""
         if self.kind == "ub":
-            layout = isa.ub_row_beat(config.ub_row)
+            layout = ub_row_beat(config.ub_row)
         elif self.kind == "weight":
-            layout = isa.weight_row_beat(config.cols)
+            layout = weight_row_beat(config.cols)
         else:
-            layout = isa.param_row_beat(config.cols)
+            layout = param_row_beat(config.cols)
         return layout.length, Shape.cast(layout.elem_shape).width
 
     @property

@@ -68,7 +68,7 @@ def demo(args: argparse.Namespace) -> int:
     from firmware.models import digits as models
     from firmware.quant import quantise, reference_forward
     from firmware.runtime import run
-    from hdl.config import PRESETS, get_config
+    from hdl.presets import PRESETS, get_config
 
     config = get_config(args.config)
     split = digits()

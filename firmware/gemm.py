@@ -38,6 +38,7 @@ import numpy as np
 
 from firmware.asm import Program
 from hdl import isa
+from hdl.beats import done_beat
 from hdl.config import TPUConfig
 from sim.models import golden
 
@@ -123,7 +124,7 @@ class GemmProgram:
         output = [int(b) for b in output]
         if len(output) != self.output_beats:
             raise ValueError(f"expected {self.output_beats} output beats, got {len(output)}")
-        done = isa.done_beat(self.instructions)
+        done = done_beat(self.instructions)
         if output[-1] != done:
             raise ValueError(f"last beat {output[-1]:#x} is not the DONE beat {done:#x}")
         cols = self.config.cols

@@ -28,9 +28,10 @@ from amaranth.lib import data, enum
 import sim.models.isa_sim
 from firmware.asm import ALIASES, field_specs
 from hdl import isa
-from hdl.config import PRESETS
+from hdl.beats import DONE_MAGIC, ERROR_MAGIC, DoneBeat, ErrorBeat
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import element_cycles
+from hdl.presets import PRESETS
 
 __all__ = ["generate", "DOC_PATH", "main"]
 
@@ -208,7 +209,7 @@ def generate() -> str:
         "## Configurations",
         "",
         "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
-        "`host_width` bits. The presets in `hdl/config.py`:",
+        "`host_width` bits. The presets in `hdl/presets.py`:",
         "",
         _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
                 "weight_mem_tiles", "weight_fifo_depth", "param_slots"],
@@ -269,18 +270,18 @@ def generate() -> str:
         "",
         "## DONE beat",
         "",
-        f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {isa.DONE_MAGIC:#010x}` "
-        f"(\"{isa.DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
+        f"HALT sends `DONE_MAGIC << 32 | n` with `DONE_MAGIC = {DONE_MAGIC:#010x}` "
+        f"(\"{DONE_MAGIC.to_bytes(4, 'big').decode()}\") and `n` the number of "
         "instructions in the program, the HALT included (`DoneBeat`, in the low 64 bits):",
         "",
-        _layout_table(isa.DoneBeat),
+        _layout_table(DoneBeat),
         "",
         "## Error beat",
         "",
-        _md(isa.ErrorBeat.__doc__) + f" `ERROR_MAGIC = {isa.ERROR_MAGIC:#010x}` "
-        f"(\"{isa.ERROR_MAGIC.to_bytes(4, 'big').decode()}\").",
+        _md(ErrorBeat.__doc__) + f" `ERROR_MAGIC = {ERROR_MAGIC:#010x}` "
+        f"(\"{ERROR_MAGIC.to_bytes(4, 'big').decode()}\").",
         "",
-        _layout_table(isa.ErrorBeat),
+        _layout_table(ErrorBeat),
         "",
         "## Resynchronisation word",
         "",

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+import hdl.beats
 from firmware.device import Device, DeviceError
 from hdl import isa
 from hdl.config import TPUConfig
@@ -25,7 +26,7 @@ __all__ = ["run_program", "RunResult", "run", "counter_beats_program", "decode_c
 
 def done_beat(instructions: int) -> int:
     """The beat HALT sends for a program of ``instructions`` instructions."""
-    return isa.done_beat(instructions)
+    return hdl.beats.done_beat(instructions)
 
 
 def run_program(device: Device, beats: Sequence[int], output_beats: int, *,

@@ -1,4 +1,5 @@
-"""Accelerator parameters: one frozen dataclass, derived properties and named presets.
+"""Accelerator parameters: one frozen dataclass and its derived properties (the named
+configurations are :mod:`hdl.presets`).
 
 Only composite blocks take a :class:`TPUConfig`; leaf blocks (the PE, the weight FIFO) take
 explicit keyword arguments derived from it.
@@ -9,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["TPUConfig", "ConfigError", "PRESETS", "get_config", "MULTIPLIERS",
-           "ACTIVATION_UNITS", "PARAM_STORES", "PIPELINES", "OPERAND_KINDS"]
+__all__ = ["TPUConfig", "ConfigError", "MULTIPLIERS", "ACTIVATION_UNITS", "PARAM_STORES",
+           "PIPELINES", "OPERAND_KINDS"]
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5", "ice40")
@@ -40,111 +41,95 @@ def _is_pow2(value: int) -> bool:
 class TPUConfig:
     """Parameters of one accelerator instance.
 
-    The matrix unit computes ``Y = X @ W`` for a weight tile ``W`` of ``rows x cols``
-    (``rows`` is the reduction dimension K, ``cols`` the output dimension N): activation
-    rows of ``rows`` elements enter from the left, output rows of ``cols`` partial sums
-    leave at the bottom.
+    The matrix unit computes ``Y = X @ W`` for a weight tile ``W`` of ``rows x cols`` (``rows``
+    is the reduction dimension K, ``cols`` the output dimension N): activation rows of ``rows``
+    elements enter from the left, output rows of ``cols`` partial sums leave at the bottom.
 
     Attributes
     ----------
-    rows : int
-        Rows of processing elements (the length of an activation row), 1 to 256.
-    cols : int
-        Columns of processing elements (the length of an output row), 1 to 256.
-    data_width : int
-        Width of activations and weights; 8 (int8 or uint8, chosen per stream or tile).
-    acc_width : int
-        Width of partial sums and accumulators; 32 (two's complement, wrapping).
+    rows, cols : int
+        Rows and columns of processing elements (the length of an activation row, of an output row),
+        1 to 256 each.
+    data_width, acc_width : int
+        Width of activations and weights, 8 (int8 or uint8, chosen per stream or tile), and of
+        partial sums and accumulators, 32 (two's complement, wrapping).
     weight_fifo_depth : int
         Weight tiles the weight FIFO holds (TPU v1: 4), 1 to 64.
-    ub_depth : int
-        Rows of the unified buffer (activations), a power of two, 16 to 65536.
-    acc_depth : int
-        Rows of the accumulator memory, a power of two, 16 to 65536.
+    ub_depth, acc_depth : int
+        Rows of the unified buffer (activations) and of the accumulator memory, each a power of two,
+        16 to 65536.
     weight_mem_tiles : int
         Weight tiles the on-chip weight memory holds, 1 to 4096.
     param_slots : int
         Requantisation parameter slots (bias, multiplier, shift, zero point), 1 to 8.
     host_width : int or None
-        Bits in one beat of the host stream. ``None``: the smallest that holds an instruction
-        (64 bits) and any data row (a unified-buffer row, a weight row, a row of ``cols``
-        int32). A multiple of 8 at least that large.
+        Bits in one beat of the host stream, a multiple of 8 that holds an instruction (64 bits) and
+        any data row (a unified-buffer row, a weight row, a row of ``cols`` int32). ``None``: the
+        smallest such.
     lut_multipliers : int
         How many PEs (the last ones, in row-major order) build their multiplier from LUT logic
-        instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16
-        for a 4x4 array -> 8). 0 to rows * cols. They take the same registers as the other
-        PEs (:attr:`pipeline`), so that every PE has the same latency.
+        instead of a DSP block, for parts with fewer DSPs than PEs (iCE40UP5K: 8 SB_MAC16 for a 4x4
+        array -> 8), 0 to rows * cols. They take the other PEs' registers (:attr:`pipeline`), so
+        that every PE has the same latency.
     multiplier : str
         Which primitive the other PEs' products are built on (where the registers sit is
-        :attr:`pipeline`'s choice). ``"infer"``: a plain ``*`` that synthesis maps to a DSP
-        block, registers in the fabric (any part). ``"ecp5"``: an instantiated ECP5
-        ``MULT18X18D`` holding the operand and product registers (ECP5 parts only; same
-        cycles, higher Fmax; the activation unit's multipliers too). ``"ice40"``: two PEs' products
-        in one iCE40 ``SB_MAC16`` in its dual 8x8 mode, its input and product registers the
-        PEs' (iCE40 parts; needs ``operands="int8"``, since the block's signedness is fixed:
-        a 4x4 array takes the UP5K's 8 blocks). See :class:`hdl.datapath.pe.PE` and
-        :class:`hdl.datapath.dual_mult.DualMultiplier`.
+        :attr:`pipeline`'s choice). ``"infer"``: a ``*`` that synthesis maps to a DSP block,
+        registers in the fabric (any part). ``"ecp5"``: an instantiated ECP5 ``MULT18X18D`` holding
+        the operand and product registers, the activation unit's multipliers too (ECP5 parts; same
+        cycles, higher Fmax). ``"ice40"``: two PEs' products in one iCE40 ``SB_MAC16`` in its dual
+        8x8 mode, its input and product registers the PEs' (iCE40 parts; the block's signedness is
+        fixed, so ``operands="int8"``; a 4x4 array takes the UP5K's 8 blocks). See
+        :class:`hdl.datapath.pe.PE`, :mod:`hdl.datapath.dual_mult`.
     activation_unit : str
-        ``"pipelined"``: one requantisation datapath per column, a row a cycle
-        (:class:`hdl.datapath.activation.ActivationUnit`). ``"serial"``: one datapath
-        time-shared over the columns with a multi-cycle multiply and shift, 37 to 99 cycles an
-        element (:class:`hdl.datapath.activation_serial.SerialActivationUnit`), for small
-        parts. Same results.
+        ``"pipelined"``: a requantisation datapath per column, a row a cycle
+        (:mod:`hdl.datapath.activation`). ``"serial"``, for small parts: one datapath time-shared
+        over the columns, a multi-cycle multiply and shift, 37 to 99 cycles an element
+        (:mod:`hdl.datapath.activation_serial`). Same results.
     counter_bits : int
-        Width of the performance counters, 32 to 48; they wrap at ``2**counter_bits`` (a
-        counter beat still carries 48 bits, the upper ones zero). Narrower saves logic on
-        small parts.
+        Width of the performance counters, 32 to 48 (narrower for small parts); they wrap at
+        ``2**counter_bits`` (a counter beat still carries 48 bits, the upper ones zero).
     param_store : str
-        Where the activation engine keeps the requantisation parameter slots (a row of
-        ``cols`` int32 biases, one of multipliers and the scalars each). ``"auto"``: as
-        synthesis chooses (so small a memory lands in flip-flops or distributed RAM).
-        ``"block"``: in block RAM (iCE40: 10 EBR for a 2-column row, where flip-flops took
-        about 450 logic cells), for small parts. Same timing and results. For the pipelined
-        unit only: the serial unit reads a word at a time, so with
-        ``activation_unit="serial"`` the slots are always one 32-bit-wide block RAM, a word
-        per column, kind and slot (``"auto"``; see
-        :class:`hdl.control.activation_engine.ActivationEngine`).
+        Where the activation engine keeps the requantisation parameter slots (a row of ``cols``
+        int32 biases, one of multipliers and the scalars each). ``"auto"``: as synthesis chooses
+        (flip-flops or distributed RAM for so small a memory). ``"block"``, for small parts: block
+        RAM; same timing and results. For the pipelined unit only: the serial unit's slots are
+        always one 32-bit-wide block RAM, a word per column, kind and slot, read a word at a time
+        (``"auto"``; :mod:`hdl.control.param_store`).
     pipeline : str
-        Where the core's registers sit, one policy for the whole design (the multiplier
-        primitive is :attr:`multiplier`'s choice, independent of this). The three give the
-        same results and the same beats; they differ in cycles and Fmax, and the
-        random-program regression proves each equal to the ISA simulator.
+        Where the core's registers sit, one policy for the whole design (independent of
+        :attr:`multiplier`). All three give the same results and beats, in different cycles and at
+        different Fmax; the random-program regression proves each equal to the ISA simulator.
 
-        - ``"reference"``: the readable specification. An instruction may issue in its first
-          cycle at the front end (its checks and the hazard tracker's answer decide in that
-          cycle); memories answer a read in one cycle; a PE's latency is 3.
-        - ``"compact"``: the small-part build (the iCEBreaker's). The ends of an
-          instruction's ranges and the word the hazard tracker is asked about are registered
-          before they are compared, and what depends on the opcode and the engines'
-          readiness is decided a cycle ahead, so no adder or compare runs from the
-          instruction word into the dispatch: an instruction issues at the earliest in its
-          third cycle. Nothing else changes.
-        - ``"fast"``: the retimed build for high clocks (the ULX3S's). As ``"compact"``, and
-          each check's answer and the engines' readiness are registered before they are
-          combined, the hazard tracker answers a cycle late (an instruction issues at the
-          earliest in its fourth cycle); the unified buffer, weight memory and accumulators
-          read through their block RAMs' output registers (a cycle more; the accumulators
-          forward the rows in flight); the weight FIFO's rows leave through a ring of
-          registers; the array's enable is a register decided a cycle ahead; each PE has two
-          more registers each side of its multiplier (latency 7); LOAD_WEIGHTS and
-          READ_WEIGHTS scale their tile counts to rows a cycle late when ``rows`` is not a
-          power of two; on a board the link's checks and the link-core beats are registered.
-          Not with ``multiplier="ice40"``, whose shared block holds the PEs' registers.
+        - ``"reference"``: the readable specification. An instruction may issue in its first cycle
+          at the front end (its checks and the hazard tracker's answer decide in that cycle);
+          memories answer a read in one cycle; a PE's latency is 3.
+        - ``"compact"``: the small-part build (the iCEBreaker's). The ends of an instruction's
+          ranges and the word the hazard tracker is asked about are registered before they are
+          compared, and what depends on the opcode and the engines' readiness is decided a cycle
+          ahead, so no adder or compare runs from the instruction word into the dispatch: an
+          instruction issues at the earliest in its third cycle. Nothing else changes.
+        - ``"fast"``: the retimed build for high clocks (the ULX3S's). As ``"compact"``, and each
+          check's answer and the engines' readiness are registered before they are combined, the
+          hazard tracker answers a cycle late (an instruction issues at the earliest in its fourth
+          cycle); the unified buffer, weight memory and accumulators read through their block RAMs'
+          output registers (a cycle more; the accumulators forward the rows in flight); the weight
+          FIFO's rows leave through a ring of registers; the array's enable is a register decided a
+          cycle ahead; each PE has two more registers each side of its multiplier (latency 7);
+          LOAD_WEIGHTS and READ_WEIGHTS scale their tile counts to rows a cycle late when ``rows``
+          is not a power of two; on a board the link's checks and the link-core beats are
+          registered. Not with ``multiplier="ice40"``, whose shared block holds the PEs' registers.
     operands : str
         ``"any"``: each activation stream and weight tile is int8 or uint8 (its instruction's
-        ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only; a
-        ``LOAD_WEIGHTS`` or ``MATMUL`` with ``signed`` clear stops the core with
-        ``ErrorCode.SIGNEDNESS`` before it has any effect, and the products fit 8 x 8
-        multipliers (``multiplier="ice40"``). Compile for such a core with int8 inputs
-        (:func:`firmware.quant.quantise` ``input_signed=True``).
+        ``signed`` flag), multiplied as 9-bit signed values. ``"int8"``: int8 only, so the products
+        fit 8 x 8 multipliers (``multiplier="ice40"``); a ``LOAD_WEIGHTS`` or ``MATMUL`` with
+        ``signed`` clear stops the core with ``ErrorCode.SIGNEDNESS`` before it has any effect.
+        Compile for it with :func:`firmware.quant.quantise`'s ``input_signed=True``.
     matmul_slots : int
-        MATMULs that may be in flight at once (issuing, in the array, or being accumulated),
-        1 to 8: the matrix engine's slots and the hazard tracker's recorded ranges (each slot
-        a buffer range and an accumulator range, four compares against an instruction's two
-        ranges). A MATMUL waits for a free slot; with fewer slots, short MATMULs back to back
-        wait for the oldest to drain from the array. Fewer saves logic on small parts
-        (iCE40, 256-row memories: 4 slots to 2 took 280 logic cells off a 4x4 core). Same
-        results.
+        MATMULs in flight at once (issuing, in the array, or being accumulated), 1 to 8 (fewer for
+        small parts): the matrix engine's slots and the hazard tracker's recorded ranges (a buffer
+        and an accumulator range each, four compares against an instruction's two ranges). A MATMUL
+        waits for a free slot, so with fewer, short MATMULs back to back wait for the oldest to
+        drain from the array. Same results.
     """
 
     rows: int = 8
@@ -169,44 +154,41 @@ class TPUConfig:
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
             if not ok:
-                value = getattr(self, name)
-                raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
-                                  f"allowed: {allowed}")
+                raise ConfigError(f"TPUConfig.{name}={getattr(self, name)!r} is not "
+                                  f"supported; allowed: {allowed}")
+
+        def one_of(name: str, values: tuple[str, ...]):
+            value = getattr(self, name)
+            check(name, isinstance(value, str) and value in values,
+                  " or ".join(repr(allowed) for allowed in values))
 
         for name in ("rows", "cols", "data_width", "acc_width", "weight_fifo_depth",
                      "ub_depth", "acc_depth", "weight_mem_tiles", "param_slots",
                      "lut_multipliers", "counter_bits", "matmul_slots"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"TPUConfig.{name}={value!r} is not supported; "
-                                  f"allowed: an int")
+            check(name, isinstance(value, int) and not isinstance(value, bool), "an int")
         check("rows", 1 <= self.rows <= 256, "1 to 256")
         check("cols", 1 <= self.cols <= 256, "1 to 256")
         check("data_width", self.data_width == 8, "8 (int8/uint8 operands)")
         check("acc_width", self.acc_width == 32, "32 (int32 accumulation)")
         check("weight_fifo_depth", 1 <= self.weight_fifo_depth <= 64, "1 to 64 tiles")
-        check("ub_depth", _is_pow2(self.ub_depth) and 16 <= self.ub_depth <= 65536,
-              "a power of two from 16 to 65536 rows")
-        check("acc_depth", _is_pow2(self.acc_depth) and 16 <= self.acc_depth <= 65536,
-              "a power of two from 16 to 65536 rows")
+        for name in ("ub_depth", "acc_depth"):
+            check(name, _is_pow2(getattr(self, name)) and 16 <= getattr(self, name) <= 65536,
+                  "a power of two from 16 to 65536 rows")
         check("weight_mem_tiles", 1 <= self.weight_mem_tiles <= 4096, "1 to 4096 tiles")
         check("param_slots", 1 <= self.param_slots <= 8, "1 to 8")
         if self.host_width is None:
             object.__setattr__(self, "host_width", self.min_host_width)
-        if not isinstance(self.host_width, int) or isinstance(self.host_width, bool):
-            raise ConfigError(f"TPUConfig.host_width={self.host_width!r} is not supported; "
-                              f"allowed: an int or None")
+        check("host_width", isinstance(self.host_width, int) and
+              not isinstance(self.host_width, bool), "an int or None")
         check("host_width",
               self.host_width >= self.min_host_width and self.host_width % 8 == 0,
               f"a multiple of 8 of at least {self.min_host_width} bits (an instruction, a "
               f"unified-buffer row, a weight row and a row of {self.cols} int32 must fit)")
         check("lut_multipliers", 0 <= self.lut_multipliers <= self.rows * self.cols,
               f"0 to rows * cols = {self.rows * self.cols}")
-        check("multiplier", isinstance(self.multiplier, str) and self.multiplier in MULTIPLIERS,
-              " or ".join(repr(value) for value in MULTIPLIERS))
-        check("activation_unit", isinstance(self.activation_unit, str) and
-              self.activation_unit in ACTIVATION_UNITS,
-              " or ".join(repr(value) for value in ACTIVATION_UNITS))
+        one_of("multiplier", MULTIPLIERS)
+        one_of("activation_unit", ACTIVATION_UNITS)
         check("counter_bits", 32 <= self.counter_bits <= 48, "32 to 48 bits")
         # (pipeline="fast": the weight FIFO's output ring holds two rows of its storage.)
         check("weight_fifo_depth", self.pipeline != "fast" or
@@ -214,28 +196,22 @@ class TPUConfig:
               f"with pipeline='fast', more than 2 rows of weight FIFO (rows={self.rows} x "
               f"depth)")
         check("matmul_slots", 1 <= self.matmul_slots <= 8, "1 to 8")
-        check("param_store", isinstance(self.param_store, str) and
-              self.param_store in PARAM_STORES,
-              " or ".join(repr(value) for value in PARAM_STORES))
+        one_of("param_store", PARAM_STORES)
         if self.activation_unit == "serial" and self.param_store != "auto":
             raise ConfigError(f"TPUConfig.param_store={self.param_store!r} is not supported "
                               f"with activation_unit='serial' (its parameters are always a "
                               f"32-bit word per column in block RAM); allowed: 'auto'")
-        check("pipeline", isinstance(self.pipeline, str) and self.pipeline in PIPELINES,
-              " or ".join(repr(value) for value in PIPELINES))
+        one_of("pipeline", PIPELINES)
         if self.pipeline == "fast" and self.multiplier == "ice40":
             raise ConfigError("TPUConfig.pipeline='fast' is not supported with "
                               "multiplier='ice40' (an SB_MAC16 shared by two PEs holds their "
                               "operand and product registers, so the PE cannot take the fast "
                               "build's registers around it); allowed: 'reference' or 'compact'")
-        check("operands", isinstance(self.operands, str) and self.operands in OPERAND_KINDS,
-              " or ".join(repr(value) for value in OPERAND_KINDS))
+        one_of("operands", OPERAND_KINDS)
         if self.multiplier == "ice40" and self.operands != "int8":
             raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
                               f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "
                               f"block), not operands={self.operands!r}")
-
-    # Derived properties -------------------------------------------------------------------
 
     @property
     def name(self) -> str:
@@ -322,40 +298,3 @@ class TPUConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-PRESETS: dict[str, TPUConfig] = {
-    # Fast unit tests.
-    "tiny": TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8),
-    "small": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=128, weight_mem_tiles=16),
-    # Non-square: a short reduction dimension and a wide output row.
-    "wide": TPUConfig(rows=4, cols=8, ub_depth=256, acc_depth=128, weight_mem_tiles=16),
-    # The default: fits an ECP5-85F's multipliers with room to spare.
-    "default": TPUConfig(),
-    # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
-    "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
-    # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's logic cells, 8 SB_MAC16
-    # and 30 EBR next to the host link: a 4x4 array of int8 products two to an SB_MAC16, the
-    # serial activation unit, 32-bit counters, two MATMUL slots, 8 weight tiles, and the
-    # compact pipeline (the range compares out of the path into the dispatch, which limits
-    # the clock there; docs/timing-closure.md).
-    "icebreaker": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=256, weight_mem_tiles=8,
-                            param_slots=2, weight_fifo_depth=2, operands="int8",
-                            multiplier="ice40", activation_unit="serial", counter_bits=32,
-                            pipeline="compact", matmul_slots=2),
-    # ULX3S (ECP5-85F): the default array on MULT18X18D multipliers (the activation unit's
-    # partial products too), the fast pipeline.
-    "ulx3s": TPUConfig(multiplier="ecp5", pipeline="fast"),
-}
-
-
-def get_config(name: str) -> TPUConfig:
-    """The preset called *name*, or a ``RxC`` string such as ``"4x8"`` on top of the default."""
-    if name in PRESETS:
-        return PRESETS[name]
-    rows, sep, cols = name.partition("x")
-    if sep and rows.isdigit() and cols.isdigit():
-        # host_width=None: the default's 256-bit beat is too narrow above 8 columns.
-        return PRESETS["default"].replace(rows=int(rows), cols=int(cols), host_width=None)
-    raise ConfigError(f"unknown configuration {name!r}; allowed: "
-                      f"{', '.join(PRESETS)} or 'RxC' such as '4x8'")

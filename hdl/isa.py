@@ -19,14 +19,10 @@ Semantics are written out in docs/isa.md (generated from this module by
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
-__all__ = [
-    "INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "COUNTER_BITS",
-    "DONE_MAGIC", "ERROR_MAGIC", "RESYNC_WORD", "DoneBeat", "ErrorBeat",
-    "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost", "LoadWeights", "ReadWeights",
-    "Matmul", "Activate", "LoadParams", "ReadCounters", "ClearCounters", "FORMATS", "Status",
-    "DATA_BITS", "ub_row_beat", "weight_row_beat", "param_row_beat", "COUNTER_BEAT", "decode",
-    "done_beat", "error_beat",
-]
+__all__ = ["INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "COUNTER_BITS",
+           "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
+           "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
+           "ClearCounters", "FORMATS", "Status", "decode"]
 
 INSTR_BITS = 64
 
@@ -94,32 +90,10 @@ COUNTERS = (
 )
 COUNTER_BITS = 48
 
-#: Upper 32 bits of the beat HALT sends; the lower 32 bits count the program's instructions.
-DONE_MAGIC = 0x444F4E45   # "DONE"
-
-#: Upper 32 bits of the beat the core sends when an instruction fails its checks.
-ERROR_MAGIC = 0x4641494C  # "FAIL"
-
-#: The resynchronisation word (the low 64 bits of a beat; higher bits are ignored): after an
-#: error the core discards every beat until this one, which clears the error and restarts
-#: the program at instruction 0. Sent when no error is pending it only restarts the program.
-#: Its opcode, 15, is reserved, so no valid instruction equals it.
+#: The resynchronisation word (a beat's low 64 bits): after an error the core discards every
+#: beat until this one, which clears the error and restarts the program at instruction 0; with
+#: no error pending it only restarts the program. Its opcode, 15, is reserved (no instruction).
 RESYNC_WORD = 0x5253594E_0000000F   # "RSYN" << 32 | opcode 15
-
-
-class DoneBeat(data.Struct):
-    """The beat HALT sends (in the low 64 bits of a host beat)."""
-    instructions: 32     # instructions in the program, the HALT included
-    magic:        32     # DONE_MAGIC
-
-
-class ErrorBeat(data.Struct):
-    """The beat the core sends when an instruction fails its checks, after the output of
-    every earlier instruction (in the low 64 bits of a host beat)."""
-    instr_index: 24      # the failing instruction's index in its program
-    code:        4       # ErrorCode
-    _pad:        4
-    magic:       32      # ERROR_MAGIC
 
 
 class Instr(data.Struct):
@@ -300,55 +274,12 @@ class Status(data.Struct):
     instr_index: 24   # the failing instruction's index in its program, else the next one's
 
 
-# Data beats ----------------------------------------------------------------------------------
-# Each sits in the low bits of a host beat; bits above it are ignored on input and zero on
-# output. Their sizes depend on the configuration (``ub_row = max(rows, cols)``).
-
-#: Bits of one activation or weight element (int8 or uint8: the same raw bits).
-DATA_BITS = 8
-
-
-def ub_row_beat(ub_row: int) -> data.ArrayLayout:
-    """A unified-buffer row (READ_HOST in, WRITE_HOST out): ``ub_row`` raw bytes, element 0
-    in the low bits."""
-    return data.ArrayLayout(unsigned(DATA_BITS), ub_row)
-
-
-def weight_row_beat(cols: int) -> data.ArrayLayout:
-    """A weight row (LOAD_WEIGHTS): ``cols`` raw bytes, column 0 in the low bits."""
-    return data.ArrayLayout(unsigned(DATA_BITS), cols)
-
-
-def param_row_beat(cols: int) -> data.ArrayLayout:
-    """A parameter row (LOAD_PARAMS: the bias row, then the multiplier row): ``cols`` int32,
-    column 0 in the low bits."""
-    return data.ArrayLayout(signed(32), cols)
-
-
-#: A counter beat (READ_COUNTERS), one per counter in :data:`COUNTERS` order.
-COUNTER_BEAT = unsigned(COUNTER_BITS)
-
-
-def done_beat(instructions: int) -> int:
-    """The beat HALT sends for a program of ``instructions`` instructions."""
-    return data.Layout.cast(DoneBeat).const({
-        "instructions": instructions & 0xFFFF_FFFF, "magic": DONE_MAGIC}).as_bits()
-
-
-def error_beat(code: ErrorCode | int, index: int) -> int:
-    """The beat the core sends when instruction ``index`` fails with ``code``."""
-    return data.Layout.cast(ErrorBeat).const({
-        "instr_index": index & 0xFF_FFFF, "code": int(getattr(code, "value", code)),
-        "magic": ERROR_MAGIC}).as_bits()
-
-
-# The one instruction decoder (the assembler, the disassembler and the ISA simulator use it).
-
 def decode(word: int) -> tuple[Opcode | int, dict[str, object]]:
     """The opcode and every field after it of instruction word ``word`` (its low
     :data:`INSTR_BITS` bits), in layout order: enum fields as members (an int when the value
     names none), signed fields as negative ints, reserved fields too. An unknown opcode comes
-    back as an int, with no fields."""
+    back as an int, with no fields. The one decoder: the assembler, the disassembler and the
+    ISA simulator use it."""
     word = int(word) & ((1 << INSTR_BITS) - 1)
     raw = word & ((1 << Opcode.as_shape().width) - 1)
     try:

@@ -10,7 +10,8 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.isa import COUNTERS, Func, param_row_beat
+from hdl.beats import param_row_beat
+from hdl.isa import COUNTERS, Func
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
            "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature",

@@ -20,7 +20,8 @@ def rtl_device():
     preset name or a ``TPUConfig``, started on first use in the module, reset on each call,
     closed with the module (one simulator build and process per configuration)."""
     from firmware.transports.rtl import RtlDevice
-    from hdl.config import TPUConfig, get_config
+    from hdl.config import TPUConfig
+    from hdl.presets import get_config
     from sim.rtl.runner import simulator
 
     devices: dict[TPUConfig, RtlDevice] = {}

@@ -32,8 +32,9 @@ from amaranth.lib import data
 
 from firmware.device import DeviceError, DeviceStatus, DeviceTimeout, register_transport
 from hdl import isa
-from hdl.config import PRESETS, TPUConfig
+from hdl.config import TPUConfig
 from hdl.datapath.activation_serial import element_cycles
+from hdl.presets import PRESETS
 from sim.rtl import host_bridge, runner
 from sim.rtl.host_bridge import DEFAULT_IN_DEPTH, DEFAULT_OUT_DEPTH, HostBridge
 

@@ -24,7 +24,8 @@ import serial
 
 from firmware.device import DeviceError, DeviceStatus, DeviceTimeout, register_transport
 from hdl import isa
-from hdl.config import PRESETS, TPUConfig
+from hdl.beats import ERROR_MAGIC, error_beat
+from hdl.config import TPUConfig
 from hdl.link.protocol import (
     PROTOCOL_VERSION,
     Frame,
@@ -36,6 +37,7 @@ from hdl.link.protocol import (
     StatusReply,
     encode_frame,
 )
+from hdl.presets import PRESETS
 
 __all__ = ["SerialDevice", "DEFAULT_BAUDRATE", "CONFIG_FIELDS"]
 
@@ -59,7 +61,7 @@ _LOW64 = (1 << isa.INSTR_BITS) - 1
 
 
 def _looks_like_error_beat(beat: int) -> bool:
-    return (beat & _LOW64) >> 32 == isa.ERROR_MAGIC
+    return (beat & _LOW64) >> 32 == ERROR_MAGIC
 
 
 class SerialDevice:
@@ -398,7 +400,7 @@ class SerialDevice:
             if any(_looks_like_error_beat(b) for b in got[checked:]):
                 status = self._settled_status(deadline)
                 if status.error:
-                    beat = isa.error_beat(status.code, status.instr_index)
+                    beat = error_beat(status.code, status.instr_index)
                     stop = next((i for i, b in enumerate(got) if b & _LOW64 == beat), None)
                     if stop is not None:
                         raise DeviceError(f"the core stopped after {stop} of {count} beats",
@@ -446,7 +448,7 @@ class SerialDevice:
         status = self.status()
         if status.error:
             # The core ignores i_clear until it has sent its error beat.
-            beat = isa.error_beat(status.code, status.instr_index)
+            beat = error_beat(status.code, status.instr_index)
             deadline = time.monotonic() + self.timeout_s
             with self._cond:
                 while beat not in self._error_beats and time.monotonic() < deadline:

@@ -8,7 +8,8 @@
   rules that make a later instruction wait;
 - :class:`~hdl.control.weight_loader.WeightLoader` (READ_WEIGHTS),
   :class:`~hdl.control.matrix_engine.MatrixEngine` (MATMUL),
-  :class:`~hdl.control.activation_engine.ActivationEngine` (ACTIVATE, LOAD_PARAMS' store),
+  :class:`~hdl.control.activation_engine.ActivationEngine` (ACTIVATE, LOAD_PARAMS' store:
+  :mod:`~hdl.control.param_store`),
   :class:`~hdl.control.host_writer.HostWriter` (WRITE_HOST and every beat to the host);
 - :class:`~hdl.control.counters.PerfCounters`: TPU v1 Table 3 counters.
 """

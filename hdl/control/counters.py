@@ -30,11 +30,11 @@ class PerfCounters(wiring.Component):
 
     The counters of :data:`RING` move one place round a ring every cycle, each adding its
     event as it moves, and ``o_value`` shows the one at the ring's head: the counter
-    ``i_select`` names is shown (``o_valid``) one cycle in every ``len(RING)`` = 8. A
-    multiplexer choosing any counter at any time took 224 of the iCE40UP5K's 5,280 logic
-    cells for 32-bit counters; the ring costs a few for its events, and a counter a logic
-    cell a bit as before (each register loads its neighbour plus one, an increment on the
-    carry chain). ``useful_macs`` is ``array_active`` times ``macs_per_row``, computed from
+    ``i_select`` names is shown (``o_valid``) one cycle in every ``len(RING)`` = 8. A ring
+    is much smaller than a multiplexer choosing any counter at any time (a small part's
+    concern): it costs a few cells for its events, and a counter a cell a bit either way
+    (each register loads its neighbour plus one, an increment on the carry chain).
+    ``useful_macs`` is ``array_active`` times ``macs_per_row``, computed from
     it as it is shown (both wrap at ``2**width`` and clear together, so they are the same
     number).
 
@@ -101,8 +101,8 @@ class PerfCounters(wiring.Component):
         m.d.sync += head.eq(head + 1)
         event_bits = Cat(*(events[name] for name in RING))
         # The events in the order of the places they reach, registered (rotated for the
-        # places' counters of the next cycle): the rotation is two LUT levels, which in front
-        # of a 48-bit increment made the counters' longest path (8.0 ns on the ULX3S).
+        # places' counters of the next cycle), so that the rotation's two LUT levels are not
+        # in front of the wide increment.
         moved = Signal(n)
         m.d.sync += moved.eq(Cat(event_bits, event_bits).bit_select((head + 2)[:len(head)], n))
         clear = Signal()        # registered with the events it drops

@@ -4,12 +4,13 @@ from amaranth.hdl import Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import param_write_layout
 from hdl.control.checks import Checks
 from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
 from hdl.control.hazards import HazardQuerySignature
 from hdl.control.host_transfers import INDEX_BITS, TRANSFER_OPCODES, HostTransfers
+from hdl.control.param_store import param_write_layout
 from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,
@@ -23,7 +24,6 @@ from hdl.isa import (
     ReadWeights,
     Status,
     WriteHost,
-    ub_row_beat,
 )
 from hdl.layouts import weight_row_layout
 from hdl.ports import MemWriteSignature, addr_bits
@@ -51,7 +51,7 @@ class FrontEnd(wiring.Component):
     - a failing check (:class:`~hdl.isa.ErrorCode`, first failing in priority order;
       :class:`~hdl.control.checks.Checks`) sets
       the sticky status before the instruction has any effect; the front end then sends an
-      error beat (:class:`~hdl.isa.ErrorBeat`) once no WRITE_HOST runs, and discards every
+      error beat (:class:`~hdl.beats.ErrorBeat`) once no WRITE_HOST runs, and discards every
       beat until :data:`~hdl.isa.RESYNC_WORD` or ``i_clear``, which restart the program.
       While stopped it issues nothing and writes no memory;
     - the resynchronisation word at instruction fetch restarts the program;

@@ -181,7 +181,7 @@ class HazardTracker(wiring.Component):
         a_end, b_end = q.a_end[:width], q.b_end[:width]
 
         # With `late` (the build for Fmax) the compares are LUT trees: on the ECP5 a carry
-        # chain's result leaves it through an extra cell, 6.9 ns into the hit registers.
+        # chain's result leaves it through an extra cell, too slow into the hit registers.
         def tracked(name):
             return _Range(name, width, trees=self.late)
 
@@ -244,8 +244,7 @@ class HazardTracker(wiring.Component):
             # hazard_late is o_rules' OR a cycle later. What is registered is each range's
             # hit (a carry-chain compare and a LUT) and the opcode's decode; the OR over the
             # slots, the opcodes and the rules comes after the registers (registering the
-            # rules took the compares, the slots' OR and the opcode's into one cycle: 8.1 ns
-            # on the ULX3S).
+            # rules would put the compares, the slots' OR and the opcode's in one cycle).
             late = []
             is_q = {}
             for opcode, hit in rules.values():

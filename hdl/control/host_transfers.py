@@ -4,24 +4,26 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import (
+    DONE_MAGIC,
+    ERROR_MAGIC,
+    ErrorBeat,
+    param_row_beat,
+    ub_row_beat,
+    weight_row_beat,
+)
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import ParamKind, param_write_layout
+from hdl.control.param_store import ParamKind, param_write_layout
 from hdl.isa import (
     COUNTER_BITS,
     COUNTERS,
-    DONE_MAGIC,
-    ERROR_MAGIC,
     INSTR_BITS,
-    ErrorBeat,
     ErrorCode,
     Instr,
     LoadParams,
     LoadWeights,
     Opcode,
     Status,
-    param_row_beat,
-    ub_row_beat,
-    weight_row_beat,
 )
 from hdl.layouts import weight_row_layout
 from hdl.lib.arith import times_constant

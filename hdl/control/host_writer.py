@@ -4,8 +4,9 @@ from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import WriteHost, ub_row_beat
+from hdl.isa import WriteHost
 from hdl.ports import MemReadSignature, addr_bits
 
 __all__ = ["HostWriter"]

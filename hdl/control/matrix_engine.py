@@ -4,8 +4,9 @@ from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import Matmul, ub_row_beat
+from hdl.isa import Matmul
 from hdl.layouts import act_row_layout, psum_row_layout, psum_write_layout
 from hdl.memory.block_fifo import BlockFIFO
 from hdl.ports import MemReadSignature, addr_bits
@@ -99,8 +100,7 @@ class MatrixEngine(wiring.Component):
         in_flight = [Signal(name=f"slot{i}_valid") for i in range(slots)]
         pending = [Signal(count_range, name=f"slot{i}_pending") for i in range(slots)]
         # pending[i] == 1, kept in a register where the memories are pipelined (for fast
-        # clocks): the compare ran through the retire into the hazard tracker's slots
-        # (7.6 ns on the ULX3S).
+        # clocks), so that no compare runs through the retire into the hazard tracker's slots.
         last_one = [Signal(name=f"slot{i}_last") for i in range(slots)]
 
         # gap (acc_gap only): the row accumulates into the accumulator row of the row issued
@@ -112,7 +112,7 @@ class MatrixEngine(wiring.Component):
         # A row's metadata must be readable when the row arrives, or the read port would
         # idle every other cycle: the cycle after its UB read was issued (unbuffered), or
         # with pipelined memories two cycles after, when a buffered FIFO's registered
-        # output has it (its read then starts at a flip-flop, not at a LUT RAM: the ULX3S
+        # output has it (its read then starts at a flip-flop, not at a LUT RAM, on the fast
         # build's path from here through the tile switch into the weight FIFO).
         meta_fifo = fifo.SyncFIFOBuffered if cfg.pipeline == "fast" else fifo.SyncFIFO
         m.submodules.meta_a = meta_a = meta_fifo(width=meta_a_layout.size, depth=4)
@@ -136,7 +136,7 @@ class MatrixEngine(wiring.Component):
         ]
         if self.acc_gap:
             # Decided as the row is issued, so that no compare sits on the path from the
-            # buffer's response to the array's ready (the iCE40 core's critical path).
+            # buffer's response to the array's ready (a small part's critical path).
             issued_acc = Signal(self.acc_bits)
             with m.If(meta_a.w_en):
                 m.d.sync += issued_acc.eq(acc_next)
@@ -220,8 +220,8 @@ class MatrixEngine(wiring.Component):
             return m
         # Where the memories are pipelined (for fast clocks), a cycle after it: `retiring`,
         # a register, is o_retire and frees the head slot, so that the write's pulse does not
-        # run through the slots' state into the hazard tracker's (7.8 ns on the ULX3S). A
-        # write in that cycle is the next slot's (`current`, in one-hot).
+        # run through the slots' state into the hazard tracker's in one cycle. A write in
+        # that cycle is the next slot's (`current`, in one-hot).
         retiring = Signal()
         head_hot = Signal(slots, init=1)            # head, one-hot
         current = Mux(retiring, head_hot.rotate_left(1), head_hot)

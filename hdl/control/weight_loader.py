@@ -58,9 +58,8 @@ class WeightLoader(wiring.Component):
         addr = Signal(self.wm_bits)
         req_left = Signal(range(limit))
         pending = Signal(range(limit))
-        # req_left != 0 and pending != 0, kept in registers beside the counts: the compares
-        # ran through the weight memory's read handshake into the counts (6.9 ns on the
-        # ULX3S).
+        # req_left != 0 and pending != 0, kept in registers beside the counts, so that no
+        # compare runs through the weight memory's read handshake into the counts.
         requesting = Signal()
         loading = Signal()
         scaling = Signal()      # with scale_tiles_late: the counts are in tiles, this cycle

@@ -13,8 +13,6 @@ from hdl.ports import MemReadSignature
 __all__ = ["Accumulators"]
 
 
-
-
 class Accumulators(wiring.Component):
     """``depth`` rows of ``cols`` wrapping ``acc_width``-bit sums.
 

@@ -1,90 +1,20 @@
 """Activation unit: requantisation, activation function and max-pooling."""
 
-import math
-
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.datapath.activation_table import table_quarter
+from hdl.datapath.pooling import pool_column, pool_controls
+from hdl.datapath.wide_product import biased_product
 from hdl.isa import Func
 from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
 from hdl.lib.registers import register_copies
-from hdl.lib.vendor import ecp5_mult_instance, mult18x18d
+from hdl.lib.vendor import ecp5_mult_instance
 from hdl.ports import requant_params_layout
 
-__all__ = ["ActivationUnit", "lut_table"]
-
-#: A table index ``q`` (int8) stands for ``q * LUT_INPUT_SCALE``.
-LUT_INPUT_SCALE = 1 / 16
-
-
-def lut_table(func: Func) -> list[int]:
-    """The 256 int8 outputs of a table function for inputs q = -128..127.
-
-    SIGMOID: output scale 1/256, zero point -128; TANH: output scale 1/128, zero point 0.
-    Rounded half away from zero, saturated to int8.
-    """
-    if func == Func.SIGMOID:
-        fn, scale, zp = (lambda x: 1 / (1 + math.exp(-x))), 256, -128
-    elif func == Func.TANH:
-        fn, scale, zp = math.tanh, 128, 0
-    else:
-        raise ValueError(f"{func} has no table")
-    table = []
-    for q in range(-128, 128):
-        y = fn(q * LUT_INPUT_SCALE) * scale
-        rounded = math.floor(y + 0.5) if y >= 0 else math.ceil(y - 0.5)
-        table.append(max(-128, min(127, rounded + zp)))
-    return table
-
-
-
-
-def _rom_bit(values: list[int], index, memo: dict):
-    """One output bit of a table as a tree of 2:1 multiplexers on the bits of *index* (equal
-    subtrees shared), which synthesis maps to LUTs: a switch or an indexed array would be
-    turned into a block RAM, whose slow output would need a pipeline stage of its own."""
-    key = tuple(values)
-    if key not in memo:
-        if all(value == values[0] for value in values):
-            memo[key] = Const(values[0], 1)
-        else:
-            half = len(values) // 2
-            bit = index[half.bit_length() - 1]
-            memo[key] = Mux(bit, _rom_bit(values[half:], index, memo),
-                            _rom_bit(values[:half], index, memo))
-    return memo[key]
-
-
-def _pool_column(m: Module, j: int, result, c, closes, single, out) -> None:
-    """One column's max-pooling in its two lanes (see :meth:`ActivationUnit.elaborate`):
-    P1 compares each lane with *result*, the row's value; P2 keeps the larger in the row's
-    lane (*c*: the row's controls in P1); P3 and P4 put the larger lane of a window's row
-    into *out* (*closes*: the row in P1-P4 closes its window; *single*: a window of one row,
-    in P1-P2)."""
-    def reg(shape, name):
-        return Signal(shape, name=f"{name}_{j}", reset_less=True)
-
-    lane_a, lane_b = reg(signed(8), "lane_a"), reg(signed(8), "lane_b")
-    above_a, above_b = reg(1, "above_a"), reg(1, "above_b")    # the lane > the row
-    row_p1 = reg(signed(8), "row_p1")
-    m.d.sync += [above_a.eq(greater_than(lane_a, result)),
-                 above_b.eq(greater_than(lane_b, result)),
-                 row_p1.eq(result)]
-    for lane, above_lane, lane_odd in ((lane_a, above_a, 0), (lane_b, above_b, 1)):
-        with m.If(c.valid & (c.odd == lane_odd)):
-            m.d.sync += lane.eq(Mux(c.later & above_lane, lane, row_p1))
-    # P3 compares the two lanes (into a register, with copies of them: the next window's
-    # rows may change them meanwhile), P4 takes the larger (compare and multiplexer in one
-    # stage: 8.1 ns on the ULX3S).
-    final_a, final_b = reg(signed(8), "final_a"), reg(signed(8), "final_b")
-    a_wins = reg(1, "a_wins")
-    with m.If(closes[1]):
-        m.d.sync += [final_a.eq(lane_a), final_b.eq(lane_b),
-                     a_wins.eq(single[1] | greater_than(lane_a, lane_b))]
-    with m.If(closes[2]):
-        m.d.sync += out.eq(Mux(a_wins, final_a, final_b))
+__all__ = ["ActivationUnit"]
 
 
 class ActivationUnit(wiring.Component):
@@ -100,7 +30,7 @@ class ActivationUnit(wiring.Component):
     4. ``q = saturate_int8(saturate_int32(r) + zero_point)``;
     5. the function: IDENTITY ``q``; RELU ``max(q, zero_point)``; CLAMP
        ``min(max(q, zero_point), clamp_hi)``; SIGMOID and TANH a fixed table indexed by
-       ``q`` (see :func:`lut_table`);
+       ``q`` (see :func:`~hdl.datapath.activation_table.lut_table`);
     6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
        sent as one output row.
 
@@ -173,13 +103,12 @@ class ActivationUnit(wiring.Component):
         prm = Signal.like(self.i_params)
         m.d.sync += prm.eq(self.i_params)
         # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
-        # input and output registers; s5 partial products; s6 middle sum; s7 product; s8
-        # coarse shift; s9 fine shift; s10 low bits + zero point; s11 whether and how it
-        # clips; s12 saturated; s13 the compares with the zero point and clamp_hi and the
-        # table in quarters; s14 the
-        # function's result.
-        # Then the pooling's four (P1-P4, below), from which a window's row goes into the
-        # output FIFO (it is offered a cycle later).
+        # input and output registers; s5 partial products; s6 middle sum; s7 product (s1-s7:
+        # hdl.datapath.wide_product); s8 coarse shift; s9 fine shift; s10 low bits + zero
+        # point; s11 whether and how it clips; s12 saturated; s13 the compares with the zero
+        # point and clamp_hi and the table in quarters; s14 the function's result. Then the
+        # pooling's four (P1-P4, hdl.datapath.pooling), from which a window's row goes into
+        # the output FIFO (it is offered a cycle later).
         depth = self.STAGES - 5         # s1-s14
 
         # Output FIFO and the credit that keeps it from overflowing: a window's row is
@@ -204,8 +133,8 @@ class ActivationUnit(wiring.Component):
         # `room` is a register of its own, so that the compare does not run into i_row's
         # ready and the accumulator reads behind it; it is computed from registers alone,
         # counting a window closed whenever there was room (`last` comes late, from the
-        # activation engine's window logic: 8.1 ns into `room` on the ULX3S), so it may be
-        # low a cycle with a row to spare (after a cycle in which no window closed).
+        # activation engine's window logic), so it may be low a cycle with a row to spare
+        # (after a cycle in which no window closed).
         given = Signal()
         m.d.sync += [given.eq(give),
                      owed.eq(owed + (take & self.i_row.payload.last) - given),
@@ -238,50 +167,20 @@ class ActivationUnit(wiring.Component):
         ]
         # Four copies per column: for the coarse shift (it drives a 64-bit multiplexer), for
         # the fine shift, for the table's function bit (an input of every table LUT) and for
-        # the rest (one copy for all of it had 2.4 ns of routing into the compares with the
-        # zero point on the ULX3S).
+        # the rest: one copy for all of it is a long route into the compares with the zero
+        # point.
         copies = [data.View(scalars, copy) for copy in
                   register_copies(m, shared.as_value(), 4 * cols, "params")]
         column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
-        rom = [v & 0xff for v in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
 
-        # Max-pooling in two lanes: a window's even rows (by their index in it) are pooled
-        # into lane A, its odd ones into lane B, and the window's row is the larger of the
-        # two. A lane takes a row at most every other cycle, so its loop is two stages: P1
-        # compares the lane with the row (into a register), P2 keeps the larger. (In one
-        # stage, compare and multiplexer into the register's enable were the ULX3S build's
-        # longest path: 7.7 ns.) P3 and P4 take the larger lane of a window's row. `odd` and
-        # `later` describe the row in s14: its index in the window is odd; it is 2 or more
-        # (its lane already holds one of the window's rows).
-        odd = Signal()
-        later = Signal()
+        # Max-pooling (hdl.datapath.pooling) in four stages, P1-P4, after s14.
         s14 = depth - 1
-        with m.If(valid[s14]):
-            m.d.sync += [odd.eq(~odd & ~last[s14]), later.eq((later | odd) & ~last[s14])]
-        # The controls of the row in P1, a copy per column (each drives only its column's
-        # multiplexers); `single`: a window of one row (lane B holds none of it).
-        ctl = data.StructLayout({"valid": 1, "odd": 1, "later": 1})
-        p1 = [data.View(ctl, copy) for copy in register_copies(
-            m, Cat(valid[s14], odd, later), cols, "pool_p1")]
-        closes = [Signal(name=f"closes_p{i}") for i in range(1, 5)]   # row in P1-P4 closes
-        single = [Signal(name=f"single_p{i}") for i in range(1, 3)]
-        m.d.sync += [closes[0].eq(valid[s14] & last[s14]), closes[1].eq(closes[0]),
-                     closes[2].eq(closes[1]), closes[3].eq(closes[2]),
-                     single[0].eq(~odd & ~later), single[1].eq(single[0])]
+        p1, closes, single = pool_controls(m, valid[s14], last[s14], cols)
         pooled = Signal(data.ArrayLayout(signed(8), cols))       # P4: the window's row
         for j in range(cols):
             def reg(shape, name, j=j):
                 return Signal(shape, name=f"{name}_{j}", reset_less=True)
 
-            a = reg(signed(32), "acc")                 # s1: the sum as it arrived
-            t = reg(signed(32), "t")                   # s2: + bias, wrapped
-            pp_ll = reg(unsigned(34), "pp_ll")         # s5: the four partial products
-            pp_lh = reg(signed(33), "pp_lh")
-            pp_hl = reg(signed(33), "pp_hl")
-            pp_hh = reg(signed(30), "pp_hh")
-            mid = reg(signed(34), "mid")               # s6: the middle partial products
-            lohi = reg(signed(64), "lohi")             #     the outer ones side by side
-            p = reg(signed(64), "p")                   # s7: the exact product
             coarse = reg(signed(64), "coarse")         # s8: p >>> 8 * shift[3:6]
             below = reg(1, "below")                    #     the bit under the coarse shift
             r = reg(signed(64), "r")                   # s9: p >>> shift
@@ -301,33 +200,9 @@ class ActivationUnit(wiring.Component):
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
             result = reg(signed(8), "result")          # s14: the function's result
 
-            # t * m = t_hi m_hi 2**34 + (t_hi m_lo + t_lo m_hi) 2**17 + t_lo m_lo: each
-            # product an 18 x 18 signed multiply (the low halves zero-extended).
-            mult = prm.multiplier[j]
-            halves = {"lo": (t[0:17], mult[0:17]),
-                      "hi": (t[17:32].as_signed(), mult[17:32].as_signed())}
-            for name, target, (ta, mb) in (("ll", pp_ll, (halves["lo"][0], halves["lo"][1])),
-                                           ("lh", pp_lh, (halves["lo"][0], halves["hi"][1])),
-                                           ("hl", pp_hl, (halves["hi"][0], halves["lo"][1])),
-                                           ("hh", pp_hh, (halves["hi"][0], halves["hi"][1]))):
-                product = Signal(signed(36), name=f"prod_{name}_{j}")
-                if instantiate:
-                    m.submodules[f"mult_{name}_{j}"] = mult18x18d(m, a=ta, b=mb, p=product,
-                                                                   ce=Const(1, 1))
-                else:
-                    op_a = reg(signed(18), f"op_a_{name}")
-                    op_b = reg(signed(18), f"op_b_{name}")
-                    m.d.sync += [op_a.eq(ta), op_b.eq(mb), product.eq(op_a * op_b)]
-                # The block's output is routed far: into a register before any adder.
-                m.d.sync += target.eq(product)
-
-            m.d.sync += [
-                a.eq(self.i_row.payload.data[j]),
-                t.eq(a + prm.bias[j]),
-                mid.eq(pp_lh + pp_hl),
-                lohi.eq(Cat(pp_ll, pp_hh)),            # t_lo m_lo < 2**34: no overlap
-                p.eq(Cat(lohi[0:17], lohi[17:64].as_signed() + mid)),
-            ]
+            # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
+            p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], prm.multiplier[j],
+                               suffix=f"_{j}", instantiate=instantiate)
             # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
             cp_hi, cp_lo, cp_tbl, cp = column_params[j]
             shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]
@@ -344,8 +219,7 @@ class ActivationUnit(wiring.Component):
                                      rb.eq(coarse[k - 1] if k else below)]
                         # r[9:64] is coarse[9 + k:64] (sign-extended): its bits below 16
                         # here, those from 16 on below, each reduced from coarse, so that
-                        # `small` is one LUT of four flip-flops (reduced from r it was five
-                        # LUT levels: 7.6 ns on the ULX3S).
+                        # `small` is one LUT of four flip-flops, not five LUT levels from r.
                         low_bits = coarse[9 + k:16]
                         m.d.sync += [fits["lo_zero"].eq(low_bits == 0 if k < 7 else 1),
                                      fits["lo_ones"].eq(low_bits.all() if k < 7 else 1)]
@@ -355,20 +229,19 @@ class ActivationUnit(wiring.Component):
             # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
             # s11: whether it clips, read off v's top bits, not compared (a compare is a carry
-            # chain: v -> q was 7.7 ns on the ULX3S), into registers, so that the value
-            # saturated in s12 is a LUT from registers (deciding and saturating in one stage
-            # took 7.2 ns into q's copies).
+            # chain), into registers, so that the value saturated in s12 is a LUT from
+            # registers: deciding and saturating do not fit one cycle on the fast build.
             high = v[7:11]
             m.d.sync += [clip.eq(~small | Mux(v[11], ~high.all(), high.any())),
                          clip_low.eq(Mux(small, v[11], negative)),
                          v_low.eq(v[0:8])]
             # s12: saturated, in five registers: one is compared and passed on, and a copy
-            # for each quarter of the table indexes it (one register drove both across the
-            # unit, 2.3 ns of routing; one copy for the whole table, 2.7 ns). Each copy loads
-            # with a row in s11 and in some cycles that hold no row in s11 too (a different
-            # set for each), so that synthesis keeps them apart from `q`, which loads every
-            # cycle, and from each other; only a row in s12 uses them. (register_copies'
-            # form put a compare with the copy into its enable: 7.7 ns.)
+            # for each quarter of the table indexes it (one register, or one copy for the
+            # whole table, fans out too far). Each copy loads with a row in s11 and in some
+            # cycles that hold no row in s11 too (a different set for each), so that
+            # synthesis keeps them apart from `q`, which loads every cycle, and from each
+            # other; only a row in s12 uses them. (register_copies' form would put a compare
+            # with the copy into its enable.)
             saturated = Mux(clip, Mux(clip_low, -128, 127), v_low)
             m.d.sync += q.eq(saturated)
             q_tbl = []
@@ -383,10 +256,9 @@ class ActivationUnit(wiring.Component):
                 small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
                 negative.eq(r[63]),
                 q_13.eq(q),
-                # ReLU's compare is registered and its multiplexer is in s14 (in one stage
-                # they ended the unit's longest path: 8.5 ns on the ULX3S). The unit's
-                # compares are LUT trees (greater_than): on the ECP5's carry chain each
-                # took 6.9-7.7 ns between two registers.
+                # ReLU's compare is registered and its multiplexer is in s14: in one stage
+                # they do not fit a cycle on the fast build. The unit's compares are LUT
+                # trees (greater_than), faster than the ECP5's carry chain.
                 gt_zp.eq(greater_than(q, zp)),
                 # max(q, zp) > clamp_hi, without the max in series.
                 above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
@@ -395,12 +267,7 @@ class ActivationUnit(wiring.Component):
             # four entries q's low 6 bits select (one per value of its top 2 bits), in s14
             # the one its top bits select.
             for k in range(4):
-                low = Cat(q_tbl[k][:6], is_tanh)
-                memo: dict = {}
-                entries = rom[64 * k:64 * (k + 1)] + rom[256 + 64 * k:256 + 64 * (k + 1)]
-                m.d.sync += quarters[k].eq(Cat(*(
-                    _rom_bit([(value >> bit) & 1 for value in entries], low, memo)
-                    for bit in range(8))))
+                m.d.sync += quarters[k].eq(table_quarter(k, q_tbl[k][:6], is_tanh))
             top = Cat(q_13[6], ~q_13[7])
             tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
                       Mux(top[0], quarters[1], quarters[0]))
@@ -409,7 +276,7 @@ class ActivationUnit(wiring.Component):
             m.d.sync += result.eq(Mux(is_table, tbl,
                                       Mux(is_relu, relu, Mux(is_clamp, clamp, q_13))))
 
-            _pool_column(m, j, result, p1[j], closes, single, pooled[j])
+            pool_column(m, j, result, p1[j], closes, single, pooled[j])
 
         m.d.comb += [
             out_fifo.w_data.eq(pooled),

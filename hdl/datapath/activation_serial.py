@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hdl.datapath.activation import lut_table
+from hdl.datapath.activation_table import lut_table
 from hdl.isa import Func
 from hdl.layouts import acc_row_layout
 from hdl.ports import ParamColumnSignature
@@ -26,8 +26,8 @@ class SerialActivationUnit(wiring.Component):
 
     Each element takes :func:`element_cycles` cycles: one to read the column's bias, one to
     add it, 32 for a shift-and-add signed multiply (one 33-bit adder),
-    ``shift - 1`` for the arithmetic right shift (a bit a cycle: a shifter by 8 as well took
-    100 of the iCE40UP5K's logic cells), one for rounding, saturation and the zero point, one
+    ``shift - 1`` for the arithmetic right shift (a bit a cycle: a shifter by 8 as well is
+    a large share of a small part's logic), one for rounding, saturation and the zero point, one
     for the function (and the table's address), one for the table read and pooling. A row of
     ``cols`` elements therefore takes ``cols`` times that (37 to 99 cycles an element),
     against one row a cycle for the parallel unit.
@@ -126,8 +126,8 @@ class SerialActivationUnit(wiring.Component):
         m.d.comb += q_next.eq(Mux(small & same(v[7:]), v[:8].as_signed(),
                                   Mux(negative, -128, 127)))
         # The requantised value, registered: the function's compares and the table's address
-        # start from it (on the iCE40 the rounding add, saturation, two compares and the
-        # table address in one cycle set the clock).
+        # start from it (the rounding add, saturation, two compares and the table address in
+        # one cycle would set a small part's clock).
         q = Signal(signed(8))
         zp = params.zero_point
         relu = Mux(q > zp, q, zp)

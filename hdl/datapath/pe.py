@@ -20,7 +20,6 @@ __all__ = ["PE", "weight_bus_layout", "PE_MULTIPLIERS"]
 PE_MULTIPLIERS = ("infer", "ecp5", "lut", "ice40")
 
 
-
 def weight_bus_layout(*, data_width: int = 8, row_bits: int = 1) -> data.StructLayout:
     """One weight travelling down a column: the row it is for and its extended value."""
     return data.StructLayout({
@@ -260,11 +259,3 @@ class PE(wiring.Component):
         if "i_en" in self.signature.members:
             return EnableInserter(self.i_en)(m)
         return m
-
-
-
-
-
-
-
-

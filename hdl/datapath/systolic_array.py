@@ -13,14 +13,6 @@ from hdl.lib.registers import delay_line
 __all__ = ["SystolicArray"]
 
 
-
-
-
-
-
-
-
-
 def _extend(raw, is_signed):
     """Raw operand bits to a ``width + 1``-bit signed value."""
     return Mux(is_signed, raw.as_signed(), raw)

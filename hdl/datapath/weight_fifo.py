@@ -33,8 +33,8 @@ class WeightFIFO(wiring.Component):
         capacity two rows less), so that ``o_row.ready`` moves only the ring's pointers and
         count, and the queue is read on the ring's registered room: the ready of the
         systolic array's weight shift, which depends on the activation stream in the same
-        cycle, ran into the queue's read logic and the enables of its output register (7.5-
-        7.8 ns on the ULX3S). Same contract, a row a cycle later from the queue to ``o_row``.
+        cycle, would run into the queue's read logic and the enables of its output
+        register. Same contract, a row a cycle later from the queue to ``o_row``.
 
     Members
     -------

@@ -25,14 +25,13 @@ def csd_digits(k: int) -> list[tuple[int, int]]:
 def times_constant(value, k: int) -> Value:
     """``value * k`` (unsigned *value*, constant *k* >= 0) as shifted copies added and
     subtracted (:func:`csd_digits`): yosys maps a ``*`` by a constant that is not a power of
-    two to a DSP block (on the ECP5 a combinational MULT18X18D, 8-11 ns into a register on
-    the ULX3S), where this is one carry chain per further digit."""
+    two to a DSP block (on the ECP5 a combinational MULT18X18D, slow into a register), where
+    this is one carry chain per further digit."""
     value = Value.cast(value)
     if value.shape().signed:
         raise ValueError("times_constant takes an unsigned value")
     if k & (k - 1) == 0:
-        # A power of two (or 0): the `*` yosys turns into wiring, so that these builds keep
-        # the netlist they were measured on.
+        # A power of two (or 0): the `*`, which yosys turns into wiring.
         return value * k
     digits = reversed(csd_digits(k))   # most significant first: that digit is +1
     total = value << next(digits)[0]
@@ -47,9 +46,9 @@ def shift_add_multiply(m, a, b):
 
     The partial products are summed in a balanced tree of two-input adders, each sum a
     signal marked ``keep``: otherwise yosys merges the whole sum into one ``$macc`` cell and
-    builds it from LUT full adders (ECP5, 9 x 9: 413 LUT4), where each adder kept apart goes
-    onto the carry chain (44 CCU2C and 82 LUT4), and the tree keeps the chains in series to
-    its depth (4 adders for 9 partial products)."""
+    builds it from LUT full adders, several times larger, where each adder kept apart goes
+    onto the carry chain, and the tree keeps the chains in series to its depth (4 adders for
+    9 partial products)."""
     width = len(a)
     product_shape = signed(len(a) + len(b))
     terms = [Mux(a[i], b << i, 0) for i in range(width - 1)]

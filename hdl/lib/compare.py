@@ -10,9 +10,9 @@ def greater_than(a, b) -> Value:
 
     Synthesis maps ``>`` to a subtraction on the carry chain. On the ECP5 the chain of a
     narrow compare leaves through extra cells with routing between them, and its result
-    must still be routed out of the chain's far end: an 8-bit compare between two adjacent
-    registers took 7.4-7.7 ns. Here each pair of bits gives "greater" and "equal" (one
-    LUT4 each), and pairs of those combine into the pair above them, (g, e) = (g_hi |
+    must still be routed out of the chain's far end, which makes it slow even between two
+    adjacent registers. Here each pair of bits gives "greater" and "equal" (one LUT each),
+    and pairs of those combine into the pair above them, (g, e) = (g_hi |
     e_hi & g_lo, e_hi & e_lo): an 8-bit compare is three LUT levels.
     """
     a, b = Value.cast(a), Value.cast(b)

@@ -35,9 +35,8 @@ class BeatSlot(Elaboratable):
 
     The beat register loads whenever the slot is empty, whatever ``w_en``: only the level
     follows the handshake. The FIFO's register loads on ``w_en & w_rdy``, so the writer's
-    ``valid``, which comes from the link's delivery logic, drove the enable of every bit
-    of the beat (the ULX3S build's longest path, 8.5 ns). What the slot shows while empty
-    is never read (``r_rdy`` is low).
+    ``valid``, which comes from the link's delivery logic, would drive the enable of every
+    bit of the beat. What the slot shows while empty is never read (``r_rdy`` is low).
     """
 
     def __init__(self, width: int):

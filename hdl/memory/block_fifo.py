@@ -18,8 +18,8 @@ class BlockFIFO(fifo.SyncFIFOBuffered):
     The queue reads an entry only when it holds one and writes only when it has room, so a
     read never meets a write to its entry. Yosys cannot see that: given the library queue's
     synchronous read port it keeps read-before-write on the iCE40's block RAM with a copy of
-    each write and a multiplexer a bit (about 70 logic cells for the matrix engine's
-    metadata queue, 40 for a 4-column weight FIFO). ``depth`` below 2 is the library's
+    each write and a multiplexer a bit, a cost in cells that small parts cannot spare.
+    ``depth`` below 2 is the library's
     register form.
     """
 

@@ -1,10 +1,10 @@
 """A block-RAM memory whose reads leave through the block's output register: two cycles from
 address to data, and no logic between the RAM and the first flip-flop it feeds.
 
-An ECP5 DP16KD read without its output register delivers its data 5.6 ns after the clock
-edge, so a read straight into a flip-flop tops out at 149 MHz; with the register (``REGMODE
-"OUTREG"``) it is 1.0 ns (``python -m bench.ecp5_bram``). Yosys's memory inference never uses
-that register, so this block instantiates the DP16KD itself.
+An ECP5 DP16KD read without its output register delivers its data late in the cycle, so a
+read straight into a flip-flop limits the clock; with the register (``REGMODE "OUTREG"``) the
+data is out just after the clock edge (``python -m bench.ecp5_bram`` measures both). Yosys's
+memory inference never uses that register, so this block instantiates the DP16KD itself.
 """
 
 from amaranth.hdl import ClockSignal, Const, Instance, Module, Shape, Signal, Value

@@ -26,8 +26,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hdl.config import PRESETS, TPUConfig
+from hdl.config import TPUConfig
 from hdl.control.hazards import MATMUL_SLOTS
+from hdl.presets import PRESETS
 from sim.formal.engines import (
     activation_engine_harness,
     host_writer_harness,

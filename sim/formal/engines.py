@@ -26,9 +26,10 @@ from __future__ import annotations
 from amaranth.hdl import Assert, Assume, Const, Module, Signal
 
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import ActivationEngine, ParamKind, window_log2
+from hdl.control.activation_engine import ActivationEngine, window_log2
 from hdl.control.host_writer import HostWriter
 from hdl.control.matrix_engine import MatrixEngine
+from hdl.control.param_store import ParamKind
 from hdl.control.weight_loader import WeightLoader
 from sim.formal.harness import Harness, Inside, all_stream_rules, past, was_reset
 

@@ -34,7 +34,7 @@ Stopped (:func:`front_end_stopped_harness`), with every input free: from the cyc
 - nothing issues: no dispatch stream is valid, ``o_hazards.dispatch`` is low, no
   instruction or CLEAR_COUNTERS event;
 - no memory is written: ``o_ub_write``, ``o_wm_write``, ``o_param_write`` are not valid;
-- ``o_beat`` carries only the error beat (:class:`~hdl.isa.ErrorBeat` with the status's
+- ``o_beat`` carries only the error beat (:class:`~hdl.beats.ErrorBeat` with the status's
   code and instruction index), at most once, offered as soon as no WRITE_HOST runs, and
   exactly once by the time the error clears;
 - the decode-level state (tiles written, tiles queued, a tile active, the instruction
@@ -50,10 +50,11 @@ import functools
 
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, Signal, Value
 
+from hdl.beats import ERROR_MAGIC, ErrorBeat
 from hdl.config import TPUConfig
-from hdl.control.activation_engine import ParamKind
 from hdl.control.front_end import FrontEnd
-from hdl.isa import ERROR_MAGIC, INSTR_BITS, RESYNC_WORD, ErrorBeat
+from hdl.control.param_store import ParamKind
+from hdl.isa import INSTR_BITS, RESYNC_WORD
 from sim.formal.harness import Harness, Inside, all_stream_rules, past, was_reset
 
 __all__ = ["front_end_streams_harness", "front_end_stopped_harness"]

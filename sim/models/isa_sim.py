@@ -18,9 +18,9 @@ above the row are ignored.
 - Parameter row (LOAD_PARAMS): ``cols`` int32 values, column ``j`` at bits ``[32j, 32j+32)``,
   two's complement.
 - Counter beat (READ_COUNTERS): the 48-bit counter value.
-- DONE beat (HALT, :class:`hdl.isa.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
+- DONE beat (HALT, :class:`hdl.beats.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
   of instructions in the program, the HALT included.
-- Error beat (an instruction failed its checks, :class:`hdl.isa.ErrorBeat`), see Errors.
+- Error beat (an instruction failed its checks, :class:`hdl.beats.ErrorBeat`), see Errors.
 
 A *program* is the instructions from reset, from the last HALT, the last error clear or the
 last resynchronisation word up to and including the next HALT; its instructions are indexed
@@ -111,7 +111,7 @@ beats are consumed). The first failing check, in this order, sets the error:
 
 The status then holds the error code and the failing instruction's index (``halted`` is
 cleared); memories, queue, parameters and counters are as they were before that instruction.
-The core sends an *error beat* (:class:`hdl.isa.ErrorBeat`: ``ERROR_MAGIC << 32 | code << 24
+The core sends an *error beat* (:class:`hdl.beats.ErrorBeat`: ``ERROR_MAGIC << 32 | code << 24
 | index``) after the output of every earlier instruction, then discards every beat it
 receives until the error is cleared, in band by the resynchronisation word
 (:data:`hdl.isa.RESYNC_WORD`, consumed) or out of band by ``i_clear`` (:meth:`IsaSim.clear`);
@@ -152,6 +152,7 @@ import numpy as np
 from amaranth.lib import data
 
 from hdl import isa
+from hdl.beats import done_beat, error_beat, param_row_beat, ub_row_beat, weight_row_beat
 from hdl.config import TPUConfig
 from sim.models import golden
 
@@ -177,10 +178,6 @@ def _row(beat: int, size: int, dtype) -> np.ndarray:
     elements of ``dtype``, element 0 lowest)."""
     raw = (beat & ((1 << size) - 1)).to_bytes(size // 8, "little")
     return np.frombuffer(raw, dtype=dtype).copy()
-
-
-#: The beat the core sends when an instruction fails (:func:`hdl.isa.error_beat`).
-error_beat = isa.error_beat
 
 
 def beats_match(expected: Sequence[int | None], actual: Sequence[int]) -> bool:
@@ -399,14 +396,14 @@ class IsaSim:
 
     def _op_halt(self, f) -> None:
         self._counts["instructions"] += 1
-        self.output.append(isa.done_beat(self._index + 1))
+        self.output.append(done_beat(self._index + 1))
         self._index = 0
         self._halted = True
 
     def _op_read_host(self, f) -> None:
         self._check_count(f["count"])
         self._check_ub(f["ub_addr"], f["count"])
-        size = data.Layout.cast(isa.ub_row_beat(self.config.ub_row)).size
+        size = data.Layout.cast(ub_row_beat(self.config.ub_row)).size
 
         def write(row: int, beat: int) -> None:
             self.ub[row] = _row(beat, size, np.uint8)
@@ -425,7 +422,7 @@ class IsaSim:
         self._check_signed(f)
         self._check_tiles(f["tile"], f["count"])
         rows, cols = self.config.rows, self.config.cols
-        size = data.Layout.cast(isa.weight_row_beat(cols)).size
+        size = data.Layout.cast(weight_row_beat(cols)).size
         signed = bool(f["signed"])
 
         def write(tile: int, row: int, beat: int) -> None:
@@ -498,7 +495,7 @@ class IsaSim:
         p.shift = int(f["shift"])
         p.zero_point = _int8(f["zero_point"])
         p.clamp_hi = _int8(f["clamp_hi"])
-        size = data.Layout.cast(isa.param_row_beat(self.config.cols)).size
+        size = data.Layout.cast(param_row_beat(self.config.cols)).size
 
         def bias(beat: int) -> None:
             p.bias = _row(beat, size, np.dtype("<i4")).astype(np.int64)

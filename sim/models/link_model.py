@@ -401,7 +401,8 @@ def serve(model: LinkModel, host: str = "127.0.0.1", port: int = 0) -> tuple[Lin
 # Command line --------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hdl.config import ConfigError, get_config
+    from hdl.config import ConfigError
+    from hdl.presets import get_config
 
     parser = argparse.ArgumentParser(
         prog="python -m sim.models.link_model",

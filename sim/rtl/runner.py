@@ -36,7 +36,8 @@ from xml.etree import ElementTree
 
 from amaranth.lib import wiring
 
-from hdl.config import PRESETS, TPUConfig, get_config
+from hdl.config import TPUConfig
+from hdl.presets import PRESETS, get_config
 from sim.rtl.gtkw import fst_signals, verilog_port_signals, verilog_ports, write_gtkw
 from sim.rtl.verilog import (
     BUILD_ROOT,

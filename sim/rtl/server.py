@@ -50,8 +50,9 @@ from cocotb.handle import Immediate
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
+from hdl.beats import ERROR_MAGIC, ErrorBeat
 from hdl.control.hazards import HAZARD_RULES
-from hdl.isa import ERROR_MAGIC, ErrorBeat, Status
+from hdl.isa import Status
 from sim.rtl.host_bridge import COVERAGE_BITS, OVERLAPS
 
 STATUS = data.Layout.cast(Status)

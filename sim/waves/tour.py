@@ -47,8 +47,10 @@ from amaranth.lib import data
 from vcd.gtkw import GTKWFlag, GTKWSave
 
 from hdl import isa
-from hdl.config import TPUConfig, get_config
+from hdl.beats import DATA_BITS
+from hdl.config import TPUConfig
 from hdl.isa import Func, Opcode, Pool
+from hdl.presets import get_config
 from sim.rtl.gtkw import enum_filter, fst_signals, write_enum_filters
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
 
@@ -242,7 +244,7 @@ def tour_program(config: TPUConfig, m: int = 6) -> TourProgram:
     rng = np.random.default_rng(9)
     x = rng.integers(-4, 5, (m, rows))
     w = rng.integers(-3, 4, (rows, cols))
-    byte = unsigned(isa.DATA_BITS)
+    byte = unsigned(DATA_BITS)
     int32 = unsigned(32)
     p = TourProgram(x=x, w=w)
     p.add("load_weights tile=0 count=1 signed",

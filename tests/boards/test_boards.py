@@ -18,7 +18,7 @@ from boards.icebreaker import ICEBreakerTop
 from boards.nextpnr import PnrReport, critical_path, format_critical_path
 from boards.tools import BuildError
 from boards.ulx3s import ULX3STop
-from hdl.config import get_config
+from hdl.presets import get_config
 
 
 def _plan_files(platform, top, **options) -> dict[str, str]:

@@ -12,7 +12,7 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from boards import build, cli
 from boards.clocks import with_clock
 from boards.harness import BLOCKS, Harness, block
-from hdl.config import get_config
+from hdl.presets import get_config
 
 #: What the platform writes for each board's harness pins (resource -> pin), and its
 #: constraint file's name.

@@ -11,7 +11,8 @@ from amaranth.lib import data
 from firmware import asm
 from firmware.asm import AsmError, Program, assemble, decode, disassemble, encode, field_specs
 from hdl import isa
-from hdl.config import PRESETS, TPUConfig
+from hdl.config import TPUConfig
+from hdl.presets import PRESETS
 
 SEED = 20261202
 CONFIGS = [PRESETS["default"], PRESETS["tiny"], PRESETS["wide"],

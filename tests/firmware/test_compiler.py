@@ -22,8 +22,9 @@ from firmware.compiler import CompileError, compile_network
 from firmware.quant import QuantError, QuantisedNetwork, quantise, reference_forward
 from firmware.runtime import run
 from firmware.transports.isa import IsaSimDevice
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.isa import Func
+from hdl.presets import get_config
 
 SEED = 7_000
 CONFIGS = ("tiny", "small", "wide", "default")

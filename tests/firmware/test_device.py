@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from firmware.device import Device, open_device, transport_names
-from hdl.config import get_config
+from hdl.presets import get_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -41,7 +41,7 @@ def test_opening_a_transport_imports_no_other():
     script = (
         "import sys\n"
         "from firmware.device import open_device\n"
-        "from hdl.config import get_config\n"
+        "from hdl.presets import get_config\n"
         "before = set(sys.modules)\n"
         "open_device('isa', get_config('tiny')).close()\n"
         "loaded = sorted(set(sys.modules) - before)\n"

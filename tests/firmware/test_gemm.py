@@ -7,7 +7,8 @@ import pytest
 
 from firmware.gemm import gemm_program, gemm_reference
 from hdl import isa
-from hdl.config import PRESETS, TPUConfig
+from hdl.config import TPUConfig
+from hdl.presets import PRESETS
 from sim.models import golden
 from sim.models.isa_sim import IsaSim
 

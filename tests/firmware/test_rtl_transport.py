@@ -25,7 +25,7 @@ from firmware.runtime import done_beat, run_program
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.rtl import RtlDevice, SimulatorExited
 from hdl import isa
-from hdl.config import get_config
+from hdl.presets import get_config
 from sim.rtl.runner import simulator
 
 

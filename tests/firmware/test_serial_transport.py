@@ -33,7 +33,7 @@ from firmware.runtime import done_beat, run, run_program
 from firmware.transports.isa import IsaSimDevice
 from firmware.transports.serial import SerialDevice
 from hdl import isa
-from hdl.config import get_config
+from hdl.beats import error_beat
 from hdl.link.protocol import (
     END,
     ESC,
@@ -47,6 +47,7 @@ from hdl.link.protocol import (
     encode_frame,
     slip_encode,
 )
+from hdl.presets import get_config
 from sim.models.link_model import LinkModel, serve
 
 #: Seconds a device waits for an answer before it sends a frame again, in the tests that
@@ -269,7 +270,7 @@ def test_error_then_resync_word(board):
     plan, expected = _gemm("tiny", 2, 3, 2, seed=12)
     beats = program.beats + [isa.RESYNC_WORD] + plan.beats
     out = _run_both(dev, ref, beats, 3 + plan.output_beats, "error, RESYNC_WORD, program")
-    assert out[2] == isa.error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 2)
+    assert out[2] == error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 2)
     assert np.array_equal(plan.decode(out[3:]), expected)
 
 

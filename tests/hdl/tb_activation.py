@@ -28,8 +28,9 @@ from amaranth.hdl import signed
 from amaranth.lib import data
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from hdl.datapath.activation import ActivationUnit, lut_table
+from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import element_cycles
+from hdl.datapath.activation_table import lut_table
 from hdl.isa import Func
 from hdl.layouts import acc_row_layout
 from hdl.ports import requant_params_layout

@@ -26,6 +26,7 @@ from cocotb.triggers import Event, FallingEdge, First, Timer
 
 from firmware.asm import Program
 from hdl import isa
+from hdl.beats import ERROR_MAGIC
 from hdl.isa import ErrorCode, Func
 from hdl.link import protocol as lp
 from hdl.link.board_core import running_epoch_bits
@@ -403,7 +404,7 @@ async def _instruction_error(dut, recover: str) -> None:
     host.ref.feed(p.beats)
     assert host.ref.status.error and host.ref.status.code == ErrorCode.UB_RANGE
     expected = host.ref.output[first:]
-    assert len(expected) == 1 and expected[0] >> 32 == isa.ERROR_MAGIC, expected
+    assert len(expected) == 1 and expected[0] >> 32 == ERROR_MAGIC, expected
     await host.send_beats(p.beats, "a failing program")
     await host.wait_for(lambda: len(host.beats) > first, "the error beat",
                         host.budget_ns(3 * (2 * host.beat_bytes + 6)))

@@ -22,17 +22,8 @@ from progen import check_counter_invariants, check_counter_timing, random_bytes,
 
 from firmware.asm import Program, decode, disassemble
 from firmware.gemm import gemm_program, gemm_reference
-from hdl.isa import (
-    COUNTERS,
-    DONE_MAGIC,
-    INSTR_BITS,
-    RESYNC_WORD,
-    ErrorCode,
-    Func,
-    Opcode,
-    Pool,
-    Status,
-)
+from hdl.beats import DONE_MAGIC
+from hdl.isa import COUNTERS, INSTR_BITS, RESYNC_WORD, ErrorCode, Func, Opcode, Pool, Status
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 from sim.rtl.runner import config_from_env
 from sim.rtl.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock

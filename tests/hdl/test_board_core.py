@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
 from hdl.link.board_core import BoardCore
+from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent

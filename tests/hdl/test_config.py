@@ -2,7 +2,8 @@
 
 import pytest
 
-from hdl.config import PRESETS, ConfigError, TPUConfig, get_config
+from hdl.config import ConfigError, TPUConfig
+from hdl.presets import PRESETS, get_config
 
 
 def test_default_is_8x8():

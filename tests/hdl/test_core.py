@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.core import Core
 from hdl.isa import Opcode
+from hdl.presets import get_config
 from sim.rtl.gtkw import fst_signals, gtkw_traces, read_enum_filter
 from sim.rtl.runner import run
 

@@ -19,10 +19,11 @@ from progen import (
 )
 
 from firmware.asm import Program
-from hdl.config import ConfigError, TPUConfig, get_config
+from hdl.config import ConfigError, TPUConfig
 from hdl.control.counters import RING, PerfCounters
 from hdl.isa import COUNTERS
 from hdl.ports import COUNTER_EVENTS
+from hdl.presets import get_config
 from sim.models.isa_sim import IsaSim
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
 from hdl.core import Core
+from hdl.presets import get_config
 from sim.rtl.runner import run
 
 HERE = Path(__file__).parent

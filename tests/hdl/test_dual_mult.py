@@ -29,10 +29,11 @@ from amaranth.sim import Simulator
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
-from hdl.config import ConfigError, get_config
+from hdl.config import ConfigError
 from hdl.datapath.dual_mult import SB_MAC16_PARAMS, DualMultiplier
 from hdl.datapath.systolic_array import SystolicArray
 from hdl.lib.vendor import VERILOG_SIM_PLATFORM
+from hdl.presets import get_config
 from sim.rtl.verilog import MODELS_DIR
 
 HERE = Path(__file__).parent

@@ -28,8 +28,9 @@ from firmware.asm import encode
 from firmware.device import DeviceError
 from firmware.transports.isa import IsaSimDevice
 from hdl import isa
-from hdl.config import get_config
+from hdl.beats import done_beat, error_beat
 from hdl.core import Core
+from hdl.presets import get_config
 from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
@@ -84,5 +85,5 @@ def test_resync_through_the_rtl_transport(rtl_device):
         assert info.value.status.code == isa.ErrorCode.UNKNOWN_OPCODE
         dev.send([isa.RESYNC_WORD, encode(isa.Opcode.HALT)])
     expected = ref.receive(2)
-    assert expected == [isa.error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 0), isa.done_beat(1)]
+    assert expected == [error_beat(isa.ErrorCode.UNKNOWN_OPCODE, 0), done_beat(1)]
     assert rtl.receive(2) == expected

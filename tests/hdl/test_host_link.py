@@ -23,11 +23,12 @@ import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.isa import Status
 from hdl.link import protocol as lp
 from hdl.link.host_link import REPLY_QUEUE_DEPTH, HostLink
 from hdl.link.protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
+from hdl.presets import get_config
 
 TINY = get_config("tiny")           # 64-bit beats: 8 bytes
 CLOCK_HZ = 12_000_000

@@ -28,9 +28,10 @@ from rtl_pair import Pair, describe
 
 from firmware.asm import Program
 from hdl import isa
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from hdl.isa import Pool
+from hdl.presets import get_config
 
 SEED = 4242
 

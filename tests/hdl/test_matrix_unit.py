@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
 from hdl.datapath.matrix_unit import MatrixUnit
+from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent

@@ -44,11 +44,12 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from progen import program_block
 
 from firmware.transports.rtl import RtlDevice
-from hdl.config import PRESETS, ConfigError, TPUConfig, get_config
+from hdl.config import ConfigError, TPUConfig
 from hdl.core import Core
 from hdl.datapath.pe import PE
 from hdl.datapath.systolic_array import SystolicArray
 from hdl.lib.vendor import VERILOG_SIM_PLATFORM
+from hdl.presets import PRESETS, get_config
 from sim.models.isa_sim import beats_match
 from sim.rtl.runner import run
 from sim.rtl.verilog import MODELS_DIR, generate, model_sources

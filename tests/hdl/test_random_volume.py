@@ -51,7 +51,8 @@ from progen import (
 from firmware.asm import Program
 from firmware.device import DeviceError
 from firmware.transports.rtl import RtlDevice
-from hdl.config import TPUConfig, get_config
+from hdl.config import TPUConfig
+from hdl.presets import get_config
 from sim.models.isa_sim import IsaSim, beats_match
 from sim.rtl.verilog import BUILD_ROOT
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
 from hdl.datapath.systolic_array import SystolicArray
+from hdl.presets import get_config
 from sim.rtl.gtkw import fst_signals, gtkw_traces
 from sim.rtl.runner import cocotb_test_names, run
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hdl.config import get_config
 from hdl.datapath.weight_fifo import WeightFIFO
+from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent

@@ -9,6 +9,7 @@ import pytest
 
 from firmware.asm import Program, encode
 from hdl import isa
+from hdl.beats import DONE_MAGIC
 from hdl.config import TPUConfig
 from sim.models import golden
 from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
@@ -26,7 +27,7 @@ def rng_for(test: str) -> np.random.Generator:
 
 
 def done(n: int) -> int:
-    return isa.DONE_MAGIC << 32 | n
+    return DONE_MAGIC << 32 | n
 
 
 def snapshot(sim: IsaSim) -> dict:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from firmware.asm import disassemble
-from hdl.config import get_config
 from hdl.isa import Opcode
+from hdl.presets import get_config
 from sim.models.isa_sim import IsaSim
 from sim.rtl.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
 from sim.waves.screenshot import decode_xwd, encode_png
