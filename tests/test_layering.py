@@ -33,7 +33,8 @@ ALLOWED = {
 }
 PROJECT = {"hdl", "sim", "firmware", "boards", "bench", "tests"}
 
-_HDL_GROUND = ("hdl.lib", "hdl.config", "hdl.isa", "hdl.layouts", "hdl.ports")
+_HDL_GROUND = ("hdl.lib", "hdl.config", "hdl.presets", "hdl.isa", "hdl.beats", "hdl.layouts",
+               "hdl.ports")
 _HDL_MEMORY = (*_HDL_GROUND, "hdl.memory")
 _HDL_DATAPATH = (*_HDL_MEMORY, "hdl.datapath")
 _HDL_CONTROL = (*_HDL_DATAPATH, "hdl.control")
