@@ -187,13 +187,13 @@ class Matmul(data.Struct):
     the active weight tile into accumulator rows ``acc_addr..``, ``count`` rows.
     ``switch``: first make the oldest queued tile active. ``accumulate``: add to the
     accumulator rows, else overwrite them. ``signed``: the activations are int8, else uint8.
-    Timing: runs in the matrix engine, up to four MATMULs in flight; one row a cycle, the
-    next MATMUL's first row entering the array the cycle after this one's last; a row's
-    sums reach the accumulators ``rows + cols + 4`` cycles after its buffer read
-    (``rows + cols + 8`` on a core built with ``multiplier="ecp5"``, whose PEs register the
-    DSP block's inputs and output twice in the fabric as well). The
-    ``switch`` row waits (weight stall) until its tile is in the shadow registers. Waits
-    while an unfinished ACTIVATE writes its buffer rows or reads its accumulator rows."""
+    Timing: runs in the matrix engine, up to ``matmul_slots`` MATMULs in flight; one row a
+    cycle, the next MATMUL's first row entering the array the cycle after this one's last; a
+    row's sums reach the accumulators ``rows + cols + 4`` cycles after its buffer read
+    (``rows + cols + 8`` with ``pipeline="fast"``, whose PEs register the multiplier's inputs
+    and output twice more). The ``switch`` row waits (weight stall) until its tile is in the
+    shadow registers. Waits while an unfinished ACTIVATE writes its buffer rows or reads its
+    accumulator rows."""
     opcode:     Opcode
     accumulate: 1
     switch:     1
