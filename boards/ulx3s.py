@@ -40,7 +40,7 @@ DSPS = {"85F": 156, "45F": 72, "25F": 28, "12F": 28}
 # The `ulx3s` preset: the 8x8 array and the activation unit's products on registered
 # MULT18X18D, the front end pipelined, the block RAMs read through their output registers;
 # this top registers every path between the link and the core and puts the core's reset on a
-# global network (BoardCore register_link, reset_buffer). The clocks it met and the paths
+# global network (BoardCore with the fast pipeline, reset_buffer). The clocks it met and the paths
 # that limit it are logged in docs/timing-closure.md; `--paths 40` lists them for a build.
 BOARD_CONFIG = "ulx3s"
 # nextpnr's placer weighs timing three times its default, for a higher Fmax. --tmg-ripup is
