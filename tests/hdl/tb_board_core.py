@@ -525,3 +525,27 @@ async def test_noise_then_status(dut):
     assert host.beats[first:] == expected_beats
     await host.read_back("noise while BEAT frames go out")
     host.stop()
+
+
+@cocotb.test()
+async def test_resync_without_error(dut):
+    """The resynchronisation word with no error pending restarts the program: STATUS shows
+    instruction index 0 (IsaSim's status), and the next HALT's DONE beat counts from it."""
+    host = await start(dut)
+    cfg = host.config
+    rng = np.random.default_rng(SEED + 7)
+    p = Program(cfg)
+    p.read_host(0, rng.integers(-128, 128, (2, cfg.ub_row)))
+    p.write_host(0, 1)
+    await host.run(p.beats, "two instructions, no HALT")
+    st = await host.status()
+    assert st.status == host.ref.status.as_bits() and host.ref.status.instr_index == 2, st
+    await host.run([isa.RESYNC_WORD], "the resynchronisation word, no error pending")
+    st = await host.status()
+    assert st.status == host.ref.status.as_bits() == 0, (st, host.ref.status)
+    halt = Program(cfg)
+    halt.halt()
+    await host.run(halt.beats, "HALT")
+    assert host.beats[-1] == isa.DONE_MAGIC << 32 | 1, hex(host.beats[-1])
+    await host.read_back("the resynchronisation word without an error")
+    host.stop()
