@@ -169,14 +169,14 @@ class LinkModel:
         self._tx_free = 0
         self._wire_end = 0
         self._buffer_free = True        # a frame buffer was free at the frame's first byte
+        self._data_seq = 0
         self._power_up()
 
     def _power_up(self) -> None:
         """The state ``RESET`` returns to (the cycle counter aside)."""
         self._pending: deque[list[int]] = deque()
         self._beat_seq = 0
-        self._data_seq = 0
-        self._seq_valid = False
+        self._seq_valid = False         # (the seq itself stays, as on the board)
         self._taken = 0                 # IsaSim output beats already sent as BEAT frames
         self.delivered: list[int] = []
 

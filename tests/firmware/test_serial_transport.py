@@ -609,6 +609,8 @@ def test_link_model_busy_clear_reset():
     assert _replies(model, encode_frame(Kind.DATA, 5, beat)) == [(Kind.ACK, 5, b"")]
     assert model.delivered == [p.beats[0]] * 2     # the retry of 5 was not delivered
     assert _replies(model, encode_frame(Kind.RESET, 7)) == [(Kind.ACK, 7, b"")]
+    status = StatusReply.unpack(_replies(model, encode_frame(Kind.STATUS, 8))[0][2])
+    assert (status.data_seq, status.seq_valid) == (5, False)   # as the gateware: flag only
     replies = _replies(model, encode_frame(Kind.DATA, 5, beat))  # not a retry any more
     assert [(k, s) for k, s, _ in replies] == [(Kind.ACK, 5), (Kind.BEAT, 0)]
     assert model.delivered == [p.beats[0]]

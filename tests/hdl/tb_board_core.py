@@ -464,12 +464,15 @@ NOISE = bytes([lp.END, 0x01, lp.END, 0x01, lp.END, 0x01, lp.END])
 
 
 def _masked(frames: list[Frame]) -> list[tuple[int, int, bytes]]:
-    """Frames as (kind, seq, payload), a STATUS_REPLY's cycle count zeroed."""
+    """Frames as (kind, seq, payload), a STATUS_REPLY's cycle count zeroed, and its DATA seq
+    too while its flag says there is none (the board keeps the last one over a reset)."""
     out = []
     for f in frames:
         payload = f.payload
         if f.kind == Kind.STATUS_REPLY.value:
-            payload = dataclasses.replace(lp.StatusReply.unpack(payload), cycles=0).pack()
+            st = lp.StatusReply.unpack(payload)
+            payload = dataclasses.replace(st, cycles=0,
+                                          data_seq=st.data_seq if st.seq_valid else 0).pack()
         out.append((f.kind, f.seq, payload))
     return out
 

@@ -408,7 +408,7 @@ def test_data_dedup():
         await b.until(ctx, lambda: len(b.delivered) == 5, "two frames")
         await b.expect_ack(ctx, encode_frame(Kind.RESET, 9), 9, "RESET")
         st = await b.status_reply(ctx)
-        assert (st.seq_valid, st.pending) == (False, 0), st
+        assert (st.seq_valid, st.pending, st.data_seq) == (False, 0, 8), st  # the flag only
         await b.expect_ack(ctx, data_frame(8, f3), 8, "seq 8 after RESET")
         await b.until(ctx, lambda: len(b.delivered) == 6, "frame after RESET")
         await b.idle(ctx)
