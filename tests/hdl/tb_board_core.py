@@ -9,9 +9,11 @@ bit's falling edge. Frames are made and read with the real framing code
 :class:`sim.models.isa_sim.IsaSim`, whose output must equal the BEAT frames the board sends
 (``==``, the timing-dependent counters aside). After every error case (bad CRC, a
 truncated frame, garbage, an oversize frame, an instruction failing its checks cleared with
-CLEAR or the resynchronisation word, RESET) the state read back with WRITE_HOST equals
-IsaSim's. Every wait has a time limit sized to the bytes it waits for, and a timeout names
-what was awaited.
+CLEAR or the resynchronisation word, RESET, noise filling the reply queue, the
+resynchronisation word with no error pending) the state read back with WRITE_HOST equals
+IsaSim's; the replies to noise equal :class:`sim.models.link_model.LinkModel`'s. Every
+wait has a time limit sized to the bytes it waits for, and a timeout names what was
+awaited.
 """
 
 from __future__ import annotations
