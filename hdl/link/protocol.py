@@ -10,38 +10,21 @@ Frame on the wire
 SLIP (RFC 1055): each frame ends with ``END`` (0xC0); a 0xC0 inside it is sent as ``ESC
 ESC_END`` (0xDB 0xDC) and a 0xDB as ``ESC ESC_ESC`` (0xDB 0xDD). The host also sends ``END``
 before each frame, so line noise before it ends up in a frame of its own. An empty frame (two
-``END`` in a row) is ignored.
+``END`` in a row) is ignored. ``ESC`` followed by any other byte decodes to that byte, and the
+frame fails ``ESCAPE``; so does a frame with ``ESC`` right before its ``END`` (which ends it).
 
 Frame body: ``kind`` (1 byte, :class:`Kind`), ``seq`` (1 byte), the payload, and the
 CRC-16/CCITT-FALSE (polynomial 0x1021, initial value 0xFFFF, no reflection, no final XOR) of
 ``kind``, ``seq`` and the payload, low byte first. Multi-byte fields are little-endian;
 beats are ``host_width // 8`` bytes, least significant byte first.
 
-Host to device
---------------
-- ``DATA``: 1 to ``max_beats`` whole beats for the core's input stream. Answered with ``ACK``
-  (same ``seq``) once the frame is stored: the device delivers accepted frames to the core in
-  order. A ``DATA`` frame with the ``seq`` of the last accepted one is a retry whose ``ACK``
-  was lost: answered with ``ACK`` again and not delivered twice. The device holds two frames
-  (one being delivered, one waiting); a third is answered with ``NAK BUSY``.
-- ``STATUS``: answered with ``STATUS_REPLY`` (:data:`STATUS_REPLY_FORMAT`).
-- ``CLEAR``: drops the frames not yet delivered, pulses the core's ``i_clear`` (which clears
-  a pending error and nothing else), answered with ``ACK``.
-- ``RESET``: drops the frames not yet delivered, resets the core (which then scrubs its
-  memories) and the ``BEAT`` numbering, forgets the last ``DATA`` seq; answered with ``ACK``.
-- ``INFO``: answered with ``INFO_REPLY`` (:data:`INFO_REPLY_FORMAT`): the configuration the
-  board was built with.
-
-Control frames (all but ``DATA``) have no payload.
-
-Device to host
---------------
-- ``ACK``, no payload: ``seq`` is the frame's.
-- ``NAK``, 1 byte (:class:`Nak`): the frame was dropped and changed nothing. ``seq`` is the
-  frame's second byte (0 if it had fewer than two).
-- ``BEAT``: one beat the core sent (WRITE_HOST rows, counters, DONE, error beats); ``seq``
-  counts them modulo 256 from 0 (after power-up and ``RESET``), so the host sees a lost one.
-- ``STATUS_REPLY``, ``INFO_REPLY``: ``seq`` is the request's.
+Host to device: ``DATA`` (1 to ``max_beats`` whole beats for the core, answered ``ACK``; a
+``DATA`` frame with the ``seq`` of the last accepted one is a retry, answered ``ACK`` and not
+delivered twice), ``STATUS`` (``STATUS_REPLY``), ``CLEAR`` and ``RESET`` (``ACK``), ``INFO``
+(``INFO_REPLY``); control frames have no payload. Device to host: ``ACK``, ``NAK`` (1 byte,
+:class:`Nak`; ``seq`` is the dropped frame's second byte, 0 if it had fewer than two),
+``BEAT`` (one beat the core sent; ``seq`` counts them modulo 256 from 0 after power-up and
+``RESET``), ``STATUS_REPLY``, ``INFO_REPLY``; a reply's ``seq`` is its request's.
 
 Checks on a received frame, in order (the first failing one is the ``NAK`` code): an ``ESC``
 not followed by ``ESC_END`` or ``ESC_ESC`` (``ESCAPE``); more than ``max_beats`` beats of
@@ -201,6 +184,11 @@ class FrameDecoder:
             if self.limit is None or self._count <= self.limit:
                 self._body.append(byte)
         return out
+
+    @property
+    def body_bytes(self) -> int:
+        """Bytes of the frame being received so far, after unescaping."""
+        return self._count
 
     def _reset(self) -> None:
         self._body.clear()

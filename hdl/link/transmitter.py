@@ -122,9 +122,9 @@ class LinkTransmitter(wiring.Component):
         with m.FSM(name="tx") as fsm:
             with m.State("IDLE"):
                 # The payload register loads in every IDLE cycle, whether or not a frame
-                # starts: what it loads depends on the reply queue's output alone, not on
-                # whether a reply or a beat is there (that decision ran into every bit's
-                # load: 7.2-7.9 ns on the ULX3S).
+                # starts: what it loads depends on the reply queue's output alone, so that
+                # the decision whether a reply or a beat goes next does not run into every
+                # bit's load enable.
                 m.d.sync += tx_buf.eq(Mux(self.i_reply.valid,
                                           Mux(entry.kind == Reply.NAK, entry.code,
                                               self.i_status_reply),

@@ -12,18 +12,29 @@ reaches a board, and :mod:`firmware.transports.serial` can be tested without har
 What it models
 --------------
 Every rule of :mod:`hdl.link.protocol`: SLIP framing, the checks on a received frame in
-their order (``ESCAPE``, ``OVERSIZE``, ``LENGTH``, ``CRC``, ``KIND``, ``LENGTH``, ``BUSY``),
-``DATA`` retries recognised by their ``seq`` (answered with ``ACK`` and not delivered
-again), two frame buffers, ``BEAT`` frames numbered from 0 after power-up and ``RESET``,
-``STATUS_REPLY`` with the core's status, ``CLEAR`` (frames not yet delivered dropped, then
-:meth:`IsaSim.clear`), ``RESET`` (:meth:`IsaSim.reset`) and ``INFO_REPLY``.
+their order (``ESCAPE``, ``OVERSIZE``, ``LENGTH``, ``CRC``, ``KIND``, ``LENGTH``, ``BUSY``,
+decided as the frame's first byte arrives), ``DATA`` retries recognised by their ``seq``
+(answered with ``ACK`` and not delivered again), two frame buffers, ``BEAT`` frames numbered
+from 0 after power-up and ``RESET``, ``STATUS_REPLY`` with the core's status, ``CLEAR``
+(frames not yet delivered dropped, then :meth:`IsaSim.clear`), ``RESET``
+(:meth:`IsaSim.reset`) and ``INFO_REPLY``.
+
+And the gateware's transmitter (:class:`hdl.link.host_link.HostLink`): replies wait in a
+queue of :data:`REPLY_QUEUE_DEPTH` and go before waiting ``BEAT`` frames, a frame is never
+interrupted, the ``NAK`` of a frame that failed a framing check (``ESCAPE``, ``OVERSIZE``,
+too short, ``CRC``) is queued only into an empty queue, and other replies are dropped only
+when it is full. For that the model counts time in bytes on the line, both ways at the same
+rate: the bytes of one :meth:`LinkModel.feed` arrive back to back, and the transmitter takes
+the next frame when the one it sends has two bytes left (the gateware's output register and
+the UART's); between calls the line is idle long enough for everything waiting to be sent.
 
 What it does not model
 ----------------------
-Time. An accepted ``DATA`` frame is delivered to the core at once, after its ``ACK``, and the
-``BEAT`` frames of every beat the core sends follow it in the same reply; so no frame waits
-and ``NAK BUSY`` never happens, unless :meth:`LinkModel.pause` holds delivery (as a core that
-cannot send its output would), which lets the two buffers fill. Consequently:
+The core's time. An accepted ``DATA`` frame is delivered to the core at once, after its
+``ACK``, and the ``BEAT`` frames of every beat the core sends wait for the transmitter from
+then on; so no frame waits and ``NAK BUSY`` never happens, unless :meth:`LinkModel.pause`
+holds delivery (as a core that cannot send its output would), which lets the two buffers
+fill. Consequently:
 
 - the ``cycles`` of ``STATUS_REPLY`` is a proxy, not a clock: beats the core has taken plus
   beats it has sent since the model was created (it keeps counting over ``RESET``, as a
@@ -53,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hdl.config import TPUConfig
+from hdl.link.host_link import REPLY_QUEUE_DEPTH
 from hdl.link.protocol import (
     CRC_BYTES,
     HOST_KINDS,
@@ -70,7 +82,7 @@ from hdl.link.protocol import (
 from sim.models.isa_sim import IsaSim
 
 __all__ = ["LinkModel", "LinkServer", "serve", "FAULTS", "FRAME_BUFFERS",
-           "DEFAULT_CLOCK_HZ", "main"]
+           "REPLY_QUEUE_DEPTH", "DEFAULT_CLOCK_HZ", "main"]
 
 #: Frames the board holds: one being delivered to the core, one waiting.
 FRAME_BUFFERS = 2
@@ -82,6 +94,9 @@ DEFAULT_CLOCK_HZ = 12_000_000
 FAULTS = ("corrupt", "drop", "corrupt_in", "drop_in")
 
 _CYCLE_MASK = (1 << 48) - 1
+#: Bytes of a frame still to go on the line when the gateware's transmitter takes the next
+#: frame: one in its output register, one in the UART's shift register.
+_TX_AHEAD = 2
 #: Seconds a connection's thread waits for bytes before it sends output made meanwhile
 #: (by :meth:`LinkModel.resume`).
 _POLL_S = 0.01
@@ -117,9 +132,10 @@ class LinkModel:
     delivered : list of int
         Every beat given to the core since creation or the last ``RESET``, in order.
     stats : collections.Counter
-        ``"rx KIND"`` frames received with good framing and CRC, ``"nak CODE"`` NAKs sent,
-        ``"tx KIND"`` frames sent, ``"retry"`` DATA retries acknowledged without delivery,
-        ``"fault ACTION"`` faults applied.
+        ``"rx KIND"`` frames received with good framing and CRC, ``"nak CODE"`` NAKs made,
+        ``"tx KIND"`` frames sent, ``"lost KIND"`` replies dropped by the reply queue,
+        ``"retry"`` DATA retries acknowledged without delivery, ``"fault ACTION"`` faults
+        applied.
     """
 
     def __init__(self, config: TPUConfig, *, max_beats: int,
@@ -144,14 +160,23 @@ class LinkModel:
         self._faults: list[_Fault] = []
         self._paused = False
         self._cycles = 0
+        # The transmitter, in byte times since the line was last idle: replies and BEAT
+        # frames waiting (with the time each became ready), when the transmitter takes its
+        # next frame, when the last frame it took leaves the line.
+        self._clock = 0
+        self._replies: deque[tuple[int, bytes]] = deque()
+        self._beat_frames: deque[tuple[int, bytes]] = deque()
+        self._tx_free = 0
+        self._wire_end = 0
+        self._buffer_free = True        # a frame buffer was free at the frame's first byte
+        self._data_seq = 0
         self._power_up()
 
     def _power_up(self) -> None:
         """The state ``RESET`` returns to (the cycle counter aside)."""
         self._pending: deque[list[int]] = deque()
         self._beat_seq = 0
-        self._data_seq = 0
-        self._seq_valid = False
+        self._seq_valid = False         # (the seq itself stays, as on the board)
         self._taken = 0                 # IsaSim output beats already sent as BEAT frames
         self.delivered: list[int] = []
 
@@ -161,8 +186,16 @@ class LinkModel:
         """Process bytes from the host; returns the bytes the board sends back (including any
         made since the last call by :meth:`resume`). ``feed(b"")`` only collects those."""
         with self._lock:
-            for item in self._decoder.feed(bytes(data)):
-                self._receive(item)
+            for byte in bytes(data):
+                self._clock += 1
+                first = self._decoder.body_bytes == 0
+                items = self._decoder.feed(bytes((byte,)))
+                if first and self._decoder.body_bytes == 1:
+                    self._buffer_free = len(self._pending) < FRAME_BUFFERS
+                for item in items:
+                    self._transmit(self._clock)
+                    self._receive(item)
+            self._drain()
             out = bytes(self._out)
             self._out.clear()
             return out
@@ -193,6 +226,7 @@ class LinkModel:
         with self._lock:
             self._paused = False
             self._deliver()
+            self._drain()
 
     def _deliver(self) -> None:
         while self._pending and not self._paused:
@@ -213,18 +247,49 @@ class LinkModel:
             self._cycles += 1
         self._cycles &= _CYCLE_MASK
 
+    # The transmitter -----------------------------------------------------------------------
+
+    def _transmit(self, now: int) -> None:
+        """Send what the transmitter takes up to byte time ``now``: a waiting reply before a
+        waiting BEAT frame, each frame whole."""
+        while self._replies or self._beat_frames:
+            waiting = self._replies or self._beat_frames
+            take = max(self._tx_free, waiting[0][0])
+            if take > now:
+                return
+            frame = waiting.popleft()[1]
+            start = max(take, self._wire_end)
+            self._wire_end = start + len(frame)
+            self._tx_free = self._wire_end - _TX_AHEAD
+            self._out += frame
+
+    def _drain(self) -> None:
+        """The line idles: everything waiting is sent, and time starts again."""
+        self._transmit(self._clock + (1 << 62))
+        self._clock = self._tx_free = self._wire_end = 0
+
+    def _queue_reply(self, kind: Kind, frame: bytes, noise: bool) -> bool:
+        """Queue a reply as the gateware does; False if there is no room for it."""
+        self._transmit(self._clock)
+        if len(self._replies) >= REPLY_QUEUE_DEPTH - (1 if noise else 0):
+            self.stats[f"lost {kind.name}"] += 1
+            return False
+        self._replies.append((self._clock, frame))
+        self._transmit(self._clock)
+        return True
+
     # Frames --------------------------------------------------------------------------------
 
     def _receive(self, item: Frame | FrameError) -> None:
         if isinstance(item, FrameError):
-            self._nak(item.code, item.seq)
+            self._nak(item.code, item.seq, noise=True)
             return
         kind = self._kind(item.kind)
         fault = self._take_fault(("corrupt_in", "drop_in"), kind)
         if fault == "drop_in":
             return
         if fault == "corrupt_in":
-            self._nak(Nak.CRC, item.seq)
+            self._nak(Nak.CRC, item.seq, noise=True)
             return
         self.stats[f"rx {kind.name if kind is not None else hex(item.kind)}"] += 1
         if kind not in HOST_KINDS:
@@ -239,7 +304,7 @@ class LinkModel:
                 self.stats["retry"] += 1            # its ACK was lost: not delivered twice
                 self._emit(Kind.ACK, item.seq)
                 return
-            if len(self._pending) >= FRAME_BUFFERS:
+            if not self._buffer_free:
                 self._nak(Nak.BUSY, item.seq)
                 return
             self._pending.append([
@@ -265,6 +330,7 @@ class LinkModel:
         elif kind == Kind.RESET:
             self.sim.reset()
             self._power_up()
+            self._beat_frames.clear()       # the reset core's output not yet sent is lost
             self._emit(Kind.ACK, item.seq)
         else:
             self._emit(Kind.INFO_REPLY, item.seq, self.info.pack())
@@ -276,11 +342,12 @@ class LinkModel:
         except ValueError:
             return None
 
-    def _nak(self, code: Nak, seq: int) -> None:
+    def _nak(self, code: Nak, seq: int, *, noise: bool = False) -> None:
         self.stats[f"nak {code.name}"] += 1
-        self._emit(Kind.NAK, seq, bytes((code.value,)))
+        self._emit(Kind.NAK, seq, bytes((code.value,)), noise=noise)
 
-    def _emit(self, kind: Kind, seq: int, payload: bytes = b"") -> None:
+    def _emit(self, kind: Kind, seq: int, payload: bytes = b"", *, noise: bool = False
+              ) -> None:
         body = bytes((kind.value, seq)) + payload
         crc = crc16(body)
         fault = self._take_fault(("corrupt", "drop"), kind)
@@ -288,9 +355,14 @@ class LinkModel:
             return
         if fault == "corrupt":
             crc ^= 0x0001
-        self.stats[f"tx {kind.name}"] += 1
         # Every frame starts and ends with END, as the gateware sends them.
-        self._out += slip_encode(body + crc.to_bytes(CRC_BYTES, "little"))
+        frame = slip_encode(body + crc.to_bytes(CRC_BYTES, "little"))
+        if kind == Kind.BEAT:
+            self._beat_frames.append((self._clock, frame))
+            self._transmit(self._clock)
+        elif not self._queue_reply(kind, frame, noise):
+            return
+        self.stats[f"tx {kind.name}"] += 1
 
     # Fault injection -----------------------------------------------------------------------
 

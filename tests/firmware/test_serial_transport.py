@@ -610,9 +610,78 @@ def test_link_model_busy_clear_reset():
     assert _replies(model, encode_frame(Kind.DATA, 5, beat)) == [(Kind.ACK, 5, b"")]
     assert model.delivered == [p.beats[0]] * 2     # the retry of 5 was not delivered
     assert _replies(model, encode_frame(Kind.RESET, 7)) == [(Kind.ACK, 7, b"")]
+    status = StatusReply.unpack(_replies(model, encode_frame(Kind.STATUS, 8))[0][2])
+    assert (status.data_seq, status.seq_valid) == (5, False)   # as the gateware: flag only
     replies = _replies(model, encode_frame(Kind.DATA, 5, beat))  # not a retry any more
     assert [(k, s) for k, s, _ in replies] == [(Kind.ACK, 5), (Kind.BEAT, 0)]
     assert model.delivered == [p.beats[0]]
+
+
+#: Three one-byte noise frames back to back (issue 35's wire): NAK LENGTH, seq 0, each.
+NOISE = bytes((END, 0x01, END, 0x01, END, 0x01, END))
+
+
+def test_link_model_noise_then_status():
+    """Noise, then at once STATUS, in one write: as the gateware does (tests/hdl/
+    tb_board_core.py compares the two at the UART pins), the NAKs that find the reply queue
+    holding one are dropped, and the STATUS is answered: for three, a NAK (sent at once), a
+    NAK (queued), then the STATUS_REPLY; for fifteen, a NAK each time the queue was empty."""
+    model = LinkModel(get_config("tiny"), max_beats=4)
+    for noise, naks in ((NOISE, 2), (NOISE * 5, None)):
+        before = model.stats["lost NAK"]
+        replies = _replies(model, noise + encode_frame(Kind.STATUS, 0x66))
+        assert set(replies[:-1]) == {_nak(Nak.LENGTH, 0)}, replies
+        assert len(replies) - 1 == (naks or len(replies) - 1) < noise.count(0x01)
+        assert model.stats["lost NAK"] - before == noise.count(0x01) - (len(replies) - 1)
+        assert replies[-1][:2] == (Kind.STATUS_REPLY, 0x66)
+        assert StatusReply.unpack(replies[-1][2]) == StatusReply(
+            status=0, cycles=0, data_seq=0, pending=0, seq_valid=False)
+    # Replies to frames with a good CRC (a KIND NAK, STATUS) fill the queue; the third
+    # request of a flood finds it full (a host that waits for each answer never floods).
+    flood = encode_frame(0x06, 1) + encode_frame(Kind.STATUS, 2) + encode_frame(Kind.INFO, 3)
+    assert [(k, s) for k, s, _ in _replies(model, flood)] == [
+        (Kind.NAK, 1), (Kind.STATUS_REPLY, 2), (Kind.INFO_REPLY, 3)]
+    assert model.stats["lost INFO_REPLY"] == 0
+    many = b"".join(encode_frame(Kind.STATUS, seq) for seq in range(8))
+    got = [s for _, s, _ in _replies(model, many)]
+    assert got[:3] == [0, 1, 2] and len(got) < 8, got
+    assert model.stats["lost STATUS_REPLY"] == 8 - len(got)
+
+
+def test_link_model_decoding_busy_clear_resync():
+    """What docs/host-link.md promises a host writer, on the model: ESC then a byte other
+    than ESC_END/ESC_ESC decodes to that byte (the NAK ESCAPE's seq shows it), ESC right
+    before END; BUSY decided as a frame's first byte arrives; CLEAR keeps the last DATA
+    seq (a resent frame is ACKed and never runs); the resynchronisation word with no error
+    pending restarts the program (instruction index 0)."""
+    model = LinkModel(get_config("tiny"), max_beats=1)
+    bb = model.beat_bytes
+    for wire, seq in [(bytes((END, ESC, 0x33, 0x44, END)), 0x44),
+                      (bytes((END, 0x01, ESC, 0x55, 0x66, END)), 0x55),
+                      (bytes((END, ESC, ESC, 0xDC, 0x02, END)), 0xDC),
+                      (bytes((END, 0x02, 0x07, ESC, END)), 0x07)]:
+        assert _replies(model, wire) == [_nak(Nak.ESCAPE, seq)], wire.hex(" ")
+    p = Program(model.config)
+    p.read_host(0, [[1, 2]])
+    words = [w.to_bytes(bb, "little") for w in p.beats]
+    # BUSY at the first byte: both buffers taken as the third frame begins.
+    model.pause()
+    assert _replies(model, encode_frame(Kind.DATA, 1, words[0])) == [(Kind.ACK, 1, b"")]
+    assert _replies(model, encode_frame(Kind.DATA, 2, words[1])) == [(Kind.ACK, 2, b"")]
+    third = encode_frame(Kind.DATA, 3, isa.RESYNC_WORD.to_bytes(bb, "little"))
+    assert _replies(model, third[:5]) == []
+    model.resume()
+    assert model.pending == 0 and model.delivered == p.beats
+    assert _replies(model, third[5:]) == [_nak(Nak.BUSY, 3)]
+    # The resynchronisation word with no error pending: the program restarts.
+    assert model.sim.status.instr_index == 1
+    assert _replies(model, third) == [(Kind.ACK, 3, b"")]
+    status = StatusReply.unpack(_replies(model, encode_frame(Kind.STATUS, 4))[0][2])
+    assert (status.status, status.data_seq) == (0, 3), status
+    # CLEAR keeps the last DATA seq: the same frame again is a retry, never delivered.
+    assert _replies(model, encode_frame(Kind.CLEAR, 5)) == [(Kind.ACK, 5, b"")]
+    assert _replies(model, third) == [(Kind.ACK, 3, b"")]
+    assert model.delivered == [*p.beats, isa.RESYNC_WORD] and model.stats["retry"] == 1
 
 
 # Framing through pyserial --------------------------------------------------------------------

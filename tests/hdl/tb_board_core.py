@@ -9,13 +9,16 @@ bit's falling edge. Frames are made and read with the real framing code
 :class:`sim.models.isa_sim.IsaSim`, whose output must equal the BEAT frames the board sends
 (``==``, the timing-dependent counters aside). After every error case (bad CRC, a
 truncated frame, garbage, an oversize frame, an instruction failing its checks cleared with
-CLEAR or the resynchronisation word, RESET) the state read back with WRITE_HOST equals
-IsaSim's. Every wait has a time limit sized to the bytes it waits for, and a timeout names
-what was awaited.
+CLEAR or the resynchronisation word, RESET, noise filling the reply queue, the
+resynchronisation word with no error pending) the state read back with WRITE_HOST equals
+IsaSim's; the replies to noise equal :class:`sim.models.link_model.LinkModel`'s. Every
+wait has a time limit sized to the bytes it waits for, and a timeout names what was
+awaited.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 
@@ -32,6 +35,7 @@ from hdl.link import protocol as lp
 from hdl.link.board_core import running_epoch_bits
 from hdl.link.protocol import Frame, FrameDecoder, FrameError, Kind, Nak, encode_frame
 from sim.models.isa_sim import IsaSim
+from sim.models.link_model import LinkModel
 from sim.rtl.runner import config_from_env
 from sim.rtl.streams import reset, start_clock
 
@@ -454,4 +458,100 @@ async def test_reset(dut):
     assert (st.status, st.pending, st.seq_valid) == (0, 0, False), st
     host.data_seq = (host.data_seq - 1) % 256     # the last seq is new again after RESET
     await host.read_back("RESET")
+    host.stop()
+
+
+
+#: Three one-byte frames of line noise, back to back (each a NAK LENGTH, seq 0).
+NOISE = bytes([lp.END, 0x01, lp.END, 0x01, lp.END, 0x01, lp.END])
+
+
+def _masked(frames: list[Frame]) -> list[tuple[int, int, bytes]]:
+    """Frames as (kind, seq, payload), a STATUS_REPLY's cycle count zeroed, and its DATA seq
+    too while its flag says there is none (the board keeps the last one over a reset)."""
+    out = []
+    for f in frames:
+        payload = f.payload
+        if f.kind == Kind.STATUS_REPLY.value:
+            st = lp.StatusReply.unpack(payload)
+            payload = dataclasses.replace(st, cycles=0,
+                                          data_seq=st.data_seq if st.seq_valid else 0).pack()
+        out.append((f.kind, f.seq, payload))
+    return out
+
+
+@cocotb.test()
+async def test_noise_then_status(dut):
+    """Three one-byte noise frames and at once a STATUS (the wire of issue 35): the
+    STATUS_REPLY arrives with the board's state, and the replies are the link model's, byte
+    for byte (the cycle count aside): the first two NAKs (the third found a NAK waiting).
+    Then the same right after the ACK of a DATA frame whose WRITE_HOST sends BEAT frames of
+    escaped bytes: a BEAT frame goes out as the noise comes in and keeps the transmitter busy
+    until the STATUS has come, and its reply still arrives (the board used to answer three
+    frames ahead and drop the rest: the three NAKs took every place)."""
+    host = await start(dut)
+    cfg = host.config
+    n = len(host.replies)
+    wire = NOISE + encode_frame(Kind.STATUS, 0x66)
+    model = LinkModel(cfg, max_beats=MAX_BEATS, clock_hz=CLOCK_HZ)
+    expected = FrameDecoder().feed(model.feed(wire))
+    await host.request(wire, "noise, then STATUS")
+    await host.wait_for(lambda: len(host.replies) >= n + len(expected),
+                        "the replies to the noise and the STATUS", host.budget_ns(100))
+    await Timer(40 * BYTE_NS, "ns")                 # and nothing more
+    got = host.replies[n:]
+    assert _masked(got) == _masked(expected), f"seed {SEED}: board {got}, model {expected}"
+    st = lp.StatusReply.unpack(got[-1].payload)
+    assert (got[-1].kind, got[-1].seq) == (Kind.STATUS_REPLY.value, 0x66), got
+    assert (st.status, st.pending, st.seq_valid) == (0, 0, False), st
+
+    # Output of END bytes (-64 is 0xC0): every payload byte of a BEAT frame escaped.
+    p = Program(cfg)
+    p.read_host(0, np.full((2, cfg.ub_row), -64))
+    p.write_host(0, 2)
+    assert len(p.beats) <= MAX_BEATS
+    first = len(host.beats)
+    expected_beats = host.ref.run(p.beats)
+    await host.send_beats(p.beats, "READ_HOST and WRITE_HOST of END bytes")
+    n = len(host.replies)
+    await host.request(wire, "noise, then STATUS, while BEAT frames go out")
+    await host.wait_for(lambda: any(r.kind == Kind.STATUS_REPLY.value
+                                    for r in host.replies[n:]),
+                        "the STATUS_REPLY after the noise", host.budget_ns(200))
+    got = host.replies[n:]
+    status = got[-1]
+    assert (status.kind, status.seq) == (Kind.STATUS_REPLY.value, 0x66), got
+    assert all((r.kind, r.seq, r.payload) == (Kind.NAK.value, 0, bytes([Nak.LENGTH.value]))
+               for r in got[:-1]) and len(got) <= 3, got
+    st = lp.StatusReply.unpack(status.payload)
+    assert (st.status, st.pending, st.data_seq, st.seq_valid) == \
+        (host.ref.status.as_bits(), 0, host.data_seq, True), st
+    await host.wait_for(lambda: len(host.beats) >= first + len(expected_beats),
+                        "the output", host.budget_ns(len(expected_beats) * 30))
+    assert host.beats[first:] == expected_beats
+    await host.read_back("noise while BEAT frames go out")
+    host.stop()
+
+
+@cocotb.test()
+async def test_resync_without_error(dut):
+    """The resynchronisation word with no error pending restarts the program: STATUS shows
+    instruction index 0 (IsaSim's status), and the next HALT's DONE beat counts from it."""
+    host = await start(dut)
+    cfg = host.config
+    rng = np.random.default_rng(SEED + 7)
+    p = Program(cfg)
+    p.read_host(0, rng.integers(-128, 128, (2, cfg.ub_row)))
+    p.write_host(0, 1)
+    await host.run(p.beats, "two instructions, no HALT")
+    st = await host.status()
+    assert st.status == host.ref.status.as_bits() and host.ref.status.instr_index == 2, st
+    await host.run([isa.RESYNC_WORD], "the resynchronisation word, no error pending")
+    st = await host.status()
+    assert st.status == host.ref.status.as_bits() == 0, (st, host.ref.status)
+    halt = Program(cfg)
+    halt.halt()
+    await host.run(halt.beats, "HALT")
+    assert host.beats[-1] == isa.DONE_MAGIC << 32 | 1, hex(host.beats[-1])
+    await host.read_back("the resynchronisation word without an error")
     host.stop()

@@ -55,14 +55,17 @@ def test_program():
 
 
 def test_error_cases():
-    """Bad CRC, a truncated frame, garbage, oversize, instruction errors (CLEAR, RESYNC) and
-    RESET, each followed by a read-back equal to IsaSim's."""
+    """Bad CRC, a truncated frame, garbage, oversize, instruction errors (CLEAR, RESYNC),
+    RESET, noise then STATUS (the replies the link model gives) and RESYNC with no error
+    pending, each followed by a read-back equal to IsaSim's."""
     _run(ERROR_CASES)
 
 
 #: What CI runs with ``register_link``: the program and one error case of each kind (a bad
-#: frame, an instruction error, a reset); ``make test-all`` runs every case.
-REGISTERED_FAST = ["test_program", "test_bad_crc", "test_instruction_error_resync", "test_reset"]
+#: frame, an instruction error, a reset, noise filling the reply queue); ``make test-all``
+#: runs every case.
+REGISTERED_FAST = ["test_program", "test_bad_crc", "test_instruction_error_resync", "test_reset",
+                   "test_noise_then_status"]
 
 
 @pytest.mark.parametrize("cases", [

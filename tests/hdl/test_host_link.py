@@ -409,7 +409,7 @@ def test_data_dedup():
         await b.until(ctx, lambda: len(b.delivered) == 5, "two frames")
         await b.expect_ack(ctx, encode_frame(Kind.RESET, 9), 9, "RESET")
         st = await b.status_reply(ctx)
-        assert (st.seq_valid, st.pending) == (False, 0), st
+        assert (st.seq_valid, st.pending, st.data_seq) == (False, 0, 8), st  # the flag only
         await b.expect_ack(ctx, data_frame(8, f3), 8, "seq 8 after RESET")
         await b.until(ctx, lambda: len(b.delivered) == 6, "frame after RESET")
         await b.idle(ctx)
@@ -766,8 +766,8 @@ def test_replies_between_beats():
 
 def test_reply_queue_overflow():
     """With the byte sink stalled, a flood of requests: the replies that fit (the one the
-    transmitter holds and REPLY_QUEUE_DEPTH queued) come out in order, the rest are dropped,
-    and the link works on."""
+    transmitter holds and REPLY_QUEUE_DEPTH queued) come out in order, the rest are dropped
+    (a host that waits for each answer never floods), and the link works on."""
     b = Bench(93)
 
     async def body(ctx, b):
@@ -783,6 +783,97 @@ def test_reply_queue_overflow():
         assert len(b.replies()) == n + 1
 
     b.run(body)
+
+
+def test_noise_never_costs_a_reply():
+    """With the byte sink stalled: the NAK of a frame failing a framing check (ESCAPE,
+    OVERSIZE, too short, CRC) is queued only into an empty queue; other replies (a good
+    CRC: KIND, a payload LENGTH, STATUS) until the queue is full. So after any burst of
+    noise the answer to the host's next frame comes; a second request is dropped."""
+    b = Bench(94)
+    oversize = with_crc(bytes([Kind.DATA.value, 0x13]) + bytes(8 * (b.max_beats + 1)))
+    frames = [
+        (body_frame(with_bad_crc(bytes([Kind.STATUS.value, 0x11]))), 0x11, Nak.CRC),
+        (bytes([lp.END, 0x01, 0x12, lp.ESC, 0x00, lp.END]), 0x12, Nak.ESCAPE),
+        (body_frame(oversize), 0x13, Nak.OVERSIZE),
+        (bytes([lp.END, 0x01, 0x14, lp.END]), 0x14, Nak.LENGTH),
+        (encode_frame(0x06, 0x15), 0x15, Nak.KIND),
+        (encode_frame(Kind.STATUS, 0x16), 0x16, None),
+    ]
+
+    async def body(ctx, b):
+        # Noise only: the transmitter takes the first NAK, the queue holds the second.
+        b.tx_hold = True
+        for wire, _, _ in frames[:4] + frames[:4]:
+            b.send(wire)
+        await b.until(ctx, lambda: not b.to_link, "noise in")
+        b.send(frames[5][0])
+        await b.until(ctx, lambda: not b.to_link, "STATUS in")
+        b.tx_hold = False
+        await b.idle(ctx)
+        assert [(r.kind, r.seq) for r in b.replies()] == [
+            (Kind.NAK.value, 0x11), (Kind.NAK.value, 0x12), (Kind.STATUS_REPLY.value, 0x16)]
+        # Frames with a good CRC fill the queue; the noise after them is dropped.
+        n = len(b.replies())
+        b.tx_hold = True
+        for wire, _, _ in frames[4:] + frames[:4] + frames[4:]:
+            b.send(wire)
+        await b.until(ctx, lambda: not b.to_link, "requests in")
+        b.tx_hold = False
+        await b.idle(ctx)
+        assert [(r.kind, r.seq, r.payload) for r in b.replies()[n:]] == [
+            (Kind.NAK.value, 0x15, bytes([Nak.KIND.value])),
+            (Kind.STATUS_REPLY.value, 0x16, b.replies()[n + 1].payload),
+            (Kind.NAK.value, 0x15, bytes([Nak.KIND.value]))]
+
+    b.run(body)
+
+
+def test_escape_decoding():
+    """ESC followed by a byte other than ESC_END or ESC_ESC decodes to that byte (it is
+    the kind or the seq the NAK reports; ESC ESC is ESC once, then a plain byte); ESC right
+    before END: the END still ends the frame. Each is NAK ESCAPE with the protocol model's
+    seq, and the next frame is unaffected."""
+    b = Bench(44)
+    cases = [
+        (bytes([lp.END, lp.ESC, 0x33, 0x44, lp.END]), 0x44),
+        (bytes([lp.END, 0x01, lp.ESC, 0x55, 0x66, lp.END]), 0x55),
+        (bytes([lp.END, lp.ESC, lp.ESC, lp.ESC_END, 0x02, lp.END]), lp.ESC_END),
+        (bytes([lp.END, 0x02, 0x07, lp.ESC, lp.END]), 0x07),
+    ]
+    for wire, seq in cases:
+        assert [(e.code, e.seq) for e in FrameDecoder().feed(wire)] == [(Nak.ESCAPE, seq)]
+
+    async def body(ctx, b):
+        for wire, seq in cases:
+            await b.expect_nak(ctx, wire, Nak.ESCAPE, seq, wire.hex(" "))
+            st = await b.status_reply(ctx, seq=0x70)
+            assert (st.pending, st.seq_valid) == (0, False), st
+
+    b.run(body)
+
+
+def test_clear_keeps_the_data_seq():
+    """CLEAR drops undelivered frames but keeps the last DATA seq: the same frame sent
+    again after it is a retry, ACKed and never delivered; a new seq is."""
+    b = Bench(53)
+    rng = random.Random(53)
+    f1, f2 = (random_beats(rng, n, TINY) for n in (2, 3))
+
+    async def body(ctx, b):
+        await b.expect_ack(ctx, data_frame(7, f1), 7, "DATA 7")
+        await b.until(ctx, lambda: len(b.delivered) == 2, "its beats")
+        await b.expect_ack(ctx, encode_frame(Kind.CLEAR, 8), 8, "CLEAR")
+        st = await b.status_reply(ctx)
+        assert (st.data_seq, st.seq_valid) == (7, True), st
+        await b.expect_ack(ctx, data_frame(7, f2), 7, "DATA 7 after CLEAR")
+        await b.idle(ctx)
+        assert b.delivered == f1
+        await b.expect_ack(ctx, data_frame(9, f2), 9, "DATA 9")
+        await b.until(ctx, lambda: len(b.delivered) == 5, "DATA 9's beats")
+
+    b.run(body)
+    assert b.delivered == f1 + f2
 
 
 def test_status_reply_pack_matches_decoder():
