@@ -29,7 +29,7 @@ from cocotb.triggers import Event, FallingEdge, First, Timer
 
 from firmware.asm import Program
 from hdl import isa
-from hdl.beats import ERROR_MAGIC
+from hdl.beats import DONE_MAGIC, ERROR_MAGIC
 from hdl.isa import ErrorCode, Func
 from hdl.link import protocol as lp
 from hdl.link.board_core import running_epoch_bits
@@ -552,6 +552,6 @@ async def test_resync_without_error(dut):
     halt = Program(cfg)
     halt.halt()
     await host.run(halt.beats, "HALT")
-    assert host.beats[-1] == isa.DONE_MAGIC << 32 | 1, hex(host.beats[-1])
+    assert host.beats[-1] == DONE_MAGIC << 32 | 1, hex(host.beats[-1])
     await host.read_back("the resynchronisation word without an error")
     host.stop()
