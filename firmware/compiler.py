@@ -229,8 +229,16 @@ class CompiledNetwork:
         return _plan(self.config, self.network, self._layouts, batch)
 
     def batches(self, inputs: np.ndarray) -> Iterator[Batch]:
-        """Batch programs for quantised ``inputs`` (``(n, *input_shape)``)."""
-        inputs = np.asarray(inputs, dtype=np.int64)
+        """Batch programs for quantised ``inputs`` (``(n, *input_shape)``, integers)."""
+        inputs = np.asarray(inputs)
+        if inputs.dtype.kind not in "iub":
+            nonfinite = inputs.dtype.kind in "fc" and not np.isfinite(inputs).all()
+            lo, hi = self.network.input_q.range
+            raise ValueError(
+                f"inputs are {inputs.dtype}{' with NaN or infinity' if nonfinite else ''}; "
+                f"batches take quantised integers in {lo}..{hi} (quantise float inputs with "
+                f"the network's quantise_input first)")
+        inputs = inputs.astype(np.int64)
         if inputs.shape[1:] != self.network.input_shape:
             raise ValueError(f"inputs have shape {inputs.shape[1:]} per item, the network "
                              f"takes {self.network.input_shape}")

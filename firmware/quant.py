@@ -138,6 +138,11 @@ class QuantisedNetwork:
         if x.shape[1:] != self.input_shape:
             raise QuantError(f"input batch has shape {x.shape[1:]} per item, the network "
                              f"takes {self.input_shape}")
+        bad = np.argwhere(~np.isfinite(x))
+        if len(bad):
+            raise QuantError(f"input batch has {len(bad)} NaN or infinite values (the first "
+                             f"at index {tuple(int(i) for i in bad[0])}); inputs must be "
+                             f"finite numbers")
         return self.input_q.quantise(x)
 
     def dequantise_output(self, q) -> np.ndarray:

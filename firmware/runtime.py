@@ -20,8 +20,8 @@ from firmware.device import Device, DeviceError
 from hdl import isa
 from hdl.config import TPUConfig
 
-__all__ = ["run_program", "RunResult", "run", "counter_beats_program", "decode_counters",
-           "done_beat", "Executable", "Batch"]
+__all__ = ["run_program", "RunResult", "run", "check_config", "counter_beats_program",
+           "decode_counters", "done_beat", "Executable", "Batch"]
 
 
 def done_beat(instructions: int) -> int:
@@ -37,9 +37,24 @@ def run_program(device: Device, beats: Sequence[int], output_beats: int, *,
     device.send(beats)
     out = device.receive(output_beats, timeout_cycles=timeout_cycles)
     if instructions is not None and out[-1] != done_beat(instructions):
-        raise DeviceError(f"the program's last beat {out[-1]:#x} is not its DONE beat "
+        last = "no beat" if not out else "a counter beat" if out[-1] is None else \
+            f"{out[-1]:#x}"
+        raise DeviceError(f"the program's last beat ({last}) is not its DONE beat "
                           f"{done_beat(instructions):#x}", device.status())
     return out
+
+
+def check_config(device: Device, executable: Executable) -> None:
+    """Raise :class:`DeviceError` unless ``device`` is built for the configuration
+    ``executable`` was compiled for, naming the fields that differ."""
+    want, have = executable.config, device.config
+    if want == have:
+        return
+    fields = [f"{name}: compiled for {value!r}, device {getattr(have, name)!r}"
+              for name, value in want.to_dict().items() if getattr(have, name) != value]
+    raise DeviceError(f"the program was compiled for the {want.name} configuration, but the "
+                      f"device is a {have.name} core ({'; '.join(fields)}); compile it for "
+                      f"the device's configuration")
 
 
 def counter_beats_program() -> tuple[list[int], int]:
@@ -102,10 +117,12 @@ def run(device: Device, executable: Executable, inputs: np.ndarray, *,
     Loads the resident state (setup program), clears the counters, runs every batch program
     and reads the counters at the end, so they cover exactly the batches. ``progress`` is
     called with the images each batch completed. Raises :class:`DeviceError` when the core
-    stops or a program's DONE beat is wrong.
+    stops or a program's DONE beat is wrong, and before anything is sent when the device's
+    configuration is not the one the network was compiled for.
     """
     from firmware.asm import encode
 
+    check_config(device, executable)
     setup, setup_out = executable.setup_program()
     if setup:
         run_program(device, setup, setup_out)
