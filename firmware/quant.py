@@ -191,6 +191,20 @@ def quantise(network: nn.Network, calibration: np.ndarray, *,
     graph the core cannot run (an activation or pooling not after a Dense/Conv2D layer).
     """
     calibration = np.asarray(calibration, dtype=np.float64)
+    if calibration.ndim == 0 or len(calibration) == 0:
+        raise QuantError(f"the calibration batch is empty (shape {calibration.shape}); give "
+                         f"at least one input of shape {network.input_shape}")
+    bad = np.argwhere(~np.isfinite(calibration))
+    if len(bad):
+        raise QuantError(f"the calibration batch has {len(bad)} NaN or infinite values (the "
+                         f"first at index {tuple(int(i) for i in bad[0])}); calibration "
+                         f"inputs must be finite numbers")
+    for layer in network.layers:
+        for what in ("weight", "kernel", "bias"):
+            value = getattr(layer, what, None)
+            if value is not None and not np.isfinite(np.asarray(value, dtype=float)).all():
+                raise QuantError(f"layer {layer.name}: its {what} has NaN or infinite values; "
+                                 f"a network's parameters must be finite numbers")
     _, outputs = network.forward(calibration, collect=True)
     shapes = network.shapes()
     if input_signed is None:

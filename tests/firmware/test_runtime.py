@@ -81,3 +81,22 @@ def test_wrong_last_beat_is_a_device_error_on_the_isa_transport():
                         instructions=1)
     finally:
         device.close()
+
+
+def test_bad_calibration_and_weights_named():
+    """Empty or non-finite calibration data and a NaN weight are refused with the problem
+    named (before: numpy's errors, or "a bias does not fit int32" for a NaN weight)."""
+    rng = np.random.default_rng(SEED + 1)
+    net = nn.Network((4,), [nn.Dense(rng.normal(size=(4, 3)), rng.normal(size=3))])
+    with pytest.raises(QuantError, match=r"calibration batch is empty \(shape \(0, 4\)\)"):
+        quantise(net, np.zeros((0, 4)))
+    data = rng.normal(size=(5, 4))
+    data[2, 1] = np.inf
+    with pytest.raises(QuantError, match=r"calibration batch has 1 NaN or infinite values "
+                                         r"\(the first at index \(2, 1\)\)"):
+        quantise(net, data)
+    weight = rng.normal(size=(4, 3))
+    weight[0, 2] = np.nan
+    bad = nn.Network((4,), [nn.Dense(weight)])
+    with pytest.raises(QuantError, match=r"layer .*: its weight has NaN or infinite values"):
+        quantise(bad, rng.normal(size=(5, 4)))
