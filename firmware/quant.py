@@ -138,15 +138,20 @@ class QuantisedNetwork:
         if x.shape[1:] != self.input_shape:
             raise QuantError(f"input batch has shape {x.shape[1:]} per item, the network "
                              f"takes {self.input_shape}")
-        bad = np.argwhere(~np.isfinite(x))
-        if len(bad):
-            raise QuantError(f"input batch has {len(bad)} NaN or infinite values (the first "
-                             f"at index {tuple(int(i) for i in bad[0])}); inputs must be "
-                             f"finite numbers")
+        _require_finite(x, "input batch", "inputs")
         return self.input_q.quantise(x)
 
     def dequantise_output(self, q) -> np.ndarray:
         return self.output_q.dequantise(q)
+
+
+def _require_finite(x: np.ndarray, what: str, items: str) -> None:
+    """Raise :class:`QuantError` if *x* holds NaN or infinity, naming how many and where the
+    first is."""
+    bad = np.argwhere(~np.isfinite(x))
+    if len(bad):
+        raise QuantError(f"{what} has {len(bad)} NaN or infinite values (the first at index "
+                         f"{tuple(int(i) for i in bad[0])}); {items} must be finite numbers")
 
 
 def _range_params(lo: float, hi: float, signed: bool = True) -> QParams:
@@ -194,11 +199,7 @@ def quantise(network: nn.Network, calibration: np.ndarray, *,
     if calibration.ndim == 0 or len(calibration) == 0:
         raise QuantError(f"the calibration batch is empty (shape {calibration.shape}); give "
                          f"at least one input of shape {network.input_shape}")
-    bad = np.argwhere(~np.isfinite(calibration))
-    if len(bad):
-        raise QuantError(f"the calibration batch has {len(bad)} NaN or infinite values (the "
-                         f"first at index {tuple(int(i) for i in bad[0])}); calibration "
-                         f"inputs must be finite numbers")
+    _require_finite(calibration, "the calibration batch", "calibration inputs")
     for layer in network.layers:
         for what in ("weight", "kernel", "bias"):
             value = getattr(layer, what, None)
