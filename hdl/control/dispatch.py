@@ -74,11 +74,8 @@ class Dispatch(wiring.Component):
     i_engine_ready : In(len(ENGINE_OPCODES))
         Each engine's ``ready`` (:data:`ENGINE_OPCODES` order).
     i_activate_busy, i_idle : In(1)
-    o_settled : Out(1)
-        The answers below are the beat's own and may be acted on.
     o_error : Out(ErrorCode)
-    o_hazard : Out(1)
-        The answers acted on (registered but with ``"reference"``).
+        The checks' answer acted on (registered but with ``"reference"``).
     o_dispatch, o_fail : Out(1)
         The instruction issues, or fails a check, this cycle.
     o_issue : Out(2 ** opcode width)
@@ -109,9 +106,7 @@ class Dispatch(wiring.Component):
             "i_engine_ready":  In(len(ENGINE_OPCODES)),
             "i_activate_busy": In(1),
             "i_idle":          In(1),
-            "o_settled":       Out(1),
             "o_error":         Out(ErrorCode),
-            "o_hazard":        Out(1),
             "o_dispatch":      Out(1),
             "o_fail":          Out(1),
             "o_issue":         Out(1 << Shape.cast(Opcode).width),
@@ -138,9 +133,7 @@ class Dispatch(wiring.Component):
         waiting = self.i_waiting & ~self.i_resync
         if pipeline == "reference":
             m.d.comb += [
-                self.o_settled.eq(1),
                 self.o_error.eq(self.i_error),
-                self.o_hazard.eq(self.i_hazard),
                 self.o_fail.eq(waiting & self.i_failed),
                 self.o_dispatch.eq(waiting & ~self.i_failed & ~self.i_hazard & ~busy),
                 self.o_raw_stall.eq(waiting & ~self.i_failed & self.i_hazard),
@@ -163,7 +156,8 @@ class Dispatch(wiring.Component):
             hazard = self.i_hazard_late if pipeline == "fast" else self.i_hazard
             stays = Signal()    # offered and not taken: the same beat is there next cycle
             m.d.comb += stays.eq(self.i_waiting & ~self.i_taken)
-            m.d.sync += [self.o_error.eq(self.i_error), self.o_hazard.eq(hazard)]
+            hazard_q = Signal()     # the hazard acted on
+            m.d.sync += [self.o_error.eq(self.i_error), hazard_q.eq(hazard)]
             # The answers are the beat's own once it has stayed a cycle (`stayed`; with
             # "fast", whose checks' answers come a cycle later, two: `stayed2`):
             # registered then, they may be acted on a cycle later.
@@ -190,13 +184,14 @@ class Dispatch(wiring.Component):
                          ready_go.eq(held & ~busy)]
             for o in Opcode:
                 m.d.sync += ready_issue[o.value].eq(held & ~busy & is_[o])
-            m.d.comb += self.o_settled.eq(settled & stayed)
-            clear = ~failed_q & ~self.o_hazard & stayed
+            own = Signal()          # the answers are the beat's own and may be acted on
+            m.d.comb += own.eq(settled & stayed)
+            clear = ~failed_q & ~hazard_q & stayed
             m.d.comb += [
-                self.o_fail.eq(self.o_settled & failed_q),
+                self.o_fail.eq(own & failed_q),
                 self.o_dispatch.eq(ready_go & clear),
                 self.o_issue.eq(ready_issue & clear.replicate(len(ready_issue))),
                 self.o_raw_stall.eq(~self.o_dispatch & ~self.o_fail & ~resync_q &
-                                    self.o_settled & self.o_hazard),
+                                    own & hazard_q),
             ]
         return m
