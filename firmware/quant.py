@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware import nn
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from sim.models import golden
 
 __all__ = ["QuantError", "QParams", "Stage", "QuantisedNetwork", "quantise",
@@ -72,17 +72,18 @@ class Stage:
     """One Dense or Conv2D layer with its fused activation and pooling, quantised.
 
     ``weight`` is int8 in the layer's own shape (``(K, N)`` or HWIO); ``bias``,
-    ``multiplier`` are per output column (int32), ``shift`` and ``zero_point`` (the
-    requantisation's, 0 for the table functions) and ``clamp_hi`` are the activation unit's
-    scalars. ``in_shape`` and ``out_shape`` leave out the batch dimension; ``out_shape`` is
-    after pooling.
+    ``multiplier`` are per output column (int32); ``shift`` is one rounding shift for every
+    column (an int) or one per column (an int array of ``N``), ``rounding`` how it rounds
+    (:class:`hdl.isa.Rounding`); ``zero_point`` (the requantisation's, 0 for the table
+    functions) and ``clamp_hi`` are the activation unit's scalars. ``in_shape`` and
+    ``out_shape`` leave out the batch dimension; ``out_shape`` is after pooling.
     """
     name: str
     kind: str                       # "dense" or "conv"
     weight: np.ndarray
     bias: np.ndarray
     multiplier: np.ndarray
-    shift: int
+    shift: int | np.ndarray
     zero_point: int
     clamp_hi: int
     func: Func
@@ -92,6 +93,7 @@ class Stage:
     out_shape: tuple[int, ...]
     in_q: QParams
     out_q: QParams
+    rounding: Rounding = Rounding.HALF_UP
 
     @property
     def n(self) -> int:
@@ -299,7 +301,8 @@ def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
         else:
             acc = golden.matmul(x.reshape(len(x), -1), st.weight_matrix,
                                 x_signed=st.in_q.signed)
-        q = golden.requantise(acc, st.bias, st.multiplier, st.shift, st.zero_point)
+        q = golden.requantise(acc, st.bias, st.multiplier, st.shift, st.zero_point,
+                              st.rounding.value)
         x = golden.activate(q, st.func.value, st.zero_point, st.clamp_hi)
         if st.pool:
             x = nn.max_pool_2x2(x)

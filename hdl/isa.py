@@ -19,7 +19,8 @@ Semantics are written out in docs/isa.md (generated from this module by
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["INSTR_BITS", "Opcode", "Func", "Pool", "ErrorCode", "COUNTERS", "COUNTER_BITS",
+__all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COUNTERS",
+           "COUNTER_BITS",
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
            "ClearCounters", "FORMATS", "Status", "decode"]
@@ -50,6 +51,15 @@ class Func(enum.Enum, shape=unsigned(3)):
     CLAMP    = 2   # min(max(q, zero_point), clamp_hi), ReLU6 when clamp_hi encodes 6.0
     SIGMOID  = 3   # table: input scale 1/16, output scale 1/256, zero point -128
     TANH     = 4   # table: input scale 1/16, output scale 1/128, zero point 0
+
+
+class Rounding(enum.Enum, shape=unsigned(2)):
+    """How the requantiser rounds ``p / 2**shift`` (``p`` the exact product). Value 3 is
+    invalid. See :func:`sim.models.golden.rounding_shift` and docs/isa.md."""
+    HALF_UP   = 0   # to nearest, ties towards +infinity
+    HALF_EVEN = 1   # to nearest, ties to even (onnxruntime, ONNX QuantizeLinear)
+    DOUBLE    = 2   # TFLite's reference kernels (gemmlowp): to nearest at 2**31, ties up,
+                    # then at 2**(shift - 31), ties away from zero; HALF_UP for shift <= 31
 
 
 class Pool(enum.Enum, shape=unsigned(2)):

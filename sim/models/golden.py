@@ -139,31 +139,71 @@ def saturate(values, lo: int = -128, hi: int = 127) -> np.ndarray:
     return np.clip(np.asarray(values, dtype=np.int64), lo, hi)
 
 
-def rounding_shift(values, shift: int) -> np.ndarray:
-    """``round(values / 2**shift)`` with ties rounded up (towards +infinity):
-    ``(values + 2**(shift-1)) >> shift`` with an arithmetic shift; ``shift == 0`` is exact."""
-    values = np.asarray(values, dtype=np.int64)
-    if not 0 <= shift <= 63:
+#: Rounding modes of the requantiser (values of :class:`hdl.isa.Rounding`).
+HALF_UP, HALF_EVEN, DOUBLE = 0, 1, 2
+
+
+def _shifts(shift) -> np.ndarray:
+    s = np.asarray(shift, dtype=np.int64)
+    if s.size and (s.min() < 0 or s.max() > 63):
         raise ValueError(f"shift={shift} out of range; allowed: 0 to 63")
-    if shift == 0:
-        return values
+    return s
+
+
+def _half_up(v: np.ndarray, s: np.ndarray) -> np.ndarray:
     # floor((v + 2**(s-1)) / 2**s) == floor((floor(v / 2**(s-1)) + 1) / 2): the same value
     # without the addition, which overflows int64 for v = 2**62, s = 63.
-    return ((values >> np.int64(shift - 1)) + 1) >> np.int64(1)
+    return np.where(s == 0, v, ((v >> np.maximum(s - 1, 0)) + 1) >> 1)
 
 
-def requantise(acc, bias, multiplier, shift: int, zero_point: int) -> np.ndarray:
+def rounding_shift(values, shift, rounding: int = HALF_UP) -> np.ndarray:
+    """``values / 2**shift`` rounded to an integer; ``shift`` (0 to 63) is a scalar or
+    broadcasts against ``values`` (a shift per column); ``shift == 0`` is exact.
+
+    - ``HALF_UP``: to nearest, ties towards +infinity, ``(v + 2**(s-1)) >> s``;
+    - ``HALF_EVEN``: to nearest, ties to the even neighbour;
+    - ``DOUBLE``: for ``shift <= 31`` as ``HALF_UP``; above, TFLite's reference kernels'
+      ``RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(...), shift - 31)``: first to
+      nearest at ``2**31`` with ties up (gemmlowp's doubling high multiply, whose saturation
+      cannot change the result here), then at ``2**(shift - 31)`` with ties away from zero.
+    """
+    v = np.asarray(values, dtype=np.int64)
+    s = _shifts(shift)
+    v, s = np.broadcast_arrays(v, s)
+    if rounding == HALF_UP:
+        return _half_up(v, s)
+    if rounding == HALF_EVEN:
+        sm = np.maximum(s - 1, 0)
+        floor = (v >> sm) >> 1
+        rem = v & ((np.int64(1) << sm) * 2 - 1)          # v mod 2**s (s <= 63)
+        half = np.int64(1) << sm
+        up = (rem > half) | ((rem == half) & ((floor & 1) == 1))
+        return np.where(s == 0, v, floor + up)
+    if rounding == DOUBLE:
+        high = _half_up(v, np.full_like(s, 31))          # SaturatingRoundingDoublingHighMul
+        e = np.maximum(s - 31, 0)
+        mask = (np.int64(1) << e) - 1
+        threshold = (mask >> 1) + (high < 0)             # RoundingDivideByPOT
+        second = (high >> e) + ((high & mask) > threshold)
+        return np.where(s <= 31, _half_up(v, s), second)
+    raise ValueError(f"rounding={rounding} is not a rounding mode; allowed: 0 (HALF_UP), "
+                     f"1 (HALF_EVEN), 2 (DOUBLE)")
+
+
+def requantise(acc, bias, multiplier, shift, zero_point: int,
+               rounding: int = HALF_UP) -> np.ndarray:
     """int32 accumulator values to int8, per column, exactly as the activation unit does:
 
     1. ``t = wrap32(acc + bias)`` (32-bit two's complement add);
     2. ``p = t * multiplier``, exact (|p| <= 2**62);
-    3. ``r = (p + 2**(shift-1)) >> shift`` (arithmetic; ``r = p`` when ``shift == 0``);
+    3. ``r = rounding_shift(p, shift, rounding)``: ``shift`` one for all columns or one per
+       column (``r = p`` when it is 0);
     4. ``q = saturate_int8(saturate_int32(r) + zero_point)``.
     """
     acc = np.asarray(acc, dtype=np.int64)
     t = wrap(acc + np.asarray(bias, dtype=np.int64), 32)
     p = t * np.asarray(multiplier, dtype=np.int64)
-    r = saturate(rounding_shift(p, shift), -(1 << 31), (1 << 31) - 1)
+    r = saturate(rounding_shift(p, shift, rounding), -(1 << 31), (1 << 31) - 1)
     return saturate(r + zero_point)
 
 
