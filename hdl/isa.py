@@ -79,8 +79,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
     WEIGHT_UNWRITTEN = 5   # READ_WEIGHTS of a tile no LOAD_WEIGHTS has written
     WEIGHT_EMPTY     = 6   # MATMUL needs a tile (switch, or none active) but none is queued
     WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
-    BAD_FIELD        = 8   # function, pooling or slot out of range, count not a multiple
-                           # of the pooling window
+    BAD_FIELD        = 8   # function, pooling, rounding or slot out of range, count not
+                           # a multiple of the pooling window
     SIGNEDNESS       = 9   # LOAD_WEIGHTS or MATMUL of uint8 operands (signed clear) on a
                            # core built for int8 only (TPUConfig.operands="int8")
 
@@ -236,12 +236,16 @@ class Activate(data.Struct):
 class LoadParams(data.Struct):
     """Requantisation parameter slot ``slot``: scalars from the instruction, then two beats
     from the host: the per-column int32 bias row and the per-column int32 multiplier row
-    (column 0 in the low 32 bits). Timing: runs in the front end, one beat a cycle; waits
-    until no ACTIVATE runs."""
+    (column 0 in the low 32 bits); with ``column_shifts`` set, a third beat: the per-column
+    rounding shifts (column ``j``'s in bits ``[32j, 32j+6)``, the lane's other bits ignored),
+    which replace ``shift``. ``rounding`` (:class:`Rounding`) is the slot's rounding mode.
+    Timing: runs in the front end, one beat a cycle; waits until no ACTIVATE runs."""
     opcode:     Opcode
     _flags:     4
     slot:       3
-    _pad:       5
+    rounding:   Rounding
+    column_shifts: 1
+    _pad:       2
     shift:      6
     _pad2:      2
     zero_point: signed(8)
