@@ -1,0 +1,261 @@
+"""The TFLite importer against LiteRT's reference kernels, on the shared int8 models.
+
+The oracle is LiteRT's interpreter with its reference op resolver (``BUILTIN_REF``), which
+keeps every intermediate tensor (``experimental_preserve_all_tensors``), so each layer is
+compared, not only the outputs. The models are read from ``../shared/models`` beside the repo
+(or ``$AMTPU_MODELS``); the tests skip, saying why, when that folder or LiteRT is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from firmware.graph import run_graph
+from firmware.importers import ModelError, load_model
+from firmware.importers.tflite import load_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = Path(os.environ.get("AMTPU_MODELS", REPO.parent / "shared" / "models"))
+LITERT = pytest.importorskip("ai_edge_litert.interpreter",
+                             reason="ai-edge-litert (the oracle) is not installed")
+SMALL = ["hello_world_int8", "micro_speech_quantized"]
+
+
+def model_path(name: str) -> Path:
+    path = MODELS / f"{name}.tflite"
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the shared models; set AMTPU_MODELS to their folder)")
+    return path
+
+
+def person_detect_for_litert() -> bytes:
+    """person_detect.tflite with the one field LiteRT 2.3 refuses patched: its depthwise
+    biases (1-D) claim quantized_dimension 3, which the int8 kernels never read; set to 0."""
+    import tflite
+    data = bytearray(model_path("person_detect").read_bytes())
+    sg = tflite.Model.GetRootAsModel(bytes(data), 0).Subgraphs(0)
+    for i in range(sg.TensorsLength()):
+        t = sg.Tensors(i)
+        q = t.Quantization()
+        if q is not None and q.QuantizedDimension() >= max(t.ShapeLength(), 1):
+            struct.pack_into("<i", data, q._tab.Pos + q._tab.Offset(16), 0)
+    return bytes(data)
+
+
+class LiteRT:
+    """LiteRT's reference kernels on one model, every tensor kept."""
+
+    def __init__(self, content: bytes):
+        self.interpreter = LITERT.Interpreter(
+            model_content=content,
+            experimental_op_resolver_type=LITERT.OpResolverType.BUILTIN_REF,
+            experimental_preserve_all_tensors=True)
+        self.interpreter.allocate_tensors()
+        self.input = self.interpreter.get_input_details()[0]
+        self.index = {t["name"]: t["index"] for t in self.interpreter.get_tensor_details()}
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        self.interpreter.set_tensor(self.input["index"], x.astype(self.input["dtype"]))
+        self.interpreter.invoke()
+        return {name: self.interpreter.get_tensor(i) for name, i in self.index.items()}
+
+
+def random_inputs(graph, n: int, seed: int) -> np.ndarray:
+    print(f"seed {seed}")
+    t = graph.tensors[graph.inputs[0]]
+    return np.random.default_rng(seed).integers(-128, 128, size=(n, *t.shape[1:]))
+
+
+def compare_layers(graph, oracle: LiteRT, x: np.ndarray) -> int:
+    """Every tensor the graph computes equal to LiteRT's for each item of ``x``; returns
+    how many tensors were compared."""
+    compared = 0
+    for item in x:
+        want = oracle(item[None])
+        got = graph.reference({graph.inputs[0]: item[None]}, collect=True)
+        for op in graph.ops:
+            for name in op.outputs:
+                np.testing.assert_array_equal(got[name], want[name].reshape(got[name].shape),
+                                              err_msg=f"tensor {name} (operator {op.name})")
+                compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_reference_equals_litert_layer_by_layer(name):
+    path = model_path(name)
+    graph = load_model(path)
+    oracle = LiteRT(path.read_bytes())
+    x = random_inputs(graph, 300, seed=36)
+    assert compare_layers(graph, oracle, x) == 300 * len(graph.ops)
+
+
+def test_person_detect_reference_equals_litert_layer_by_layer():
+    """LiteRT refuses person_detect as shipped; with the biases' unused quantisation axis
+    patched it runs, and every one of the 31 layers equals the reference."""
+    content = person_detect_for_litert()
+    graph = load_bytes(content, name="person_detect")
+    assert [type(op).__name__ for op in graph.ops].count("Conv2D") == 28
+    compare_layers(graph, LiteRT(content), random_inputs(graph, 3, seed=37))
+    # The shipped file imports to the same graph.
+    shipped = load_model(model_path("person_detect"))
+    x = random_inputs(graph, 1, seed=38)
+    assert (shipped.reference({shipped.inputs[0]: x})[shipped.outputs[0]]
+            == graph.reference({graph.inputs[0]: x})[graph.outputs[0]]).all()
+
+
+def test_double_rounding_is_not_litert_fully_connected():
+    """Teeth: gemmlowp's double rounding in the fully connected layers differs from LiteRT
+    on near-ties (the reason the importer rounds them once)."""
+    path = model_path("hello_world_int8")
+    graph = load_model(path, rounding="double")
+    oracle = LiteRT(path.read_bytes())
+    with pytest.raises(AssertionError):
+        compare_layers(graph, oracle, random_inputs(graph, 300, seed=36))
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_isa_simulator_equals_litert(name):
+    path = model_path(name)
+    graph = load_model(path)
+    oracle = LiteRT(path.read_bytes())
+    x = random_inputs(graph, 16, seed=39)
+    result = run_graph(graph, {graph.inputs[0]: x}, device="isa")
+    out = graph.outputs[0]
+    want = np.concatenate([oracle(item[None])[out] for item in x])
+    np.testing.assert_array_equal(result.outputs[out], want.reshape(result.outputs[out].shape))
+    for op in graph.ops:                  # the segments' own outputs too
+        if op.outputs[0] in result.tensors and op.outputs[0] not in graph.inputs:
+            ref = graph.reference({graph.inputs[0]: x}, collect=True)[op.outputs[0]]
+            np.testing.assert_array_equal(result.tensors[op.outputs[0]], ref)
+
+
+def test_person_detect_isa_equals_reference():
+    graph = load_model(model_path("person_detect"))
+    x = random_inputs(graph, 1, seed=40)
+    result = run_graph(graph, {graph.inputs[0]: x}, device="isa")
+    ref = graph.reference({graph.inputs[0]: x}, collect=True)
+    for name, value in result.tensors.items():
+        np.testing.assert_array_equal(value, ref[name], err_msg=f"tensor {name}")
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_rtl_equals_litert(name):
+    """One input of each model on the RTL core (cocotb), equal to LiteRT."""
+    path = model_path(name)
+    graph = load_model(path)
+    oracle = LiteRT(path.read_bytes())
+    x = random_inputs(graph, 1, seed=41)
+    result = run_graph(graph, {graph.inputs[0]: x}, device="rtl")
+    out = graph.outputs[0]
+    want = oracle(x)[out]
+    np.testing.assert_array_equal(result.outputs[out], want.reshape(result.outputs[out].shape))
+    assert result.cycles and result.utilisation
+
+
+# Refusals -----------------------------------------------------------------------------------
+
+def _field(table, slot: int) -> int:
+    """Byte position of a table's scalar field (``slot`` its vtable offset); must be set."""
+    offset = table._tab.Offset(slot)
+    assert offset, "the field is not stored in this model"
+    return table._tab.Pos + offset
+
+
+def _hello() -> tuple[bytearray, object]:
+    import tflite
+    data = bytearray(model_path("hello_world_int8").read_bytes())
+    return data, tflite.Model.GetRootAsModel(bytes(data), 0)
+
+
+def test_refuses_a_foreign_file(tmp_path):
+    path = tmp_path / "model.tflite"
+    path.write_bytes(b"PK\x03\x04 this is a zip archive")
+    with pytest.raises(ModelError, match="not a TFLite flatbuffer"):
+        load_model(path)
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(ModelError, match="allowed: TFLite flatbuffers"):
+        load_model(other)
+
+
+def test_refuses_a_truncated_file():
+    data = model_path("hello_world_int8").read_bytes()
+    for size in (len(data) // 2, 200, 40):
+        with pytest.raises(ModelError, match="truncated or corrupt|not a TFLite"):
+            load_bytes(data[:size], name="cut")
+
+
+def test_refuses_an_unsupported_operator():
+    data, model = _hello()
+    code = model.OperatorCodes(0)
+    data[_field(code, 4)] = 28                                  # TANH
+    if code._tab.Offset(10):
+        struct.pack_into("<i", data, _field(code, 10), 28)
+    with pytest.raises(ModelError, match=r"operator 0 \(TANH.*not supported; allowed: ADD"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_an_unsupported_operator_version():
+    data, model = _hello()
+    struct.pack_into("<i", data, _field(model.OperatorCodes(0), 8), 99)
+    with pytest.raises(ModelError, match="FULLY_CONNECTED.*version 99 is not supported; "
+                                         "allowed: 1 to"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_an_unsupported_schema_version():
+    data, model = _hello()
+    struct.pack_into("<I", data, _field(model, 4), 2)
+    with pytest.raises(ModelError, match="schema version 2; allowed: 3"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_a_dynamic_shape():
+    data, model = _hello()
+    sg = model.Subgraphs(0)
+    for i in range(sg.TensorsLength()):
+        t = sg.Tensors(i)
+        if t.ShapeSignatureLength() == 2 and t.ShapeSignature(1) == 16:
+            vector = t._tab.Vector(t._tab.Offset(18))
+            struct.pack_into("<i", data, vector + 4, -1)
+            name = t.Name().decode()
+            break
+    with pytest.raises(ModelError, match=f"tensor {name} has a dynamic shape .*the batch "
+                                         f"dimension only"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_asymmetric_weights():
+    data, model = _hello()
+    sg = model.Subgraphs(0)
+    t = next(sg.Tensors(i) for i in range(sg.TensorsLength())
+             if sg.Tensors(i).Name() == b"sequential/dense_1/MatMul")
+    q = t.Quantization()
+    vector = q._tab.Vector(q._tab.Offset(10))
+    struct.pack_into("<q", data, vector, 3)
+    with pytest.raises(ModelError, match="dense_1/MatMul have zero points \\[3\\]; allowed: 0"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_a_fused_activation_the_core_lacks():
+    import tflite
+    data, model = _hello()
+    op = model.Subgraphs(0).Operators(0)
+    table = op.BuiltinOptions()
+    opts = tflite.FullyConnectedOptions()
+    opts.Init(table.Bytes, table.Pos)
+    data[_field(opts, 4)] = 4                                   # TANH
+    with pytest.raises(ModelError, match="fused activation TANH is not supported; allowed: "
+                                         "NONE, RELU, RELU6"):
+        load_bytes(bytes(data), name="hello")
+
+
+def test_refuses_an_unknown_rounding():
+    with pytest.raises(ModelError, match="rounding='nearest'; allowed: litert, double"):
+        load_model(model_path("hello_world_int8"), rounding="nearest")
