@@ -262,3 +262,22 @@ def test_refuses_a_fused_activation_the_core_lacks():
 def test_refuses_an_unknown_rounding():
     with pytest.raises(ModelError, match="rounding='nearest'; allowed: litert, double"):
         load_model(model_path("hello_world_int8"), rounding="nearest")
+
+
+@pytest.mark.slow
+def test_person_detect_rtl_equals_reference():
+    """person_detect on the RTL core (Verilator: some 400,000 cycles), every layer the core
+    computes equal to the reference, which equals LiteRT layer by layer (above)."""
+    from firmware.device import open_device
+    from hdl.presets import get_config
+    graph = load_model(model_path("person_detect"))
+    x = random_inputs(graph, 1, seed=42)
+    device = open_device("rtl", get_config("default"), sim="verilator")
+    try:
+        result = run_graph(graph, {graph.inputs[0]: x}, device=device)
+    finally:
+        device.close()
+    ref = graph.reference({graph.inputs[0]: x}, collect=True)
+    for name, value in result.tensors.items():
+        np.testing.assert_array_equal(value, ref[name], err_msg=f"tensor {name}")
+    assert result.cycles and result.utilisation
