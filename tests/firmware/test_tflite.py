@@ -281,3 +281,62 @@ def test_person_detect_rtl_equals_reference():
     for name, value in result.tensors.items():
         np.testing.assert_array_equal(value, ref[name], err_msg=f"tensor {name}")
     assert result.cycles and result.utilisation
+
+
+# The command line ---------------------------------------------------------------------------
+
+def test_cli_run_checks_against_litert(tmp_path, capsys):
+    from firmware.cli import main
+    path = model_path("hello_world_int8")
+    graph = load_model(path)
+    name = graph.inputs[0]
+    x = np.array([[0.5], [1.5], [3.0], [-0.2]])
+    np.savez(tmp_path / "x.npz", **{name: x})
+    rc = main(["run", str(path), "--inputs", str(tmp_path / "x.npz"), "--outputs",
+               str(tmp_path / "y.npz"), "--check"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "equal elements" in out and "4 / 4" in out
+    want = graph.reference({name: graph.tensors[name].q.quantise(x)})[graph.outputs[0]]
+    with np.load(tmp_path / "y.npz") as y:
+        np.testing.assert_array_equal(y[graph.outputs[0]], want)
+
+
+def test_cli_run_refuses_inputs_by_name(tmp_path, capsys):
+    from firmware.cli import main
+    path = model_path("micro_speech_quantized")
+    np.savez(tmp_path / "x.npz", a=np.zeros((1, 1960), int), b=np.zeros((1, 1960), int))
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.npz")]) == 2
+    assert "has arrays ['a', 'b']; the model takes ['Reshape_1']" in capsys.readouterr().err
+    np.savez(tmp_path / "x.npz", x=np.full((1, 1960), np.nan))
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.npz")]) == 2
+    assert "NaN or infinite" in capsys.readouterr().err
+    (tmp_path / "bad.tflite").write_bytes(b"\0" * 64)
+    assert main(["run", str(tmp_path / "bad.tflite"), "--inputs",
+                 str(tmp_path / "x.npz")]) == 2
+    assert "not a TFLite flatbuffer" in capsys.readouterr().err
+
+
+def test_cli_compile_writes_the_programs(tmp_path, capsys):
+    """The assembly file re-assembles to exactly the beats of every segment's setup and batch
+    programs, and its header is the per-layer report."""
+    from firmware.asm import assemble
+    from firmware.cli import main
+    from firmware.compiler import compile_network
+    from firmware.graph import CoreStep, lower
+    from hdl.presets import get_config
+    path = model_path("micro_speech_quantized")
+    out = tmp_path / "prog.s"
+    assert main(["compile", str(path), "-o", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "Conv2D" in report and "320,000" in report and "Softmax" in report
+    config = get_config("default")
+    beats = []
+    for step in lower(load_model(path), config):
+        if isinstance(step, CoreStep):
+            for seg in step.segments:
+                compiled = compile_network(seg.network, config)
+                beats += compiled.setup_program()[0]
+                x = np.full((1, *seg.network.input_shape), seg.network.input_q.zero_point)
+                beats += compiled.batch_program(x).beats
+    assert assemble(out.read_text(), config) == beats
