@@ -13,8 +13,8 @@ on every element:
   and applied as the build rounds (:data:`ROUNDINGS`; :func:`firmware.graph.requant_from_real`):
   LiteRT 2.3's reference FULLY_CONNECTED rounds the exact product once, half up (HALF_UP
   with ``shift = 31 - e``), its convolutions round twice as gemmlowp does (DOUBLE). Measured
-  on the shared models' near-ties: each of the two disagrees with the other kind's rounding,
-  and this assignment with neither;
+  on near-ties in the shared models and the tests' operator model: either kind with the
+  other kind's rounding differs from LiteRT, this assignment never did;
 - the fused activation's range (``CalculateActivationRangeQuantized``) must be what the
   activation unit computes: none, RELU (``max(q, z_out)``) or RELU6 (CLAMP); RELU_N1_TO_1 is
   refused unless it coincides with one of them;

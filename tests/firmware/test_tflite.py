@@ -340,3 +340,84 @@ def test_cli_compile_writes_the_programs(tmp_path, capsys):
                 x = np.full((1, *seg.network.input_shape), seg.network.input_q.zero_point)
                 beats += compiled.batch_program(x).beats
     assert assemble(out.read_text(), config) == beats
+
+
+# Every operator, in a model written here ----------------------------------------------------
+
+def operator_zoo(seed: int) -> bytes:
+    """float input -> QUANTIZE -> CONV_2D (stride 2, SAME with the odd pixel, RELU6,
+    per-channel) -> DEPTHWISE_CONV_2D (multiplier 2, RELU) -> MAX_POOL_2D and AVERAGE_POOL_2D
+    (3x3, stride 2, SAME) -> ADD -> QUANTIZE (int8 to int8) -> RESHAPE -> FULLY_CONNECTED ->
+    SOFTMAX -> DEQUANTIZE."""
+    from tests.firmware.tflite_models import Op, T, build
+    rng = np.random.default_rng(seed)
+    s_w1 = rng.uniform(0.002, 0.02, 6)
+    s_w2 = rng.uniform(0.002, 0.02, 12)
+    s_w3 = 0.004
+    same2 = {"Padding": 0, "StrideW": 2, "StrideH": 2}
+    tensors = [
+        T("x", (1, 8, 7, 3), "float32"),
+        T("a", (1, 8, 7, 3), scale=[0.04], zp=[2]),
+        T("w1", (6, 3, 3, 3), data=rng.integers(-127, 128, (6, 3, 3, 3)), scale=list(s_w1)),
+        T("b1", (6,), "int32", data=rng.integers(-900, 900, 6), scale=list(0.04 * s_w1)),
+        T("b", (1, 4, 4, 6), scale=[0.03], zp=[-128]),
+        T("w2", (1, 3, 3, 12), data=rng.integers(-127, 128, (1, 3, 3, 12)), scale=list(s_w2),
+          qdim=3),
+        T("b2", (12,), "int32", data=rng.integers(-900, 900, 12), scale=list(0.03 * s_w2)),
+        T("c", (1, 4, 4, 12), scale=[0.05], zp=[-20]),
+        T("d", (1, 2, 2, 12), scale=[0.05], zp=[-20]),
+        T("e", (1, 2, 2, 12), scale=[0.05], zp=[-20]),
+        T("f", (1, 2, 2, 12), scale=[0.07], zp=[5]),
+        T("g", (1, 2, 2, 12), scale=[0.06], zp=[-3]),
+        T("shape", (2,), "int32", data=np.array([1, 48])),
+        T("h", (1, 48), scale=[0.06], zp=[-3]),
+        T("w3", (10, 48), data=rng.integers(-127, 128, (10, 48)), scale=[s_w3]),
+        T("b3", (10,), "int32", data=rng.integers(-900, 900, 10), scale=[0.06 * s_w3]),
+        T("i", (1, 10), scale=[0.2], zp=[7]),
+        T("j", (1, 10), scale=[1 / 256], zp=[-128]),
+        T("k", (1, 10), "float32"),
+    ]
+    ops = [
+        Op("QUANTIZE", [0], [1]),
+        Op("CONV_2D", [1, 2, 3], [4], 3, ("Conv2DOptions", {
+            **same2, "FusedActivationFunction": 3, "DilationWFactor": 1,
+            "DilationHFactor": 1})),
+        Op("DEPTHWISE_CONV_2D", [4, 5, 6], [7], 3, ("DepthwiseConv2DOptions", {
+            "Padding": 0, "StrideW": 1, "StrideH": 1, "DepthMultiplier": 2,
+            "FusedActivationFunction": 1, "DilationWFactor": 1, "DilationHFactor": 1})),
+        Op("MAX_POOL_2D", [7], [8], 2, ("Pool2DOptions", {
+            **same2, "FilterWidth": 3, "FilterHeight": 3})),
+        Op("AVERAGE_POOL_2D", [7], [9], 2, ("Pool2DOptions", {
+            **same2, "FilterWidth": 3, "FilterHeight": 3})),
+        Op("ADD", [8, 9], [10], 2, ("AddOptions", {"FusedActivationFunction": 0})),
+        Op("QUANTIZE", [10], [11], 2),
+        Op("RESHAPE", [11, 12], [13]),
+        Op("FULLY_CONNECTED", [13, 14, 15], [16], 4, ("FullyConnectedOptions", {})),
+        Op("SOFTMAX", [16], [17], 2, ("SoftmaxOptions", {"Beta": 1.0})),
+        Op("DEQUANTIZE", [17], [18], 2),
+    ]
+    return build(tensors, ops, [0], [18])
+
+
+def test_every_operator_equals_litert_layer_by_layer():
+    print("seeds 43, 44")
+    content = operator_zoo(43)
+    graph = load_bytes(content, name="zoo")
+    assert {type(op).__name__ for op in graph.ops} == {
+        "Quantize", "Conv2D", "MaxPool2D", "AveragePool2D", "Add", "Requantize", "Reshape",
+        "FullyConnected", "Softmax", "Dequantize"}
+    assert graph.ops[1].padding == (0, 1, 1, 1) and graph.ops[2].groups == 6
+    oracle = LiteRT(content)
+    x = np.random.default_rng(44).normal(0, 3, (100, 8, 7, 3)).astype(np.float32)
+    compared = 0
+    for item in x:
+        want = oracle(item[None])
+        got = graph.reference({"x": item[None]}, collect=True)
+        for op in graph.ops:
+            name = op.outputs[0]
+            np.testing.assert_array_equal(got[name], want[name].reshape(got[name].shape),
+                                          err_msg=f"tensor {name} ({type(op).__name__})")
+            compared += 1
+    assert compared == 100 * len(graph.ops)
+    result = run_graph(graph, {"x": x[:4]}, device="isa")
+    np.testing.assert_array_equal(result.outputs["k"], graph.reference({"x": x[:4]})["k"])
