@@ -11,10 +11,32 @@ import math
 
 import numpy as np
 
-__all__ = ["srdhm", "rdbpot", "mbqm", "sat_mul_pot", "exp_on_negative_values",
-           "one_over_one_plus_x", "softmax_params", "softmax_int8"]
+__all__ = ["quantize_multiplier", "srdhm", "rdbpot", "mbqm", "sat_mul_pot",
+           "exp_on_negative_values", "one_over_one_plus_x", "softmax_params", "softmax_int8"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def quantize_multiplier(real: float, *, single: bool = True) -> tuple[int, int]:
+    """TFLite's ``QuantizeMultiplier``: ``(M, e)`` with ``real ~= M * 2**(e - 31)``, ``M`` a
+    Q31 int32 from frexp's mantissa rounded half away from zero (a mantissa that rounds to
+    ``2**31`` halves and bumps ``e``); multipliers below ``2**-31`` flush to ``(0, 0)``; with
+    ``single`` rounding (``TFLITE_SINGLE_ROUNDING``) ``e`` saturates at 30."""
+    if real < 0 or not math.isfinite(real):
+        raise ValueError(f"a requantisation scale of {real!r}; allowed: finite, >= 0")
+    if real == 0:
+        return 0, 0
+    mantissa, exponent = math.frexp(real)
+    q = mantissa * (1 << 31)
+    q_fixed = int(math.floor(q + 0.5))          # std::round on a positive value
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        exponent += 1
+    if exponent < -31:
+        return 0, 0
+    if single and exponent > 30:
+        return (1 << 31) - 1, 30
+    return q_fixed, exponent
 
 
 def _i64(x) -> np.ndarray:
@@ -125,7 +147,6 @@ def softmax_params(beta: float, input_scale: float, *,
                    single: bool = True) -> tuple[int, int, int]:
     """TFLite's ``PreprocessSoftmaxScaling`` and ``CalculateInputRadius`` for 5 integer bits:
     ``(input_multiplier, input_left_shift, diff_min)``."""
-    from firmware.graph import quantize_multiplier
     top = (1 << 30) - 1.0 if single else (1 << 31) - 1.0
     real = min(float(beta) * float(np.float32(input_scale)) * (1 << 26), top)
     multiplier, left_shift = quantize_multiplier(real, single=single)

@@ -44,12 +44,12 @@ The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from firmware import fixedpoint as fp
+from firmware.fixedpoint import quantize_multiplier
 from firmware.quant import QParams, QuantisedNetwork, Stage
 from hdl.isa import Func, Rounding
 from sim.models import golden
@@ -87,28 +87,6 @@ class Tensor:
 
 # Requantisation --------------------------------------------------------------------------
 
-def quantize_multiplier(real: float, *, single: bool = True) -> tuple[int, int]:
-    """TFLite's ``QuantizeMultiplier``: ``(M, e)`` with ``real ~= M * 2**(e - 31)``, ``M`` a
-    Q31 int32 from frexp's mantissa rounded half away from zero (a mantissa that rounds to
-    ``2**31`` halves and bumps ``e``); multipliers below ``2**-31`` flush to ``(0, 0)``; with
-    ``single`` rounding (``TFLITE_SINGLE_ROUNDING``) ``e`` saturates at 30."""
-    if real < 0 or not math.isfinite(real):
-        raise GraphError(f"a requantisation scale of {real!r}; allowed: finite, >= 0")
-    if real == 0:
-        return 0, 0
-    mantissa, exponent = math.frexp(real)
-    q = mantissa * (1 << 31)
-    q_fixed = int(math.floor(q + 0.5))          # std::round on a positive value
-    if q_fixed == 1 << 31:
-        q_fixed //= 2
-        exponent += 1
-    if exponent < -31:
-        return 0, 0
-    if single and exponent > 30:
-        return (1 << 31) - 1, 30
-    return q_fixed, exponent
-
-
 def requant_from_real(reals, zero_point: int, *, func: Func = Func.IDENTITY,
                       clamp_hi: int = 127, single: bool = True, where: str = "") -> Requant:
     """The :class:`Requant` of TFLite's ``MultiplyByQuantizedMultiplier`` for the real
@@ -119,7 +97,10 @@ def requant_from_real(reals, zero_point: int, *, func: Func = Func.IDENTITY,
     ``x << max(e, 0)`` in int32."""
     mults, shifts = [], []
     for real in np.atleast_1d(np.asarray(reals, dtype=np.float64)):
-        m, e = quantize_multiplier(float(real), single=single)
+        try:
+            m, e = quantize_multiplier(float(real), single=single)
+        except ValueError as error:
+            raise GraphError(f"{where}: {error}") from None
         if not -32 <= e <= 31:
             raise GraphError(f"{where}: the requantisation scale {real:.6g} needs a shift of "
                              f"{31 - e}; the activation unit shifts by 0 to 63")

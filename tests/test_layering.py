@@ -78,6 +78,13 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         "firmware.isadoc": ("hdl", "sim", "firmware.asm"),
         "firmware.compiler": ("hdl", "sim", "firmware.asm", "firmware.nn", "firmware.quant",
                               "firmware.runtime"),
+        # Model import: gemmlowp's fixed point, the format-neutral graph (lowered through the
+        # compiler, run through the runtime), and the importers that produce it.
+        "firmware.fixedpoint": ("hdl", "sim"),
+        "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
+                           "firmware.compiler", "firmware.runtime", "firmware.device"),
+        "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
+                               "firmware.graph"),
         # The command line sits on top and opens devices through firmware.device.
         "firmware.cli": ("hdl", "sim", "firmware"),
     },
