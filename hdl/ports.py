@@ -7,14 +7,14 @@ requests (the client, the producer); the other side takes it flipped (``In(...)`
 """
 
 from amaranth.hdl import signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.beats import param_row_beat
-from hdl.isa import COUNTERS, Func
+from hdl.isa import COUNTERS, Func, Rounding
 
 __all__ = ["addr_bits", "write_request_layout", "MemReadSignature", "MemWriteSignature",
-           "requant_params_layout", "ParamColumnSignature", "MatrixStatusSignature",
+           "requant_params_layout", "ColumnWord", "ParamColumnSignature", "MatrixStatusSignature",
            "CounterEventsSignature", "COUNTER_EVENTS"]
 
 
@@ -55,42 +55,58 @@ def MemWriteSignature(addr_bits: int, row_shape) -> stream.Signature:
 
 def requant_params_layout(cols: int) -> data.StructLayout:
     """What the activation unit applies to a row: per-column int32 bias and multiplier, the
-    rounding shift, the zero point, CLAMP's upper bound and the function."""
+    per-column rounding shift and the rounding mode, the zero point, CLAMP's upper bound and
+    the function."""
     return data.StructLayout({
         "bias":       param_row_beat(cols),
         "multiplier": param_row_beat(cols),
-        "shift":      unsigned(6),
+        "shift":      data.ArrayLayout(unsigned(6), cols),
+        "rounding":   Rounding,
         "zero_point": signed(8),
         "clamp_hi":   signed(8),
         "func":       Func,
     })
 
 
+class ColumnWord(enum.Enum, shape=unsigned(2)):
+    """A column's words in the serial unit's parameter store (and the store's address bits
+    that say which)."""
+    BIAS       = 0
+    MULTIPLIER = 1
+    SCALARS    = 2      # the slot's scalars, at column 0
+    SHIFT      = 3
+
+
 class ParamColumnSignature(wiring.Signature):
     """The requantisation parameters one column at a time, for
-    :class:`~hdl.datapath.activation_serial.SerialActivationUnit`: the unit selects a column's bias
-    or
-    multiplier and reads it as ``word`` one cycle later (a synchronous block-RAM read); the
-    scalars and the function are held while a row is in flight.
+    :class:`~hdl.datapath.activation_serial.SerialActivationUnit`: the unit selects a column's
+    bias, multiplier or shift and reads it as ``word`` one cycle later (a synchronous
+    block-RAM read); the scalars and the function are held while a row is in flight.
 
     Members
     -------
     col : Out(range(cols))
         The column whose word to read.
-    multiplier : Out(1)
-        Read its multiplier (else its bias).
+    kind : Out(ColumnWord)
+        Which of its words.
     word : In(signed(32))
         The word selected in the previous cycle.
-    shift, zero_point, clamp_hi, func : In
+    shift : In(6)
+        The slot's shift, for every column unless ``column_shifts``.
+    column_shifts : In(1)
+        Each column has its own shift (its ``SHIFT`` word's low 6 bits).
+    rounding, zero_point, clamp_hi, func : In
         As in :func:`requant_params_layout`.
     """
 
     def __init__(self, cols: int):
         super().__init__({
             "col":        Out(range(cols)),
-            "multiplier": Out(1),
+            "kind":       Out(ColumnWord),
             "word":       In(signed(32)),
             "shift":      In(6),
+            "column_shifts": In(1),
+            "rounding":   In(Rounding),
             "zero_point": In(signed(8)),
             "clamp_hi":   In(signed(8)),
             "func":       In(Func),

@@ -119,7 +119,8 @@ class Checks(wiring.Component):
                                      (av.pool.as_value() == 3) |
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |
-            (is_[Opcode.LOAD_PARAMS] & (lp.slot >= cfg.param_slots)))
+            (is_[Opcode.LOAD_PARAMS] & ((lp.slot >= cfg.param_slots) |
+                                        (lp.rounding.as_value() == 3))))
         # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
         signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
                       if cfg.operands == "int8" else Const(0))

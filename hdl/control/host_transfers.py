@@ -46,7 +46,8 @@ class HostTransfers(wiring.Component):
     - READ_HOST and LOAD_WEIGHTS: the data beats that follow, a row each, into the unified
       buffer and the weight memory (LOAD_WEIGHTS scales its tile and count to rows; with
       :attr:`~hdl.config.TPUConfig.scale_tiles_late` in a cycle of its own);
-    - LOAD_PARAMS: its scalars in the cycle it issues, then the bias and multiplier beats;
+    - LOAD_PARAMS: its scalars in the cycle it issues, then the bias and multiplier beats
+      and, with ``column_shifts``, the shift row's;
     - READ_COUNTERS: a beat per counter, each sampled when the counter bank shows it;
     - HALT: the DONE beat; a failed check: the error beat, once no WRITE_HOST runs;
     - after a reset: zeros into every unified-buffer row (``o_scrubbing``).
@@ -135,6 +136,7 @@ class HostTransfers(wiring.Component):
         left = Signal(range((1 << instr.count.shape().width) * rows + 1))
         signed_ = Signal()
         slot = Signal.like(self.o_param_write.payload.slot)
+        shifts_follow = Signal()    # LOAD_PARAMS's third beat, the shift row, follows
         counter = Signal(range(len(COUNTERS)))
         # A counter beat's payload is held in a register: the counters keep counting while
         # the host stalls, and a stream's payload must not change before the transfer. It is
@@ -165,6 +167,8 @@ class HostTransfers(wiring.Component):
             self.o_wm_write.payload.data.signed.eq(signed_),
             self.o_param_write.payload.row.eq(row_beat(param_row_beat(cfg.cols))),
             self.o_param_write.payload.shift.eq(lp.shift),
+            self.o_param_write.payload.rounding.eq(lp.rounding),
+            self.o_param_write.payload.column_shifts.eq(lp.column_shifts),
             self.o_param_write.payload.zero_point.eq(lp.zero_point.as_signed()),
             self.o_param_write.payload.clamp_hi.eq(lp.clamp_hi.as_signed()),
             self.o_counter_select.eq(counter),
@@ -199,7 +203,7 @@ class HostTransfers(wiring.Component):
                         self.o_param_write.payload.slot.eq(lp.slot),
                         self.o_param_write.payload.kind.eq(ParamKind.SCALARS),
                     ]
-                    m.d.sync += slot.eq(lp.slot)
+                    m.d.sync += [slot.eq(lp.slot), shifts_follow.eq(lp.column_shifts)]
                     m.next = "PARAM_BIAS"
                 with m.If(issue[Opcode.READ_COUNTERS]):
                     m.d.sync += [counter.eq(0), counter_held.eq(0)]
@@ -234,7 +238,8 @@ class HostTransfers(wiring.Component):
                             m.d.comb += self.o_done.eq(1)
                             m.next = "IDLE"
             for state, kind, after in (("PARAM_BIAS", ParamKind.BIAS, "PARAM_MULT"),
-                                       ("PARAM_MULT", ParamKind.MULTIPLIER, "IDLE")):
+                                       ("PARAM_MULT", ParamKind.MULTIPLIER, None),
+                                       ("PARAM_SHIFTS", ParamKind.SHIFTS, "IDLE")):
                 with m.State(state):
                     m.d.comb += [
                         self.o_host_wait.eq(~self.i_host.valid),
@@ -245,8 +250,15 @@ class HostTransfers(wiring.Component):
                         self.i_host.ready.eq(self.o_param_write.ready),
                     ]
                     with m.If(self.i_host.valid & self.o_param_write.ready):
-                        m.d.comb += self.o_done.eq(after == "IDLE")
-                        m.next = after
+                        if after is None:       # the multiplier row: the shifts may follow
+                            with m.If(shifts_follow):
+                                m.next = "PARAM_SHIFTS"
+                            with m.Else():
+                                m.d.comb += self.o_done.eq(1)
+                                m.next = "IDLE"
+                        else:
+                            m.d.comb += self.o_done.eq(after == "IDLE")
+                            m.next = after
             with m.State("SEND_COUNTERS"):
                 with m.If(counter_held):
                     m.d.comb += beat_out.valid.eq(1)

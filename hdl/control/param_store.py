@@ -7,8 +7,9 @@ from amaranth.lib import data, enum, memory
 
 from hdl.beats import param_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import LoadParams
+from hdl.isa import LoadParams, Rounding
 from hdl.memory.row_memory import RegisteredRead
+from hdl.ports import ColumnWord
 
 __all__ = ["ParamKind", "param_write_layout", "row_store", "column_store"]
 
@@ -17,9 +18,10 @@ _LP = data.Layout.cast(LoadParams)
 
 class ParamKind(enum.Enum, shape=unsigned(2)):
     """Which part of a parameter slot a write carries."""
-    SCALARS    = 0   # shift, zero point, clamp_hi (from the LOAD_PARAMS word)
+    SCALARS    = 0   # shift, rounding, zero point, clamp_hi (from the LOAD_PARAMS word)
     BIAS       = 1   # the per-column bias row
     MULTIPLIER = 2   # the per-column multiplier row
+    SHIFTS     = 3   # the per-column shift row (LOAD_PARAMS with column_shifts)
 
 
 def param_write_layout(cols: int, slots: int) -> data.StructLayout:
@@ -29,6 +31,8 @@ def param_write_layout(cols: int, slots: int) -> data.StructLayout:
         "kind":       ParamKind,
         "row":        param_row_beat(cols),
         "shift":      _LP["shift"].shape,
+        "rounding":   Rounding,
+        "column_shifts": 1,
         "zero_point": signed(_LP["zero_point"].width),
         "clamp_hi":   signed(_LP["clamp_hi"].width),
     })
@@ -36,8 +40,15 @@ def param_write_layout(cols: int, slots: int) -> data.StructLayout:
 
 def _scalars_layout(pw) -> data.StructLayout:
     p = pw.payload
-    return data.StructLayout({"shift": p.shift.shape(), "zero_point": p.zero_point.shape(),
+    return data.StructLayout({"shift": p.shift.shape(), "rounding": Rounding,
+                              "column_shifts": 1, "zero_point": p.zero_point.shape(),
                               "clamp_hi": p.clamp_hi.shape()})
+
+
+def _scalars_of(p):
+    """The scalar fields of a parameter write, as :func:`_scalars_layout` stores them (in its
+    field order)."""
+    return Cat(p.shift, p.rounding, p.column_shifts, p.zero_point, p.clamp_hi)
 
 
 def _scrub(m: Module, depth: int):
@@ -70,11 +81,17 @@ def row_store(m: Module, cfg: TPUConfig, pw, o_params, slot, func):
     m.submodules.scalar_mem = scalar_mem = memory.Memory(shape=scalars,
                                                          depth=cfg.param_slots, init=[],
                                                          attrs=attrs)
-    bias_w, mult_w, scalar_w = (bias_mem.write_port(), mult_mem.write_port(),
-                                scalar_mem.write_port())
-    bias_r, mult_r, scalar_r = (RegisteredRead(m, bias_mem, "bias"),
-                                RegisteredRead(m, mult_mem, "mult"),
-                                RegisteredRead(m, scalar_mem, "scalar"))
+    # The shift of every column: the slot's scalar shift repeated, written with the scalars,
+    # unless the LOAD_PARAMS brings a row of them.
+    shifts = data.ArrayLayout(unsigned(6), cfg.cols)
+    m.submodules.shift_mem = shift_mem = memory.Memory(shape=shifts, depth=cfg.param_slots,
+                                                       init=[], attrs=attrs)
+    bias_w, mult_w, scalar_w, shift_w = (bias_mem.write_port(), mult_mem.write_port(),
+                                         scalar_mem.write_port(), shift_mem.write_port())
+    bias_r, mult_r, scalar_r, shift_r = (RegisteredRead(m, bias_mem, "bias"),
+                                         RegisteredRead(m, mult_mem, "mult"),
+                                         RegisteredRead(m, scalar_mem, "scalar"),
+                                         RegisteredRead(m, shift_mem, "shift"))
 
     scrubbing, scrub_slot = _scrub(m, cfg.param_slots)
     # The fast pipeline writes a slot a cycle after the front end sends it, from
@@ -88,30 +105,35 @@ def row_store(m: Module, cfg: TPUConfig, pw, o_params, slot, func):
     else:
         write_valid, p = pw.valid, pw.payload
     with m.If(scrubbing):
-        m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1)]
-        for port in (bias_w, mult_w, scalar_w):
+        m.d.comb += [bias_w.en.eq(1), mult_w.en.eq(1), scalar_w.en.eq(1), shift_w.en.eq(1)]
+        for port in (bias_w, mult_w, scalar_w, shift_w):
             m.d.comb += port.addr.eq(scrub_slot)
     with m.Else():
-        for port in (bias_w, mult_w, scalar_w):
+        for port in (bias_w, mult_w, scalar_w, shift_w):
             m.d.comb += port.addr.eq(p.slot)
+        row_shifts = p.row.as_value()
         m.d.comb += [
             pw.ready.eq(1),
             bias_w.data.eq(p.row), mult_w.data.eq(p.row),
-            scalar_w.data.shift.eq(p.shift),
-            scalar_w.data.zero_point.eq(p.zero_point),
-            scalar_w.data.clamp_hi.eq(p.clamp_hi),
+            scalar_w.data.eq(_scalars_of(p)),
+            shift_w.data.eq(Mux(p.kind == ParamKind.SHIFTS,
+                                Cat(*(row_shifts[32 * j:32 * j + 6] for j in range(cfg.cols))),
+                                p.shift.replicate(cfg.cols))),
             scalar_w.en.eq(write_valid & (p.kind == ParamKind.SCALARS)),
             bias_w.en.eq(write_valid & (p.kind == ParamKind.BIAS)),
             mult_w.en.eq(write_valid & (p.kind == ParamKind.MULTIPLIER)),
+            shift_w.en.eq(write_valid & ((p.kind == ParamKind.SHIFTS) |
+                                         ((p.kind == ParamKind.SCALARS) & ~p.column_shifts))),
         ]
 
     scalar = scalar_r.data
-    for port in (bias_r, mult_r, scalar_r):
+    for port in (bias_r, mult_r, scalar_r, shift_r):
         m.d.comb += port.addr.eq(slot)
     m.d.comb += [
         o_params.bias.eq(bias_r.data),
         o_params.multiplier.eq(mult_r.data),
-        o_params.shift.eq(scalar.shift),
+        o_params.shift.eq(shift_r.data),
+        o_params.rounding.eq(scalar.rounding),
         o_params.zero_point.eq(scalar.zero_point),
         o_params.clamp_hi.eq(scalar.clamp_hi),
         o_params.func.eq(func),
@@ -127,8 +149,8 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
     ACTIVATE waits to run, its slot's parameters are presented from the next cycle."""
     p = pw.payload
     scalars = _scalars_layout(pw)
-    # A word's address: its kind (0 bias, 1 multiplier, 2 the scalars, at column 0), its
-    # column, its slot.
+    # A word's address: its kind (ColumnWord: bias, multiplier, the scalars at column 0, a
+    # column's shift), its column, its slot.
     col_bits = (cfg.cols - 1).bit_length()
     depth = cfg.param_slots << (col_bits + 2)
 
@@ -136,7 +158,7 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
         return Cat(kind, col, slot_)
 
     def scalars_at(slot_):
-        return address(Const(2, 2), Const(0, col_bits), slot_)
+        return address(Const(ColumnWord.SCALARS.value, 2), Const(0, col_bits), slot_)
 
     m.submodules.param_mem = mem = memory.Memory(
         shape=unsigned(32), depth=depth, init=[],
@@ -154,8 +176,7 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
     with m.Elif(p.kind == ParamKind.SCALARS):
         word = Signal(scalars)
         m.d.comb += [
-            word.shift.eq(p.shift), word.zero_point.eq(p.zero_point),
-            word.clamp_hi.eq(p.clamp_hi),
+            word.eq(_scalars_of(p)),
             pw.ready.eq(1),
             wr.en.eq(pw.valid),
             wr.addr.eq(scalars_at(p.slot)),
@@ -166,7 +187,9 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
         m.d.comb += [
             pw.ready.eq(last_col),
             wr.en.eq(pw.valid),
-            wr.addr.eq(address(Cat(p.kind == ParamKind.MULTIPLIER, 0), wcol, p.slot)),
+            wr.addr.eq(address(Mux(p.kind == ParamKind.BIAS, ColumnWord.BIAS,
+                                   Mux(p.kind == ParamKind.MULTIPLIER, ColumnWord.MULTIPLIER,
+                                       ColumnWord.SHIFT)), wcol, p.slot)),
             wr.data.eq(p.row[wcol]),
         ]
         with m.If(pw.valid):
@@ -180,7 +203,7 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
     with m.Elif(busy & ~run):
         m.d.sync += fetched.eq(1)
     with m.If(run):
-        m.d.comb += rd.addr.eq(address(Cat(sel.multiplier, 0), sel.col, slot))
+        m.d.comb += rd.addr.eq(address(sel.kind, sel.col, slot))
     with m.Else():
         m.d.comb += rd.addr.eq(scalars_at(slot))
     scalar = Signal(scalars, reset_less=True)
@@ -189,6 +212,8 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
     m.d.comb += [
         sel.word.eq(rd.data),
         sel.shift.eq(scalar.shift),
+        sel.column_shifts.eq(scalar.column_shifts),
+        sel.rounding.eq(scalar.rounding),
         sel.zero_point.eq(scalar.zero_point),
         sel.clamp_hi.eq(scalar.clamp_hi),
         sel.func.eq(func),

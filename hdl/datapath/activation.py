@@ -6,8 +6,9 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import table_quarter
 from hdl.datapath.pooling import pool_column, pool_controls
+from hdl.datapath.rounding import rounding_controls, rounding_shift
 from hdl.datapath.wide_product import biased_product
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
 from hdl.lib.registers import register_copies
@@ -25,8 +26,9 @@ class ActivationUnit(wiring.Component):
 
     1. ``t = wrap32(acc + bias[j])``;
     2. ``p = t * multiplier[j]`` (exact, 64 bits);
-    3. ``r = (p + 2**(shift-1)) >>> shift`` (``r = p`` when ``shift == 0``): rounding to
-       nearest with ties towards +infinity;
+    3. ``r = p / 2**shift[j]`` rounded to an integer in the slot's rounding mode (HALF_UP,
+       HALF_EVEN or TFLite's DOUBLE; ``r = p`` when ``shift[j] == 0``; see
+       :mod:`hdl.datapath.rounding`);
     4. ``q = saturate_int8(saturate_int32(r) + zero_point)``;
     5. the function: IDENTITY ``q``; RELU ``max(q, zero_point)``; CLAMP
        ``min(max(q, zero_point), clamp_hi)``; SIGMOID and TANH a fixed table indexed by
@@ -34,8 +36,9 @@ class ActivationUnit(wiring.Component):
     6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
        sent as one output row.
 
-    ``bias``, ``multiplier``, ``shift``, ``zero_point``, ``clamp_hi`` and the function come
-    from ``i_params``, held steady by the controller while a row is in flight.
+    ``bias``, ``multiplier``, ``shift`` (per column), ``rounding``, ``zero_point``,
+    ``clamp_hi`` and the function come from ``i_params``, held steady by the controller while a
+    row is in flight.
 
     Timing: the unit takes a row every cycle while it has room for the output rows it may
     still owe (:data:`FIFO_DEPTH` windows: it never stalls while ``o_row`` is taken every
@@ -45,7 +48,8 @@ class ActivationUnit(wiring.Component):
     before it can overflow. Every stage is a register, an adder or a few LUT levels deep:
     the 32 x 32 product is four 18 x 18 partial products (each in a DSP block with its input
     and output registers, then a fabric register), summed in two stages; the rounding shift
-    is two 8:1 steps; saturation works on the shifted value's low bits and a flag.
+    is two 8:1 steps and a stage that decides the rounding increment from the bits shifted
+    out; saturation works on the shifted value's low bits and a flag.
 
     Parameters
     ----------
@@ -71,7 +75,7 @@ class ActivationUnit(wiring.Component):
     """
 
     #: Cycles from taking a row that closes a window to offering its output row.
-    STAGES = 19
+    STAGES = 20
     #: Output rows the unit holds for a stalled ``o_row``: more than it can owe with ``o_row``
     #: taken every cycle (a row for each stage, and one whose credit is on its way back), so
     #: it then takes a row every cycle. (The credit register is late only after a cycle
@@ -104,12 +108,13 @@ class ActivationUnit(wiring.Component):
         m.d.sync += prm.eq(self.i_params)
         # Register stages before the pooling: s1 input; s2 bias; s3, s4 the multipliers'
         # input and output registers; s5 partial products; s6 middle sum; s7 product (s1-s7:
-        # hdl.datapath.wide_product); s8 coarse shift; s9 fine shift; s10 low bits + zero
-        # point; s11 whether and how it clips; s12 saturated; s13 the compares with the zero
-        # point and clamp_hi and the table in quarters; s14 the function's result. Then the
+        # hdl.datapath.wide_product); s8 coarse shift; s9 fine shift; s10 the rounding
+        # increment (s8-s10: hdl.datapath.rounding); s11 low bits + zero point + increment;
+        # s12 whether and how it clips; s13 saturated; s14 the compares with the zero point
+        # and clamp_hi and the table in quarters; s15 the function's result. Then the
         # pooling's four (P1-P4, hdl.datapath.pooling), from which a window's row goes into
         # the output FIFO (it is offered a cycle later).
-        depth = self.STAGES - 5         # s1-s14
+        depth = self.STAGES - 5         # s1-s15
 
         # Output FIFO and the credit that keeps it from overflowing: a window's row is
         # owed from the cycle its closing row is taken until o_row takes it.
@@ -152,12 +157,12 @@ class ActivationUnit(wiring.Component):
         # cycles after a row is taken), so that none is routed to all the columns'
         # multiplexers.
         func = prm.func
-        scalars = data.StructLayout({"shift": 6, "zero_point": signed(8), "clamp_hi": signed(8),
+        scalars = data.StructLayout({"zero_point": signed(8), "clamp_hi": signed(8),
                                      "zp_above": 1, "table": 1, "tanh": 1, "relu": 1,
                                      "clamp": 1})
         shared = Signal(scalars)
         m.d.sync += [
-            shared.shift.eq(prm.shift), shared.zero_point.eq(prm.zero_point),
+            shared.zero_point.eq(prm.zero_point),
             shared.clamp_hi.eq(prm.clamp_hi),
             shared.zp_above.eq(greater_than(prm.zero_point, prm.clamp_hi)),
             shared.table.eq((func == Func.SIGMOID) | (func == Func.TANH)),
@@ -169,54 +174,57 @@ class ActivationUnit(wiring.Component):
         # the fine shift, for the table's function bit (an input of every table LUT) and for
         # the rest: one copy for all of it is a long route into the compares with the zero
         # point.
-        copies = [data.View(scalars, copy) for copy in
-                  register_copies(m, shared.as_value(), 4 * cols, "params")]
-        column_params = [copies[4 * j:4 * j + 4] for j in range(cols)]
+        # Each column's shift and rounding controls are decoded beside them.
+        column = data.StructLayout({"scalars": scalars, "rounding": rounding_controls()})
+        column_params = []
+        for j in range(cols):
+            rnd = Signal(rounding_controls(), name=f"rounding_{j}")
+            double = prm.rounding == Rounding.DOUBLE
+            m.d.sync += [rnd.shift.eq(prm.shift[j]),
+                         rnd.even.eq(prm.rounding == Rounding.HALF_EVEN),
+                         rnd.double.eq(double),
+                         rnd.two_step.eq(double & prm.shift[j][5])]
+            copies = register_copies(m, Cat(shared.as_value(), rnd.as_value()), 4,
+                                     f"params_{j}")
+            column_params.append([data.View(column, copy) for copy in copies])
 
-        # Max-pooling (hdl.datapath.pooling) in four stages, P1-P4, after s14.
-        s14 = depth - 1
-        p1, closes, single = pool_controls(m, valid[s14], last[s14], cols)
+        # Max-pooling (hdl.datapath.pooling) in four stages, P1-P4, after s15.
+        s15 = depth - 1
+        p1, closes, single = pool_controls(m, valid[s15], last[s15], cols)
         pooled = Signal(data.ArrayLayout(signed(8), cols))       # P4: the window's row
         for j in range(cols):
             def reg(shape, name, j=j):
                 return Signal(shape, name=f"{name}_{j}", reset_less=True)
 
-            coarse = reg(signed(64), "coarse")         # s8: p >>> 8 * shift[3:6]
-            below = reg(1, "below")                    #     the bit under the coarse shift
-            r = reg(signed(64), "r")                   # s9: p >>> shift
-            rb = reg(1, "rb")                          #     the rounding bit p[shift - 1]
-            fits = {name: reg(1, name) for name in     #     r[9:64] all 0 or all 1, in parts
+            fits = {name: reg(1, name) for name in     # s9: r[9:64] all 0 or all 1, in parts
                     ("hi_zero", "hi_ones", "lo_zero", "lo_ones")}
-            v = reg(signed(12), "v")                   # s10: low bits + zero point + round
+            r_low = reg(signed(10), "r_low")           # s10: r's low bits,
             small = reg(1, "small")                    #      r fits 10 bits: v is exact
             negative = reg(1, "negative")
-            clip = reg(1, "clip")                      # s11: it saturates,
+            v = reg(signed(12), "v")                   # s11: low bits + zero point + carry
+            small_11 = reg(1, "small_11")
+            negative_11 = reg(1, "negative_11")
+            clip = reg(1, "clip")                      # s12: it saturates,
             clip_low = reg(1, "clip_low")              #      to -128,
             v_low = reg(signed(8), "v_low")            #      or is v's low bits
-            q = reg(signed(8), "q")                    # s12: saturated
-            q_13 = reg(signed(8), "q_13")              # s13: q, q > zp, ReLU > clamp_hi and
+            q = reg(signed(8), "q")                    # s13: saturated
+            q_14 = reg(signed(8), "q_14")              # s14: q, q > zp, ReLU > clamp_hi and
             gt_zp = reg(1, "gt_zp")                    #      the table entries of q's
             above = reg(1, "above")                    #      quarter of the index range
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
-            result = reg(signed(8), "result")          # s14: the function's result
+            result = reg(signed(8), "result")          # s15: the function's result
 
             # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
             p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], prm.multiplier[j],
                                suffix=f"_{j}", instantiate=instantiate)
-            # (p + 2**(s-1)) >>> s == (p >>> s) + p[s-1]: the shift in two steps of 8:1.
-            cp_hi, cp_lo, cp_tbl, cp = column_params[j]
-            shift_hi, shift_lo = cp_hi.shift[3:6], cp_lo.shift[0:3]
+            # s8-s10: r = p >>> shift and the rounding increment (hdl.datapath.rounding).
+            cp_hi, cp_lo, cp_tbl, cp = (c.scalars for c in column_params[j])
+            rd_hi, rd_lo, _, rd = (c.rounding for c in column_params[j])
             is_table, is_tanh, is_relu, is_clamp = cp.table, cp_tbl.tanh, cp.relu, cp.clamp
-            with m.Switch(shift_hi):
+            coarse, r, carry = rounding_shift(m, p, rd_hi, rd_lo, rd, suffix=f"_{j}")
+            with m.Switch(rd_lo.shift[0:3]):
                 for k in range(8):
                     with m.Case(k):
-                        m.d.sync += [coarse.eq(p >> (8 * k)),
-                                     below.eq(p[8 * k - 1] if k else 0)]
-            with m.Switch(shift_lo):
-                for k in range(8):
-                    with m.Case(k):
-                        m.d.sync += [r.eq(coarse >> k),
-                                     rb.eq(coarse[k - 1] if k else below)]
                         # r[9:64] is coarse[9 + k:64] (sign-extended): its bits below 16
                         # here, those from 16 on below, each reduced from coarse, so that
                         # `small` is one LUT of four flip-flops, not five LUT levels from r.
@@ -225,56 +233,59 @@ class ActivationUnit(wiring.Component):
                                      fits["lo_ones"].eq(low_bits.all() if k < 7 else 1)]
             m.d.sync += [fits["hi_zero"].eq(coarse[16:64] == 0),
                          fits["hi_ones"].eq(coarse[16:64].all())]
-            # saturate_int8(saturate_int32(r + rb) + zp) == saturate_int8(r + rb + zp) (zp
-            # is int8): exact from r's low 10 bits when r fits them, else the sign decides.
+            # saturate_int8(saturate_int32(r + carry) + zp) == saturate_int8(r + carry + zp)
+            # (zp is int8): exact from r's low 10 bits when r fits them, else the sign decides.
             zp = cp.zero_point
-            # s11: whether it clips, read off v's top bits, not compared (a compare is a carry
-            # chain), into registers, so that the value saturated in s12 is a LUT from
+            # s12: whether it clips, read off v's top bits, not compared (a compare is a carry
+            # chain), into registers, so that the value saturated in s13 is a LUT from
             # registers: deciding and saturating do not fit one cycle on the fast build.
             high = v[7:11]
-            m.d.sync += [clip.eq(~small | Mux(v[11], ~high.all(), high.any())),
-                         clip_low.eq(Mux(small, v[11], negative)),
+            m.d.sync += [clip.eq(~small_11 | Mux(v[11], ~high.all(), high.any())),
+                         clip_low.eq(Mux(small_11, v[11], negative_11)),
                          v_low.eq(v[0:8])]
-            # s12: saturated, in five registers: one is compared and passed on, and a copy
+            # s13: saturated, in five registers: one is compared and passed on, and a copy
             # for each quarter of the table indexes it (one register, or one copy for the
-            # whole table, fans out too far). Each copy loads with a row in s11 and in some
-            # cycles that hold no row in s11 too (a different set for each), so that
+            # whole table, fans out too far). Each copy loads with a row in s12 and in some
+            # cycles that hold no row in s12 too (a different set for each), so that
             # synthesis keeps them apart from `q`, which loads every cycle, and from each
-            # other; only a row in s12 uses them. (register_copies' form would put a compare
+            # other; only a row in s13 uses them. (register_copies' form would put a compare
             # with the copy into its enable.)
             saturated = Mux(clip, Mux(clip_low, -128, 127), v_low)
             m.d.sync += q.eq(saturated)
             q_tbl = []
             # valid[i]: a row in stage s(i + 1)
-            for k, also in enumerate((0, valid[9], valid[11], valid[8])):
+            for k, also in enumerate((0, valid[10], valid[12], valid[9])):
                 copy = reg(signed(8), f"q_tbl{k}")
-                with m.If(valid[10] | also):
+                with m.If(valid[11] | also):
                     m.d.sync += copy.eq(saturated)
                 q_tbl.append(copy)
             m.d.sync += [
-                v.eq(r[0:10].as_signed() + zp + rb),
+                r_low.eq(r[0:10]),
                 small.eq((fits["hi_zero"] & fits["lo_zero"]) | (fits["hi_ones"] & fits["lo_ones"])),
                 negative.eq(r[63]),
-                q_13.eq(q),
-                # ReLU's compare is registered and its multiplexer is in s14: in one stage
+                v.eq(r_low + zp + carry),
+                small_11.eq(small),
+                negative_11.eq(negative),
+                q_14.eq(q),
+                # ReLU's compare is registered and its multiplexer is in s15: in one stage
                 # they do not fit a cycle on the fast build. The unit's compares are LUT
                 # trees (greater_than), faster than the ECP5's carry chain.
                 gt_zp.eq(greater_than(q, zp)),
                 # max(q, zp) > clamp_hi, without the max in series.
                 above.eq(greater_than(q, cp.clamp_hi) | cp.zp_above),
             ]
-            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s13 the
-            # four entries q's low 6 bits select (one per value of its top 2 bits), in s14
+            # The tables, SIGMOID at 0..255 and TANH at 256..511, index q + 128: in s14 the
+            # four entries q's low 6 bits select (one per value of its top 2 bits), in s15
             # the one its top bits select.
             for k in range(4):
                 m.d.sync += quarters[k].eq(table_quarter(k, q_tbl[k][:6], is_tanh))
-            top = Cat(q_13[6], ~q_13[7])
+            top = Cat(q_14[6], ~q_14[7])
             tbl = Mux(top[1], Mux(top[0], quarters[3], quarters[2]),
                       Mux(top[0], quarters[1], quarters[0]))
-            relu = Mux(gt_zp, q_13, cp.zero_point)
+            relu = Mux(gt_zp, q_14, cp.zero_point)
             clamp = Mux(above, cp.clamp_hi, relu)
             m.d.sync += result.eq(Mux(is_table, tbl,
-                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_13))))
+                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_14))))
 
             pool_column(m, j, result, p1[j], closes, single, pooled[j])
 

@@ -5,9 +5,9 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import lut_table
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from hdl.layouts import acc_row_layout
-from hdl.ports import ParamColumnSignature
+from hdl.ports import ColumnWord, ParamColumnSignature
 
 __all__ = ["SerialActivationUnit", "element_cycles"]
 
@@ -24,11 +24,14 @@ class SerialActivationUnit(wiring.Component):
     the parallel unit would exhaust (the iCE40UP5K: the parallel unit's 32 x 32 multipliers,
     64-bit rounding shifters and saturations per column take more than the whole part).
 
-    Each element takes :func:`element_cycles` cycles: one to read the column's bias, one to
-    add it, 32 for a shift-and-add signed multiply (one 33-bit adder),
-    ``shift - 1`` for the arithmetic right shift (a bit a cycle: a shifter by 8 as well is
-    a large share of a small part's logic), one for rounding, saturation and the zero point, one
-    for the function (and the table's address), one for the table read and pooling. A row of
+    Each element takes :func:`element_cycles` cycles (with the column's shift): one to read
+    the column's bias, one to add it, 32 for a shift-and-add signed multiply (one 33-bit
+    adder; the column's shift word is read meanwhile), ``shift - 1`` for the arithmetic right
+    shift (a bit a cycle: a shifter by 8 as well is a large share of a small part's logic;
+    the bits shifted out are gathered into the flags the rounding modes need, as
+    :mod:`hdl.datapath.rounding` computes them), one for rounding, saturation and the zero
+    point, one for the function (and the table's address), one for the table read and
+    pooling. A row of
     ``cols`` elements therefore takes ``cols`` times that (37 to 99 cycles an element),
     against one row a cycle for the parallel unit.
 
@@ -75,6 +78,12 @@ class SerialActivationUnit(wiring.Component):
         mcand = Signal(signed(32))
         step = Signal(range(32))
         left = Signal(6)                   # right shifts still to do
+        shift = Signal(6)                  # the column's shift
+        dropped = Signal(6)                # bits shifted out so far
+        sticky = Signal()                  # any of them set
+        any_hi = Signal()                  # any of those from bit 30 on set
+        all_hi = Signal()                  # all of those from bit 30 on set
+        n = Signal()                       # the product < -2**30
         f = Signal(signed(8))
         pooled = Signal(data.ArrayLayout(signed(8), cols))
         window_open = Signal()
@@ -98,15 +107,19 @@ class SerialActivationUnit(wiring.Component):
             total.eq(hi + addend + sub),
         ]
 
-        # Rounding, saturation, zero point: with x = p >>> shift and rb = p[shift - 1] (0
-        # for shift 0), saturate_int8(saturate_int32(x + rb) + zero_point) equals
+        # Rounding, saturation, zero point: with x = p >>> shift and the rounding increment
+        # rb (hdl.datapath.rounding's carry: from b = p[shift - 1], the sticky flags and x's
+        # low bit; 0 for shift 0), saturate_int8(saturate_int32(x + rb) + zero_point) equals
         # saturate_int8(x + rb + zero_point) (the zero point is an int8): exact from x's low
         # 10 bits when x fits them, else x's sign decides. After SHIFT the product holds
-        # p >>> (shift - 1): x is its upper 63 bits and rb its bit 0; for shift 0, x is all
+        # p >>> (shift - 1): x is its upper 63 bits and b its bit 0; for shift 0, x is all
         # of it. Bit tests, where 64- and 33-bit adds and compares took carry chains.
-        shift = params.shift
         shift0 = Signal()
         m.d.comb += shift0.eq(shift == 0)
+        b = product[0]
+        two_step = (params.rounding == Rounding.DOUBLE) & shift[5]
+        carry = Mux(two_step, Mux(n, b & any_hi, b | all_hi),
+                    Mux(params.rounding == Rounding.HALF_EVEN, b & (sticky | product[1]), b))
 
         def same(bits):
             return bits.all() | ~bits.any()
@@ -117,7 +130,7 @@ class SerialActivationUnit(wiring.Component):
         v = Signal(signed(12))      # x + rb + zero point, when small
         m.d.comb += [
             x_low.eq(Mux(shift0, product[:10], product[1:11])),
-            rb.eq(~shift0 & product[0]),
+            rb.eq(~shift0 & carry),
             small.eq(Mux(shift0, same(product[9:]), same(product[10:]))),
             v.eq(x_low + rb + params.zero_point),
         ]
@@ -149,7 +162,7 @@ class SerialActivationUnit(wiring.Component):
             with m.State("IDLE"):
                 # Column 0's multiplier is selected. A row that closes a window needs the
                 # output register free.
-                m.d.comb += params.multiplier.eq(1)
+                m.d.comb += params.kind.eq(ColumnWord.MULTIPLIER)
                 with m.If(self.i_row.valid & (~row.last | ~self.o_row.valid)):
                     m.next = "LOAD"
             with m.State("LOAD"):
@@ -164,13 +177,26 @@ class SerialActivationUnit(wiring.Component):
                 m.d.comb += self.o_busy.eq(1)
                 m.d.sync += [hi.eq(total[1:]), lo.eq(Cat(lo[1:], total[0])),
                              step.eq(step + 1)]
+                # The column's shift word, read meanwhile (the port is free).
+                with m.If(step == 0):
+                    m.d.comb += params.kind.eq(ColumnWord.SHIFT)
+                with m.If(step == 1):
+                    m.d.sync += shift.eq(Mux(params.column_shifts, params.word[:6],
+                                             params.shift))
                 with m.If(step == 31):
-                    m.d.sync += left.eq(Mux(shift == 0, 0, shift - 1))
+                    m.d.sync += [left.eq(Mux(shift == 0, 0, shift - 1)), dropped.eq(0),
+                                 sticky.eq(0), any_hi.eq(0), all_hi.eq(1)]
                     m.next = "SHIFT"
             with m.State("SHIFT"):
                 m.d.comb += self.o_busy.eq(1)
+                with m.If(dropped == 0):
+                    m.d.sync += n.eq(product[63] & ~product[30:].all())
                 with m.If(left != 0):
-                    m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1)]
+                    m.d.sync += [Cat(lo, hi).eq(product >> 1), left.eq(left - 1),
+                                 dropped.eq(dropped + 1), sticky.eq(sticky | product[0])]
+                    with m.If(dropped >= 30):
+                        m.d.sync += [any_hi.eq(any_hi | product[0]),
+                                     all_hi.eq(all_hi & product[0])]
                 with m.Else():
                     m.d.sync += q.eq(q_next)
                     m.next = "FUNC"
@@ -192,7 +218,7 @@ class SerialActivationUnit(wiring.Component):
                     m.next = "IDLE"
                 with m.Else():
                     # The next column's multiplier.
-                    m.d.comb += [params.col.eq(col + 1), params.multiplier.eq(1)]
+                    m.d.comb += [params.col.eq(col + 1), params.kind.eq(ColumnWord.MULTIPLIER)]
                     m.d.sync += col.eq(col + 1)
                     m.next = "LOAD"
 

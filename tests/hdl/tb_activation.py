@@ -5,14 +5,17 @@ The DUT is ``ActivationUnit(cols=, acc_width=32)`` with ``cols`` from ``AMTPU_AC
 set by ``test_activation.py``). Every burst of rows is predicted with ``golden.requantise``,
 ``golden.activate`` and ``golden.max_pool_rows`` (``last`` closes each window) and compared
 with ``==``, in order, by a scoreboard. The parameters (the ``i_params`` struct: bias,
-multiplier, shift, zero point, clamp_hi, function) are held steady during a burst and changed
-only once ``o_row`` has delivered every expected row and ``o_busy`` is low.
+multiplier, a shift per column, the rounding mode, zero point, clamp_hi, function) are held
+steady during a burst and changed only once ``o_row`` has delivered every expected row and
+``o_busy`` is low.
 
-Stimulus per burst: random "typical" scales, a sweep of every requantised value q in
--128..127 (so the SIGMOID/TANH ROMs are read at all 256 indices), the int32 limits of
-accumulator, bias and multiplier with shifts 0, 1, 31, 62, 63 and zero points / clamps at the
-int8 limits, and exact rounding ties ``p = 2**(shift-1) * odd`` of both signs with their
-neighbours. A coverage count checks that each of those corners was really produced.
+Stimulus per burst: random "typical" scales with shifts that differ per column and a random
+rounding mode, a sweep of every requantised value q in -128..127 (so the SIGMOID/TANH ROMs are
+read at all 256 indices), the int32 limits of accumulator, bias and multiplier with shifts 0,
+1, 31, 62, 63 and zero points / clamps at the int8 limits, and exact rounding ties ``p =
+2**(shift-1) * odd`` of both signs with their neighbours in every rounding mode (for DOUBLE
+also the first rounding's ties and the second's). A coverage count checks that each of those
+corners was really produced.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import element_cycles
 from hdl.datapath.activation_table import lut_table
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from hdl.layouts import acc_row_layout
 from hdl.ports import requant_params_layout
 from sim.models.golden import (
@@ -79,17 +82,24 @@ def row_cycles_from_env() -> int:
 
 @dataclass
 class Params:
-    """One setting of the unit's parameter inputs."""
+    """One setting of the unit's parameter inputs (``shift``: one for every column, or a
+    list with one per column)."""
     bias: list[int]
     multiplier: list[int]
-    shift: int
+    shift: int | list[int]
     zero_point: int
     clamp_hi: int
     func: Func
+    rounding: Rounding = Rounding.HALF_UP
+
+    def shifts(self, cols: int) -> list[int]:
+        return [int(s) for s in self.shift] if isinstance(self.shift, list) else \
+            [int(self.shift)] * cols
 
     def __str__(self) -> str:
-        return (f"{self.func.name} bias={self.bias} multiplier={self.multiplier} "
-                f"shift={self.shift} zero_point={self.zero_point} clamp_hi={self.clamp_hi}")
+        return (f"{self.func.name} {self.rounding.name} bias={self.bias} "
+                f"multiplier={self.multiplier} shift={self.shift} "
+                f"zero_point={self.zero_point} clamp_hi={self.clamp_hi}")
 
 
 class Testbench:
@@ -128,7 +138,8 @@ class Testbench:
         await self.drain()
         await FallingEdge(self.dut.clk)
         self.dut.i_params.value = pack(self.param_layout, {
-            "bias": params.bias, "multiplier": params.multiplier, "shift": int(params.shift),
+            "bias": params.bias, "multiplier": params.multiplier,
+            "shift": params.shifts(self.cols), "rounding": params.rounding,
             "zero_point": int(params.zero_point), "clamp_hi": int(params.clamp_hi),
             "func": params.func})
         self.params = params
@@ -137,7 +148,8 @@ class Testbench:
         """Golden output rows of *acc* under the current parameters, pooled over *windows*
         (row counts); fixed windows go through ``golden.max_pool_rows``."""
         p = self.params
-        q = requantise(acc, p.bias, p.multiplier, p.shift, p.zero_point)
+        q = requantise(acc, p.bias, p.multiplier, p.shifts(self.cols), p.zero_point,
+                       p.rounding.value)
         act = activate(q, p.func.value, p.zero_point, p.clamp_hi)
         if len(set(windows)) == 1:
             return max_pool_rows(act, windows[0])
@@ -150,17 +162,31 @@ class Testbench:
         prm = self.params
         bias = np.asarray(prm.bias, dtype=np.int64)
         mult = np.asarray(prm.multiplier, dtype=np.int64)
-        s = prm.shift
-        self.coverage[f"shift{s}"] += 1
+        s = np.asarray(prm.shifts(self.cols), dtype=np.int64)
+        mode = prm.rounding.name
+        for value in set(s.tolist()):
+            self.coverage[f"shift{value}"] += 1
+        self.coverage[mode] += 1
+        self.coverage["column_shifts"] += int(len(set(s.tolist())) > 1)
         self.coverage["bias_wrap"] += int(np.any((acc + bias > INT32_MAX)
                                                  | (acc + bias < INT32_MIN)))
         t = wrap(acc + bias)
         p = t * mult
-        if s:
-            tie = (p & ((1 << s) - 1)) == (1 << (s - 1))
-            self.coverage["tie+"] += int(np.sum(tie & (p > 0)))
-            self.coverage["tie-"] += int(np.sum(tie & (p < 0)))
-        r = rounding_shift(p, s)
+        low = p & ((np.int64(1) << np.maximum(s - 1, 0)) * 2 - 1)       # p mod 2**s
+        tie = (s > 0) & (low == (np.int64(1) << np.maximum(s - 1, 0)))
+        self.coverage["tie+"] += int(np.sum(tie & (p > 0)))
+        self.coverage["tie-"] += int(np.sum(tie & (p < 0)))
+        self.coverage[f"{mode}_tie"] += int(np.sum(tie))
+        if prm.rounding == Rounding.DOUBLE:
+            # The first rounding's ties (p / 2**31 = k + 1/2) and the second's (the first's
+            # result an odd multiple of 2**(shift - 32)), where there are two.
+            two = s >= 32
+            first = rounding_shift(p, 31)
+            e = np.maximum(s - 31, 1)
+            self.coverage["DOUBLE_tie1"] += int(np.sum(two & ((p & ((1 << 31) - 1)) == 1 << 30)))
+            self.coverage["DOUBLE_tie2"] += int(np.sum(
+                two & ((first & ((np.int64(1) << e) - 1)) == (np.int64(1) << (e - 1)))))
+        r = rounding_shift(p, s, prm.rounding.value)
         self.coverage["sat32_hi"] += int(np.sum(r > INT32_MAX))
         self.coverage["sat32_lo"] += int(np.sum(r < INT32_MIN))
         v = np.clip(r, INT32_MIN, INT32_MAX) + prm.zero_point
@@ -225,18 +251,26 @@ class Testbench:
     def int8(self) -> int:
         return int(self.rng.integers(-128, 128))
 
-    def typical(self, func: Func, rows: int) -> tuple[Params, np.ndarray]:
+    def typical(self, func: Func, rows: int, per_column: bool | None = None
+                ) -> tuple[Params, np.ndarray]:
         """Scales a quantised network would use: most outputs in range, some saturated."""
         cols, rng = self.cols, self.rng
         acc = rng.integers(-(1 << 20), (1 << 20) + 1, size=(rows, cols))
         bias = rng.integers(-(1 << 16), (1 << 16) + 1, size=cols)
         mult = rng.integers(1 << 8, 1 << 20, size=cols) * rng.choice([-1, 1], size=cols)
-        # |t * m| reaches about 2**(20 + log2 m); shift it down to about 2**7, +-2.
+        # |t * m| reaches about 2**(20 + log2 m); shift it down to about 2**7, +-2, each
+        # column its own shift half of the time.
         top = int(np.max(np.abs(mult))).bit_length() + 20
-        shift = int(np.clip(top - 7 + rng.integers(-2, 3), 0, 63))
+        if per_column is None:
+            per_column = rng.random() < 0.5
+        jitter = rng.permutation(np.arange(-2, 3))[:cols] if per_column else rng.integers(-2, 3)
+        shift = np.clip(top - 7 + jitter, 0, 63)
         zp = self.int8()
         clamp = int(rng.integers(zp, 128)) if rng.random() < 0.8 else self.int8()
-        return Params(bias.tolist(), mult.tolist(), shift, zp, clamp, func), acc
+        rounding = Rounding(int(rng.integers(0, 3)))
+        return Params(bias.tolist(), mult.tolist(),
+                      [int(x) for x in np.broadcast_to(shift, cols)], zp, clamp, func,
+                      rounding), acc
 
     def sweep(self, func: Func, zero_point: int | None = None
               ) -> tuple[Params, np.ndarray, np.ndarray]:
@@ -267,10 +301,14 @@ class Testbench:
         mult[0] = rng.choice([INT32_MIN, INT32_MAX])     # at shift 0, 1: int32 saturation
         return Params(bias.tolist(), mult.tolist(), shift, zero_point, clamp_hi, func), acc
 
-    def ties(self, func: Func, shift: int, rows: int) -> tuple[Params, np.ndarray]:
+    def ties(self, func: Func, shift: int, rows: int, rounding: Rounding = Rounding.HALF_UP
+             ) -> tuple[Params, np.ndarray]:
         """Products ``p = 2**(shift-1) * odd`` of both signs (where int32 operands can make
-        them), and their neighbours ``p +- multiplier``."""
+        them), and their neighbours ``p +- multiplier``; for DOUBLE with ``shift >= 32``
+        half of the columns instead meet the two roundings' ties (see :meth:`double_ties`)."""
         cols, rng = self.cols, self.rng
+        if rounding == Rounding.DOUBLE and shift >= 32 and rng.random() < 0.5:
+            return self.double_ties(func, shift, rows)
         # multiplier +-2**a; t = 2**(shift-1-a) * odd must fit int32.
         a = min(max(0, shift - 1 - 30), 31)
         if a == 31:
@@ -286,7 +324,22 @@ class Testbench:
         bias = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True)
         acc = wrap(t - bias)
         zp = int(rng.choice([0, self.int8()]))
-        return Params(bias.tolist(), mult.tolist(), shift, zp, 127, func), acc
+        return Params(bias.tolist(), mult.tolist(), shift, zp, 127, func, rounding), acc
+
+    def double_ties(self, func: Func, shift: int, rows: int) -> tuple[Params, np.ndarray]:
+        """DOUBLE at ``shift >= 32`` with a TFLite-like multiplier ``2**30``, so that ``p /
+        2**31 = t / 2``: ``t = odd * 2**e + d`` (``e = shift - 31``, ``d`` in -1..1) puts the
+        first rounding on its ties (t odd) and its result on the second rounding's ties."""
+        cols, rng = self.cols, self.rng
+        e = shift - 31
+        odd_max = max(1, (1 << 31) >> e)
+        odd = 2 * rng.integers(-(odd_max // 2) - 1, odd_max // 2 + 1, size=(rows, cols)) + 1
+        t = np.clip(odd * (1 << e) + rng.integers(-1, 2, size=(rows, cols)),
+                    INT32_MIN, INT32_MAX)
+        bias = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True)
+        acc = wrap(t - bias)
+        mult = [1 << 30] * cols
+        return Params(bias.tolist(), mult, shift, 0, 127, func, Rounding.DOUBLE), acc
 
 
 async def start(dut, seed: int, **stalls) -> Testbench:
@@ -305,8 +358,8 @@ async def test_function(dut, func: str, window: int):
     f = Func[func]
     tb = await start(dut, seed, idle=random_stalls(seed + 1, 0.3),
                      backpressure=random_stalls(seed + 2, 0.3))
-    for _ in range(2):
-        await tb.burst(*tb.typical(f, 4 * window), window)
+    for per_column in (True, False):
+        await tb.burst(*tb.typical(f, 4 * window, per_column), window)
     if window == 2:
         # Pooled sweep of every q (window 1 is test_lut_sweep's).
         params, acc, _ = tb.sweep(f)
@@ -316,11 +369,14 @@ async def test_function(dut, func: str, window: int):
     for shift, (zp, clamp) in zip(EXTREME_SHIFTS, corners, strict=True):
         await tb.burst(*tb.extremes(f, shift, 4 * window, zp, clamp), window)
     for shift in TIE_SHIFTS:
-        await tb.burst(*tb.ties(f, shift, 2 * window), window)
+        for rounding in Rounding:
+            await tb.burst(*tb.ties(f, shift, 2 * window, rounding), window)
     await tb.finish()
     missing = [name for name in ("tie+", "tie-", "sat32_hi", "sat32_lo", "sat8_hi", "sat8_lo",
                                  "in_range", "bias_wrap", "zp-128", "zp127", "clamp-128",
-                                 "clamp127", *(f"shift{s}" for s in EXTREME_SHIFTS))
+                                 "clamp127", "HALF_UP_tie", "HALF_EVEN_tie", "DOUBLE_tie",
+                                 "column_shifts",
+                                 *(f"shift{s}" for s in EXTREME_SHIFTS))
                if not tb.coverage[name]]
     assert not missing, f"corners not exercised: {missing} (seed {seed})"
 
@@ -400,6 +456,63 @@ async def test_rounding_known_answers(dut):
         got = tb.sink.received[first:]
         assert got == [[want] * cols], f"got {got}, expected {[[want] * cols]} (seed {tb.seed})"
     await tb.finish()
+
+
+@cocotb.test()
+async def test_rounding_modes_known_answers(dut):
+    """Hand-computed results of HALF_EVEN and DOUBLE (TFLite's two roundings), and of shifts
+    that differ per column; then random DOUBLE ties of both roundings, every mode at every
+    column's own extreme shift."""
+    tb = await start(dut, 575)
+    cols = tb.cols
+    even, double = Rounding.HALF_EVEN, Rounding.DOUBLE
+    cases = [
+        # (rounding, shift, multiplier, accumulator values, expected IDENTITY outputs)
+        (even, 1, 1, [1, -1, 3, -3, 5, -5, 2, -2], [0, 0, 2, -2, 2, -2, 1, -1]),
+        (even, 2, 1, [2, -2, 6, -6, 1, -1, 3, -3], [0, 0, 2, -2, 0, 0, 1, -1]),
+        # p / 2**31 = acc / 2, rounded with ties up, then halved with ties away from zero.
+        (double, 32, 1 << 30, [1, -1, 3, -3, 5, -5, 2, -2], [1, 0, 1, -1, 2, -1, 1, -1]),
+        (double, 33, 1 << 30, [2, -2, 6, -6, 1, -1, 3, -3], [0, 0, 1, -1, 0, 0, 1, 0]),
+        # Up to 31, DOUBLE is HALF_UP.
+        (double, 31, 1, [1 << 30, -(1 << 30), INT32_MIN, INT32_MAX, (1 << 30) - 1,
+                         -(1 << 30) - 1, 0, -1], [1, 0, -1, 1, 0, -1, 0, 0]),
+    ]
+    for rounding, shift, mult, acc_values, want in cases:
+        acc = np.repeat(np.asarray(acc_values, dtype=np.int64)[:, None], cols, axis=1)
+        await tb.set_params(Params([0] * cols, [mult] * cols, shift, 0, 127, Func.IDENTITY,
+                                   rounding))
+        golden = tb.queue(acc, 1)[:, 0].tolist()
+        assert golden == want, (
+            f"golden requantise disagrees with the hand-computed values for {rounding.name} "
+            f"shift {shift}, multiplier {mult}: {golden} != {want}")
+        first = len(tb.sink.received)
+        await tb.drain()
+        got = [row[0] for row in tb.sink.received[first:]]
+        assert got == want, (
+            f"{rounding.name} shift {shift} multiplier {mult} acc {acc_values}: got {got}, "
+            f"expected {want} (seed {tb.seed})")
+    # A shift per column: 10 and 12 shifted by 0, 1, 2, 3.
+    for rounding, want10 in ((Rounding.HALF_UP, [10, 5, 3, 1]), (even, [10, 5, 2, 1])):
+        await tb.set_params(Params([0] * cols, [1] * cols, [0, 1, 2, 3][:cols], 0, 127,
+                                   Func.IDENTITY, rounding))
+        tb.queue(np.array([[10] * cols, [12] * cols]), 1)
+        first = len(tb.sink.received)
+        await tb.drain()
+        got = tb.sink.received[first:]
+        assert got == [want10[:cols], [12, 6, 3, 2][:cols]], (
+            f"{rounding.name} shifts 0-3 per column: got {got} (seed {tb.seed})")
+    for shift in (32, 33, 40, 55, 61):
+        await tb.burst(*tb.double_ties(Func.IDENTITY, shift, 8), 1)
+    for _ in range(3):
+        for rounding in Rounding:
+            params, acc = tb.extremes(Func.IDENTITY, 0, 6, 0, 127)
+            params.shift = tb.rng.choice(EXTREME_SHIFTS + TIE_SHIFTS, size=cols).tolist()
+            params.rounding = rounding
+            await tb.burst(params, acc, 1)
+    await tb.finish()
+    missing = [name for name in ("DOUBLE_tie1", "DOUBLE_tie2", "column_shifts")
+               if not tb.coverage[name]]
+    assert not missing, f"corners not exercised: {missing} (seed {tb.seed})"
 
 
 @cocotb.test()

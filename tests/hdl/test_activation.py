@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import Module, Mux, signed
+from amaranth.hdl import Module, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import SerialActivationUnit
 from hdl.layouts import acc_row_layout
-from hdl.ports import requant_params_layout
+from hdl.ports import ColumnWord, requant_params_layout
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
@@ -21,7 +21,8 @@ COLS = {"c2": 2, "c4": 4}
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {
     "function": ["test_function"],
-    "directed": ["test_lut_sweep", "test_rounding_known_answers", "test_variable_windows",
+    "directed": ["test_lut_sweep", "test_rounding_known_answers",
+                 "test_rounding_modes_known_answers", "test_variable_windows",
                  "test_throughput", "test_fill"],
 }
 
@@ -69,12 +70,19 @@ class SerialWithParamRows(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i_row), unit.i_row)
         wiring.connect(m, unit.o_row, wiring.flipped(self.o_row))
         p, sel = self.i_params, unit.params
+        # Each column's shift from its own word (column_shifts), as the store gives it.
         m.d.comb += [
             self.o_busy.eq(unit.o_busy),
-            sel.shift.eq(p.shift), sel.zero_point.eq(p.zero_point),
-            sel.clamp_hi.eq(p.clamp_hi), sel.func.eq(p.func),
+            sel.shift.eq(0), sel.column_shifts.eq(1), sel.rounding.eq(p.rounding),
+            sel.zero_point.eq(p.zero_point), sel.clamp_hi.eq(p.clamp_hi), sel.func.eq(p.func),
         ]
-        m.d.sync += sel.word.eq(Mux(sel.multiplier, p.multiplier[sel.col], p.bias[sel.col]))
+        with m.Switch(sel.kind):
+            with m.Case(ColumnWord.BIAS):
+                m.d.sync += sel.word.eq(p.bias[sel.col])
+            with m.Case(ColumnWord.MULTIPLIER):
+                m.d.sync += sel.word.eq(p.multiplier[sel.col])
+            with m.Case(ColumnWord.SHIFT):
+                m.d.sync += sel.word.eq(p.shift[sel.col])
         return m
 
 
