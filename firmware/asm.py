@@ -18,31 +18,45 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
     load_params slot=0 shift=12 zp=-3 clamp=127
     .bias 100 -100 0 0 0 0 0 0    # cols int32 values
     .mult 1 1 1 1 1 1 1 1
+    load_params slot=1 zp=0 clamp=127 rounding=double
+    .bias 0 0 0 0 0 0 0 0
+    .mult 1 1 1 1 1 1 1 1
+    .shift 40 40 38 41 39 40 40 42  # per-column shifts, 0 to 63 (sets column_shifts)
     matmul ub=0 acc=16 count=64 switch accumulate signed
     activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0
     write_host ub=128 count=32
     halt
 
 - Fields are ``name=value``; every field of the layout is required except the 1-bit flags,
-  written as a bare name (``signed``) or ``name=0``/``name=1``, and the reserved fields
+  written as a bare name (``signed``) or ``name=0``/``name=1``, the fields with a default
+  (:data:`DEFAULTS`: ``rounding``, default ``half_up``) and the reserved fields
   (``_flags=...``, default 0). Short names: ``ub`` = ``ub_addr``, ``acc`` = ``acc_addr``,
   ``zp`` = ``zero_point``, ``clamp`` = ``clamp_hi``.
 - Values are decimal or ``0x`` hex, within the field's width; ``zp`` and ``clamp`` are int8
-  (-128..127); ``func`` and ``pool`` take an enum name (``relu``, ``max2``) or a number.
+  (-128..127); ``func``, ``pool`` and ``rounding`` take an enum name (``relu``, ``max2``,
+  ``half_even``) or a number (one the core refuses, such as ``rounding=3``, too: tests
+  build failing programs with it).
 - Data lines follow the instruction that takes them: ``count`` lines after ``read_host``
   (``ub_row`` bytes each), ``count * rows`` after ``load_weights`` (``cols`` bytes each),
-  ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each). A byte is -128..255
-  (int8 or uint8, the same raw bits); an int32 is -2**31..2**32-1. ``.hex`` gives a row as
-  two hex digits per element, element 0 first.
+  ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each), then optionally
+  ``.shift`` (``cols`` shifts, 0 to 63): per-column shifts, which set the ``column_shifts``
+  flag and replace ``shift``, so ``shift=`` is then left out (given, it is an error: the
+  core would ignore it). ``load_params`` needs either ``shift=`` or a ``.shift`` line; the
+  flag may be written too (``column_shifts``), and then the third data line is required.
+  A byte is -128..255 (int8 or uint8, the same raw bits); an int32 is -2**31..2**32-1.
+  ``.hex`` gives a row as two hex digits per element, element 0 first.
 - ``.word VALUE`` is one raw beat, anywhere: an instruction word the assembler would reject
   (unknown opcode, bits above bit 63; the assembler expects no data lines after it, so the
   disassembler prints the data beats of such a word as ``.word`` too), or a data beat with
   bits set above its row.
 
 :func:`disassemble` prints canonical text: layout field order, value fields then flags, short
-names, reserved fields only when non-zero, ``read_host`` rows as int8, ``load_weights`` rows as
-int8 or uint8 per the ``signed`` flag. ``assemble(disassemble(beats)) == beats`` for any
-stream made of whole instructions.
+names, fields with a default only when they differ from it (after the others), reserved
+fields only when non-zero, ``read_host`` rows as int8, ``load_weights`` rows as int8 or uint8
+per the ``signed`` flag, per-column shifts as a ``.shift`` line (``column_shifts`` is printed
+only when that beat is a ``.word``; a ``load_params`` with ``column_shifts`` and a non-zero
+``shift`` is a ``.word``). ``assemble(disassemble(beats)) == beats`` for any stream made of
+whole instructions.
 
 Command line::
 
@@ -70,10 +84,18 @@ from hdl.config import TPUConfig
 from hdl.presets import get_config
 
 __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
-           "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "main"]
+           "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "DEFAULTS",
+           "SHIFT_RANGE", "main"]
 
 #: Short names the assembler prints (the layout names are accepted too).
 ALIASES = {"ub_addr": "ub", "acc_addr": "acc", "zero_point": "zp", "clamp_hi": "clamp"}
+
+#: Fields the text may leave out, and their value then (printed only when different).
+DEFAULTS = {"rounding": isa.Rounding.HALF_UP.value}
+
+#: What a per-column shift (a lane of LOAD_PARAMS's third beat) may be: the lane's low six
+#: bits are the shift, the core ignores the others.
+SHIFT_RANGE = (0, (1 << data.Layout.cast(isa.LoadParams)["shift"].width) - 1)
 
 #: 8-bit fields holding int8 values in two's complement (needed while hdl.isa declares them
 #: unsigned; a field with a signed shape is treated the same way).
@@ -207,7 +229,7 @@ def decode(word: int) -> tuple[isa.Opcode | int, dict[str, int]]:
 @dataclass(frozen=True)
 class _Data:
     """What one data beat after an instruction carries."""
-    kind: str        # "ub", "weight", "bias", "mult"
+    kind: str        # "ub", "weight", "bias", "mult", "shift"
     signed: bool = True
 
     def size(self, config: TPUConfig) -> tuple[int, int]:
@@ -220,10 +242,31 @@ class _Data:
             layout = param_row_beat(config.cols)
         return layout.length, Shape.cast(layout.elem_shape).width
 
+    def value_range(self, config: TPUConfig) -> tuple[int, int]:
+        """The values a data line may give (raw patterns of either signedness)."""
+        if self.kind == "shift":
+            return SHIFT_RANGE
+        return _value_range(self.size(config)[1])
+
+    def what(self, config: TPUConfig) -> str:
+        """What one value is, for error messages."""
+        if self.kind == "shift":
+            return "a per-column shift"
+        return "a byte, int8 or uint8" if self.size(config)[1] == 8 else "int32 or uint32"
+
+    def printable(self, beat: int, config: TPUConfig) -> bool:
+        """Whether a data line can give ``beat`` (else it is printed as ``.word``)."""
+        n, bits = self.size(config)
+        if beat >> (n * bits):
+            return False
+        if self.kind == "shift":
+            return all(v <= SHIFT_RANGE[1] for v in _unpack_row(beat, n, bits, False))
+        return True
+
     @property
     def directives(self) -> tuple[str, ...]:
         return {"ub": (".row", ".hex"), "weight": (".row", ".hex"),
-                "bias": (".bias",), "mult": (".mult",)}[self.kind]
+                "bias": (".bias",), "mult": (".mult",), "shift": (".shift",)}[self.kind]
 
 
 def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data]:
@@ -232,7 +275,7 @@ def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data
     if opcode == isa.Opcode.LOAD_WEIGHTS:
         return [_Data("weight", bool(fields["signed"]))] * (fields["count"] * config.rows)
     if opcode == isa.Opcode.LOAD_PARAMS:
-        return [_Data("bias"), _Data("mult")]
+        return [_Data("bias"), _Data("mult")] + [_Data("shift")] * fields["column_shifts"]
     return []
 
 
@@ -263,12 +306,11 @@ def _row_beat(kind: _Data, values, config: TPUConfig) -> int:
     values = np.asarray(values, dtype=object).reshape(-1)
     if len(values) > n:
         raise AsmError(f"{kind.kind} row has {len(values)} values; allowed: at most {n}")
-    lo, hi = _value_range(bits)
+    lo, hi = kind.value_range(config)
     for value in values:
         if not isinstance(value, int | np.integer) or not lo <= value <= hi:
-            what = "a byte (int8 or uint8)" if bits == 8 else "an int32 (or uint32)"
             raise AsmError(f"{kind.kind} row value {value!r} is out of range; "
-                           f"allowed: {lo} to {hi}, {what}")
+                           f"allowed: {lo} to {hi}, {kind.what(config)}")
     return _pack_row(values, bits)
 
 
@@ -287,9 +329,25 @@ class _Assembler:
         self.beats: list[int] = []
         self.expect: list[_Data] = []
         self.owner: tuple[int, str, int] | None = None   # (line, mnemonic, data lines)
+        # A load_params whose .bias and .mult are in and whose next line may be .shift:
+        # (its line, its word's index in beats, whether shift= was given).
+        self.open_shift: tuple[int, int, bool] | None = None
+        self.pending_shift: tuple[int, int, bool] | None = None   # the same, before .mult
 
     def error(self, lineno: int, message: str):
         raise AsmError(f"line {lineno}: {message}")
+
+    def close_shift(self):
+        """The line after a load_params's .mult is not .shift: it needed shift=."""
+        if self.open_shift is None:
+            return
+        line, _, given = self.open_shift
+        self.open_shift = None
+        if not given:
+            required = ", ".join(s.alias for s in _SPECS[isa.Opcode.LOAD_PARAMS]
+                                 if s.kind not in ("flag", "reserved") and s.name not in DEFAULTS)
+            self.error(line, f"load_params is missing field shift; required: {required} (or "
+                             f"per-column shifts: a .shift line after .mult)")
 
     def check_done(self, lineno: int):
         if self.expect:
@@ -306,6 +364,8 @@ class _Assembler:
         if not tokens:
             return
         head, args = tokens[0].lower(), tokens[1:]
+        if head != ".shift":
+            self.close_shift()
         if head == ".word":
             self.word(lineno, args)
         elif head.startswith("."):
@@ -330,11 +390,24 @@ class _Assembler:
         if self.expect:
             self.expect.pop(0)
         self.beats.append(value)
+        self.data_done()
 
     def data(self, lineno: int, head: str, args: list[str]):
-        known = (".row", ".hex", ".bias", ".mult", ".word")
+        known = (".row", ".hex", ".bias", ".mult", ".shift", ".word")
         if head not in known:
             self.error(lineno, f"unknown directive {head!r}; allowed: {', '.join(known)}")
+        if head == ".shift" and self.open_shift is not None:
+            # Per-column shifts after .bias and .mult: the third beat, column_shifts set.
+            line, at, given = self.open_shift
+            self.open_shift = None
+            if given:
+                self.error(lineno, f"load_params at line {line} gives shift= and a .shift "
+                                   f"line; allowed: one of them (per-column shifts replace "
+                                   f"shift, which the core then ignores)")
+            self.beats[at] = encode(isa.Opcode.LOAD_PARAMS,
+                                    **{**decode(self.beats[at])[1], "column_shifts": 1})
+            self.expect = [_Data("shift")]
+            self.owner = (line, "load_params", 3)
         if not self.expect:
             if self.owner is None:
                 self.error(lineno, f"{head} without an instruction that takes data; allowed: "
@@ -362,7 +435,7 @@ class _Assembler:
             if len(args) != n:
                 self.error(lineno, f"{head} has {len(args)} values; allowed: exactly {n}")
             values = []
-            lo, hi = _value_range(bits)
+            lo, hi = kind.value_range(self.config)
             for token in args:
                 try:
                     value = _parse_int(token)
@@ -370,12 +443,18 @@ class _Assembler:
                     self.error(lineno, f"{head} value {token!r} is not a number; allowed: "
                                        f"{lo} to {hi}")
                 if not lo <= value <= hi:
-                    what = "a byte, int8 or uint8" if bits == 8 else "int32 or uint32"
                     self.error(lineno, f"{head} value {value} is out of range; allowed: "
-                                       f"{lo} to {hi} ({what})")
+                                       f"{lo} to {hi} ({kind.what(self.config)})")
                 values.append(value)
         self.expect.pop(0)
         self.beats.append(_pack_row(values, bits))
+        self.data_done()
+
+    def data_done(self):
+        """After the .mult of a load_params without the column_shifts flag, a .shift line
+        may follow."""
+        if not self.expect and self.pending_shift is not None:
+            self.open_shift, self.pending_shift = self.pending_shift, None
 
     def instruction(self, lineno: int, mnemonic: str, args: list[str]):
         opcode = _MNEMONICS.get(mnemonic)
@@ -413,12 +492,21 @@ class _Assembler:
                 self.error(lineno, f"{mnemonic} field {spec.alias}={text} is out of range; "
                                    f"allowed: {spec.allowed()}")
             fields[spec.name] = value
-        missing = [s.alias for s in specs
-                   if s.kind not in ("flag", "reserved") and s.name not in fields]
+        # load_params's shift may come as a .shift line after .mult instead (checked then).
+        deferred = {"shift"} if opcode == isa.Opcode.LOAD_PARAMS else set()
+        if fields.get("column_shifts") and "shift" in fields:
+            self.error(lineno, f"{mnemonic} gives shift= and column_shifts; allowed: one of "
+                               f"them (per-column shifts replace shift, which the core then "
+                               f"ignores)")
+        if opcode == isa.Opcode.LOAD_PARAMS and not fields.get("column_shifts"):
+            self.pending_shift = (lineno, len(self.beats), "shift" in fields)
+        required = [s for s in specs if s.kind not in ("flag", "reserved")
+                    and s.name not in DEFAULTS]
+        missing = [s.alias for s in required if s.name not in fields | dict.fromkeys(deferred)]
         if missing:
-            required = ", ".join(s.alias for s in specs if s.kind not in ("flag", "reserved"))
             self.error(lineno, f"{mnemonic} is missing field{'s' if len(missing) > 1 else ''} "
-                               f"{', '.join(missing)}; required: {required}")
+                               f"{', '.join(missing)}; required: "
+                               f"{', '.join(s.alias for s in required)}")
         word = encode(opcode, **fields)
         self.beats.append(word)
         self.expect = _data_beats(opcode, decode(word)[1], self.config)
@@ -432,28 +520,36 @@ def assemble(text: str, config: TPUConfig | None = None) -> list[int]:
     for lineno, line in enumerate(lines, 1):
         asm.line(lineno, line)
     asm.check_done(len(lines) + 1)
+    asm.close_shift()
     return asm.beats
 
 
 # Disassembler --------------------------------------------------------------------------------
 
-def _format_instr(opcode: isa.Opcode, fields: dict[str, int]) -> str:
+def _format_instr(opcode: isa.Opcode, fields: dict[str, int], shift_line: bool = False) -> str:
+    """``shift_line``: a .shift line follows, which says column_shifts."""
     parts = [opcode.name.lower()]
-    flags, reserved = [], []
+    defaults, flags, reserved = [], [], []
     for spec in _SPECS[opcode]:
         value = fields[spec.name]
+        if spec.name == "column_shifts" and shift_line:
+            continue                     # the .shift line says it
+        if spec.name == "shift" and fields.get("column_shifts") and not value:
+            continue                     # replaced by the per-column shifts
         if spec.kind == "flag":
             if value:
                 flags.append(spec.alias)
         elif spec.kind == "reserved":
             if value:
                 reserved.append(f"{spec.name}={value:#x}")
-        elif spec.kind == "enum":
-            members = {m.value: m.name.lower() for m in spec.enum}
-            parts.append(f"{spec.alias}={members.get(value, value)}")
+        elif spec.name in DEFAULTS and value == DEFAULTS[spec.name]:
+            continue
         else:
-            parts.append(f"{spec.alias}={value}")
-    return " ".join(parts + flags + reserved)
+            text = str(value)
+            if spec.kind == "enum":
+                text = {m.value: m.name.lower() for m in spec.enum}.get(value, text)
+            (defaults if spec.name in DEFAULTS else parts).append(f"{spec.alias}={text}")
+    return " ".join(parts + defaults + flags + reserved)
 
 
 def disassemble(beats: Iterable[int], config: TPUConfig | None = None) -> str:
@@ -470,18 +566,23 @@ def disassemble(beats: Iterable[int], config: TPUConfig | None = None) -> str:
             lines.append(f".word {beat:#x}")
             i += 1
             continue
-        # Bits above the instruction: a raw word, and raw words for its data beats too (the
-        # assembler does not expect data after a .word).
-        raw = bool(beat >> isa.INSTR_BITS)
-        text = _format_instr(opcode, fields)
-        lines.append(f".word {beat:#x}  # {text}" if raw else text)
+        # Bits above the instruction, or a shift the assembler refuses to write beside
+        # per-column shifts: a raw word, and raw words for its data beats too (the assembler
+        # does not expect data after a .word).
+        per_column = opcode == isa.Opcode.LOAD_PARAMS and fields["column_shifts"]
+        raw = bool(beat >> isa.INSTR_BITS) or bool(per_column and fields["shift"])
         expect = _data_beats(opcode, fields, config)
         if i + 1 + len(expect) > len(beats):
             raise ValueError(f"beat {i}: the stream ends inside {opcode.name.lower()}: "
                              f"{len(beats) - i - 1} of {len(expect)} data beats")
-        for kind, data_beat in zip(expect, beats[i + 1:i + 1 + len(expect)], strict=True):
+        data_beats = beats[i + 1:i + 1 + len(expect)]
+        shift_line = bool(per_column) and not raw and expect[-1].printable(data_beats[-1],
+                                                                           config)
+        text = _format_instr(opcode, fields, shift_line)
+        lines.append(f".word {beat:#x}  # {text}" if raw else text)
+        for kind, data_beat in zip(expect, data_beats, strict=True):
             n, bits = kind.size(config)
-            if raw or data_beat >> (n * bits):
+            if raw or not kind.printable(data_beat, config):
                 lines.append(f".word {data_beat:#x}")
                 continue
             values = _unpack_row(data_beat, n, bits, kind.signed)
@@ -594,15 +695,22 @@ class Program:
         return self.instr(isa.Opcode.ACTIVATE, acc_addr=acc, ub_addr=ub, count=count,
                           func=func, pool=pool, slot=slot)
 
-    def load_params(self, slot: int, bias, multiplier, *, shift: int = 0, zp: int = 0,
-                    clamp: int = 127) -> list[int]:
+    def load_params(self, slot: int, bias, multiplier, *, shift=0, zp: int = 0,
+                    clamp: int = 127, rounding=isa.Rounding.HALF_UP) -> list[int]:
         """LOAD_PARAMS: ``bias`` and ``multiplier`` are up to ``cols`` int32 values each
-        (zero-padded); ``zp`` and ``clamp`` int8."""
-        word = encode(isa.Opcode.LOAD_PARAMS, slot=slot, shift=shift, zero_point=zp,
-                      clamp_hi=clamp)
-        bias_beat = _row_beat(_Data("bias"), np.asarray(bias).tolist(), self.config)
-        mult_beat = _row_beat(_Data("mult"), np.asarray(multiplier).tolist(), self.config)
-        return self._emit([word, bias_beat, mult_beat])
+        (zero-padded); ``zp`` and ``clamp`` int8; ``rounding`` a :class:`hdl.isa.Rounding`
+        (or its value, 3 too: the core refuses it). ``shift`` (0 to 63) is one int for every
+        column, or a sequence of up to ``cols`` per-column shifts (zero-padded): those set
+        ``column_shifts`` and go in a third data beat, the word's ``shift`` field left 0."""
+        per_column = np.ndim(shift) > 0
+        word = encode(isa.Opcode.LOAD_PARAMS, slot=slot, rounding=rounding,
+                      column_shifts=per_column, shift=0 if per_column else shift,
+                      zero_point=zp, clamp_hi=clamp)
+        beats = [word, _row_beat(_Data("bias"), np.asarray(bias).tolist(), self.config),
+                 _row_beat(_Data("mult"), np.asarray(multiplier).tolist(), self.config)]
+        if per_column:
+            beats.append(_row_beat(_Data("shift"), np.asarray(shift).tolist(), self.config))
+        return self._emit(beats)
 
 
 # Files and command line ----------------------------------------------------------------------

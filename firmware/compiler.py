@@ -202,7 +202,7 @@ class CompiledNetwork:
         self.batch_size = batch_size
         self._layouts = layouts
         self.tiles = tiles
-        self._params = params                    # (bias, multiplier, shift, zp, clamp)
+        self._params = params    # (bias, multiplier, shift, zp, clamp, rounding)
         self.resident_weights = len(tiles) <= config.weight_mem_tiles
         self.resident_params = len(params) <= config.param_slots
 
@@ -215,8 +215,9 @@ class CompiledNetwork:
         if self.resident_weights and len(self.tiles):
             p.load_weights(0, self.tiles, signed=True)
         if self.resident_params:
-            for slot, (bias, mult, shift, zp, clamp) in enumerate(self._params):
-                p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp)
+            for slot, (bias, mult, shift, zp, clamp, rounding) in enumerate(self._params):
+                p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
+                              rounding=rounding)
         p.halt()
         return p.beats, 1
 
@@ -320,8 +321,9 @@ class CompiledNetwork:
                 slot = pid
             else:
                 slot = jobs_done % c.param_slots
-                bias, mult, shift, zp, clamp = self._params[pid]
-                p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp)
+                bias, mult, shift, zp, clamp, rounding = self._params[pid]
+                p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
+                              rounding=rounding)
             pool = isa.Pool.MAX4 if plan.window == 4 else isa.Pool.NONE
             for acc, ub, rows in plan.activations(job):
                 p.activate(region + acc, ub, rows, func=plan.stage.func, pool=pool, slot=slot)
@@ -456,8 +458,12 @@ def _tiles_and_params(config: TPUConfig, network: QuantisedNetwork,
             mult = np.zeros(config.cols, dtype=np.int64)
             bias[col_ok] = st.bias[cols[col_ok]]
             mult[col_ok] = st.multiplier[cols[col_ok]]
+            shift = st.shift
+            if np.ndim(shift):                   # per column: sliced like the bias
+                shift = np.zeros(config.cols, dtype=np.int64)
+                shift[col_ok] = np.asarray(st.shift)[cols[col_ok]]
             pids.append(len(params))
-            params.append((bias, mult, st.shift, st.zero_point, st.clamp_hi))
+            params.append((bias, mult, shift, st.zero_point, st.clamp_hi, st.rounding))
         tile_ids.append(ids)
         param_ids.append(pids)
     return np.array(tiles).reshape(-1, config.rows, config.cols), params, tile_ids, param_ids

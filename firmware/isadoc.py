@@ -26,7 +26,7 @@ from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
 import sim.models.isa_sim
-from firmware.asm import ALIASES, field_specs
+from firmware.asm import ALIASES, DEFAULTS, SHIFT_RANGE, field_specs
 from hdl import isa
 from hdl.beats import DONE_MAGIC, ERROR_MAGIC, DoneBeat, ErrorBeat
 from hdl.datapath.activation import ActivationUnit
@@ -44,7 +44,10 @@ FIELD_MEANINGS = {
     "count": "number of rows (tiles for LOAD_WEIGHTS and READ_WEIGHTS); 0 is BAD_FIELD",
     "tile": "first weight tile",
     "slot": "requantisation parameter slot, 0 to param_slots - 1",
-    "shift": "rounding right shift after the multiply, 0 to 63",
+    "shift": "rounding right shift after the multiply, 0 to 63, for every column; ignored "
+             "when `column_shifts` is set",
+    "column_shifts": "1: a third data beat holds a shift per column (column `j`'s in bits "
+                     "`[32j, 32j+6)`), which replaces `shift`",
     "zero_point": "output zero point, int8 (two's complement)",
     "clamp_hi": "upper bound of CLAMP, int8 (two's complement)",
     "flags": "flags, per opcode",
@@ -107,7 +110,7 @@ def _comments(source: str) -> dict[str, str]:
             comments[last] = match.group(2).strip()
             continue
         match = re.match(r"\s*#\s*(.*)$", line)
-        if match and last is not None and line.index("#") > 20:
+        if match and last is not None and line.index("#") >= 20:
             comments[last] += " " + match.group(1).strip()
             continue
         last = None
@@ -170,15 +173,30 @@ def _layout_table(layout: type[data.Struct], opcode: isa.Opcode | None = None) -
 
 
 def _syntax(opcode: isa.Opcode) -> str:
-    parts = [opcode.name.lower()]
+    parts, optional = [opcode.name.lower()], []
     for spec in field_specs(opcode):
         if spec.kind == "flag":
-            parts.append(f"[{spec.alias}]")
+            optional.append(f"[{spec.alias}]")
         elif spec.kind == "enum":
-            parts.append(f"{spec.alias}={'|'.join(m.name.lower() for m in spec.enum)}")
+            text = f"{spec.alias}={'|'.join(m.name.lower() for m in spec.enum)}"
+            if spec.name in DEFAULTS:
+                optional.insert(0, f"[{text}]")
+            else:
+                parts.append(text)
         elif spec.kind != "reserved":
             parts.append(f"{spec.alias}=N")
-    return " ".join(parts)
+    return " ".join(parts + optional)
+
+
+#: The data lines after the instruction, in the assembler's syntax (firmware/asm.py).
+DATA_LINES = {
+    isa.Opcode.READ_HOST: "then `count` lines `.row` (`ub_row` bytes) or `.hex`",
+    isa.Opcode.LOAD_WEIGHTS: "then `count * rows` lines `.row` (`cols` bytes) or `.hex`",
+    isa.Opcode.LOAD_PARAMS: (
+        "then `.bias` and `.mult` (`cols` int32 each), and for per-column shifts a third "
+        f"line `.shift` (`cols` shifts, {SHIFT_RANGE[0]} to {SHIFT_RANGE[1]}), which sets "
+        "`column_shifts`; `shift=` is then left out. `rounding` defaults to `half_up`"),
+}
 
 
 def _activation_depth() -> str:
@@ -243,12 +261,13 @@ def generate() -> str:
             _md(layout.__doc__),
             "",
             *([_activation_depth(), ""] if opcode == isa.Opcode.ACTIVATE else []),
-            f"Assembler: `{_syntax(opcode)}`",
+            f"Assembler: `{_syntax(opcode)}`"
+            + (f", {DATA_LINES[opcode]}." if opcode in DATA_LINES else ""),
             "",
             _layout_table(layout, opcode),
             "",
         ]
-    for cls in (isa.Func, isa.Pool, isa.ErrorCode):
+    for cls in (isa.Func, isa.Rounding, isa.Pool, isa.ErrorCode):
         out += [f"## {cls.__name__}", "", _md(cls.__doc__), "", _enum_table(cls), ""]
     comments = _counter_comments()
     out += [

@@ -16,7 +16,9 @@ above the row are ignored.
   ``i`` at bits ``[8i, 8i+8)`` as a raw byte (int8 and uint8 share the 8 bits).
 - Weight row (LOAD_WEIGHTS): ``cols`` elements, element ``j`` at bits ``[8j, 8j+8)``.
 - Parameter row (LOAD_PARAMS): ``cols`` int32 values, column ``j`` at bits ``[32j, 32j+32)``,
-  two's complement.
+  two's complement. The per-column shift row (LOAD_PARAMS's third beat, with
+  ``column_shifts``) has the same layout; column ``j``'s shift is bits ``[32j, 32j+6)`` and
+  the lane's other 26 bits are ignored.
 - Counter beat (READ_COUNTERS): the 48-bit counter value.
 - DONE beat (HALT, :class:`hdl.beats.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
   of instructions in the program, the HALT included.
@@ -40,8 +42,9 @@ until written, as their written flags are cleared):
 - the weight queue: tiles read by READ_WEIGHTS and not yet switched in, at most
   ``weight_fifo_depth + 1`` (the weight FIFO plus the array's shadow registers);
 - the active tile: the one MATMUL multiplies by (none until the first switch);
-- ``param_slots`` parameter slots: per-column int32 ``bias`` and ``multiplier``, ``shift``
-  (0..63), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields).
+- ``param_slots`` parameter slots: per-column int32 ``bias`` and ``multiplier``, a
+  per-column ``shift`` (0..63), the ``rounding`` mode (:class:`hdl.isa.Rounding`, HALF_UP at
+  reset), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields).
 
 Instructions
 ------------
@@ -60,15 +63,22 @@ Instructions
   (int8 or uint8 per its flag), wrapped to int32; accumulator row ``acc_addr+i`` becomes
   ``wrap32(acc + psum)`` if ``accumulate`` else ``psum``.
 - ACTIVATE: ``window`` is 1, 2, 4 for ``pool`` NONE, MAX2, MAX4. Parameter slot ``slot``
-  holds per column ``j`` an int32 ``bias[j]`` and ``multiplier[j]``, and ``shift``,
-  ``z = zero_point`` and ``clamp_hi``. For every accumulator value ``a`` of rows
-  ``acc_addr..acc_addr+count-1``, column ``j``, on exact integers
-  (``golden.requantise`` and ``golden.activate``):
+  holds per column ``j`` an int32 ``bias[j]``, ``multiplier[j]`` and a shift ``s = shift[j]``
+  (0..63), and for all columns the rounding mode, ``z = zero_point`` and ``clamp_hi``. For
+  every accumulator value ``a`` of rows ``acc_addr..acc_addr+count-1``, column ``j``, on
+  exact integers (``golden.requantise`` and ``golden.activate``):
 
   1. ``t = wrap32(a + bias[j])``: the sum modulo 2**32 as a two's complement int32;
   2. ``p = t * multiplier[j]``, exact (``|p| <= 2**62``);
-  3. ``r = floor((p + 2**(shift - 1)) / 2**shift)`` when ``shift >= 1`` (round to nearest,
-     ties towards +infinity; an arithmetic right shift), ``r = p`` when ``shift == 0``;
+  3. ``r = p`` when ``s == 0``; otherwise ``p / 2**s`` rounded to an integer by the slot's
+     rounding mode (``golden.rounding_shift``; see Rounding modes below):
+     - HALF_UP: ``r = floor((p + 2**(s - 1)) / 2**s)`` (to nearest, ties towards +infinity;
+       an arithmetic right shift);
+     - HALF_EVEN: ``r`` the integer nearest ``p / 2**s``, on a tie the even one;
+     - DOUBLE: as HALF_UP when ``s <= 31``; above, in two steps:
+       ``h = floor((p + 2**30) / 2**31)`` (to nearest, ties towards +infinity), then, with
+       ``e = s - 31``, ``r = floor(h / 2**e) + (1 if (h mod 2**e) > 2**(e-1) - 1 +
+       (1 if h < 0 else 0) else 0)`` (``h / 2**e`` to nearest, ties away from zero);
   4. ``q = clamp(clamp(r, -2**31, 2**31 - 1) + z, -128, 127)``: the zero point is added
      after the shift and before the function;
   5. ``f = q`` (IDENTITY), ``max(q, z)`` (RELU), ``min(max(q, z), clamp_hi)`` (CLAMP),
@@ -83,10 +93,85 @@ Instructions
 
   The ``count / window`` rows of ``y`` go to unified-buffer rows ``ub_addr..``: elements
   ``0..cols-1`` the results as raw bytes, elements ``cols..ub_row-1`` zero.
-- LOAD_PARAMS: ``shift``, ``zero_point`` and ``clamp_hi`` of slot ``slot`` from the
-  instruction, then two data beats: the bias row and the multiplier row.
+- LOAD_PARAMS: ``rounding``, ``zero_point`` and ``clamp_hi`` of slot ``slot`` from the
+  instruction, and with ``column_shifts`` clear its ``shift`` for every column; then two
+  data beats, the bias row and the multiplier row, and with ``column_shifts`` set a third,
+  the per-column shift row (the instruction's ``shift`` field is then ignored).
 - READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
 - CLEAR_COUNTERS: zeroes every counter.
+
+Rounding modes
+--------------
+The slot's ``rounding`` (:class:`hdl.isa.Rounding`) says how step 3 of ACTIVATE rounds
+``p / 2**s``, ``p = t * multiplier[j]`` exact and ``1 <= s <= 63`` (``s == 0`` is exact in
+every mode), with ``floor`` rounding towards minus infinity:
+
+- HALF_UP (0): ``r = floor((p + 2**(s-1)) / 2**s)``: to nearest, a tie (``p / 2**s`` an odd
+  multiple of 1/2) goes up, towards +infinity, for negative ``p`` too.
+- HALF_EVEN (1): ``r = floor(p / 2**s)``, plus 1 if ``p mod 2**s > 2**(s-1)``, or if
+  ``p mod 2**s == 2**(s-1)`` and ``floor(p / 2**s)`` is odd: to nearest, a tie to the even
+  neighbour (IEEE 754's default, numpy's ``rint``, C's ``nearbyint``).
+- DOUBLE (2): TFLite's reference kernels, which round twice. For ``s <= 31`` as HALF_UP.
+  For ``s > 31``: ``h = floor((p + 2**30) / 2**31)`` (gemmlowp's
+  SaturatingRoundingDoublingHighMul, ties up), then with ``e = s - 31``,
+  ``mask = 2**e - 1`` and ``threshold = floor(mask / 2) + (1 if h < 0 else 0)``,
+  ``r = floor(h / 2**e) + (1 if (h mod 2**e) > threshold else 0)`` (gemmlowp's
+  RoundingDivideByPOT: ``h / 2**e`` to nearest, ties away from zero). Rounding twice is not
+  rounding once: ``p = 2**31 - 1``, ``s = 32`` is just below 1/2, so HALF_UP and HALF_EVEN
+  give 0, but ``h = 1`` and ``1 / 2`` rounds away from zero to 1; ``p = -2**31``, ``s = 32``
+  (exactly -1/2) gives 0 in HALF_UP and HALF_EVEN, -1 in DOUBLE.
+- 3 is not a rounding mode: LOAD_PARAMS fails with BAD_FIELD.
+
+**DOUBLE is TFLite's MultiplyByQuantizedMultiplier.** TFLite's reference kernels requantise
+an int32 ``x`` (accumulator plus bias) with a Q31 multiplier ``M`` and a shift ``n``
+(``n > 0`` a left shift) as ``RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(x *
+2**L, M), R)``, ``L = max(n, 0)``, ``R = max(-n, 0)``. With ``multiplier = M`` and
+``s = 31 - n`` (so ``-32 <= n <= 31``), DOUBLE computes exactly that for every ``x`` whose
+left shift ``x * 2**L`` fits int32:
+
+- the doubling high multiply of ``a`` and ``b`` is ``(a*b + nudge) / 2**31`` truncated
+  towards zero, ``nudge = 2**30`` for ``a*b >= 0`` and ``1 - 2**30`` otherwise; for
+  ``a*b < 0`` truncation is ``ceil``, and ``ceil((a*b + 1 - 2**30) / 2**31) =
+  floor((a*b + 2**30) / 2**31)``, so in both cases it is ``floor((a*b + 2**30) / 2**31)``,
+  the ``h`` above with ``a*b = x * 2**L * M``;
+- ``n <= 0``: ``L = 0``, ``a*b = p``, ``R = s - 31 = e`` and RoundingDivideByPOT is the
+  second step above, term for term; its one saturation (``a = b = -2**31``, ``h = 2**31``
+  becomes ``2**31 - 1``) gives the same ``r`` after ``r`` is clamped to int32 (``e = 0``) or
+  divided (``e >= 1``: ``2**(31-e)`` either way, the ``2**31 - 1`` case a tie at ``e = 1``
+  rounded away from zero);
+- ``n > 0``: ``R = 0`` and ``floor((x * 2**L * M + 2**30) / 2**31) = floor((p +
+  2**(s-1)) / 2**s)`` with ``s = 31 - L <= 31``: HALF_UP, which is DOUBLE for ``s <= 31``.
+  TFLite computes ``x * 2**L`` in int32; where that overflows TFLite's result is not the
+  rounded product (the wrapped value, or undefined in C++), and the core's is.
+
+TFLite then adds the output zero point and clamps to the fused activation's range, the
+core's step 4 and its RELU (``max(q, z)``) or CLAMP (``min(max(q, z), clamp_hi)``).
+
+**HALF_EVEN reproduces a float32 scale.** onnxruntime's CPU kernels (and the ONNX
+QuantizeLinear and QLinearMatMul specifications) requantise as
+``nearbyint(float32(t) * S)``, ``S`` the float32 scale ``a_scale * w_scale / y_scale``
+computed in float32 and the product rounded to float32, ``nearbyint`` rounding half to even;
+then the zero point and saturation. A positive normal float32 is exactly
+``S = m * 2**-s`` with its 24-bit significand ``2**23 <= m < 2**24`` (or ``m`` with its
+trailing zero bits dropped and ``s`` lowered to match); with ``multiplier = m`` and that
+``s`` (per column for per-channel scales: ``s`` follows each scale's exponent, which is why
+shifts are per column; ``0 <= s <= 63`` holds for ``2**-40 <= S < 2**24``, and smaller scales
+give ``|t * S| < 2**-9``, so ``r = 0`` and multiplier 0 reproduces them) HALF_EVEN computes
+``x = t * S`` exactly and rounds it half to even, so it equals onnxruntime's result wherever
+onnxruntime's float32 arithmetic rounds ``x`` to the same integer. Float32 rounding is
+monotone and every half-integer ``h`` with ``|h| < 2**23`` is a float32, so a rounded value
+never passes such an ``h``: if ``x < h`` then ``fl(x) <= fl(h) = h``. The two can differ
+only where
+
+1. the float32 product lands exactly on a half-integer that the exact product is not on
+   (``|x - h| <= ulp(h) / 2``, about ``2**-17`` for ``|h|`` near 128), and half to even then
+   picks the neighbour on the other side of ``h`` from ``x``; or
+2. ``|t| > 2**24``, where ``float32(t)`` is itself rounded, so ``float32(t) * S`` differs
+   from ``x`` by up to a relative ``2**-24`` and can pass a half-integer ``x`` is near.
+
+A tie of the exact product (``x = h``) is a float32 and rounds half to even on both sides;
+outputs beyond int8 saturate alike on both sides. So the two agree except where a float32
+rounding crosses (or lands on) a tie.
 
 Errors
 ------
@@ -96,7 +181,7 @@ beats are consumed). The first failing check, in this order, sets the error:
 1. UNKNOWN_OPCODE: opcode 12..15.
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
    ACTIVATE; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0`` or
-   ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots``.
+   ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``.
 3. SIGNEDNESS: LOAD_WEIGHTS or MATMUL with ``signed`` clear on a core built for int8 only
    (``operands="int8"``).
 4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL) or
@@ -192,7 +277,8 @@ class ParamSlot:
     """One requantisation parameter slot."""
     bias: np.ndarray        # cols int32 values
     multiplier: np.ndarray  # cols int32 values
-    shift: int = 0
+    shift: np.ndarray       # cols shifts, 0..63 (the scalar for each column, or per column)
+    rounding: isa.Rounding = isa.Rounding.HALF_UP
     zero_point: int = 0
     clamp_hi: int = 0
 
@@ -261,6 +347,7 @@ class IsaSim:
         self.queue: list[tuple[np.ndarray, bool]] = []
         self.active: tuple[np.ndarray, bool] | None = None
         self.params = [ParamSlot(np.zeros(c.cols, dtype=np.int64),
+                                 np.zeros(c.cols, dtype=np.int64),
                                  np.zeros(c.cols, dtype=np.int64))
                        for _ in range(c.param_slots)]
         self.output: list[int | None] = []
@@ -480,7 +567,7 @@ class IsaSim:
         self._check_acc(f["acc_addr"], count)
         p = self.params[slot]
         q = golden.requantise(self.acc[f["acc_addr"]:f["acc_addr"] + count], p.bias,
-                              p.multiplier, p.shift, p.zero_point)
+                              p.multiplier, p.shift, p.zero_point, p.rounding.value)
         y = golden.max_pool_rows(golden.activate(q, func.value, p.zero_point, p.clamp_hi),
                                  window)
         out = self.ub[f["ub_addr"]:f["ub_addr"] + count // window]
@@ -488,14 +575,18 @@ class IsaSim:
         out[:, self.config.cols:] = 0
 
     def _op_load_params(self, f) -> None:
-        slot = f["slot"]
-        if slot >= self.config.param_slots:
+        slot, rounding = f["slot"], f["rounding"]
+        if slot >= self.config.param_slots or not isinstance(rounding, isa.Rounding):
             raise _Error(isa.ErrorCode.BAD_FIELD)
+        cols = self.config.cols
         p = self.params[slot]
-        p.shift = int(f["shift"])
+        p.rounding = rounding
         p.zero_point = _int8(f["zero_point"])
         p.clamp_hi = _int8(f["clamp_hi"])
-        size = data.Layout.cast(param_row_beat(self.config.cols)).size
+        if not f["column_shifts"]:
+            p.shift = np.full(cols, f["shift"], dtype=np.int64)
+        size = data.Layout.cast(param_row_beat(cols)).size
+        shift_mask = (1 << data.Layout.cast(isa.LoadParams)["shift"].width) - 1
 
         def bias(beat: int) -> None:
             p.bias = _row(beat, size, np.dtype("<i4")).astype(np.int64)
@@ -503,7 +594,10 @@ class IsaSim:
         def multiplier(beat: int) -> None:
             p.multiplier = _row(beat, size, np.dtype("<i4")).astype(np.int64)
 
-        self._pending = [bias, multiplier]
+        def shifts(beat: int) -> None:
+            p.shift = _row(beat, size, np.dtype("<u4")).astype(np.int64) & shift_mask
+
+        self._pending = [bias, multiplier] + [shifts] * f["column_shifts"]
 
     def _op_read_counters(self, f) -> None:
         self.output.extend(self.counters().values())

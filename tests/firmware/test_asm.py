@@ -45,7 +45,7 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
         _, decoded = decode(word)
         n_data = {isa.Opcode.READ_HOST: decoded.get("count", 0),
                   isa.Opcode.LOAD_WEIGHTS: decoded.get("count", 0) * config.rows,
-                  isa.Opcode.LOAD_PARAMS: 2}.get(opcode, 0)
+                  isa.Opcode.LOAD_PARAMS: 2 + decoded.get("column_shifts", 0)}.get(opcode, 0)
         row_bits = {isa.Opcode.READ_HOST: 8 * config.ub_row,
                     isa.Opcode.LOAD_WEIGHTS: 8 * config.cols}.get(opcode, 32 * config.cols)
         for _ in range(n_data):
@@ -141,6 +141,97 @@ def test_example_program():
     assert assemble(text) == p.beats
 
 
+ROUNDING_EXAMPLE = """\
+load_params slot=0 shift=12 zp=-3 clamp=127
+.bias 0 0 0 0 0 0 0 0
+.mult 1 1 1 1 1 1 1 1
+load_params slot=1 shift=31 zp=0 clamp=127 rounding=half_even
+.bias 0 0 0 0 0 0 0 0
+.mult 1 1 1 1 1 1 1 1
+load_params slot=2 zp=5 clamp=-1 rounding=double
+.bias 1 2 3 4 5 6 7 8
+.mult -2147483648 2147483647 0 0 0 0 0 1
+.shift 0 31 32 62 63 1 2 3
+load_params slot=3 zp=0 clamp=0
+.bias 0 0 0 0 0 0 0 0
+.mult 0 0 0 0 0 0 0 0
+.shift 7 7 7 7 7 7 7 7
+halt
+"""
+
+
+def test_rounding_and_per_column_shifts():
+    """``rounding=`` defaults to half_up and prints only when it is not; a ``.shift`` line
+    after ``.mult`` sets column_shifts and is the third beat (shift 0 in the word); the
+    builder's per-column ``shift`` gives the same beats; canonical text round-trips."""
+    config = PRESETS["default"]
+    p = Program(config)
+    p.load_params(0, [0] * 8, [1] * 8, shift=12, zp=-3, clamp=127)
+    p.load_params(1, [0] * 8, [1] * 8, shift=31, zp=0, rounding=isa.Rounding.HALF_EVEN)
+    p.load_params(2, [1, 2, 3, 4, 5, 6, 7, 8], [-2**31, 2**31 - 1, 0, 0, 0, 0, 0, 1],
+                  shift=np.array([0, 31, 32, 62, 63, 1, 2, 3]), zp=5, clamp=-1,
+                  rounding=isa.Rounding.DOUBLE)
+    p.load_params(3, [], [], shift=[7] * 8, zp=0, clamp=0)
+    p.halt()
+    beats = assemble(ROUNDING_EXAMPLE, config)
+    assert beats == p.beats
+    assert len(beats) == 1 + 3 + 3 + 4 + 4
+    assert p.text() == ROUNDING_EXAMPLE
+    fields = decode(beats[6])[1]
+    assert (fields["rounding"], fields["column_shifts"], fields["shift"]) == (2, 1, 0)
+    assert decode(beats[3])[1]["rounding"] == isa.Rounding.HALF_EVEN.value
+    assert decode(beats[0])[1]["rounding"] == isa.Rounding.HALF_UP.value
+    assert beats[9] == sum(s << (32 * j) for j, s in enumerate([0, 31, 32, 62, 63, 1, 2, 3]))
+    # The flag may be written too; the layout name and a number for rounding as well.
+    assert assemble("load_params slot=2 zp=5 clamp=-1 rounding=2 column_shifts\n"
+                    + "\n".join(ROUNDING_EXAMPLE.splitlines()[7:10]) + "\n", config) == \
+        beats[6:10]
+    # A short per-column row is zero-padded, like bias and multiplier.
+    short = Program(config).load_params(0, [], [], shift=[5, 6])
+    assert short[3] == 5 | 6 << 32
+
+
+def test_per_column_shift_words_the_text_cannot_write():
+    """column_shifts with a non-zero shift field (the core ignores it; the assembler refuses
+    to write both) comes out as raw words; a shift beat with bits set beyond the six shift
+    bits of a lane as the flag and a .word; rounding=3 (the core refuses it) as a number.
+    All assemble back to the same beats."""
+    config = PRESETS["tiny"]                                   # 2 columns, host_width 64
+    odd = encode(isa.Opcode.LOAD_PARAMS, slot=1, column_shifts=1, shift=9)
+    text = disassemble([odd, 1, 2, 3], config)
+    assert text.splitlines() == [
+        f".word {odd:#x}  # load_params slot=1 shift=9 zp=0 clamp=0 column_shifts",
+        ".word 0x1", ".word 0x2", ".word 0x3"]
+    assert assemble(text, config) == [odd, 1, 2, 3]
+    word = encode(isa.Opcode.LOAD_PARAMS, slot=1, column_shifts=1, rounding=3)
+    junk = 5 | 1 << 6 | 63 << 32                                # bit 6 of lane 0 set
+    text = disassemble([word, 0, 0, junk], config)
+    assert text.splitlines() == ["load_params slot=1 zp=0 clamp=0 rounding=3 column_shifts",
+                                 ".bias 0 0", ".mult 0 0", f".word {junk:#x}"]
+    assert assemble(text, config) == [word, 0, 0, junk]
+    assert disassemble([word, 0, 0, 5 | 63 << 32], config).splitlines() == [
+        "load_params slot=1 zp=0 clamp=0 rounding=3", ".bias 0 0", ".mult 0 0", ".shift 5 63"]
+
+
+def test_per_column_shift_errors():
+    p = Program(PRESETS["tiny"])
+    with pytest.raises(AsmError, match=r"^shift row value 64 is out of range; allowed: 0 to 63, "
+                                       r"a per-column shift$"):
+        p.load_params(0, [0], [0], shift=[1, 64])
+    with pytest.raises(AsmError, match=r"^shift row value -1 is out of range; allowed: 0 to 63"):
+        p.load_params(0, [0], [0], shift=np.array([-1]))
+    with pytest.raises(AsmError, match=r"^shift row has 3 values; allowed: at most 2$"):
+        p.load_params(0, [0], [0], shift=[1, 2, 3])
+    with pytest.raises(AsmError, match=r"^load_params field shift=64 is out of range; "
+                                       r"allowed: 0 to 63 \(6 bits\)$"):
+        p.load_params(0, [0], [0], shift=64)
+    with pytest.raises(AsmError, match=r"^load_params field rounding=4 is out of range; "
+                                       r"allowed: half_up, half_even, double or 0 to 3 "
+                                       r"\(2 bits\)$"):
+        p.load_params(0, [0], [0], rounding=4)
+    assert p.beats == [] and p.instructions == 0
+
+
 def test_layout_names_flag_values_and_numbers():
     a = assemble("matmul ub_addr=0x10 acc_addr=3 count=1 signed=1 switch=0\n"
                  "load_params slot=1 shift=0x3f zero_point=-1 clamp_hi=-128\n"
@@ -150,8 +241,9 @@ def test_layout_names_flag_values_and_numbers():
     assert decode(a[0]) == (isa.Opcode.MATMUL, {
         "accumulate": 0, "switch": 0, "signed": 1, "_flag": 0, "ub_addr": 16, "acc_addr": 3,
         "count": 1, "_c": 0})
-    assert decode(a[1])[1] == {"_flags": 0, "slot": 1, "_pad": 0, "shift": 63, "_pad2": 0,
-                               "zero_point": -1, "clamp_hi": -128, "_pad3": 0}
+    assert decode(a[1])[1] == {"_flags": 0, "slot": 1, "rounding": 0, "column_shifts": 0,
+                               "_pad": 0, "shift": 63, "_pad2": 0, "zero_point": -1,
+                               "clamp_hi": -128, "_pad3": 0}
     assert decode(a[4])[1] == {"_flags": 5, "acc_addr": 0, "ub_addr": 0, "count": 7,
                                "func": 3, "pool": 2, "slot": 0}
     assert len(a) == 6
@@ -241,7 +333,43 @@ ERRORS = [
     ("load_params slot=0 shift=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 4294967296", "line 2: "
      ".bias value 4294967296 is out of range; allowed: -2147483648 to 4294967295 (int32 or "
      "uint32)"),
-    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .bias, .mult, .word"),
+    ("load_params slot=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n.mult 0 0 0 0 0 0 0 0\nhalt",
+     "line 1: load_params is missing field shift; required: slot, shift, zp, clamp (or "
+     "per-column shifts: a .shift line after .mult)"),
+    ("load_params slot=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n.mult 0 0 0 0 0 0 0 0",
+     "line 1: load_params is missing field shift; required: slot, shift, zp, clamp (or "
+     "per-column shifts: a .shift line after .mult)"),
+    ("load_params slot=0 zp=0\n.bias 0 0 0 0 0 0 0 0", "line 1: load_params is missing "
+     "field clamp; required: slot, shift, zp, clamp"),
+    ("load_params slot=0 shift=3 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n"
+     ".mult 0 0 0 0 0 0 0 0\n.shift 1 1 1 1 1 1 1 1", "line 4: load_params at line 1 gives "
+     "shift= and a .shift line; allowed: one of them (per-column shifts replace shift, which "
+     "the core then ignores)"),
+    ("load_params slot=0 shift=3 zp=0 clamp=0 column_shifts", "line 1: load_params gives "
+     "shift= and column_shifts; allowed: one of them (per-column shifts replace shift, which "
+     "the core then ignores)"),
+    ("load_params slot=0 zp=0 clamp=0 column_shifts\n.bias 0 0 0 0 0 0 0 0\n"
+     ".mult 0 0 0 0 0 0 0 0\nhalt", "line 1: load_params needs 3 data lines (.shift or "
+     ".word), got 2 before line 4; allowed: exactly 3"),
+    ("load_params slot=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n.shift 1 1 1 1 1 1 1 1",
+     "line 3: load_params expects .mult here, got .shift; allowed: .mult or .word"),
+    ("load_params slot=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n.mult 0 0 0 0 0 0 0 0\n"
+     ".shift 1 1 1 1 1 1 1 64", "line 4: .shift value 64 is out of range; allowed: 0 to 63 "
+     "(a per-column shift)"),
+    ("load_params slot=0 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n.mult 0 0 0 0 0 0 0 0\n"
+     ".shift 1 1 1", "line 4: .shift has 3 values; allowed: exactly 8"),
+    ("load_params slot=0 shift=1 zp=0 clamp=0\n.bias 0 0 0 0 0 0 0 0\n"
+     ".mult 0 0 0 0 0 0 0 0\nhalt\n.shift 1 1 1 1 1 1 1 1", "line 5: unexpected .shift: "
+     "halt at line 4 takes 0 data lines; allowed: exactly 0"),
+    (".shift 1", "line 1: .shift without an instruction that takes data; allowed: data lines "
+     "after read_host, load_weights, load_params"),
+    ("load_params slot=0 shift=1 zp=0 clamp=0 rounding=nearest", "line 1: load_params field "
+     "rounding='nearest' is not a value; allowed: half_up, half_even, double or 0 to 3 "
+     "(2 bits)"),
+    ("load_params slot=0 shift=1 zp=0 clamp=0 rounding=4", "line 1: load_params field "
+     "rounding=4 is out of range; allowed: half_up, half_even, double or 0 to 3 (2 bits)"),
+    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .bias, .mult, "
+     ".shift, .word"),
     (".word 1 2", "line 1: .word takes 1 value, got 2; allowed: one beat, 0 to "
      "0xffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"),
     (".word -1", "line 1: .word value -1 is out of range; allowed: 0 to "

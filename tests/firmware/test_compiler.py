@@ -9,6 +9,7 @@ buffer), so a CompileError is expected exactly where the prediction says so.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from math import ceil
@@ -23,7 +24,7 @@ from firmware.quant import QuantError, QuantisedNetwork, quantise, reference_for
 from firmware.runtime import run
 from firmware.transports.isa import IsaSimDevice
 from hdl.config import TPUConfig
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from hdl.presets import get_config
 
 SEED = 7_000
@@ -511,6 +512,79 @@ def test_odd_configurations(seed, config_name):
                                  batch_size=min(3, largest_batch(qnet, config)))
         if config_name == "minimal":
             assert not compiled.resident_weights and not compiled.resident_params
+
+
+# Rounding modes and per-column shifts -------------------------------------------------------
+
+def per_column_requantisation(qnet: QuantisedNetwork, rng, roundings) -> QuantisedNetwork:
+    """``qnet`` with every stage requantising per column, as TFLite and onnxruntime models
+    do: each column's ``multiplier / 2**shift`` re-expressed with its own shift (a Q31
+    multiplier in [2**30, 2**31) for most columns, a power of two for some, which makes
+    exact ties common), and the stages' rounding modes taken in turn from ``roundings``."""
+    stages = []
+    for i, st in enumerate(qnet.stages):
+        real = st.multiplier / 2.0 ** np.asarray(st.shift)
+        mult = np.zeros(st.n, dtype=np.int64)
+        shift = np.zeros(st.n, dtype=np.int64)
+        for j, r in enumerate(real):
+            if r <= 0:
+                continue
+            e = int(np.floor(np.log2(r)))
+            if rng.random() < 0.3:                       # a power of two: m = 2**30
+                mult[j], shift[j] = 1 << 30, 30 - e
+            else:
+                mult[j], shift[j] = round(r * 2.0 ** (30 - e)), 30 - e
+                if mult[j] == 1 << 31:
+                    mult[j], shift[j] = 1 << 30, shift[j] - 1
+        assert shift.min() >= 0 and shift.max() <= 63, (st.name, shift)
+        stages.append(dataclasses.replace(st, multiplier=mult, shift=shift,
+                                          rounding=roundings[i % len(roundings)]))
+    return QuantisedNetwork(qnet.name, qnet.input_shape, qnet.input_q, stages)
+
+
+ROUNDING_ORDERS = [(Rounding.DOUBLE, Rounding.HALF_EVEN), (Rounding.HALF_EVEN, Rounding.DOUBLE),
+                   (Rounding.DOUBLE,), (Rounding.HALF_EVEN, Rounding.HALF_UP)]
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("seed", range(SEED, SEED + 4))
+def test_per_column_shifts_and_rounding_modes(seed, config_name):
+    """CNNs whose stages requantise with a shift per output column and DOUBLE or HALF_EVEN
+    rounding, compiled and run on the ISA simulator, equal quant.reference_forward (the
+    per-column shifts are sliced per column block like the bias)."""
+    rng, net, data = random_cnn(seed)
+    qnet = per_column_requantisation(calibrate(net, data), rng,
+                                     ROUNDING_ORDERS[(seed - SEED) % len(ROUNDING_ORDERS)])
+    label = f"seed {seed} cnn {net.input_shape}, per-column shifts, " + ", ".join(
+        st.rounding.name for st in qnet.stages)
+    check_case(qnet, config_name, data, rng, label, mode=seed % 3)
+
+
+def test_per_column_rounding_reaches_the_core_when_parameters_stream():
+    """Parameter sets streamed per ACTIVATE (more sets than slots) carry their per-column
+    shifts and rounding modes too; with ties planted (power-of-two multipliers), rounding
+    every stage HALF_UP instead changes the outputs."""
+    config = get_config("default")
+    rng = np.random.default_rng([SEED, 36])
+    net = nn.Network((10,), [nn.Dense(rng.normal(size=(10, 20)), rng.normal(size=20)),
+                             nn.ReLU6(), nn.Dense(rng.normal(size=(20, 35)))])
+    data = rng.normal(size=(9, 10))
+    qnet = per_column_requantisation(quantise(net, data), rng,
+                                     (Rounding.DOUBLE, Rounding.HALF_EVEN))
+    for st in qnet.stages:
+        st.multiplier = np.where(st.multiplier > 0, 1 << 30, 0)   # ties wherever possible
+    x_q = np.concatenate([quantised_inputs(rng, qnet, data),
+                          rng.integers(-128, 128, (40, 10))])
+    compiled = check_on_core(qnet, config, x_q, "streamed per-column params", batch_size=4)
+    assert compiled.resident_weights and not compiled.resident_params
+    setup, _ = compiled.setup_program()
+    batch = next(iter(compiled.batches(x_q)))
+    text = disassemble(batch.beats, config)
+    assert "rounding=double" in text and "rounding=half_even" in text
+    assert text.count(".shift ") == mnemonics(batch.beats, config).count("load_params") == 8
+    half_up = QuantisedNetwork(qnet.name, qnet.input_shape, qnet.input_q, [
+        dataclasses.replace(st, rounding=Rounding.HALF_UP) for st in qnet.stages])
+    assert not np.array_equal(reference_forward(half_up, x_q), reference_forward(qnet, x_q))
 
 
 # Streaming weights and parameters ------------------------------------------------------------

@@ -34,7 +34,7 @@ def test_everything_is_documented():
             hi = field.offset + field.width - 1
             bits = f"{field.offset}" if field.width == 1 else f"{hi}:{field.offset}"
             assert f"| `{name}` | {bits} | {field.width} |" in text, (opcode, name)
-    for cls in (isa.Func, isa.Pool, isa.ErrorCode):
+    for cls in (isa.Func, isa.Rounding, isa.Pool, isa.ErrorCode):
         for member in cls:
             assert f"| {member.value} | `{member.name}` |" in text
     for i, name in enumerate(isa.COUNTERS):

@@ -53,7 +53,9 @@ def assert_same_state(a: dict, b: dict):
     for pa, pb in zip(a["params"], b["params"], strict=True):
         assert np.array_equal(pa.bias, pb.bias)
         assert np.array_equal(pa.multiplier, pb.multiplier)
-        assert (pa.shift, pa.zero_point, pa.clamp_hi) == (pb.shift, pb.zero_point, pb.clamp_hi)
+        assert np.array_equal(pa.shift, pb.shift)
+        assert (pa.rounding, pa.zero_point, pa.clamp_hi) == \
+            (pb.rounding, pb.zero_point, pb.clamp_hi)
     assert a["counters"] == b["counters"]
     assert a["output"] == b["output"]
 
@@ -71,8 +73,9 @@ def test_reset_state_is_zero():
     assert sim.acc.shape == (64, 4) and not sim.acc.any()
     assert sim.weights.shape == (8, 8, 4) and not sim.weights.any()
     assert not sim.weight_written.any() and sim.queue == [] and sim.active is None
-    assert all(not p.bias.any() and not p.multiplier.any() and p.shift == p.zero_point ==
-               p.clamp_hi == 0 for p in sim.params)
+    assert all(not p.bias.any() and not p.multiplier.any() and not p.shift.any()
+               and p.shift.shape == (4,) and p.rounding == isa.Rounding.HALF_UP
+               and p.zero_point == p.clamp_hi == 0 for p in sim.params)
     assert sim.status.error is False and sim.status.code == isa.ErrorCode.NONE
     assert sim.status.instr_index == 0 and sim.status.halted is False
     assert sim.counters() == {name: 0 if name in DETERMINISTIC_COUNTERS else None
@@ -260,8 +263,105 @@ def test_load_params_fields():
     slot = sim.params[1]
     assert slot.bias.tolist() == [-2**31, 2**31 - 1, -1, 5]
     assert slot.multiplier.tolist() == [7, -7, 2**31 - 1, -2**31]
-    assert (slot.shift, slot.zero_point, slot.clamp_hi) == (63, -128, -1)
-    assert not sim.params[0].bias.any() and sim.params[0].shift == 0
+    assert slot.shift.tolist() == [63] * 4
+    assert (slot.rounding, slot.zero_point, slot.clamp_hi) == (isa.Rounding.HALF_UP, -128, -1)
+    assert not sim.params[0].bias.any() and not sim.params[0].shift.any()
+    # Per-column shifts (the third beat) and a rounding mode; the lanes' bits above the six
+    # shift bits are ignored, and a later scalar LOAD_PARAMS sets every column again.
+    p = Program(c)
+    p.load_params(1, [1, 2, 3, 4], [5, 6, 7, 8], shift=[0, 31, 62, 63], zp=3, clamp=4,
+                  rounding=isa.Rounding.DOUBLE)
+    p.beats[-1] |= sum(((1 << 26) - 1) << (32 * j + 6) for j in range(4))
+    p.beats[-1] |= ((1 << c.host_width) - 1) >> (32 * 4) << (32 * 4)    # above the row
+    sim.feed(p.beats)
+    assert sim.params[1].shift.tolist() == [0, 31, 62, 63]
+    assert sim.params[1].rounding == isa.Rounding.DOUBLE
+    assert sim.params[1].bias.tolist() == [1, 2, 3, 4]
+    assert sim.params[0].rounding == isa.Rounding.HALF_UP
+    sim.feed(Program(c).load_params(1, [], [], shift=9, rounding=isa.Rounding.HALF_EVEN))
+    assert sim.params[1].shift.tolist() == [9] * 4
+    assert sim.params[1].rounding == isa.Rounding.HALF_EVEN
+    assert sim.expecting_data == 0 and not sim.status.error
+
+
+def test_load_params_per_column_shifts_wait_for_the_third_beat():
+    """With column_shifts the instruction completes after its third beat (``instructions``
+    counts it then); without, after its second; the word's shift field is ignored."""
+    c = TALL
+    sim = IsaSim(c)
+    word = encode(isa.Opcode.LOAD_PARAMS, slot=0, column_shifts=1, shift=50)
+    sim.feed([word, 0, 0])
+    assert sim.expecting_data == 1
+    assert sim.counters()["instructions"] == 0
+    sim.feed([7 | 8 << 32 | 9 << 64 | 10 << 96])
+    assert sim.expecting_data == 0
+    assert sim.params[0].shift.tolist() == [7, 8, 9, 10]
+    assert sim.counters()["instructions"] == 1
+    sim.feed([encode(isa.Opcode.LOAD_PARAMS, slot=0, shift=50), 0, 0])
+    assert sim.expecting_data == 0 and sim.params[0].shift.tolist() == [50] * 4
+    assert sim.counters()["instructions"] == 2
+
+
+ROUNDINGS = list(isa.Rounding)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS, ids=lambda r: r.name)
+@pytest.mark.parametrize("per_column", [False, True], ids=["scalar", "per-column"])
+def test_rounding_modes_and_per_column_shifts_match_golden(rounding, per_column):
+    """Every rounding mode, with one shift or a shift per column (the extremes 0, 31, 32, 62,
+    63 among them), on accumulators and multipliers chosen so that ties, near-ties and
+    saturation all occur: the unified buffer holds golden.requantise's values. Two slots
+    with different modes are loaded, so each ACTIVATE must use its own slot's mode."""
+    rng = rng_for(f"rounding{rounding.value}{per_column}")
+    c = TPUConfig(rows=2, cols=8, ub_depth=64, acc_depth=64, weight_mem_tiles=2,
+                  param_slots=2)
+    rows = 48
+    # x @ [[1, 0...], [0, 1...]] puts x's two columns into accumulator columns 0 and 1; the
+    # bias then makes the int32 sum t each column needs (acc + bias wraps, as the core's).
+    x = rng.integers(-128, 128, (rows, c.rows))
+    tile = np.zeros((c.rows, c.cols), dtype=np.int64)
+    tile[0, :] = 1
+    tile[1, ::2] = -1
+    acc = golden.matmul(x, tile)
+    # Column 2 (shift 32, multiplier -2**31, bias 0) tells the modes apart: p = -t * 2**31,
+    # an exact tie for odd t, which HALF_UP rounds up, HALF_EVEN to even and DOUBLE away from
+    # zero.
+    shift = np.array([0, 31, 32, 62, 63, 1, 16, 40]) if per_column else np.full(c.cols, 32)
+    # Multipliers that make exact ties at each column's shift for some rows: t * m an odd
+    # multiple of 2**(s-1) when t is odd and m = 2**(s-1) (s <= 32); the int32 extremes
+    # elsewhere (saturation, and p = 2**62 at s = 63).
+    mult = np.array([int(m) for m in rng.choice([-2**31, 2**31 - 1, -1, 1, 3], c.cols)])
+    for j, sj in enumerate(shift):
+        if 1 <= sj <= 32 and rng.random() < 0.7:
+            mult[j] = 1 << (sj - 1) if sj <= 31 else -2**31
+    bias = rng.integers(-2**31, 2**31, c.cols)
+    bias[rng.random(c.cols) < 0.5] = 0
+    mult[2], bias[2] = -2**31, 0
+    zp = int(rng.integers(-128, 128))
+    p = Program(c)
+    p.read_host(0, x)
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, 0, rows, switch=True)
+    other = ROUNDINGS[(rounding.value + 1) % len(ROUNDINGS)]
+    p.load_params(0, bias, mult, shift=shift if per_column else int(shift[0]), zp=zp,
+                  clamp=127, rounding=rounding)
+    p.load_params(1, bias, mult, shift=(shift + 1) % 64 if per_column else 5, zp=zp,
+                  rounding=other)
+    p.activate(0, 0, rows, slot=0)
+    p.write_host(0, rows)
+    p.halt()
+    sim = IsaSim(c)
+    out = sim.run(p.beats)
+    got = golden.from_raw(sim.ub[:rows, :c.cols], True)
+    want = golden.requantise(acc, bias, mult, shift, zp, rounding.value)
+    assert np.array_equal(got, want)
+    assert out[:rows] == [int.from_bytes(r.tobytes(), "little") for r in sim.ub[:rows]]
+    # The case has teeth: the other modes give other bytes here.
+    for r in ROUNDINGS:
+        if r != rounding:
+            assert not np.array_equal(
+                want, golden.requantise(acc, bias, mult, shift, zp, r.value)), r
 
 
 # Counters ------------------------------------------------------------------------------------
@@ -354,6 +454,10 @@ ERROR_CASES = [
     ("activate_slot", None, encode(isa.Opcode.ACTIVATE, count=1, slot=2, acc_addr=999),
      E.BAD_FIELD),
     ("load_params_slot", None, encode(isa.Opcode.LOAD_PARAMS, slot=7), E.BAD_FIELD),
+    ("load_params_rounding3", None, encode(isa.Opcode.LOAD_PARAMS, slot=1, rounding=3),
+     E.BAD_FIELD),
+    ("load_params_rounding3_columns", None,
+     encode(isa.Opcode.LOAD_PARAMS, slot=0, rounding=3, column_shifts=1), E.BAD_FIELD),
     ("read_host_ub", None, encode(isa.Opcode.READ_HOST, ub_addr=60, count=5), E.UB_RANGE),
     ("write_host_ub", None, encode(isa.Opcode.WRITE_HOST, ub_addr=64, count=1), E.UB_RANGE),
     ("matmul_ub", None, encode(isa.Opcode.MATMUL, ub_addr=63, acc_addr=64, count=2),
@@ -523,3 +627,43 @@ def test_signedness_on_int8_core(case: str):
         both = IsaSim(cfg.replace(operands="any"))
         both.feed(setup.beats + [bad])
         assert not both.status.error
+
+
+def _float32_multiplier(scale: np.float32) -> tuple[int, int]:
+    """A positive normal float32 as ``(m, s)``, ``scale == m / 2**s``, ``m`` its 24-bit
+    significand (docs/isa.md, Rounding modes)."""
+    mantissa, exponent = np.frexp(np.float64(scale))     # scale = mantissa * 2**exponent
+    m = int(mantissa * 2**24)
+    return m, 24 - int(exponent)
+
+
+def test_half_even_reproduces_a_float32_scale_as_documented():
+    """The argument in docs/isa.md: HALF_EVEN with a float32 scale's significand as the
+    multiplier equals ``nearbyint(float32(t) * scale)`` in float32 except (1) where the
+    float32 product is a half-integer the exact product is not, or (2) ``|t| > 2**24``.
+    Checked on random scales and accumulators, near-ties planted."""
+    rng = rng_for("float32 scale")
+    checked = exceptions = 0
+    for _ in range(300):
+        scale = np.float32(2.0 ** rng.uniform(-30, -2) * rng.uniform(1, 2))
+        m, s = _float32_multiplier(scale)
+        assert 0 <= s <= 63 and 2**23 <= m < 2**24 and m / 2**s == float(scale)
+        t = rng.integers(-2**31, 2**31, 200)
+        t[:100] //= 2 ** rng.integers(0, 31, 100)                # small ones too
+        # Near-ties: t with t * scale close to k + 1/2.
+        k = rng.integers(-200, 200, 50) + 0.5
+        t[100:150] = np.clip(np.round(k / float(scale)), -2**31, 2**31 - 1).astype(np.int64)
+        x32 = np.float32(t.astype(np.float32) * scale)           # float32 product
+        ort = np.rint(x32).astype(np.int64)
+        ours = golden.rounding_shift(t * m, s, golden.HALF_EVEN)
+        inside = np.abs(x32) < 2**22
+        for ti, o, r, x in zip(t[inside], ours[inside], ort[inside], x32[inside], strict=True):
+            checked += 1
+            if o == r:
+                continue
+            exceptions += 1
+            exact_twice = 2 * int(ti) * m                           # 2x, times 2**s
+            lands_on_tie = float(x) * 2 % 2 == 1 and exact_twice != int(float(x) * 2) << s
+            assert lands_on_tie or abs(int(ti)) > 2**24, (int(ti), m, s, float(x), o, r)
+    assert checked > 40_000
+    print(f"{checked} products, {exceptions} documented exceptions")
