@@ -99,8 +99,8 @@ def float32_multiplier(scale) -> tuple[int, int]:
     """``(M, shift)`` with ``M / 2**shift == float32(scale)`` exactly: ``M`` the 24-bit
     mantissa (fewer bits when the low ones are zero), ``0 <= shift <= 63``.
 
-    A scale below ``2**-40`` maps every int32 to 0 (``|t * S| < 2**-9``), so it becomes
-    ``(0, 0)``; a scale of ``2**24`` or more does not fit a non-negative shift and a 24-bit
+    A scale whose exact form needs a shift above 63 is below ``2**-40`` and maps every int32
+    to 0 (``|t * S| < 2**-9``), so it becomes ``(0, 0)``; a scale of ``2**24`` or more does not fit a non-negative shift and a 24-bit
     multiplier, and is refused.
     """
     s = F32(scale)
@@ -149,10 +149,11 @@ def float32_tie(t, scale) -> np.ndarray:
     inexact_t = np.abs(t) > (1 << 24)
     v = (t.astype(F32) * F32(scale)).astype(F32).astype(np.float64)
     on_tie = (v - np.floor(v)) == 0.5
-    exact = t.astype(object) * m                      # t * S = exact / 2**shift
-    half = 1 << (shift - 1) if shift else 0
-    exact_tie = np.array([shift > 0 and (e % (1 << shift)) == half
-                          for e in exact.ravel()], dtype=bool).reshape(t.shape)
+    exact = t * m                                     # t * S = exact / 2**shift, |.| < 2**55
+    if shift == 0:
+        exact_tie = np.zeros(t.shape, dtype=bool)
+    else:
+        exact_tie = (exact & np.int64((1 << shift) - 1)) == np.int64(1 << (shift - 1))
     return inexact_t | (on_tie & ~exact_tie)
 
 
@@ -211,8 +212,8 @@ class Offset(g.Op):
 
 @dataclass(eq=False)
 class Unflatten(g.Op):
-    """Rows of a fully connected operator's ``(items * m, N)`` output back to ``(items, *shape)``
-    (``shape`` without the batch)."""
+    """``x.reshape(-1, *shape)``: a ``(b, m, K)`` input of a matrix product to ``b * m`` rows
+    of a fully connected operator, and its ``(b * m, N)`` output back to ``(b, m, N)``."""
     shape: tuple[int, ...] = ()
 
     def reference(self, x):
@@ -418,7 +419,10 @@ class _Importer:
             handler(node)
         for out in graph.output:
             self.finish_output(out.name)
-        return g.Graph(self.name, self.tensors, self.ops, self.inputs, self.outputs)
+        result = g.Graph(self.name, self.tensors, self.ops, self.inputs, self.outputs)
+        result.onnx_names = {name: (v.name, v.offset, v.nhwc) for name, v in
+                             self.values.items() if v.kind == "int"}
+        return result
 
     def finish_output(self, name: str) -> None:
         v = self.values.get(name)
@@ -702,9 +706,17 @@ class _Importer:
             wm = np.concatenate(parts, axis=0)
             rows = int(np.prod(x_shape[:-1]))
             flat = name if len(x_shape) == 2 else self.fresh(out)
+            if flat != name:                 # (b, m, K): b * m rows of K
+                rows_in = self.fresh(f"{out}:rows")
+                self.tensor(rows_in, (rows, x_shape[-1] * len(parts)),
+                            self.tensors[src].dtype, self.tensors[src].q)
+                self.ops.append(Unflatten(f"{_name(node)}:rows", [src], [rows_in],
+                                          shape=(x_shape[-1] * len(parts),)))
+                src = rows_in
             self.tensor(flat, (rows, n), "int8", q)
             self.ops.append(g.FullyConnected(_name(node), [src], [flat], weight=wm, bias=bias,
                                              input_zp=in_zp, requant=requant))
+            self.ops[-1].onnx_scales = s
             if flat != name:                 # (b, m, K) @ (K, N): back to (b, m, N)
                 self.tensor(name, (*x_shape[:-1], n), "int8", q)
                 self.ops.append(Unflatten(f"{_name(node)}:unflatten", [flat], [name],
@@ -722,6 +734,7 @@ class _Importer:
         nb, h, w_, _ = self.tensors[src].shape
         ho, wo = op.out_hw(h, w_)
         self.tensor(name, (nb, ho, wo, n), "int8", q)
+        op.onnx_scales = s
         self.ops.append(op)
         self.set_int(name, out, (x.shape[0], n, ho, wo), y_dtype, y_scale, y_zp, offset, True)
 
