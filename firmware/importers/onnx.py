@@ -100,8 +100,8 @@ def float32_multiplier(scale) -> tuple[int, int]:
     mantissa (fewer bits when the low ones are zero), ``0 <= shift <= 63``.
 
     A scale whose exact form needs a shift above 63 is below ``2**-40`` and maps every int32
-    to 0 (``|t * S| < 2**-9``), so it becomes ``(0, 0)``; a scale of ``2**24`` or more does not fit a non-negative shift and a 24-bit
-    multiplier, and is refused.
+    to 0 (``|t * S| < 2**-9``), so it becomes ``(0, 0)``. A scale of ``2**24`` or more is an
+    integer (shift 0), refused from ``2**31`` on (the multiplier is int32).
     """
     s = F32(scale)
     if not np.isfinite(s) or s <= 0:

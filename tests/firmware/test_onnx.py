@@ -553,3 +553,105 @@ def test_refuses_per_channel_activation_quantisation():
             init.CopyFrom(numpy_helper.from_array(np.array([0.1, 0.2], F32), "as"))
     with pytest.raises(ModelError, match="2 scales; supported: one per tensor"):
         oi.load(m)
+
+
+# QOperator models with exact ties (power-of-two scales) and weight zero points ---------------
+
+def _qlinear_model(kind, rng, *, k, n, x_dtype, w_dtype, per_channel, pow2, conv_hw=(5, 6)):
+    """A QLinearMatMul (or QLinearConv 3x3, pads 1, stride 2 with bias) with random
+    weights, weight zero points for uint8 weights, and power-of-two or random scales."""
+    xt = {"int8": (TensorProto.INT8, np.int8), "uint8": (TensorProto.UINT8, np.uint8)}
+    x_onnx, x_np = xt[x_dtype]
+    _, w_np = xt[w_dtype]
+    lo, hi = (-128, 127) if w_dtype == "int8" else (0, 255)
+    if kind == "matmul":
+        w = rng.integers(lo, hi + 1, (k, n)).astype(w_np)
+    else:
+        w = rng.integers(lo, hi + 1, (n, k, 3, 3)).astype(w_np)
+    if pow2:
+        x_s = F32(2.0 ** -int(rng.integers(2, 6)))
+        w_s = (2.0 ** -rng.integers(3, 8, n if per_channel else 1)).astype(F32)
+        y_s = F32(2.0 ** int(rng.integers(-2, 2)))
+    else:
+        x_s = F32(10 ** rng.uniform(-2, -1))
+        w_s = (10 ** rng.uniform(-3, -2, n if per_channel else 1)).astype(F32)
+        y_s = F32(10 ** rng.uniform(-1, 0.5))
+    zlo, zhi = (-20, 20) if x_dtype == "int8" else (100, 150)
+    x_zp = np.array(int(rng.integers(zlo, zhi)), x_np)
+    y_zp = np.array(int(rng.integers(zlo, zhi)), x_np)
+    w_zp = (np.zeros(w_s.shape, w_np) if w_dtype == "int8"
+            else rng.integers(0, 256, w_s.shape).astype(w_np))
+    inits = [numpy_helper.from_array(np.asarray(x_s), "xs"),
+             numpy_helper.from_array(x_zp, "xz"), numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(w_s, "ws"), numpy_helper.from_array(w_zp, "wz"),
+             numpy_helper.from_array(np.asarray(y_s), "ys"),
+             numpy_helper.from_array(y_zp, "yz")]
+    names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if kind == "matmul":
+        node = helper.make_node("QLinearMatMul", names, ["y"])
+        x_shape = [None, k]
+    else:
+        inits.append(numpy_helper.from_array(rng.integers(-5000, 5000, n).astype(np.int32),
+                                             "b"))
+        node = helper.make_node("QLinearConv", [*names, "b"], ["y"], kernel_shape=[3, 3],
+                                pads=[1, 1, 1, 1], strides=[2, 2])
+        x_shape = [None, k, *conv_hw]
+    graph = helper.make_graph([node], kind, [helper.make_tensor_value_info("x", x_onnx,
+                                                                           x_shape)],
+                              [helper.make_tensor_value_info("y", x_onnx, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    xlo, xhi = (-128, 127) if x_dtype == "int8" else (0, 255)
+    shape = (48, k) if kind == "matmul" else (6, k, *conv_hw)
+    return model, rng.integers(xlo, xhi + 1, shape).astype(x_np)
+
+
+QLINEAR_CASES = [
+    # kind, k, n, x dtype, w dtype, per_channel, pow2
+    ("matmul", 37, 11, "uint8", "int8", True, True),
+    ("matmul", 20, 9, "int8", "int8", False, True),
+    ("matmul", 19, 7, "uint8", "uint8", True, False),     # weight zero points: split
+    ("matmul", 16, 5, "uint8", "uint8", False, True),    # (onnxruntime has no int8 x uint8)
+    ("conv", 3, 6, "uint8", "int8", True, True),
+    ("conv", 2, 4, "uint8", "uint8", True, False),
+]
+
+
+@pytest.mark.parametrize("kind,k,n,x_dtype,w_dtype,per_channel,pow2", QLINEAR_CASES)
+def test_qlinear_op_equals_onnxruntime(kind, k, n, x_dtype, w_dtype, per_channel, pow2):
+    """With power-of-two scales many products are exact ties (half to even decides them);
+    uint8 weights have zero points (their differences split into int8 parts on the core)."""
+    seed = SEED + k * 10 + n + (kind == "conv")
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    model, x = _qlinear_model(kind, rng, k=k, n=n, x_dtype=x_dtype, w_dtype=w_dtype,
+                              per_channel=per_channel, pow2=pow2)
+    want = _ort(model, {"x": x})[0].astype(np.int64)
+    graph = oi.load(model)
+    ours = graph.reference({"x": x})["y"]
+    differ = int((ours != want).sum())
+    assert differ == 0, f"{differ} elements differ from onnxruntime"
+    on_core = g.run_graph(graph, {"x": x}, device="isa").outputs["y"]
+    assert (on_core == want).all()
+    if pow2:                    # the case has teeth: exact ties that half up rounds otherwise
+        op = next(o for o in graph.ops if o.core)
+        ties = _exact_ties(graph, op, x)
+        print("exact ties decided by rounding half to even:", ties)
+        assert ties > 0
+
+
+def _exact_ties(graph, op, x) -> int:
+    values = graph.reference({"x": x}, collect=True)
+    xin = values[op.inputs[0]]
+    if isinstance(op, g.FullyConnected):
+        acc = op.accumulate(xin)
+    else:
+        p = op.patches(xin)
+        n, ho, wo = p.shape[:3]
+        acc = golden.wrap((p.reshape(n * ho * wo, -1) - op.input_zp)
+                          @ op.weight.reshape(-1, op.weight.shape[-1]) + op.bias, 32)
+    m = op.requant.multiplier
+    shift = op.requant.shift
+    prod = acc.reshape(-1, len(m)) * m
+    half = np.where(shift > 0, np.int64(1) << np.maximum(shift - 1, 0), -1)
+    rem = prod & ((np.int64(1) << shift) - 1)
+    return int((rem == half).sum())
