@@ -60,6 +60,9 @@ def _print_counters(counters: dict, config, images: int) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
+    if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
+        from firmware.onnx_demo import demo as onnx_demo
+        return onnx_demo(args)
     from tqdm import tqdm
 
     from firmware.compiler import compile_network
@@ -163,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a quantised digits network on the simulated core",
                        description=demo.__doc__ or __doc__)
-    d.add_argument("--net", choices=NETWORKS, default="mlp", help="network (default: mlp)")
+    d.add_argument("--net", choices=(*NETWORKS, "onnx"), default="mlp",
+                   help="network (default: mlp); onnx: the MLP exported with skl2onnx, "
+                        "quantised by onnxruntime, checked against onnxruntime")
     d.add_argument("--config", default="default",
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")
