@@ -262,7 +262,7 @@ class IntegerConv(g.Op):
 #: Operators of the default domain the importer translates.
 SUPPORTED = ("QuantizeLinear", "DequantizeLinear", "Gemm", "MatMul", "Conv", "QLinearMatMul",
              "QLinearConv", "MatMulInteger", "ConvInteger", "Relu", "Clip", "MaxPool",
-             "Flatten", "Reshape", "Identity")
+             "Flatten", "Reshape", "Identity", "GlobalAveragePool")
 
 _ONNX_INT = {2: "uint8", 3: "int8", 6: "int32"}
 
@@ -647,23 +647,46 @@ class _Importer:
                              float(hi))
         self.values[node.output[0]] = v
 
+    def op_GlobalAveragePool(self, node):
+        v = self.value(node, 0)
+        if v.kind != "dq":
+            raise ModelError(f"{_where(node)}: input {node.input[0]!r} is not a dequantised "
+                             f"integer tensor (a QDQ model)")
+        if not v.nhwc:
+            v = self._nhwc_of(node, v)
+        self.values[node.output[0]] = _Value("acc", pending=dict(node=node, kind="gap", x=v))
+
     def emit_product(self, qnode, v: _Value, y_scale, y_zp: int, y_dtype: str):
         p = v.pending
         node = p["node"]
         x: _Value = p["x"]
+        if p["kind"] == "gap":
+            # onnxruntime's QLinearGlobalAveragePool: the int32 sum minus the zero point's,
+            # requantised by float32(x_scale / float32(y_scale * positions)) as MLAS's
+            # requantisation does; on the core a depthwise convolution with weights 1.
+            _, h, w, c = self.tensors[x.name].shape
+            scale = F32(F32(x.scale.reshape(-1)[0]) / F32(F32(y_scale) * F32(h * w)))
+            self._product(node, qnode.output[0], x, 1.0, int(x.zero_point.reshape(-1)[0]),
+                          np.ones((c, 1, h, w), np.int64), np.ones(c, F32), np.zeros(c),
+                          None, y_scale, y_zp, y_dtype, Func.IDENTITY, None, "conv",
+                          scales=np.full(c, scale, F32), groups=c)
+            return
         self._product(node, qnode.output[0], x, p["x_scale"], p["x_zp"], p["weight"],
                       p["w_scale"], p["w_zp"], p["bias"], y_scale, y_zp, y_dtype, p["func"],
                       p["clip"], p["kind"])
 
     def _product(self, node, out, x: _Value, x_scale, x_zp, weight, w_scale, w_zp, bias,
-                 y_scale, y_zp, y_dtype, func, clip, kind):
+                 y_scale, y_zp, y_dtype, func, clip, kind, scales=None, groups=None):
         """The core operator(s) of one quantised product: ``out`` (ONNX name) =
         requantise((x - x_zp) @ (weight - w_zp) + bias)."""
         n = weight.shape[1] if kind == "dense" else weight.shape[0]
         lo, hi = golden.operand_range(y_dtype == "int8")
         offset = 128 if y_dtype == "uint8" else 0
         zq = y_zp - offset                                   # the int8 zero point
-        s = (F32(x_scale) * np.asarray(w_scale, F32)).astype(F32) / F32(y_scale)
+        if scales is None:
+            s = (F32(x_scale) * np.asarray(w_scale, F32)).astype(F32) / F32(y_scale)
+        else:
+            s = np.asarray(scales, F32)
         s = np.broadcast_to(s.astype(F32), (n,))
         mults, shifts = zip(*(float32_multiplier(si) for si in s), strict=True)
         clamp_hi = 127
@@ -724,6 +747,8 @@ class _Importer:
             self.set_int(name, out, (*x.shape[:-1], n), y_dtype, y_scale, y_zp, offset, False)
             return
         conv = _conv_geometry(node, x, self.tensors[x.name].shape, weight.shape)
+        if groups is not None:
+            conv["groups"] = groups
         hwio = np.concatenate([p.transpose(2, 3, 1, 0) for p in parts], axis=2)
         if conv["groups"] != 1 and len(parts) > 1:
             raise ModelError(f"{_where(node)}: a grouped convolution with weight zero points "

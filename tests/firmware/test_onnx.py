@@ -234,10 +234,15 @@ def _mlp(rng, sizes, gemm: bool, relu_last: bool = False):
 
 def _cnn(rng, cin, hw, layers, dense):
     """Conv (+Relu) (+MaxPool) layers, Flatten, Gemm. ``layers``: (cout, k, stride, pads,
-    pool) each; ``pads`` (top, left, bottom, right)."""
+    pool) each, or "gap" for a GlobalAveragePool; ``pads`` (top, left, bottom, right)."""
     nodes, inits = [], []
     x, c, h, w = "x", cin, hw[0], hw[1]
-    for i, (cout, k, stride, pads, pool) in enumerate(layers):
+    for i, layer in enumerate(layers):
+        if layer == "gap":
+            nodes.append(helper.make_node("GlobalAveragePool", [x], [f"gap{i}"]))
+            x, h, w = f"gap{i}", 1, 1
+            continue
+        cout, k, stride, pads, pool = layer
         wt = rng.normal(0, 1 / np.sqrt(c * k * k), (cout, c, k, k)).astype(F32)
         b = rng.normal(0, 0.2, cout).astype(F32)
         inits += [numpy_helper.from_array(wt, f"cw{i}"), numpy_helper.from_array(b, f"cb{i}")]
@@ -398,6 +403,8 @@ CNN_CASES = [
     (3, (9, 7), [(5, 3, 2, (0, 1, 1, 0), False), (6, 2, 1, (0, 0, 0, 0), False)], 4, True,
      "int8"),
     (2, (6, 6), [(3, 1, 1, (0, 0, 0, 0), True)], 5, False, "int8"),
+    (3, (7, 5), [(9, 3, 1, (1, 1, 1, 1), False), "gap"], 6, True, "uint8"),
+    (1, (6, 6), [(12, 3, 2, (1, 1, 0, 0), False), "gap"], 3, False, "int8"),
 ]
 
 
