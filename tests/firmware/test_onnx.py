@@ -662,3 +662,18 @@ def _exact_ties(graph, op, x) -> int:
     half = np.where(shift > 0, np.int64(1) << np.maximum(shift - 1, 0), -1)
     rem = prod & ((np.int64(1) << shift) - 1)
     return int((rem == half).sum())
+
+
+# the demo -----------------------------------------------------------------------------------
+
+def test_demo_on_the_isa_simulator(capsys):
+    """``amtpu demo --net onnx`` (the digits MLP from skl2onnx and quantize_static) on the ISA
+    simulator: every output element equal to onnxruntime's."""
+    pytest.importorskip("skl2onnx", reason="skl2onnx is not installed (make setup)")
+    from firmware.cli import main
+
+    assert main(["demo", "--net", "onnx", "--transport", "isa", "--images", "60",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "isa outputs equal to onnxruntime's: every one of 600 elements" in out
+    assert "integer reference equal to onnxruntime's: yes" in out
