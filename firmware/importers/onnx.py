@@ -257,12 +257,55 @@ class IntegerConv(g.Op):
         return [golden.wrap(acc, 32).reshape(n, ho, wo, -1)]
 
 
+def fma32(x, y, z) -> np.ndarray:
+    """float32 ``fma(x, y, z)``, exactly: one rounding of ``x * y + z``. ``x * y`` is exact in
+    float64 for the small integers and float32 factors used here; the float64 sum's own
+    rounding error (TwoSum) decides the one case where it matters, a float64 sum exactly
+    halfway between two float32 numbers."""
+    x, y, z = (np.asarray(v, dtype=np.float64) for v in (x, y, z))
+    p = x * y
+    s = p + z
+    bp = s - z
+    err = (p - bp) + (z - (s - bp))
+    r = s.astype(F32)
+    r64 = r.astype(np.float64)
+    other = np.where(s > r64, np.nextafter(r, F32(np.inf)),
+                     np.nextafter(r, F32(-np.inf))).astype(np.float64)
+    halfway = (s == (r64 + other) / 2) & (err != 0)
+    toward = np.where(err > 0, np.maximum(r64, other), np.minimum(r64, other))
+    return np.where(halfway, toward, r64).astype(F32)
+
+
+@dataclass(eq=False)
+class QLinearAdd(g.Op):
+    """onnxruntime's ``QLinearAdd`` (what ``DequantizeLinear`` x 2 -> ``Add`` ->
+    ``QuantizeLinear`` runs as), as MLAS's AVX2 kernel computes it on same-shape inputs:
+    ``rA = float32(sA / sC)``, ``rB = float32(sB / sC)``, ``fixed = float32(zC - fma(rA, zA,
+    float32(rB * zB)))``, ``y = saturate(round_half_even(fma(a, rA, fma(b, rB, fixed))))``,
+    on the ONNX values (``offsets`` turn the graph's int8 form of a uint8 tensor back)."""
+    scales: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    zero_points: tuple[int, int, int] = (0, 0, 0)
+    offsets: tuple[int, int, int] = (0, 0, 0)
+    out_range: tuple[int, int] = (-128, 127)
+
+    def reference(self, a, b):
+        sa, sb, sc = (F32(v) for v in self.scales)
+        za, zb, zc = self.zero_points
+        ra, rb = F32(sa / sc), F32(sb / sc)
+        fixed = F32(F32(zc) - fma32(ra, za, F32(rb * F32(zb))))
+        a = np.asarray(a, np.int64) + self.offsets[0]
+        b = np.asarray(b, np.int64) + self.offsets[1]
+        v = fma32(a, ra, fma32(b, rb, fixed))
+        q = np.clip(np.rint(v.astype(np.float64)), *self.out_range).astype(np.int64)
+        return [q - self.offsets[2]]
+
+
 # Reading the model -----------------------------------------------------------------------
 
 #: Operators of the default domain the importer translates.
 SUPPORTED = ("QuantizeLinear", "DequantizeLinear", "Gemm", "MatMul", "Conv", "QLinearMatMul",
              "QLinearConv", "MatMulInteger", "ConvInteger", "Relu", "Clip", "MaxPool",
-             "Flatten", "Reshape", "Identity", "GlobalAveragePool")
+             "Flatten", "Reshape", "Identity", "GlobalAveragePool", "Add")
 
 _ONNX_INT = {2: "uint8", 3: "int8", 6: "int32"}
 
@@ -629,7 +672,8 @@ class _Importer:
 
     def op_Relu(self, node):
         v = self.value(node, 0)
-        if v.kind != "acc" or v.pending["func"] != Func.IDENTITY:
+        if v.kind != "acc" or v.pending["kind"] not in ("dense", "conv") or \
+                v.pending["func"] != Func.IDENTITY:
             raise ModelError(f"{_where(node)}: supported after a Gemm/MatMul/Conv whose result "
                              f"is quantised next (the activation unit applies it)")
         v.pending["func"] = Func.RELU
@@ -637,7 +681,8 @@ class _Importer:
 
     def op_Clip(self, node):
         v = self.value(node, 0)
-        if v.kind != "acc" or v.pending["func"] != Func.IDENTITY:
+        if v.kind != "acc" or v.pending["kind"] not in ("dense", "conv") or \
+                v.pending["func"] != Func.IDENTITY:
             raise ModelError(f"{_where(node)}: supported after a Gemm/MatMul/Conv whose result "
                              f"is quantised next (the activation unit applies it)")
         lo = self.const(node, 1, "min", optional=True)
@@ -646,6 +691,23 @@ class _Importer:
         v.pending["clip"] = (None if lo is None else float(lo), None if hi is None else
                              float(hi))
         self.values[node.output[0]] = v
+
+    def op_Add(self, node):
+        a, b = self.value(node, 0), self.value(node, 1)
+        if a.kind != "dq" or b.kind != "dq":
+            raise ModelError(f"{_where(node)}: supported: the sum of two dequantised integer "
+                             f"tensors (a QDQ model's residual add), not of a constant or a "
+                             f"float result")
+        if a.nhwc != b.nhwc:
+            a = a if a.nhwc else self._nhwc_of(node, a)
+            b = b if b.nhwc else self._nhwc_of(node, b)
+        if self.tensors[a.name].shape[1:] != self.tensors[b.name].shape[1:] or \
+                a.dtype != b.dtype:
+            raise ModelError(f"{_where(node)}: inputs of shapes {a.shape} and {b.shape}, types "
+                             f"{a.dtype} and {b.dtype}; supported: the same shape and type (no "
+                             f"broadcasting)")
+        self.values[node.output[0]] = _Value("acc", pending=dict(node=node, kind="add", x=a,
+                                                                 y=b))
 
     def op_GlobalAveragePool(self, node):
         v = self.value(node, 0)
@@ -660,6 +722,25 @@ class _Importer:
         p = v.pending
         node = p["node"]
         x: _Value = p["x"]
+        if p["kind"] == "add":
+            a, b = x, p["y"]
+            if y_dtype != a.dtype:
+                raise ModelError(f"{_where(qnode)}: quantises an Add of {a.dtype} tensors to "
+                                 f"{y_dtype}; supported: the same type")
+            offset = 128 if y_dtype == "uint8" else 0
+            name = self.fresh(qnode.output[0])
+            shape = self.tensors[a.name].shape
+            self.tensor(name, shape, "int8", QParams(float(y_scale), y_zp - offset, True))
+            self.ops.append(QLinearAdd(
+                _name(node), [a.name, b.name], [name],
+                scales=(float(a.scale.reshape(-1)[0]), float(b.scale.reshape(-1)[0]),
+                        float(y_scale)),
+                zero_points=(int(a.zero_point.reshape(-1)[0]), int(b.zero_point.reshape(-1)[0]),
+                             y_zp),
+                offsets=(a.offset, b.offset, offset),
+                out_range=golden.operand_range(y_dtype == "int8")))
+            self.set_int(name, qnode.output[0], a.shape, y_dtype, y_scale, y_zp, offset, a.nhwc)
+            return
         if p["kind"] == "gap":
             # onnxruntime's QLinearGlobalAveragePool: the int32 sum minus the zero point's,
             # requantised by float32(x_scale / float32(y_scale * positions)) as MLAS's

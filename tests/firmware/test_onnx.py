@@ -272,6 +272,29 @@ def _cnn(rng, cin, hw, layers, dense):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _residual_cnn(rng, cin, hw, c, dense):
+    """Conv 3x3 'same' + Relu, Conv 3x3 'same', Add of the two, Relu, GlobalAveragePool,
+    Flatten, Gemm: a residual block."""
+    nodes, inits = [], []
+    ws = [rng.normal(0, 1 / np.sqrt(9 * ci), (c, ci, 3, 3)).astype(F32) for ci in (cin, c)]
+    for i, w in enumerate(ws):
+        inits += [numpy_helper.from_array(w, f"w{i}"),
+                  numpy_helper.from_array(rng.normal(0, 0.2, c).astype(F32), f"b{i}")]
+    nodes += [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c0"], ["r0"]),
+              helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+              helper.make_node("Add", ["r0", "c1"], ["s"]),
+              helper.make_node("GlobalAveragePool", ["s"], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "dw", "db"], ["y"])]
+    inits += [numpy_helper.from_array(rng.normal(0, 0.3, (c, dense)).astype(F32), "dw"),
+              numpy_helper.from_array(rng.normal(0, 0.2, dense).astype(F32), "db")]
+    graph = helper.make_graph(
+        nodes, "res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, cin, *hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, dense])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def _quantise(tmp_path, model, x, *, per_channel: bool, activations: str):
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -419,6 +442,61 @@ def test_qdq_cnn_equals_onnxruntime(tmp_path, cin, hw, layers, dense, per_channe
     q = _quantise(tmp_path, model, x[:16], per_channel=per_channel, activations=activations)
     elements, differ = _compare_with_onnxruntime(q, x)
     print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
+
+
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_qdq_residual_add_equals_onnxruntime(tmp_path, activations):
+    seed = SEED + 7
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    model = _residual_cnn(rng, 2, (6, 5), 5, 4)
+    x = rng.normal(0, 1, (24, 2, 6, 5)).astype(F32)
+    q = _quantise(tmp_path, model, x[:16], per_channel=True, activations=activations)
+    assert any(n.op_type == "Add" for n in q.graph.node)
+    elements, differ = _compare_with_onnxruntime(q, x)
+    print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_qlinear_add_equals_onnxruntime_on_every_pair(dtype):
+    """The host operator against onnxruntime's QLinearAdd on all 65,536 input pairs, for
+    random scales and zero points."""
+    rng = np.random.default_rng(SEED)
+    lo, hi = (-128, 127) if dtype == np.int8 else (0, 255)
+    onnx_type = TensorProto.INT8 if dtype == np.int8 else TensorProto.UINT8
+    a = np.repeat(np.arange(lo, hi + 1)[:, None], 256, 1).astype(dtype)
+    b = np.repeat(np.arange(lo, hi + 1)[None, :], 256, 0).astype(dtype)
+    for _ in range(6):
+        scales = [F32(v) for v in 10 ** rng.uniform(-2, 0, 3)]
+        zps = [int(v) for v in rng.integers(lo + 60, hi - 60, 3)]
+        inits = [numpy_helper.from_array(np.array(v, t), n) for v, t, n in
+                 zip([scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]],
+                     [F32, dtype] * 3, ["sa", "za", "sb", "zb", "sc", "zc"], strict=True)]
+        nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["fa"]),
+                 helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["fb"]),
+                 helper.make_node("Add", ["fa", "fb"], ["fc"]),
+                 helper.make_node("QuantizeLinear", ["fc", "sc", "zc"], ["c"])]
+        graph = helper.make_graph(
+            nodes, "add", [helper.make_tensor_value_info(n, onnx_type, [None, 256])
+                           for n in ("a", "b")],
+            [helper.make_tensor_value_info("c", onnx_type, [None, 256])], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        want = _ort(model, {"a": a, "b": b})[0].astype(np.int64)
+        op = oi.QLinearAdd("add", ["a", "b"], ["c"], scales=tuple(scales),
+                           zero_points=tuple(zps), out_range=(lo, hi))
+        assert (op.reference(a, b)[0] == want).all(), (scales, zps)
+
+
+def test_fma32_rounds_once():
+    """x * y = 2**-24 - 2**-70 exactly; plus z = 1 + 2**-23 it is just below the midpoint
+    1 + 2**-23 + 2**-24 between two float32 numbers. A float64 sum rounds onto the midpoint
+    (and then to the even float32 above); one rounding stays below."""
+    x = F32((2 ** 23 - 1) * 2.0 ** -23)
+    y = F32((2 ** 23 + 1) * 2.0 ** -47)
+    z = F32(1 + 2.0 ** -23)
+    assert float(x) * float(y) + float(z) == 1 + 2.0 ** -23 + 2.0 ** -24    # the midpoint
+    assert F32(float(x) * float(y) + float(z)) == F32(1 + 2.0 ** -22)       # double rounding
+    assert oi.fma32(x, y, z) == z
 
 
 def test_qdq_mismatch_is_caught(tmp_path):
