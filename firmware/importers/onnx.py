@@ -300,12 +300,47 @@ class QLinearAdd(g.Op):
         return [q - self.offsets[2]]
 
 
+@dataclass(eq=False)
+class QLinearAveragePool(g.Op):
+    """onnxruntime's ``QLinearAveragePool`` (what ``DequantizeLinear`` -> ``AveragePool`` ->
+    ``QuantizeLinear`` runs as): each input dequantised in float32, ``x_scale * (x - x_zp)``;
+    the window's values summed in float32 in row-major order; divided by the count (the
+    window's positions inside the input, or the whole kernel with ``count_include_pad``); then
+    ``round_half_even(float32(float32(v / y_scale) + y_zp))``, saturated. NHWC, on the ONNX
+    values (``offsets`` as for :class:`QLinearAdd`)."""
+    kernel: tuple[int, int] = (2, 2)
+    stride: tuple[int, int] = (2, 2)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    count_include_pad: bool = False
+    scales: tuple[float, float] = (1.0, 1.0)
+    zero_points: tuple[int, int] = (0, 0)
+    offsets: tuple[int, int] = (0, 0)
+    out_range: tuple[int, int] = (-128, 127)
+
+    def reference(self, x):
+        x = np.asarray(x, np.int64) + self.offsets[0]
+        xs, ys = F32(self.scales[0]), F32(self.scales[1])
+        xf = (xs * (x - self.zero_points[0]).astype(F32)).astype(F32)
+        total = count = None
+        for v, inside in g._pool_windows(xf, self.kernel, self.stride, self.padding, 0.0):
+            v = np.where(inside, v, F32(0)).astype(F32)
+            total = v if total is None else (total + v).astype(F32)
+            count = inside.astype(np.int64) if count is None else count + inside
+        if self.count_include_pad:
+            count = np.full(count.shape, self.kernel[0] * self.kernel[1])
+        mean = (total / np.broadcast_to(count, total.shape).astype(F32)).astype(F32)
+        v = ((mean / ys).astype(F32) + F32(self.zero_points[1])).astype(F32)
+        q = np.clip(np.rint(v.astype(np.float64)), *self.out_range).astype(np.int64)
+        return [q - self.offsets[1]]
+
+
 # Reading the model -----------------------------------------------------------------------
 
 #: Operators of the default domain the importer translates.
 SUPPORTED = ("QuantizeLinear", "DequantizeLinear", "Gemm", "MatMul", "Conv", "QLinearMatMul",
              "QLinearConv", "MatMulInteger", "ConvInteger", "Relu", "Clip", "MaxPool",
-             "Flatten", "Reshape", "Identity", "GlobalAveragePool", "Add")
+             "Flatten", "Reshape", "Identity", "GlobalAveragePool", "Add",
+             "AveragePool")
 
 _ONNX_INT = {2: "uint8", 3: "int8", 6: "int32"}
 
@@ -709,6 +744,24 @@ class _Importer:
         self.values[node.output[0]] = _Value("acc", pending=dict(node=node, kind="add", x=a,
                                                                  y=b))
 
+    def op_AveragePool(self, node):
+        v = self.value(node, 0)
+        if v.kind != "dq":
+            raise ModelError(f"{_where(node)}: input {node.input[0]!r} is not a dequantised "
+                             f"integer tensor (a QDQ model)")
+        if not v.nhwc:
+            v = self._nhwc_of(node, v)
+        if _attr(node, "ceil_mode", 0) or any(d != 1 for d in _attr(node, "dilations", [])):
+            raise ModelError(f"{_where(node)}: ceil_mode=1 or dilations; supported: "
+                             f"ceil_mode=0, no dilation")
+        kernel = tuple(_attr(node, "kernel_shape", []))
+        if len(kernel) != 2:
+            raise ModelError(f"{_where(node)}: kernel_shape {kernel}; supported: 2-D")
+        geo = _conv_geometry(node, v, self.tensors[v.name].shape, (0, 0, *kernel))
+        self.values[node.output[0]] = _Value("acc", pending=dict(
+            node=node, kind="avgpool", x=v, kernel=kernel, geo=geo,
+            count_include_pad=bool(_attr(node, "count_include_pad", 0))))
+
     def op_GlobalAveragePool(self, node):
         v = self.value(node, 0)
         if v.kind != "dq":
@@ -740,6 +793,27 @@ class _Importer:
                 offsets=(a.offset, b.offset, offset),
                 out_range=golden.operand_range(y_dtype == "int8")))
             self.set_int(name, qnode.output[0], a.shape, y_dtype, y_scale, y_zp, offset, a.nhwc)
+            return
+        if p["kind"] == "avgpool":
+            if y_dtype != x.dtype:
+                raise ModelError(f"{_where(qnode)}: quantises an AveragePool of {x.dtype} to "
+                                 f"{y_dtype}; supported: the same type")
+            offset = 128 if y_dtype == "uint8" else 0
+            geo = p["geo"]
+            op = QLinearAveragePool(
+                _name(node), [x.name], [], kernel=p["kernel"], stride=geo["stride"],
+                padding=geo["padding"], count_include_pad=p["count_include_pad"],
+                scales=(float(x.scale.reshape(-1)[0]), float(y_scale)),
+                zero_points=(int(x.zero_point.reshape(-1)[0]), y_zp),
+                offsets=(x.offset, offset), out_range=golden.operand_range(y_dtype == "int8"))
+            nb, h, w, c = self.tensors[x.name].shape
+            _, ho, wo, _ = op.reference(np.zeros((1, h, w, c), np.int64))[0].shape
+            name = self.fresh(qnode.output[0])
+            op.outputs = [name]
+            self.tensor(name, (nb, ho, wo, c), "int8", QParams(float(y_scale), y_zp - offset))
+            self.ops.append(op)
+            self.set_int(name, qnode.output[0], (x.shape[0], c, ho, wo), y_dtype, y_scale, y_zp,
+                         offset, True)
             return
         if p["kind"] == "gap":
             # onnxruntime's QLinearGlobalAveragePool: the int32 sum minus the zero point's,

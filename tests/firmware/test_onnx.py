@@ -242,6 +242,15 @@ def _cnn(rng, cin, hw, layers, dense):
             nodes.append(helper.make_node("GlobalAveragePool", [x], [f"gap{i}"]))
             x, h, w = f"gap{i}", 1, 1
             continue
+        if layer[0] == "avg":                    # ("avg", kernel, stride, pads, include_pad)
+            _, k, stride, pads, include = layer
+            nodes.append(helper.make_node("AveragePool", [x], [f"avg{i}"], kernel_shape=[k, k],
+                                          strides=[stride, stride], pads=list(pads),
+                                          count_include_pad=include))
+            x = f"avg{i}"
+            h = (h + pads[0] + pads[2] - k) // stride + 1
+            w = (w + pads[1] + pads[3] - k) // stride + 1
+            continue
         cout, k, stride, pads, pool = layer
         wt = rng.normal(0, 1 / np.sqrt(c * k * k), (cout, c, k, k)).astype(F32)
         b = rng.normal(0, 0.2, cout).astype(F32)
@@ -428,6 +437,10 @@ CNN_CASES = [
     (2, (6, 6), [(3, 1, 1, (0, 0, 0, 0), True)], 5, False, "int8"),
     (3, (7, 5), [(9, 3, 1, (1, 1, 1, 1), False), "gap"], 6, True, "uint8"),
     (1, (6, 6), [(12, 3, 2, (1, 1, 0, 0), False), "gap"], 3, False, "int8"),
+    (2, (7, 7), [(4, 3, 1, (1, 1, 1, 1), False), ("avg", 3, 2, (1, 1, 1, 1), 0)], 5, True,
+     "uint8"),
+    (3, (6, 7), [(5, 2, 1, (0, 0, 0, 0), False), ("avg", 2, 2, (0, 0, 1, 1), 1)], 4, True,
+     "int8"),
 ]
 
 
