@@ -1189,19 +1189,60 @@ def _conv_geometry(node, x: _Value, nhwc_shape, w_shape) -> dict:
             "groups": int(groups)}
 
 
-def load(source, *, name: str | None = None, calibration=None) -> g.Graph:
+def load(source, *, name: str | None = None, calibration=None,
+         outputs: list[str] | None = None) -> g.Graph:
     """The :class:`firmware.graph.Graph` of the ONNX model ``source`` (a path, or an
     ``onnx.ModelProto``). A float model (no QuantizeLinear, QLinear or Integer operator) is
-    quantised by the project's quantiser with ``calibration`` (float inputs, required then)."""
+    quantised by the project's quantiser with ``calibration`` (float inputs, required then).
+    ``outputs``: tensor names to end the model at (only the nodes they need are read), for
+    example the logits before a classifier's Softmax and ArgMax.
+
+    The graph's ``onnx_names`` maps each integer ONNX tensor to ``(graph tensor, offset,
+    nhwc)``: the graph holds the ONNX value minus ``offset`` (128 for a uint8 tensor the core
+    writes as int8), NHWC when ``nhwc``."""
     model = _read(source)
     label = name or (Path(source).stem if not hasattr(source, "graph") else
                      (model.graph.name or "model"))
+    if outputs is not None:
+        model = _cut(model, list(outputs))
     quantised = any(n.op_type in ("QuantizeLinear", "QLinearMatMul", "QLinearConv",
                                   "MatMulInteger", "ConvInteger") for n in model.graph.node)
     if not quantised:
         return _float_graph(model, label, calibration)
     _check_model(model)
     return _Importer(model, label).run()
+
+
+def _cut(model, outputs: list[str]):
+    """The model ending at the tensors ``outputs``: the nodes they depend on, in order."""
+    import onnx
+    from onnx import helper
+
+    produced = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    need, stack = set(), list(outputs)
+    for name in outputs:
+        if name not in produced and name not in inputs:
+            raise ModelError(f"outputs: no node computes {name!r}")
+    while stack:
+        t = stack.pop()
+        node = produced.get(t)
+        if node is None or id(node) in need:
+            continue
+        need.add(id(node))
+        stack.extend(i for i in node.input if i and i not in inits)
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    nodes = [n for n in model.graph.node if id(n) in need]
+    del cut.graph.node[:]
+    cut.graph.node.extend(nodes)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+    del cut.graph.output[:]
+    cut.graph.output.extend(helper.make_tensor_value_info(o, types.get(o, 1), None)
+                            for o in outputs)
+    return cut
 
 
 # Float models and the project's quantiser ---------------------------------------------------
@@ -1288,8 +1329,8 @@ def _check_model_float(model) -> None:
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in FLOAT_SUPPORTED:
             raise ModelError(f"{_where(node)}: operator {node.op_type} is not supported in a "
-                             f"float model; supported: {', '.join(FLOAT_SUPPORTED)} (cut the "
-                             f"model at the logits)")
+                             f"float model; supported: {', '.join(FLOAT_SUPPORTED)} (end the "
+                             f"model at its logits: outputs=[...])")
     inits = {i.name for i in model.graph.initializer}
     data = [i for i in model.graph.input if i.name not in inits]
     if len(data) != 1:

@@ -549,6 +549,42 @@ def test_float_mlp_through_the_project_quantiser(tmp_path):
     assert (out[last] == ref).all()
 
 
+def test_skl2onnx_mlp_through_the_project_quantiser():
+    """A scikit-learn MLP exported with skl2onnx, read up to its logits, quantised by
+    firmware.quant with calibration data: the graph equals quant.reference_forward, the core
+    (ISA simulator) equals the graph."""
+    pytest.importorskip("skl2onnx", reason="skl2onnx is not installed (make setup)")
+    from skl2onnx import to_onnx
+    from sklearn.neural_network import MLPClassifier
+
+    from firmware.quant import quantise, reference_forward
+
+    rng = np.random.default_rng(SEED)
+    print("seed", SEED)
+    x = rng.normal(0, 1, (200, 10)).astype(F32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(int) + (x[:, 2] > 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MLPClassifier(hidden_layer_sizes=(12,), max_iter=200, random_state=0).fit(x, y)
+    model = to_onnx(clf, x[:1], options={"zipmap": False}, target_opset=17)
+    logits = next(n for n in model.graph.node if n.op_type == "Softmax").input[0]
+    with pytest.raises(ModelError, match=r"\(Softmax\): operator Softmax is not supported in "
+                                         r"a float model.*outputs="):
+        oi.load(model, calibration=x)
+    graph = oi.load(model, calibration=x, outputs=[logits])
+    net = oi.float_network(oi._cut(model, [logits]))
+    qnet = quantise(net, x.astype(np.float64))
+    want = reference_forward(qnet, qnet.quantise_input(x))
+    values = graph.reference({"X": x}, collect=True)
+    last = graph.ops[-1].inputs[0]
+    assert (values[last] == want).all()
+    run = g.run_graph(graph, {"X": x}, device="isa")
+    assert (run.outputs[logits] == values[logits]).all()
+    # the float logits are the model's: the project's network against onnxruntime's float run
+    float_logits = _ort(oi._cut(model, [logits]), {"X": x})[0]
+    assert np.allclose(net.forward(x), float_logits, atol=1e-4)
+
+
 def test_float_model_needs_calibration():
     rng = np.random.default_rng(SEED)
     with pytest.raises(ModelError, match="calibration"):
