@@ -39,6 +39,7 @@ from sim.formal.front_end import front_end_stopped_harness, front_end_streams_ha
 from sim.formal.harness import FORMAL_ROOT, Proof, Result, run, stop_all
 from sim.formal.hazards import hazards_harness
 from sim.formal.pe import pe_harness
+from sim.formal.rounding import rounding_harness
 from sim.formal.weight_fifo import weight_fifo_harness
 
 __all__ = ["PROOFS", "FAST_DEPTH", "SCRUB_FAST_DEPTH", "run_proof", "main"]
@@ -130,6 +131,10 @@ PROOFS: dict[str, Proof] = _table(
                                                 multiplier="lut", pipelined=True), "prove", 6,
           "PE 4/16, LUT multiplier with the fast pipeline's registers (a LUT product in a "
           "fast array), i_en free: as pe_ecp5", limit=120),
+    Proof("rounding", rounding_harness, "prove", 4,
+          "Activation unit's rounding stages: r + carry is HALF_UP, HALF_EVEN or TFLite's "
+          "double rounding of any 64-bit product at any shift", fast_mode="prove",
+          fast_depth=4, limit=300),
     Proof("weight_fifo_tiny", _fifo("tiny"), "prove", 6,
           "WeightFIFO 2x2, 4 tiles: counts, whole tiles, no gaps, order, stream rules",
           limit=120),

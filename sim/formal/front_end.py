@@ -69,8 +69,8 @@ def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
     end waits in TRANSFER or ERROR_BEAT exactly while its transfers run one)."""
     fe = functools.partial(inside.in_state, "front_end_state")
     xfer = functools.partial(inside.in_state, "transfers.transfers_state")
-    rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "SEND_COUNTERS",
-            "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
+    rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "PARAM_SHIFTS",
+            "SEND_COUNTERS", "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
     m.d.comb += [
         Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
         Assert(fe("ERROR_BEAT") == xfer("ERROR_BEAT"), "ERROR_BEAT in both"),

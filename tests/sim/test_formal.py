@@ -25,6 +25,7 @@ from sim.formal.engines import matrix_engine_harness
 from sim.formal.harness import Harness, Proof, Result, run
 from sim.formal.hazards import RuleDroppedTracker, hazards_harness, word_compares
 from sim.formal.pe import pe_harness
+from sim.formal.rounding import rounding_harness
 from sim.formal.weight_fifo import weight_fifo_harness
 from sim.rtl.gtkw import gtkw_traces
 
@@ -131,6 +132,13 @@ def test_pe_model_bug_fails(tmp_path: Path):
     result = run("pe_bug", pe_harness(data_width=4, acc_width=8, model_bug=True),
                  mode="bmc", depth=4, build_root=tmp_path)
     _assert_counterexample(result, "sim/formal/pe.py")
+
+
+def test_rounding_bug_fails(tmp_path: Path):
+    """The rounding proof fails when the increment is inverted."""
+    result = run("rounding_bug", rounding_harness(bug=True), mode="bmc", depth=6,
+                 build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/rounding.py")
 
 
 def test_fifo_count_bug_fails(tmp_path: Path):
