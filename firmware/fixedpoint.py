@@ -46,10 +46,16 @@ def rdbpot(x, exponent) -> np.ndarray:
     return (x >> e) + (remainder > threshold)
 
 
-def mbqm(x, multiplier: int, shift: int) -> np.ndarray:
-    """TFLite's ``MultiplyByQuantizedMultiplier`` (double rounding): ``x * 2**max(shift, 0)``
-    (int32, wrapping as the hardware does), the doubling high multiply, then the rounding
-    divide by ``2**max(-shift, 0)``."""
+def mbqm(x, multiplier: int, shift: int, *, single: bool = True) -> np.ndarray:
+    """TFLite's ``MultiplyByQuantizedMultiplier``.
+
+    ``single`` (a build with ``TFLITE_SINGLE_ROUNDING``, as LiteRT's Python wheels are):
+    ``(x * M + 2**(30 - shift)) >> (31 - shift)`` in int64, one rounding half up. Otherwise
+    gemmlowp's double rounding: ``x * 2**max(shift, 0)`` (int32, wrapping), the doubling high
+    multiply, then the rounding divide by ``2**max(-shift, 0)``."""
+    if single:
+        total = 31 - shift
+        return (_i64(x) * multiplier + (1 << (total - 1))) >> total
     left, right = max(shift, 0), max(-shift, 0)
     x = _i64(x) << left
     x = ((x + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
@@ -115,24 +121,29 @@ def one_over_one_plus_x(a) -> np.ndarray:
     return sat_mul_pot(x, 1)                    # ExactMulByPot<-1>, then Rescale<0>
 
 
-def softmax_params(beta: float, input_scale: float) -> tuple[int, int, int]:
+def softmax_params(beta: float, input_scale: float, *,
+                   single: bool = True) -> tuple[int, int, int]:
     """TFLite's ``PreprocessSoftmaxScaling`` and ``CalculateInputRadius`` for 5 integer bits:
     ``(input_multiplier, input_left_shift, diff_min)``."""
     from firmware.graph import quantize_multiplier
-    real = min(float(beta) * float(np.float32(input_scale)) * (1 << 26), (1 << 31) - 1.0)
-    multiplier, left_shift = quantize_multiplier(real)
+    top = (1 << 30) - 1.0 if single else (1 << 31) - 1.0
+    real = min(float(beta) * float(np.float32(input_scale)) * (1 << 26), top)
+    multiplier, left_shift = quantize_multiplier(real, single=single)
     radius = math.floor(31.0 * (1 << 26) / (1 << left_shift))
     return multiplier, left_shift, -radius
 
 
-def softmax_int8(x, beta: float, input_scale: float) -> np.ndarray:
+def softmax_int8(x, beta: float, input_scale: float, *, single: bool = True) -> np.ndarray:
     """TFLite's reference int8 softmax over the last axis (output scale 1/256, zero point
-    -128)."""
+    -128); ``single``: the input scaling of a ``TFLITE_SINGLE_ROUNDING`` build."""
     x = _i64(x)
-    multiplier, left_shift, diff_min = softmax_params(beta, input_scale)
+    multiplier, left_shift, diff_min = softmax_params(beta, input_scale, single=single)
     diff = x - x.max(axis=-1, keepdims=True)
     use = diff >= diff_min
-    scaled = srdhm(diff << left_shift, multiplier)            # Q5.26
+    if single:                                                # Q5.26
+        scaled = mbqm(diff, multiplier, left_shift, single=True)
+    else:
+        scaled = srdhm(diff << left_shift, multiplier)
     exps = exp_on_negative_values(scaled)                     # Q0.31
     total = np.where(use, rdbpot(exps, 12), 0).sum(axis=-1, keepdims=True)   # Q12.19
     out = np.empty_like(x)

@@ -87,10 +87,11 @@ class Tensor:
 
 # Requantisation --------------------------------------------------------------------------
 
-def quantize_multiplier(real: float) -> tuple[int, int]:
+def quantize_multiplier(real: float, *, single: bool = True) -> tuple[int, int]:
     """TFLite's ``QuantizeMultiplier``: ``(M, e)`` with ``real ~= M * 2**(e - 31)``, ``M`` a
     Q31 int32 from frexp's mantissa rounded half away from zero (a mantissa that rounds to
-    ``2**31`` halves and bumps ``e``); multipliers below ``2**-31`` flush to ``(0, 0)``."""
+    ``2**31`` halves and bumps ``e``); multipliers below ``2**-31`` flush to ``(0, 0)``; with
+    ``single`` rounding (``TFLITE_SINGLE_ROUNDING``) ``e`` saturates at 30."""
     if real < 0 or not math.isfinite(real):
         raise GraphError(f"a requantisation scale of {real!r}; allowed: finite, >= 0")
     if real == 0:
@@ -103,25 +104,30 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
         exponent += 1
     if exponent < -31:
         return 0, 0
+    if single and exponent > 30:
+        return (1 << 31) - 1, 30
     return q_fixed, exponent
 
 
 def requant_from_real(reals, zero_point: int, *, func: Func = Func.IDENTITY,
-                      clamp_hi: int = 127, where: str = "") -> Requant:
+                      clamp_hi: int = 127, single: bool = True, where: str = "") -> Requant:
     """The :class:`Requant` of TFLite's ``MultiplyByQuantizedMultiplier`` for the real
     multipliers ``reals`` (one per output channel): Q31 multipliers from
-    :func:`quantize_multiplier`, ``shift = 31 - e`` and double rounding, which is the same
-    integer for every accumulator ``x`` with ``x << max(e, 0)`` in int32."""
+    :func:`quantize_multiplier` and ``shift = 31 - e``. ``single``: a build with
+    ``TFLITE_SINGLE_ROUNDING`` (``(x * M + 2**(s - 1)) >> s``, exactly HALF_UP); otherwise
+    gemmlowp's double rounding (DOUBLE), the same integer for every accumulator ``x`` with
+    ``x << max(e, 0)`` in int32."""
     mults, shifts = [], []
     for real in np.atleast_1d(np.asarray(reals, dtype=np.float64)):
-        m, e = quantize_multiplier(float(real))
+        m, e = quantize_multiplier(float(real), single=single)
         if not -32 <= e <= 31:
             raise GraphError(f"{where}: the requantisation scale {real:.6g} needs a shift of "
                              f"{31 - e}; the activation unit shifts by 0 to 63")
         mults.append(m)
         shifts.append(31 - e)
     return Requant(np.array(mults, dtype=np.int64), np.array(shifts, dtype=np.int64),
-                   Rounding.DOUBLE, int(zero_point), func, int(clamp_hi))
+                   Rounding.HALF_UP if single else Rounding.DOUBLE, int(zero_point), func,
+                   int(clamp_hi))
 
 
 @dataclass(eq=False)
@@ -413,23 +419,27 @@ class Add(Op):
     out_scale: tuple[int, int] = (0, 0)
     out_zp: int = 0
     act: tuple[int, int] = (-128, 127)
+    single: bool = True
 
     @classmethod
     def from_scales(cls, name, inputs, outputs, s1: float, z1: int, s2: float, z2: int,
-                    so: float, zo: int, act: tuple[int, int]) -> Add:
+                    so: float, zo: int, act: tuple[int, int], single: bool = True) -> Add:
         """The parameters TFLite's Prepare derives from the float32 scales."""
         twice_max = 2 * float(max(np.float32(s1), np.float32(s2)))
         left = 20
-        params = [quantize_multiplier(float(np.float32(s)) / twice_max) for s in (s1, s2)]
-        out = quantize_multiplier(twice_max / ((1 << left) * float(np.float32(so))))
+        params = [quantize_multiplier(float(np.float32(s)) / twice_max, single=single)
+                  for s in (s1, s2)]
+        out = quantize_multiplier(twice_max / ((1 << left) * float(np.float32(so))),
+                                  single=single)
         return cls(name, inputs, outputs, zps=(z1, z2), left_shift=left,
-                   scales=tuple(params), out_scale=out, out_zp=zo, act=act)
+                   scales=tuple(params), out_scale=out, out_zp=zo, act=act, single=single)
 
     def reference(self, a, b):
         a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
-        sa = fp.mbqm((a - self.zps[0]) << self.left_shift, *self.scales[0])
-        sb = fp.mbqm((b - self.zps[1]) << self.left_shift, *self.scales[1])
-        out = fp.mbqm(sa + sb, *self.out_scale) + self.out_zp
+        one = self.single
+        sa = fp.mbqm((a - self.zps[0]) << self.left_shift, *self.scales[0], single=one)
+        sb = fp.mbqm((b - self.zps[1]) << self.left_shift, *self.scales[1], single=one)
+        out = fp.mbqm(sa + sb, *self.out_scale, single=one) + self.out_zp
         return [np.clip(out, *self.act)]
 
 
@@ -440,9 +450,10 @@ class Softmax(Op):
     scale; the output is int8 with scale 1/256 and zero point -128."""
     beta: float = 1.0
     input_scale: float = 1.0
+    single: bool = True
 
     def reference(self, x):
-        return [fp.softmax_int8(x, self.beta, self.input_scale)]
+        return [fp.softmax_int8(x, self.beta, self.input_scale, single=self.single)]
 
 
 @dataclass(eq=False)
@@ -466,9 +477,11 @@ class Requantize(Op):
     multiplier: tuple[int, int] = (0, 0)
     out_zp: int = 0
     out_range: tuple[int, int] = (-128, 127)
+    single: bool = True
 
     def reference(self, x):
-        v = fp.mbqm(np.asarray(x, np.int64) - self.in_zp, *self.multiplier) + self.out_zp
+        v = fp.mbqm(np.asarray(x, np.int64) - self.in_zp, *self.multiplier,
+                    single=self.single) + self.out_zp
         return [np.clip(v, *self.out_range)]
 
 

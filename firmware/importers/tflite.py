@@ -10,7 +10,11 @@ on every element:
   fully connected layer multiplies the two float32 scales in float32 first, as
   ``GetQuantizedConvolutionMultipler`` does; the others in double, as
   ``PopulateConvolutionQuantizationParams`` does), quantised by ``QuantizeMultiplier``
-  and applied with double rounding (:func:`firmware.graph.requant_from_real`);
+  and applied as the build rounds (:data:`ROUNDINGS`; :func:`firmware.graph.requant_from_real`):
+  LiteRT 2.3's reference FULLY_CONNECTED rounds the exact product once, half up (HALF_UP
+  with ``shift = 31 - e``), its convolutions round twice as gemmlowp does (DOUBLE). Measured
+  on near-ties in the shared models and the tests' operator model: either kind with the
+  other kind's rounding differs from LiteRT, this assignment never did;
 - the fused activation's range (``CalculateActivationRangeQuantized``) must be what the
   activation unit computes: none, RELU (``max(q, z_out)``) or RELU6 (CLAMP); RELU_N1_TO_1 is
   refused unless it coincides with one of them;
@@ -51,8 +55,18 @@ def _op_names() -> dict[int, str]:
     return {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
 
 
+#: How the TFLite build the model is to match rounds ``MultiplyByQuantizedMultiplier``, per
+#: operator kind (fully connected, convolutions, host operators): ``True`` is one rounding
+#: half up of the exact product (``TFLITE_SINGLE_ROUNDING``, ruy), ``False`` gemmlowp's double
+#: rounding. ``litert``: what LiteRT 2.3's reference op resolver was measured to compute (its
+#: int8 FULLY_CONNECTED rounds once, its convolutions, softmax twice); ``double``: gemmlowp's
+#: everywhere (TFLite built without single rounding); ``single``: one rounding everywhere.
+ROUNDINGS = {"litert": (True, False, False), "double": (False, False, False),
+             "single": (True, True, True)}
+
+
 def load(path, **options) -> g.Graph:
-    """The graph of the ``.tflite`` file at ``path``."""
+    """The graph of the ``.tflite`` file at ``path`` (options: see :func:`load_bytes`)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -61,13 +75,16 @@ def load(path, **options) -> g.Graph:
     return load_bytes(data, name=path.stem, **options)
 
 
-def load_bytes(data: bytes, *, name: str = "model") -> g.Graph:
-    """The graph of a TFLite flatbuffer held in ``data``."""
+def load_bytes(data: bytes, *, name: str = "model", rounding: str = "litert") -> g.Graph:
+    """The graph of a TFLite flatbuffer held in ``data``; ``rounding`` one of
+    :data:`ROUNDINGS`: the arithmetic of the TFLite build to match."""
+    if rounding not in ROUNDINGS:
+        raise ModelError(f"rounding={rounding!r}; allowed: {', '.join(ROUNDINGS)}")
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{name}: not a TFLite flatbuffer (no 'TFL3' identifier at byte 4; "
                          f"{len(data)} bytes); allowed: TFLite models (schema version 3)")
     try:
-        return _Importer(data, name).graph()
+        return _Importer(data, name, ROUNDINGS[rounding]).graph()
     except ModelError:
         raise
     except (IndexError, ValueError, TypeError, AttributeError) as error:
@@ -81,8 +98,9 @@ def load_bytes(data: bytes, *, name: str = "model") -> g.Graph:
 
 
 class _Importer:
-    def __init__(self, data: bytes, name: str):
+    def __init__(self, data: bytes, name: str, single: tuple[bool, bool, bool]):
         import tflite
+        self.fc_single, self.conv_single, self.single = single
         self.tflite = tflite
         self.data = data
         self.name = name
@@ -337,11 +355,15 @@ class _Importer:
         out_q = self._int8(where, outs[0], "output")
         n = self._shape(wi)[0]
         w, w_scale, per_channel = self._weights(where, wi, n, 0)
-        real = [float(np.float32(in_q.scale)) * float(s) / float(np.float32(out_q.scale))
-                for s in w_scale[:n if per_channel else 1]]
+        if per_channel:
+            real = [float(np.float32(in_q.scale)) * float(s) / float(np.float32(out_q.scale))
+                    for s in w_scale]
+        else:       # GetQuantizedConvolutionMultipler: the product of the float32 scales
+            product = np.float32(np.float32(in_q.scale) * w_scale[0])
+            real = [float(product) / float(np.float32(out_q.scale))]
         func, clamp = self._core_act(where, code, outs[0])
         requant = g.requant_from_real(real, out_q.zero_point, func=func, clamp_hi=clamp,
-                                      where=where)
+                                      single=self.fc_single, where=where)
         self._add(g.FullyConnected, where, self.tnames[op.OutputsAsNumpy()[0]],
                   inputs=[self._declare(x)], outputs=[self.tnames[outs[0]]], weight=w.T,
                   bias=self._bias(where, bi, n), input_zp=in_q.zero_point, requant=requant)
@@ -364,7 +386,7 @@ class _Importer:
                 for s in w_scale]
         func, clamp = self._core_act(where, opts.FusedActivationFunction(), outs[0])
         requant = g.requant_from_real(real, out_q.zero_point, func=func, clamp_hi=clamp,
-                                      where=where)
+                                      single=self.conv_single, where=where)
         op = self._add(g.Conv2D, where, self.tnames[outs[0]], inputs=[self._declare(x)],
                        outputs=[self.tnames[outs[0]]], weight=w_hwio,
                        bias=self._bias(where, bi, cout), input_zp=in_q.zero_point,
@@ -435,7 +457,7 @@ class _Importer:
                              f"softmax)")
         self._add(g.Softmax, where, self.tnames[outs[0]], inputs=[self._operand(ins[0])],
                   outputs=[self.tnames[outs[0]]], beta=opts.Beta() if opts else 1.0,
-                  input_scale=in_q.scale)
+                  input_scale=in_q.scale, single=self.single)
 
     def _op_add(self, op, where, ins, outs, k):
         opts = self._options(op, "AddOptions")
@@ -446,7 +468,8 @@ class _Importer:
             add = g.Add.from_scales(self.tnames[outs[0]],
                                     [self._operand(ins[0]), self._operand(ins[1])],
                                     [self.tnames[outs[0]]], qa.scale, qa.zero_point,
-                                    qb.scale, qb.zero_point, qo.scale, qo.zero_point, act)
+                                    qb.scale, qb.zero_point, qo.scale, qo.zero_point, act,
+                                    single=self.single)
         except g.GraphError as error:
             raise ModelError(f"{where}: {error}") from None
         self.ops.append(add)
@@ -464,8 +487,8 @@ class _Importer:
         real = float(np.float32(in_q.scale)) / float(np.float32(out_q.scale))
         self._add(g.Requantize, where, self.tnames[outs[0]], inputs=[self._operand(ins[0])],
                   outputs=[self.tnames[outs[0]]], in_zp=in_q.zero_point,
-                  multiplier=g.quantize_multiplier(real), out_zp=out_q.zero_point,
-                  out_range=(lo, hi))
+                  multiplier=g.quantize_multiplier(real, single=self.single),
+                  out_zp=out_q.zero_point, out_range=(lo, hi), single=self.single)
 
     def _op_dequantize(self, op, where, ins, outs, k):
         in_q = self._qparams(ins[0])
