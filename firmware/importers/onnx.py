@@ -1398,3 +1398,59 @@ def _float_graph(model, label: str, calibration) -> g.Graph:
     inits = {i.name for i in model.graph.initializer}
     inp = [i.name for i in model.graph.input if i.name not in inits][0]
     return graph_of_quantised(qnet, inp, model.graph.output[0].name, label)
+
+
+# Checking against onnxruntime ------------------------------------------------------------------
+
+def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> list[dict]:
+    """Per quantised tensor of the ONNX model ``source`` (every QuantizeLinear output and
+    QOperator result, in model order): the elements of ``tensors`` (a run's or the
+    reference's graph tensors, for ``inputs``) equal to onnxruntime's on the same inputs.
+    Rows: ``tensor`` (ONNX name), ``operator`` and ``runs on`` (the graph operator that
+    computes it), ``equal``, ``size``. Needs onnxruntime (a dev dependency)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = onnx.ModelProto()
+    model.CopyFrom(_read(source))
+    names = getattr(graph, "onnx_names", {})
+    wanted = [o for n in model.graph.node for o in n.output if o in names
+              and graph.tensors[names[o][0]].dtype != "float32"]
+    known = {o.name for o in model.graph.output}
+    for name in wanted:
+        if name not in known:
+            model.graph.output.append(helper.make_tensor_value_info(
+                name, _ONNX_TYPE[_integer_dtype(names, graph, name)], None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+    outs = [o.name for o in session.get_outputs()]
+    feeds = {k: np.asarray(v).astype(np.float32 if graph.tensors[k].dtype == "float32"
+                                     else graph.tensors[k].dtype) for k, v in inputs.items()}
+    values = dict(zip(outs, session.run(None, feeds), strict=True))
+    producers = {t: op for op in graph.ops for t in op.outputs}
+    rows = []
+    for name in wanted:
+        gname, offset, nhwc = names[name]
+        if gname not in tensors:
+            continue
+        mine = np.asarray(tensors[gname], dtype=np.int64) + offset
+        if nhwc and mine.ndim == 4:
+            mine = mine.transpose(0, 3, 1, 2)
+        want = np.asarray(values[name], dtype=np.int64).reshape(mine.shape)
+        op = producers.get(gname)
+        rows.append({"tensor": name, "operator": type(op).__name__ if op else "input",
+                     "runs on": "core" if op is not None and op.core else "host",
+                     "equal": int((mine == want).sum()), "size": int(mine.size)})
+    return rows
+
+
+_ONNX_TYPE = {"uint8": 2, "int8": 3, "int32": 6}
+
+
+def _integer_dtype(names, graph, onnx_name) -> str:
+    gname, offset, _ = names[onnx_name]
+    dtype = graph.tensors[gname].dtype
+    return "uint8" if offset == 128 else dtype

@@ -804,3 +804,25 @@ def test_demo_on_the_isa_simulator(capsys):
     out = capsys.readouterr().out
     assert "isa outputs equal to onnxruntime's: every one of 600 elements" in out
     assert "integer reference equal to onnxruntime's: yes" in out
+
+
+def test_amtpu_run_onnx_with_check(tmp_path, capsys):
+    """``amtpu run model.onnx --inputs x.npz --check``: per quantised tensor, the ISA
+    simulator's elements equal to onnxruntime's."""
+    from firmware.cli import main
+
+    rng = np.random.default_rng(SEED)
+    model = _cnn(rng, 2, (6, 6), [(3, 3, 1, (1, 1, 1, 1), True)], 4)
+    x = rng.normal(0, 1, (8, 2, 6, 6)).astype(F32)
+    q = _quantise(tmp_path, model, x, per_channel=True, activations="uint8")
+    path = tmp_path / "cnn_qdq.onnx"
+    onnx.save(q, path)
+    np.savez(tmp_path / "x.npz", x=x)
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.npz"), "--outputs",
+                 str(tmp_path / "y.npz"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "--check against onnxruntime (8 inputs)" in out
+    rows = [line for line in out.splitlines() if " / " in line]
+    assert len(rows) >= 4 and all(r.split()[-3] == r.split()[-1] for r in rows), out
+    with np.load(tmp_path / "y.npz") as y:
+        assert (y["y"] == _ort(q, {"x": x})[0]).all()
