@@ -7,8 +7,11 @@ What it reads
   on the float input, ``DequantizeLinear`` of int8 weights (per tensor or per output channel)
   and of int32 biases, ``Gemm`` / ``MatMul`` / ``Conv`` between them, a ``QuantizeLinear``
   after (with ``Relu`` / ``Clip`` in between or already folded into the output range),
-  ``MaxPool`` / ``Flatten`` / ``Reshape`` between a ``DequantizeLinear`` and a
-  ``QuantizeLinear`` of the same parameters, and a ``DequantizeLinear`` on the output;
+  ``GlobalAveragePool`` (on the core, a depthwise convolution of ones), ``Add`` of two
+  quantised tensors and ``AveragePool`` (host operators with onnxruntime's own float32
+  arithmetic: :class:`QLinearAdd`, :class:`QLinearAveragePool`), ``MaxPool`` / ``Flatten`` /
+  ``Reshape`` between a ``DequantizeLinear`` and a ``QuantizeLinear`` of the same
+  parameters, and a ``DequantizeLinear`` on the output;
 - the standard-domain QOperator ops ``QLinearMatMul``, ``QLinearConv``, ``MatMulInteger`` and
   ``ConvInteger`` (int32 output), with ``Flatten`` / ``Reshape`` / ``MaxPool`` on their
   integer tensors;
@@ -55,8 +58,9 @@ product. They agree except where the float32 rounding matters:
   ``2**-24 * |v| / 2``: rare, and each case is recognisable (:func:`float32_tie`).
 - results that saturate agree (the clamp bounds are integers).
 
-The integer reference executor therefore equals onnxruntime on every element except these
-counted cases, which the tests check one by one. Per-channel scales are one ``(M, shift)``
+(docs/onnx.md has the measurements, and those of ``QLinearAdd``, ``QLinearAveragePool`` and
+``QLinearGlobalAveragePool``.) The integer reference executor therefore equals onnxruntime on
+every element except these counted cases, which the tests check one by one. Per-channel scales are one ``(M, shift)``
 per column (the core's per-column shifts). uint8 activations are the same integers shifted by
 128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128, 127)``), so every tensor the
 core writes is int8; a uint8 network input goes in as uint8 (MATMUL's signed bit). The float
