@@ -60,8 +60,8 @@ product. They agree except where the float32 rounding matters:
 
 (docs/onnx.md has the measurements, and those of ``QLinearAdd``, ``QLinearAveragePool`` and
 ``QLinearGlobalAveragePool``.) The integer reference executor therefore equals onnxruntime on
-every element except these counted cases, which the tests check one by one. Per-channel scales are one ``(M, shift)``
-per column (the core's per-column shifts). uint8 activations are the same integers shifted by
+every element except these counted cases, which the tests check one by one. Per-channel
+scales are one ``(M, shift)`` per column (the core's per-column shifts). uint8 activations are the same integers shifted by
 128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128, 127)``), so every tensor the
 core writes is int8; a uint8 network input goes in as uint8 (MATMUL's signed bit). The float
 scale is per tensor; a ``float16`` scale is converted exactly to float32 first.
