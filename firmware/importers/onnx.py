@@ -54,22 +54,23 @@ product. They agree except where the float32 rounding matters:
   product *across* a tie, only *onto* one: when the exact product lies within half a float32
   ulp of ``j + 0.5`` without being on it, onnxruntime sees a tie and rounds to the even
   neighbour, which is the wrong neighbour half of the time. Exact ties (common with
-  power-of-two scales) are float32 numbers and agree. The chance per element is about
-  ``2**-24 * |v| / 2``: rare, and each case is recognisable (:func:`float32_tie`).
+  power-of-two scales) are float32 numbers and agree. The chance per element is at most
+  about ``|v| * 2**-24``: rare, and each case is recognisable (:func:`float32_tie`).
 - results that saturate agree (the clamp bounds are integers).
 
 (docs/onnx.md has the measurements, and those of ``QLinearAdd``, ``QLinearAveragePool`` and
 ``QLinearGlobalAveragePool``.) The integer reference executor therefore equals onnxruntime on
-every element except these counted cases, which the tests check one by one. Per-channel
-scales are one ``(M, shift)`` per column (the core's per-column shifts). uint8 activations are the same integers shifted by
-128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128, 127)``), so every tensor the
-core writes is int8; a uint8 network input goes in as uint8 (MATMUL's signed bit). The float
-scale is per tensor; a ``float16`` scale is converted exactly to float32 first.
+every element except these counted cases, which the tests check one by one. Per-channel scales
+are one ``(M, shift)`` per column (the core's per-column shifts). uint8 activations are the
+same integers shifted by 128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128,
+127)``), so every tensor the core writes is int8; a uint8 network input goes in as uint8
+(MATMUL's signed bit). The float scale is per tensor; a ``float16`` scale is converted exactly
+to float32 first.
 
 Weight zero points other than 0 (uint8 weights) change ``w - zw`` into ``-255..255``, more than
-an int8 weight tile holds. The importer splits ``w - zw = w_hi + w_lo`` with both parts int8
-and runs ``[x, x] @ [w_hi; w_lo]``: the same input read twice (stacked along K), which is
-exact (:func:`split_weights`).
+an int8 weight tile holds. The importer splits ``w - zw`` into int8 parts (two, or three when
+it reaches 255) and runs ``[x, x] @ [part_0; part_1]``: the same input read twice (stacked
+along K), which is exact (:func:`split_weights`).
 """
 
 from __future__ import annotations
