@@ -6,7 +6,8 @@ What it reads
 - QDQ models as ``onnxruntime.quantization.quantize_static`` writes them: ``QuantizeLinear``
   on the float input, ``DequantizeLinear`` of int8 weights (per tensor or per output channel)
   and of int32 biases, ``Gemm`` / ``MatMul`` / ``Conv`` between them, a ``QuantizeLinear``
-  after (with ``Relu`` / ``Clip`` in between or already folded into the output range),
+  after (a ``Relu`` / ``Clip`` in between only where onnxruntime folds it: the output range's
+  clamp already does its work),
   ``GlobalAveragePool`` (on the core, a depthwise convolution of ones), ``Add`` of two
   quantised tensors and ``AveragePool`` (host operators with onnxruntime's own float32
   arithmetic: :class:`QLinearAdd`, :class:`QLinearAveragePool`), ``MaxPool`` / ``Flatten`` /
@@ -717,6 +718,7 @@ class _Importer:
             raise ModelError(f"{_where(node)}: supported after a Gemm/MatMul/Conv whose result "
                              f"is quantised next (the activation unit applies it)")
         v.pending["func"] = Func.RELU
+        v.pending["act_node"] = node
         self.values[node.output[0]] = v
 
     def op_Clip(self, node):
@@ -728,6 +730,7 @@ class _Importer:
         lo = self.const(node, 1, "min", optional=True)
         hi = self.const(node, 2, "max", optional=True)
         v.pending["func"] = Func.CLAMP
+        v.pending["act_node"] = node
         v.pending["clip"] = (None if lo is None else float(lo), None if hi is None else
                              float(hi))
         self.values[node.output[0]] = v
@@ -833,10 +836,11 @@ class _Importer:
             return
         self._product(node, qnode.output[0], x, p["x_scale"], p["x_zp"], p["weight"],
                       p["w_scale"], p["w_zp"], p["bias"], y_scale, y_zp, y_dtype, p["func"],
-                      p["clip"], p["kind"])
+                      p["clip"], p["kind"], act_node=p.get("act_node"))
 
     def _product(self, node, out, x: _Value, x_scale, x_zp, weight, w_scale, w_zp, bias,
-                 y_scale, y_zp, y_dtype, func, clip, kind, scales=None, groups=None):
+                 y_scale, y_zp, y_dtype, func, clip, kind, scales=None, groups=None,
+                 act_node=None):
         """The core operator(s) of one quantised product: ``out`` (ONNX name) =
         requantise((x - x_zp) @ (weight - w_zp) + bias)."""
         n = weight.shape[1] if kind == "dense" else weight.shape[0]
@@ -850,21 +854,26 @@ class _Importer:
         s = np.broadcast_to(s.astype(F32), (n,))
         mults, shifts = zip(*(float32_multiplier(si) for si in s), strict=True)
         clamp_hi = 127
+        # onnxruntime folds a Relu / Clip before a QuantizeLinear into its integer kernels
+        # only when the output range's own clamp already does its work; otherwise it runs the
+        # product in float32 (FusedGemm, Conv), which no integer arithmetic reproduces.
+        act = act_node or node
+        if func == Func.RELU and y_zp != lo:
+            raise ModelError(f"{_where(act)}: a Relu before a QuantizeLinear of zero point "
+                             f"{y_zp}: onnxruntime folds it into its integer kernel only when "
+                             f"the zero point is the type's minimum {lo} (as quantize_static "
+                             f"writes it) and otherwise computes in float; supported: {lo}")
         if func == Func.CLAMP:
             cmin, cmax = clip
-            qmin = lo if cmin is None else int(quantize_linear(cmin, y_scale, y_zp,
-                                                               y_dtype == "int8"))
-            qmax = hi if cmax is None else int(quantize_linear(cmax, y_scale, y_zp,
-                                                               y_dtype == "int8"))
-            if qmin <= lo and qmax >= hi:
-                func = Func.IDENTITY
-            elif qmin == y_zp:
-                clamp_hi = qmax - offset
-                func = Func.CLAMP if qmax < hi else Func.RELU
-            else:
-                raise ModelError(f"{_where(node)}: Clip's minimum quantises to {qmin}, "
-                                 f"neither the output zero point {y_zp} nor below {lo}; the "
-                                 f"activation unit clamps from the zero point only")
+            low = F32(F32(lo - y_zp) * F32(y_scale))
+            high = F32(F32(hi - y_zp) * F32(y_scale))
+            if (cmin is not None and cmin > low) or (cmax is not None and cmax < high):
+                raise ModelError(f"{_where(act)}: Clip({cmin}, {cmax}) narrows the quantised "
+                                 f"range [{low}, {high}]: onnxruntime folds a Clip into its "
+                                 f"integer kernel only when it does not, and otherwise "
+                                 f"computes in float; supported: a Clip the output range "
+                                 f"covers")
+            func = Func.IDENTITY
         requant = g.Requant(np.array(mults), np.array(shifts), Rounding.HALF_EVEN, zq, func,
                             clamp_hi)
         d = weight - (np.asarray(w_zp, dtype=np.int64).reshape(

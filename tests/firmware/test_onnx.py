@@ -669,7 +669,29 @@ def test_refuses_clip_from_below_the_zero_point(tmp_path):
     nodes.insert(nodes.index(gemm) + 1, clip)
     del q.graph.node[:]
     q.graph.node.extend(nodes)
-    with pytest.raises(ModelError, match=r"node 'clip' \(Clip\)|Clip's minimum"):
+    with pytest.raises(ModelError, match=r"node 'clip' \(Clip\): Clip\(-0.5, 0.5\) narrows "
+                                         r"the quantised range"):
+        oi.load(q)
+
+
+def test_refuses_relu_that_onnxruntime_runs_in_float(tmp_path):
+    """A Relu before a QuantizeLinear whose zero point is not the minimum: onnxruntime runs
+    that Gemm in float (FusedGemm), so the importer refuses it by name."""
+    rng = np.random.default_rng(3)
+    model = _mlp(rng, (13, 7, 5), True)
+    x = rng.normal(0, 1, (64, 13)).astype(F32)
+    q = _quantise(tmp_path, model, x[:32], per_channel=True, activations="int8")
+    gemm = [n for n in q.graph.node if n.op_type == "Gemm"][-1]
+    quant = next(n for n in q.graph.node if n.op_type == "QuantizeLinear"
+                 and n.input[0] == gemm.output[0])
+    relu = helper.make_node("Relu", [gemm.output[0]], ["relu_out"], name="late_relu")
+    quant.input[0] = "relu_out"
+    nodes = list(q.graph.node)
+    nodes.insert(nodes.index(gemm) + 1, relu)
+    del q.graph.node[:]
+    q.graph.node.extend(nodes)
+    with pytest.raises(ModelError, match=r"node 'late_relu' \(Relu\): a Relu before a "
+                                         r"QuantizeLinear of zero point -?\d+"):
         oi.load(q)
 
 
