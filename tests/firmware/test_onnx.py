@@ -304,7 +304,8 @@ def _residual_cnn(rng, cin, hw, c, dense):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _quantise(tmp_path, model, x, *, per_channel: bool, activations: str):
+def _quantise(tmp_path, model, x, *, per_channel: bool, activations: str,
+              weights: str = "int8"):
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
@@ -312,7 +313,8 @@ def _quantise(tmp_path, model, x, *, per_channel: bool, activations: str):
     logging.disable(logging.WARNING)
     try:
         quantize_static(str(src), str(dst), _Reader("x", x), quant_format=QuantFormat.QDQ,
-                        per_channel=per_channel, weight_type=QuantType.QInt8,
+                        per_channel=per_channel,
+                        weight_type=QuantType.QInt8 if weights == "int8" else QuantType.QUInt8,
                         activation_type=(QuantType.QUInt8 if activations == "uint8"
                                          else QuantType.QInt8))
     finally:
@@ -408,23 +410,26 @@ def _compare_with_onnxruntime(model, x, *, transport: str | None = "isa"):
 
 
 MLP_CASES = [
-    # sizes, gemm, per_channel, activations
-    ((13, 7, 5), True, True, "uint8"),
-    ((13, 7, 5), True, False, "int8"),
-    ((30, 17, 9, 3), False, True, "int8"),
-    ((64, 33, 10), True, True, "int8"),
-    ((5, 1, 11), False, False, "uint8"),
+    # sizes, gemm, per_channel, activations, weights
+    ((13, 7, 5), True, True, "uint8", "int8"),
+    ((13, 7, 5), True, False, "int8", "int8"),
+    ((30, 17, 9, 3), False, True, "int8", "int8"),
+    ((64, 33, 10), True, True, "int8", "int8"),
+    ((5, 1, 11), False, False, "uint8", "int8"),
+    ((21, 10, 6), True, False, "uint8", "uint8"),    # uint8 weights: zero points, split
+    ((9, 14, 4), False, True, "uint8", "uint8"),
 ]
 
 
-@pytest.mark.parametrize("sizes,gemm,per_channel,activations", MLP_CASES)
-def test_qdq_mlp_equals_onnxruntime(tmp_path, sizes, gemm, per_channel, activations):
+@pytest.mark.parametrize("sizes,gemm,per_channel,activations,weights", MLP_CASES)
+def test_qdq_mlp_equals_onnxruntime(tmp_path, sizes, gemm, per_channel, activations, weights):
     seed = SEED + sum(sizes)
     print("seed", seed)
     rng = np.random.default_rng(seed)
     model = _mlp(rng, sizes, gemm)
     x = rng.normal(0, 1, (64, sizes[0])).astype(F32)
-    q = _quantise(tmp_path, model, x[:32], per_channel=per_channel, activations=activations)
+    q = _quantise(tmp_path, model, x[:32], per_channel=per_channel, activations=activations,
+                  weights=weights)
     elements, differ = _compare_with_onnxruntime(q, x)
     print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
 
