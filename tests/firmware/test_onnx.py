@@ -853,3 +853,37 @@ def test_amtpu_run_onnx_with_check(tmp_path, capsys):
     assert len(rows) >= 4 and all(r.split()[-3] == r.split()[-1] for r in rows), out
     with np.load(tmp_path / "y.npz") as y:
         assert (y["y"] == _ort(q, {"x": x})[0]).all()
+
+
+# on the RTL core ------------------------------------------------------------------------------
+
+RTL_MODELS = ["cnn_gap", "residual", "mlp_uint8_weights"]
+
+
+@pytest.mark.parametrize("which", RTL_MODELS)
+def test_qdq_model_on_the_rtl_core(tmp_path, rtl_device, which):
+    """QDQ models on the RTL core (``SIM``): per-channel shifts and half-even rounding in the
+    activation unit, core and host segments; every output element equal to onnxruntime's."""
+    seed = SEED + RTL_MODELS.index(which)
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    if which == "cnn_gap":
+        model = _cnn(rng, 2, (6, 5), [(5, 3, 2, (1, 1, 1, 0), False), "gap"], 4)
+        x = rng.normal(0, 1, (6, 2, 6, 5)).astype(F32)
+        q = _quantise(tmp_path, model, x, per_channel=True, activations="uint8")
+    elif which == "residual":
+        model = _residual_cnn(rng, 1, (4, 4), 3, 3)
+        x = rng.normal(0, 1, (4, 1, 4, 4)).astype(F32)
+        q = _quantise(tmp_path, model, x, per_channel=True, activations="int8")
+    else:
+        model = _mlp(rng, (11, 9, 5), True)
+        x = rng.normal(0, 1, (12, 11)).astype(F32)
+        q = _quantise(tmp_path, model, x, per_channel=False, activations="uint8",
+                      weights="uint8")
+    graph = oi.load(q)
+    want = _ort(q, {"x": x})[0]
+    run = g.run_graph(graph, {"x": x}, device=rtl_device("default"))
+    out = run.outputs[graph.outputs[0]]
+    assert (out == graph.reference({"x": x})[graph.outputs[0]]).all()
+    assert (out == want).all(), f"{int((out != want).sum())} elements differ from onnxruntime"
+    assert run.cycles and run.cycles > 0
