@@ -64,8 +64,8 @@ product. They agree except where the float32 rounding matters:
 every element except these counted cases, which the tests check one by one. Per-channel scales
 are one ``(M, shift)`` per column (the core's per-column shifts). uint8 activations are the
 same integers shifted by 128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128,
-127)``), so every tensor the core writes is int8; a uint8 network input goes in as uint8
-(MATMUL's signed bit). The float scale is per tensor; a ``float16`` scale is converted exactly
+127)``), so every tensor the core writes is int8, and a uint8 network input goes in shifted
+too (a host ``x - 128``, so cores with int8 operands only take it). The float scale is per tensor; a ``float16`` scale is converted exactly
 to float32 first.
 
 Weight zero points other than 0 (uint8 weights) change ``w - zw`` into ``-255..255``, more than
@@ -497,7 +497,8 @@ class _Importer:
         if dtype == "float32":
             self.values[inp.name] = _Value("float", tuple(shape), inp.name, dtype="float32")
         else:
-            self.values[inp.name] = _Value("int", tuple(shape), inp.name, dtype=dtype)
+            v = _Value("int", tuple(shape), inp.name, dtype=dtype)
+            self.values[inp.name] = self.as_int8(v, inp.name)
         for node in graph.node:
             handler = getattr(self, f"op_{node.op_type}")
             handler(node)
@@ -592,8 +593,8 @@ class _Importer:
             self.tensor(name, x.shape, dtype, QParams(float(s), z, dtype == "int8"))
             self.ops.append(QuantizeLinear(_name(node), [x.name], [name], scale=float(s),
                                            zero_point=z, signed=dtype == "int8"))
-            v = _Value("int", x.shape, name, dtype=dtype, scale=np.asarray(s),
-                       zero_point=np.asarray(z))
+            v = self.as_int8(_Value("int", x.shape, name, dtype=dtype, scale=np.asarray(s),
+                                    zero_point=np.asarray(z)), out)
             if len(x.shape) == 4:
                 v = self.to_nhwc(v, out)
             self.values[out] = v
@@ -633,6 +634,19 @@ class _Importer:
                              f"supported: one scale per tensor")
         self.values[out] = _Value("dq", x.shape, x.name, dtype=x.dtype, scale=scale,
                                   zero_point=zp, offset=x.offset, nhwc=x.nhwc)
+
+    def as_int8(self, v: _Value, base: str) -> _Value:
+        """A uint8 tensor as the int8 tensor 128 below it (cores with int8 operands only
+        take it so, and every tensor the core writes is int8 anyway); others unchanged."""
+        if v.dtype != "uint8" or v.offset:
+            return v
+        src = self.tensors[v.name]
+        q = src.q and QParams(src.q.scale, src.q.zero_point - 128, True)
+        name = self.fresh(base)
+        self.tensor(name, src.shape, "int8", q)
+        self.ops.append(Offset(f"{base}:int8", [v.name], [name], offset=-128))
+        return _Value(v.kind, v.shape, name, dtype=v.dtype, scale=v.scale,
+                      zero_point=v.zero_point, offset=128, nhwc=v.nhwc)
 
     def to_nhwc(self, v: _Value, base: str) -> _Value:
         n, c, h, w = self.tensors[v.name].shape
