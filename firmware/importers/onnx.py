@@ -64,9 +64,9 @@ product. They agree except where the float32 rounding matters:
 every element except these counted cases, which the tests check one by one. Per-channel scales
 are one ``(M, shift)`` per column (the core's per-column shifts). uint8 activations are the
 same integers shifted by 128 (``clamp(r + zy, 0, 255) - 128 == clamp(r + zy - 128, -128,
-127)``), so every tensor the core writes is int8, and a uint8 network input goes in shifted
-too (a host ``x - 128``, so cores with int8 operands only take it). The float scale is per tensor; a ``float16`` scale is converted exactly
-to float32 first.
+127)``), so every tensor the core writes is int8, and a uint8 network input goes in shifted too
+(a host ``x - 128``, so cores with int8 operands only take it). The float scale is per tensor;
+a ``float16`` scale is converted exactly to float32 first.
 
 Weight zero points other than 0 (uint8 weights) change ``w - zw`` into ``-255..255``, more than
 an int8 weight tile holds. The importer splits ``w - zw`` into int8 parts (two, or three when
