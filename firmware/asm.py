@@ -46,9 +46,10 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
   A byte is -128..255 (int8 or uint8, the same raw bits); an int32 is -2**31..2**32-1.
   ``.hex`` gives a row as two hex digits per element, element 0 first.
 - ``.word VALUE`` is one raw beat, anywhere: an instruction word the assembler would reject
-  (unknown opcode, bits above bit 63; the assembler expects no data lines after it, so the
-  disassembler prints the data beats of such a word as ``.word`` too), or a data beat with
-  bits set above its row.
+  (unknown opcode, bits above bit 63, ``column_shifts`` with a non-zero ``shift``; the
+  assembler expects no data lines after it, so the disassembler prints the data beats of
+  such a word as ``.word`` too), or a data beat with bits set above its row (or, in the
+  per-column shift beat, above a lane's six shift bits).
 
 :func:`disassemble` prints canonical text: layout field order, value fields then flags, short
 names, fields with a default only when they differ from it (after the others), reserved

@@ -720,7 +720,9 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
     """Run ``graph`` on ``inputs`` (by name, integers of the input tensors' types, any
     batch): core steps on ``device`` (a :class:`firmware.device.Device`, or a transport name
     opened for ``config``, the default configuration if none), host steps in numpy.
-    ``compiled`` caches compiled segments between calls (a dict the caller keeps)."""
+    ``compiled``: a dict the caller keeps to reuse the lowering and the compiled segments
+    between calls for the same graph and configuration. Raises
+    :class:`firmware.compiler.CompileError` naming the segment when one does not fit."""
     from firmware.compiler import compile_network
     from firmware.device import open_device
     from firmware.runtime import run
@@ -730,11 +732,19 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
     if own:
         device = open_device(device, config or get_config("default"))
     config = device.config
-    compiled = {} if compiled is None else compiled
+    cache = {} if compiled is None else compiled
+    key = (id(graph), config)
     try:
         values = dict(graph.check_inputs(inputs))
+        if key not in cache or cache[key][0] is not graph:
+            steps = lower(graph, config)
+            executables = {id(seg): compile_network(seg.network, config)
+                           for step in steps if isinstance(step, CoreStep)
+                           for seg in step.segments}
+            cache[key] = (graph, steps, executables)
+        _, steps, executables = cache[key]
         result = GraphRun({}, values, macs=0, array_cells=config.rows * config.cols)
-        for step in lower(graph, config):
+        for step in steps:
             if isinstance(step, HostStep):
                 op = step.op
                 for name, v in zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
@@ -746,11 +756,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
             n = len(x)
             out = np.zeros((n, *out_t.shape[1:]), dtype=np.int64)
             for seg in step.segments:
-                key = (id(seg.network.stages[0].weight), seg.network.name, config)
-                if key not in compiled:
-                    compiled[key] = (compile_network(seg.network, config), seg.network)
-                executable = compiled[key][0]
-                r = run(device, executable, _segment_input(step, seg, x))
+                r = run(device, executables[id(seg)], _segment_input(step, seg, x))
                 y = r.outputs
                 if seg.out_channels is None:
                     out = y.reshape(out.shape)

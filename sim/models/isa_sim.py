@@ -140,7 +140,9 @@ left shift ``x * 2**L`` fits int32:
   divided (``e >= 1``: ``2**(31-e)`` either way, the ``2**31 - 1`` case a tie at ``e = 1``
   rounded away from zero);
 - ``n > 0``: ``R = 0`` and ``floor((x * 2**L * M + 2**30) / 2**31) = floor((p +
-  2**(s-1)) / 2**s)`` with ``s = 31 - L <= 31``: HALF_UP, which is DOUBLE for ``s <= 31``.
+  2**(s-1)) / 2**s)`` with ``s = 31 - L <= 31``: HALF_UP, which is DOUBLE for ``s <= 31``
+  (``L = 31``: both are ``p``; the saturating case ``x * 2**L = M = -2**31`` gives
+  ``2**31 - 1`` in TFLite and ``2**31``, clamped to ``2**31 - 1`` in step 4, here).
   TFLite computes ``x * 2**L`` in int32; where that overflows TFLite's result is not the
   rounded product (the wrapped value, or undefined in C++), and the core's is.
 

@@ -259,3 +259,15 @@ def test_refuses_bad_graphs_and_inputs():
         graph.reference({"t0": np.zeros((1, 6))})
     with pytest.raises(g.GraphError, match="outside int8"):
         graph.reference({"t0": np.full((1, 6), 300)})
+
+
+def test_run_graph_reuses_the_compiled_segments():
+    rng = np.random.default_rng(386)
+    graph = fc_chain(rng, [10, 4])
+    cache: dict = {}
+    x = rng.integers(-128, 128, (3, 10))
+    first = g.run_graph(graph, {"t0": x}, device="isa", compiled=cache)
+    (entry,) = cache.values()
+    second = g.run_graph(graph, {"t0": x[::-1]}, device="isa", compiled=cache)
+    assert list(cache.values()) == [entry]
+    np.testing.assert_array_equal(second.outputs["t1"], first.outputs["t1"][::-1])

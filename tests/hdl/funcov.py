@@ -168,6 +168,9 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     points += [f"{op}.slot.{end}" for op in ("activate", "load_params") for end in
                ("first", "last")]
     points += ["load_params.shift=0", "load_params.shift=63"]
+    points += [f"load_params.rounding={r.name.lower()}" for r in isa.Rounding]
+    points += ["load_params.column_shifts", "load_params.column_shift=0",
+               "load_params.column_shift=63", "load_params.column_shift_tie_multiplier"]
     for op, memory in MEMORY_ACCESSES:
         for point in ("first", "last", "single", "full"):
             if point != "full" or (_reachable_full(config, op, memory) and (
@@ -311,9 +314,12 @@ class ProgramObserver:
                     hit("activate.longer_than_matmul_latency")
                 self._slot("activate", f["slot"])
             elif opcode == isa.Opcode.LOAD_PARAMS:
-                data_beats, row = 2, "param"
+                data_beats, row = 2 + f["column_shifts"], "param"
                 self._slot("load_params", f["slot"])
-                if f["shift"] in (0, 63):
+                hit(f"load_params.rounding={f['rounding'].name.lower()}")
+                if f["column_shifts"]:
+                    self._column_shifts(beats[i:i + data_beats])
+                elif f["shift"] in (0, 63):
                     hit(f"load_params.shift={f['shift']}")
             for memory, (lo, hi) in ranges.items():
                 if (name, memory) in MEMORY_ACCESSES:
@@ -332,6 +338,22 @@ class ProgramObserver:
                 if int(data) >> rows_bits[row]:
                     hit("data_bits_above_row")
             i += data_beats
+
+    def _column_shifts(self, data: Sequence[int]) -> None:
+        """Per-column shifts (the third beat): the extremes, and a multiplier that makes
+        exact ties (``2**(s-1)`` at a column's shift ``s``, ``1 <= s <= 31``)."""
+        hit = self.coverage.hit
+        hit("load_params.column_shifts")
+        if len(data) < 3:
+            return
+        lane = (1 << 32) - 1
+        for j in range(self.config.cols):
+            s = (int(data[2]) >> (32 * j)) & 63
+            m = (int(data[1]) >> (32 * j)) & lane
+            if s in (0, 63):
+                hit(f"load_params.column_shift={s}")
+            if 1 <= s <= 31 and m == 1 << (s - 1):
+                hit("load_params.column_shift_tie_multiplier")
 
     def _slot(self, op: str, slot: int) -> None:
         if slot == 0:

@@ -148,6 +148,16 @@ class _Fuzzer:
         """An integer in ``lo..hi`` (inclusive)."""
         return int(self.rng.integers(lo, hi + 1))
 
+    def shift(self, lo: int, hi: int):
+        """A LOAD_PARAMS shift in ``lo..hi``: one for every column, or (half the time) one per
+        column."""
+        if self.rng.random() < 0.5:
+            return self.n(lo, hi)
+        return self.rng.integers(lo, hi + 1, self.cfg.cols)
+
+    def rounding(self) -> isa.Rounding:
+        return isa.Rounding(self.n(0, len(isa.Rounding) - 1))
+
     # Pieces ----------------------------------------------------------------------------------
 
     def prefix(self) -> Program:
@@ -167,8 +177,8 @@ class _Fuzzer:
         p.matmul(n(0, cfg.ub_depth - count), acc, count, accumulate=True)
         slot = n(0, cfg.param_slots - 1)
         p.load_params(slot, rng.integers(-2**12, 2**12, cfg.cols),
-                      rng.integers(1, 2**14, cfg.cols), shift=n(4, 20), zp=n(-128, 127),
-                      clamp=n(-128, 127))
+                      rng.integers(1, 2**14, cfg.cols), shift=self.shift(4, 40),
+                      zp=n(-128, 127), clamp=n(-128, 127), rounding=self.rounding())
         pool = Pool(n(0, 2))
         window = POOL_WINDOW[pool]
         act = (count // window) * window
@@ -209,8 +219,8 @@ class _Fuzzer:
 
         def load_params(p):
             p.load_params(n(0, cfg.param_slots - 1), rng.integers(-2**31, 2**31, cfg.cols),
-                          rng.integers(-2**31, 2**31, cfg.cols), shift=n(0, 63),
-                          zp=n(-128, 127), clamp=n(-128, 127))
+                          rng.integers(-2**31, 2**31, cfg.cols), shift=self.shift(0, 63),
+                          zp=n(-128, 127), clamp=n(-128, 127), rounding=self.rounding())
 
         def activate(p):
             pool = Pool(n(0, 2))
@@ -264,6 +274,8 @@ class _Fuzzer:
             lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=1,
                            slot=n(cfg.param_slots, 7)),
             lambda: encode(Opcode.LOAD_PARAMS, slot=n(cfg.param_slots, 7)),
+            lambda: encode(Opcode.LOAD_PARAMS, slot=n(0, cfg.param_slots - 1), rounding=3,
+                           column_shifts=n(0, 1), shift=n(0, 63)),
             lambda: encode(Opcode.LOAD_WEIGHTS, tile=n(tiles - 1, big), count=n(2, big)),
             lambda: encode(Opcode.READ_WEIGHTS, tile=n(0, tiles), count=n(tiles, big)),
             lambda: encode(Opcode.READ_WEIGHTS, tile=n(0, tiles - 1), count=1),  # unwritten?
@@ -293,7 +305,7 @@ class _Fuzzer:
                            rng.integers(-128, 128, (count, cfg.rows, cfg.cols)))
         else:
             p.load_params(n(0, cfg.param_slots - 1), rng.integers(-2**31, 2**31, cfg.cols),
-                          rng.integers(-2**31, 2**31, cfg.cols), shift=n(0, 63))
+                          rng.integers(-2**31, 2**31, cfg.cols), shift=self.shift(0, 63))
         beats = p.beats[:n(1, len(p.beats) - 1)]
         for _ in range(n(1, 3)):
             beats += [self.valid, self.bad_field, self.reserved][n(0, 2)]()

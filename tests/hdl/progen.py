@@ -15,10 +15,14 @@ from its random generator, that
   or any; or two long instructions for two different engines; or bursts of MATMULs, a weight
   queue filled and drained, a LOAD_PARAMS behind an ACTIVATE of the same slot;
 - sometimes sets bits the core must ignore: reserved instruction fields, instruction bits
-  above 64, data bits above the row; and sends the resynchronisation word mid-program;
+  above 64, data bits above the row, the bits above each per-column shift; and sends the
+  resynchronisation word mid-program;
+- loads parameters with every rounding mode, one shift or (some of the time) a shift per
+  column, the extreme shifts 0, 31, 32, 62, 63 and multipliers at the int32 limits or
+  powers of two among them, so that exact ties and saturation occur;
 - ends by reading back what it touched: the unified-buffer rows it wrote, the accumulator
-  rows it wrote (through an ACTIVATE with an identity requantisation and a random shift),
-  the counters, and a HALT.
+  rows it wrote (through an ACTIVATE with an identity requantisation, a random rounding mode
+  and a random shift, sometimes one per column), the counters, and a HALT.
 
 Lengths span the whole legal range with ``max_count=None`` (:func:`program_block`, the volume
 test through the fast transport); by default they stop at :func:`short_counts`, a little over
@@ -65,19 +69,42 @@ def random_bytes(rng: np.random.Generator, shape, signed: bool) -> np.ndarray:
     return values
 
 
+#: Shifts where the rounding modes part ways: none, the first, the last of DOUBLE's single
+#: rounding, its first double rounding, the largest.
+EXTREME_SHIFTS = (0, 1, 31, 32, 62, 63)
+
+
 def random_params(rng: np.random.Generator, cols: int):
-    """Bias, multiplier, shift, zero point, clamp: mostly sane scales, sometimes extreme."""
+    """Bias, multiplier, shift, zero point, clamp, rounding mode: mostly sane scales,
+    sometimes extreme. The shift is an int, or (half the time) an array of one per column
+    with the extremes over-represented; the rounding mode is any of the three. 40% of the
+    time the multipliers make exact ties: ``2**(s-1)`` at a column's shift ``s <= 31`` (an odd
+    ``t`` is a tie), ``-2**31`` above (``t`` with the right low bits), or the int32 limits."""
+    per_column = rng.random() < 0.5
     if rng.random() < 0.2:
         bias = rng.choice([-2**31, 2**31 - 1, 0], cols)
-        multiplier = rng.choice([-2**31, 2**31 - 1, 1], cols)
-        shift = int(rng.choice([0, 1, 31, 62, 63]))
+        multiplier = rng.choice([-2**31, 2**31 - 1, 1, 2**30, 1 - 2**31], cols)
+        shift = rng.choice(EXTREME_SHIFTS, cols)
     else:
         bias = rng.integers(-2**20, 2**20, cols)
         multiplier = rng.integers(1, 2**16, cols) * rng.choice([1, -1], cols)
-        shift = int(rng.integers(8, 32))
+        shift = rng.integers(8, 32, cols)
+    if per_column:
+        extreme = rng.random(cols) < 0.4
+        shift = np.where(extreme, rng.choice(EXTREME_SHIFTS, cols),
+                         np.where(rng.random(cols) < 0.5, rng.integers(0, 64, cols), shift))
+    else:
+        shift = np.full(cols, shift[0])
+    if rng.random() < 0.4:
+        bias = np.where(rng.random(cols) < 0.5, 0, rng.integers(-2**8, 2**8, cols))
+        multiplier = np.where(shift == 0, rng.choice([-2**31, 2**31 - 1], cols),
+                              np.where(shift <= 31, np.int64(1) << np.maximum(shift - 1, 0),
+                                       -2**31))
     zero_point = int(rng.integers(-128, 128))
     clamp = int(rng.integers(-128, 128))
-    return bias, multiplier, shift, zero_point, clamp
+    rounding = isa.Rounding(int(rng.integers(0, len(isa.Rounding))))
+    return (bias, multiplier, shift if per_column else int(shift[0]), zero_point, clamp,
+            rounding)
 
 
 Ranges = dict[str, tuple[int, int]]     # memory ("ub", "acc", "tile") -> (first, count)
@@ -306,12 +333,18 @@ class _Generator:
 
     def load_params(self, slot: int | None = None) -> None:
         slot = self.slot() if slot is None else slot
-        bias, mult, shift, zp, clamp = random_params(self.rng, self.cfg.cols)
-        if self.chance(0.15):
+        bias, mult, shift, zp, clamp, rounding = random_params(self.rng, self.cfg.cols)
+        if self.chance(0.2):
             shift = int(self.rng.choice([0, 63]))
+        beats = self.prog.beats
+        at = len(beats)
         self._emit(lambda: self.prog.load_params(slot, bias, mult, shift=shift, zp=zp,
-                                                 clamp=clamp),
+                                                 clamp=clamp, rounding=rounding),
                    isa.Opcode.LOAD_PARAMS, 32 * self.cfg.cols)
+        if self.junk and np.ndim(shift) and self.chance(0.5):
+            # The per-column shift lanes' bits above the six shift bits: ignored.
+            lanes = sum(self._random_bits(26) << (32 * j + 6) for j in range(self.cfg.cols))
+            beats[at + 3] |= lanes
 
     def simple(self, opcode: isa.Opcode) -> None:
         self._emit(lambda: self.prog.instr(opcode), opcode)
@@ -331,7 +364,7 @@ class _Generator:
                                 "write_host", "write_host", "nop", "sync", "read_counters",
                                 "clear_counters", "resync"],
                                p=[0.1, 0.06, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.07,
-                                  0.05, 0.02, 0.02, 0.02, 0.02, 0.01])
+                                  0.04, 0.02, 0.02, 0.02, 0.02, 0.02])
         if kind == "read_weights":
             if self.read_weights() is None:
                 self.load_weights()
@@ -505,21 +538,35 @@ class _Generator:
 
     def read_back(self) -> None:
         """Every unified-buffer row written, then every accumulator row written (through an
-        identity ACTIVATE with a random shift, into buffer rows 0..), the counters, HALT."""
+        identity ACTIVATE with a random rounding mode and a random shift, sometimes one per
+        column and sometimes halving every value, ties included, into buffer rows 0..), now
+        and then a SYNC, the counters, HALT."""
         cfg = self.cfg
         for first, count in _runs(self.touched["ub"]):
             self.prog.write_host(first, count)
         acc_runs = _runs(self.touched["acc"])
         if acc_runs:
             slot = self.integer(0, cfg.param_slots - 1)
-            shift = int(self.rng.choice([0, 4, 8, 12, 16, 20, 24]))
-            self.prog.load_params(slot, [0] * cfg.cols, [1] * cfg.cols, shift=shift,
-                                  zp=0, clamp=127)
+            shifts = [0, 4, 8, 12, 16, 20, 24]
+            mult = np.ones(cfg.cols, dtype=np.int64)
+            if self.chance(0.3):
+                shift = self.rng.choice(shifts, cfg.cols)
+                if self.chance(0.5):
+                    # acc / 2 at each column: every odd accumulator value is an exact tie.
+                    shift = np.maximum(shift, 1)
+                    mult = np.int64(1) << (shift - 1)
+            else:
+                shift = int(self.rng.choice(shifts))
+            rounding = isa.Rounding(self.integer(0, len(isa.Rounding) - 1))
+            self.prog.load_params(slot, [0] * cfg.cols, mult, shift=shift, zp=0, clamp=127,
+                                  rounding=rounding)
         for run_first, run_count in acc_runs:
             for first in range(run_first, run_first + run_count, cfg.ub_depth):
                 count = min(cfg.ub_depth, run_first + run_count - first)
                 self.prog.activate(first, 0, count, func=Func.IDENTITY, slot=slot)
                 self.prog.write_host(0, count)
+        if self.chance(0.2):
+            self.prog.sync()
         self.prog.read_counters()
         self.prog.halt()
 

@@ -13,7 +13,9 @@ the ISA simulator's: the garbage corrupted nothing.
 ``test_fuzz_stream`` runs on the RTL transport and recovers in band, with
 :data:`hdl.isa.RESYNC_WORD` in the stream (every fourth seed with the out-of-band clear
 instead); ``test_fuzz_resync_in_band`` runs the same kind of streams in a cocotb bench
-(``tb_fuzz.py``), with random stalls on both host streams, and recovers in band too.
+(``tb_fuzz.py``), with random stalls on both host streams, and recovers in band too. Both
+seed sets include a LOAD_PARAMS with the invalid rounding mode 3
+(``test_ci_seeds_stop_on_a_bad_rounding_mode`` checks that at the ISA level).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hdl import isa
 from hdl.beats import done_beat, error_beat
 from hdl.core import Core
 from hdl.presets import get_config
+from sim.models.isa_sim import IsaSim
 from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
@@ -71,6 +74,33 @@ def test_fuzz_resync_in_band(config_key: str, first: int, cases: int):
     run("core", lambda: Core(config), config_key, "tb_fuzz", HERE, "test_fuzz_resync",
         extra_env={"AMTPU_FUZZ_SEED": str(first), "AMTPU_FUZZ_CASES": str(cases)},
         config=config)
+
+
+def _stopping_instruction(case) -> tuple[int, isa.ErrorCode]:
+    """The instruction word the ISA simulator stopped on, and the error."""
+    sim = IsaSim(case.config)
+    for beat in case.beats:
+        sim.feed([beat])
+        if sim.error != isa.ErrorCode.NONE:
+            return beat, sim.error
+    raise AssertionError(f"{case.summary()}: no error")
+
+
+def test_ci_seeds_stop_on_a_bad_rounding_mode():
+    """Among the seeds CI runs through the RTL transport and through the cocotb bench, some
+    stop on a LOAD_PARAMS with rounding 3 (BAD_FIELD in the ISA simulator), so the core's
+    check of it is fuzzed too. ISA level only: no RTL runs here."""
+    for seeds in (TRANSPORT_SEEDS, COCOTB_SEEDS):
+        stops = []
+        for key, first, n in seeds:
+            for seed in range(first, first + n):
+                word, code = _stopping_instruction(fuzz_case(get_config(key), seed))
+                opcode, fields = isa.decode(word)
+                if opcode == isa.Opcode.LOAD_PARAMS and fields["rounding"] == 3:
+                    assert code == isa.ErrorCode.BAD_FIELD, (key, seed, code)
+                    stops.append((key, seed))
+        print(f"{seeds}: stops on rounding=3: {stops}")
+        assert stops, f"no seed of {seeds} stops on a LOAD_PARAMS with rounding=3"
 
 
 def test_resync_through_the_rtl_transport(rtl_device):
