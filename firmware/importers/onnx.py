@@ -193,6 +193,11 @@ class QuantizeLinear(g.Op):
     float64: bool = False
 
     def reference(self, x):
+        bad = np.argwhere(~np.isfinite(np.asarray(x, dtype=np.float64)))
+        if len(bad):
+            raise g.GraphError(f"{self.name}: the input has {len(bad)} NaN or infinite values "
+                               f"(the first at {tuple(int(i) for i in bad[0])}); inputs must "
+                               f"be finite numbers")
         if self.float64:
             return [QParams(self.scale, self.zero_point, self.signed).quantise(x)]
         return [quantize_linear(x, self.scale, self.zero_point, self.signed)]
@@ -410,7 +415,7 @@ def _check_model(model, ops=SUPPORTED) -> None:
 @dataclass
 class _Value:
     """What the importer knows of an ONNX tensor."""
-    kind: str                           # "const", "float" (graph input), "int", "dq", "acc"
+    kind: str               # "const", "dqconst", "float" (graph input), "int", "dq", "acc"
     shape: tuple[int, ...] = ()         # ONNX shape, batch first
     name: str = ""                      # graph tensor holding it (int, dq)
     const: np.ndarray | None = None

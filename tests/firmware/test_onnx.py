@@ -708,6 +708,16 @@ def test_refuses_relu_that_onnxruntime_runs_in_float(tmp_path):
         oi.load(q)
 
 
+def test_refuses_nan_inputs(tmp_path):
+    rng = np.random.default_rng(SEED)
+    model = _mlp(rng, (6, 5), gemm=True)
+    x = rng.normal(0, 1, (16, 6)).astype(F32)
+    graph = oi.load(_quantise(tmp_path, model, x, per_channel=False, activations="int8"))
+    x[3, 2] = np.nan
+    with pytest.raises(g.GraphError, match=r"1 NaN or infinite values \(the first at \(3, 2\)\)"):
+        graph.reference({"x": x})
+
+
 def test_refuses_two_inputs():
     m = _qlmm_model()
     m.graph.input.append(helper.make_tensor_value_info("other", TensorProto.INT8, [1, 4]))
