@@ -351,7 +351,7 @@ class QLinearAveragePool(g.Op):
 SUPPORTED = ("QuantizeLinear", "DequantizeLinear", "Gemm", "MatMul", "Conv", "QLinearMatMul",
              "QLinearConv", "MatMulInteger", "ConvInteger", "Relu", "Clip", "MaxPool",
              "Flatten", "Reshape", "Identity", "GlobalAveragePool", "Add",
-             "AveragePool")
+             "AveragePool", "Constant")
 
 _ONNX_INT = {2: "uint8", 3: "int8", 6: "int32"}
 
@@ -553,6 +553,14 @@ class _Importer:
                                        zero_point=np.asarray(zp), offset=offset, nhwc=nhwc)
 
     # constants and Q/DQ ---------------------------------------------------------------
+    def op_Constant(self, node):
+        from onnx import numpy_helper
+
+        value = next((a for a in node.attribute if a.name == "value"), None)
+        if value is None:
+            raise ModelError(f"{_where(node)}: supported: a Constant with a tensor 'value'")
+        self.values[node.output[0]] = _Value("const", const=numpy_helper.to_array(value.t))
+
     def op_Identity(self, node):
         self.values[node.output[0]] = self.value(node, 0)
 

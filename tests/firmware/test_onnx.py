@@ -708,6 +708,27 @@ def test_refuses_relu_that_onnxruntime_runs_in_float(tmp_path):
         oi.load(q)
 
 
+def test_constant_nodes_as_parameters(tmp_path):
+    """Scales and zero points given by Constant nodes (as some exporters write them) instead
+    of initializers: the same graph."""
+    rng = np.random.default_rng(SEED)
+    model = _mlp(rng, (6, 5), gemm=True)
+    x = rng.normal(0, 1, (16, 6)).astype(F32)
+    q = _quantise(tmp_path, model, x, per_channel=False, activations="uint8")
+    want = oi.load(q).reference({"x": x})
+    scales = [i for i in q.graph.initializer if i.name.endswith(("_scale", "_zero_point"))]
+    consts = [helper.make_node("Constant", [], [i.name], value=i) for i in scales]
+    keep = [i for i in q.graph.initializer if i not in scales]
+    del q.graph.initializer[:]
+    q.graph.initializer.extend(keep)
+    nodes = consts + list(q.graph.node)
+    del q.graph.node[:]
+    q.graph.node.extend(nodes)
+    got = oi.load(q).reference({"x": x})
+    assert all((got[k] == want[k]).all() for k in want)
+    assert (got[q.graph.output[0].name] == _ort(q, {"x": x})[0]).all()
+
+
 def test_refuses_nan_inputs(tmp_path):
     rng = np.random.default_rng(SEED)
     model = _mlp(rng, (6, 5), gemm=True)
