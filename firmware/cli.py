@@ -67,7 +67,7 @@ def _print_counters(counters: dict, config, images: int) -> None:
 def demo(args: argparse.Namespace) -> int:
     if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
         from firmware.onnx_demo import demo as onnx_demo
-        return onnx_demo(args)
+        return onnx_demo(args, print_counters=_print_counters)
     from tqdm import tqdm
 
     from firmware.compiler import compile_network

@@ -121,11 +121,12 @@ def build_model(split, directory: Path) -> tuple[Path, object]:
     return q_path, clf
 
 
-def demo(args: argparse.Namespace) -> int:
-    """Run the ONNX digits MLP on ``args.transport`` (see the module notes)."""
+def demo(args: argparse.Namespace, print_counters=None) -> int:
+    """Run the ONNX digits MLP on ``args.transport`` (see the module notes).
+    ``print_counters(counters, config, images)`` prints the core's counters (the CLI passes
+    its own, so that this module need not import the CLI)."""
     import onnxruntime as ort
 
-    from firmware.cli import _print_counters
     from firmware.datasets import digits
     from firmware.device import open_device
     from firmware.graph import run_graph
@@ -192,7 +193,8 @@ def demo(args: argparse.Namespace) -> int:
             for key, value in seg["counters"].items():
                 counters[key] = None if value is None or counters.get(key, 0) is None \
                     else counters.get(key, 0) + value
-        _print_counters(counters, config, n)
+        if print_counters is not None:
+            print_counters(counters, config, n)
         print(f"  model utilisation: {result.macs:,} MACs / ({config.rows}x{config.cols} x "
               f"{cycles:,} cycles) = {100 * result.utilisation:.1f} %")
     print(f"  wall time: {wall:.1f} s for {n} images (device start-up included)")
