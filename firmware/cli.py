@@ -5,6 +5,11 @@ compile it for a configuration, run the test split on a device (the RTL core und
 default) and report accuracy, bit-exactness against the int8 reference, cycles per image and
 the core's performance counters in TPU v1's Table 3 categories.
 
+``amtpu run MODEL``: an imported model (:mod:`firmware.importers`) on a device, inputs and
+outputs in ``.npz`` files keyed by the model's tensor names; ``--check`` compares every layer
+with the framework's own interpreter. ``amtpu compile MODEL -o prog.s``: the model's programs
+as assembly text with a per-layer report.
+
 ``amtpu asm``: the assembler and disassembler (:mod:`firmware.asm`).
 """
 
@@ -17,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["main", "demo"]
+__all__ = ["main", "demo", "run_model", "compile_model"]
 
 #: Clock for images per second: the clock the whole 8x8 core meets on the ULX3S 85F
 #: (`make bitstream BOARD=ulx3s`, the ulx3s preset, boards.ulx3s.CLOCK_MHZ).
@@ -60,6 +65,9 @@ def _print_counters(counters: dict, config, images: int) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
+    if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
+        from firmware.onnx_demo import demo as onnx_demo
+        return onnx_demo(args, print_counters=_print_counters)
     from tqdm import tqdm
 
     from firmware.compiler import compile_network
@@ -154,6 +162,178 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_inputs(graph, path: str) -> dict[str, np.ndarray]:
+    """The model's inputs from an ``.npz``: by the input tensors' names (a single input may
+    also be the file's only array); floats are quantised by the input's own parameters."""
+    from firmware.graph import GraphError
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    if len(graph.inputs) == 1 and len(arrays) == 1 and graph.inputs[0] not in arrays:
+        arrays = {graph.inputs[0]: next(iter(arrays.values()))}
+    missing = [n for n in graph.inputs if n not in arrays]
+    if missing:
+        raise GraphError(f"{path} has arrays {sorted(arrays)}; the model takes "
+                         f"{graph.inputs}")
+    out = {}
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        x = np.asarray(arrays[name])
+        if x.ndim == len(t.shape) - 1:
+            x = x[None]
+        if x.dtype.kind == "f" and t.dtype != "float32":
+            if not np.isfinite(x).all():
+                raise GraphError(f"input {name} has NaN or infinite values; inputs must be "
+                                 f"finite")
+            if t.q is None:
+                raise GraphError(f"input {name} is float but the model's input has no "
+                                 f"quantisation to apply; give {t.dtype} integers")
+            x = t.q.quantise(x)
+        out[name] = x
+    return out
+
+
+def _framework_check(graph, model: str, inputs: dict, result) -> bool:
+    """Per layer, the elements the device (or, on the host, the reference) computed equal
+    to the framework's interpreter; prints the table, returns whether all are equal."""
+    if model.endswith(".onnx"):
+        return _onnx_check(graph, model, inputs, result)
+    if not model.endswith(".tflite"):
+        print("  --check: the framework's interpreter is wired for TFLite and ONNX models only")
+        return True
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    it = Interpreter(model_path=model, experimental_preserve_all_tensors=True,
+                     experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    it.allocate_tensors()
+    index = {t["name"]: t["index"] for t in it.get_tensor_details()}
+    n = len(next(iter(inputs.values())))
+    want: dict[str, list] = {}
+    for i in range(n):
+        for name in graph.inputs:
+            it.set_tensor(index[name], inputs[name][i:i + 1].astype(
+                it.get_tensor(index[name]).dtype))
+        it.invoke()
+        for op in graph.ops:
+            for t in op.outputs:
+                want.setdefault(t, []).append(it.get_tensor(index[t]))
+    print(f"  --check against LiteRT's reference kernels ({n} inputs):")
+    print(f"    {'layer':<60} {'operator':<15} {'runs on':<8} {'equal elements':>20}")
+    ok = True
+    for op in graph.ops:
+        for t in op.outputs:
+            if t not in result.tensors:
+                continue
+            got = np.asarray(result.tensors[t])
+            ref = np.concatenate(want[t]).reshape(got.shape)
+            equal = int((got == ref).sum())
+            ok &= equal == got.size
+            print(f"    {t[-60:]:<60} {type(op).__name__:<15} "
+                  f"{'core' if op.core else 'host':<8} {f'{equal:,} / {got.size:,}':>20}")
+    return ok
+
+
+def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
+    from firmware.importers.onnx import onnxruntime_check
+    rows = onnxruntime_check(graph, model, inputs, result.tensors)
+    n = len(next(iter(inputs.values())))
+    print(f"  --check against onnxruntime ({n} inputs):")
+    print(f"    {'tensor':<60} {'operator':<18} {'runs on':<8} {'equal elements':>20}")
+    for row in rows:
+        cell = f"{row['equal']:,} / {row['size']:,}"
+        print(f"    {row['tensor'][-60:]:<60} {row['operator']:<18} {row['runs on']:<8} "
+              f"{cell:>20}")
+    return all(row["equal"] == row["size"] for row in rows)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from firmware.device import open_device
+    from firmware.graph import run_graph
+    from firmware.importers import load_model
+    from hdl.presets import get_config
+
+    graph = load_model(args.model)
+    inputs = _model_inputs(graph, args.inputs)
+    config = get_config(args.config)
+    options = {"port": args.port} if args.transport == "serial" else {}
+    device = open_device(args.transport, config, **options)
+    try:
+        result = run_graph(graph, inputs, device=device)
+    finally:
+        device.close()
+    n = len(next(iter(inputs.values())))
+    print(f"amtpu run: {graph.name} on the {config.name} core ({args.config}), {n} inputs, "
+          f"transport {args.transport}: {len(graph.ops)} operators, "
+          f"{graph.macs():,} MACs per inference, {len(result.segments)} core segments")
+    for name, value in result.outputs.items():
+        print(f"  output {name}: shape {value.shape}, first {value.reshape(-1)[:8].tolist()}")
+    if result.cycles:
+        print(f"  cycles: {result.cycles:,} ({result.cycles / n:,.1f} per inference); "
+              f"utilisation (model MACs / ({config.rows}x{config.cols} x cycles)): "
+              f"{100 * result.utilisation:.1f} %")
+    else:
+        print("  cycles: n/a (the isa transport has no clock)")
+    if args.outputs:
+        np.savez(args.outputs, **result.outputs)
+        print(f"  outputs written to {args.outputs}")
+    if args.check and not _framework_check(graph, args.model, inputs, result):
+        print("amtpu run: FAILED: some layers differ from the framework", file=sys.stderr)
+        return 1
+    return 0
+
+
+def compile_model(args: argparse.Namespace) -> int:
+    from firmware.asm import disassemble
+    from firmware.compiler import compile_network
+    from firmware.graph import HostStep, lower
+    from firmware.importers import load_model
+    from hdl.presets import get_config
+
+    graph = load_model(args.model)
+    config = get_config(args.config)
+    report = [f"{graph.name} for the {config.name} core ({args.config}): {len(graph.ops)} "
+              f"operators, {graph.macs():,} MACs per inference",
+              f"{'layer':<48} {'operator':<15} {'output shape':<18} {'runs on':<24} "
+              f"{'MACs':>10}  memories"]
+    text = []
+    for step in lower(graph, config):
+        if isinstance(step, HostStep):
+            op = step.op
+            report.append(f"{op.name[-48:]:<48} {type(op).__name__:<15} "
+                          f"{str(graph.tensors[op.outputs[0]].shape):<18} {'host':<24} "
+                          f"{op.macs(graph):>10,}  -")
+            text.append(f"# host: {type(op).__name__} {op.name}\n")
+            continue
+        for op in step.ops:
+            where = f"core, {len(step.segments)} segment" + ("s" if len(step.segments) > 1
+                                                              else "")
+            report.append(f"{op.name[-48:]:<48} {type(op).__name__:<15} "
+                          f"{str(graph.tensors[op.outputs[0]].shape):<18} {where:<24} "
+                          f"{op.macs(graph):>10,}  " + ("" if op is step.ops[-1] else
+                                                          "(chained on chip)"))
+        tiles = slots = 0
+        batch = None
+        for seg in step.segments:
+            compiled = compile_network(seg.network, config, batch_size=None)
+            tiles += len(compiled.tiles)
+            slots += len(compiled._params)
+            batch = compiled.batch_size
+            setup, _ = compiled.setup_program()
+            x = np.full((1, *seg.network.input_shape), seg.network.input_q.zero_point)
+            program = compiled.batch_program(x)
+            text.append(f"# segment {seg.network.name}: setup program\n"
+                        + disassemble(setup, config)
+                        + f"# segment {seg.network.name}: batch program (one input, its "
+                          f"rows the input's zero point; the runtime sends the real ones)\n"
+                        + disassemble(program.beats, config))
+        report[-1] += (f"{tiles} weight tiles, {slots} parameter sets, up to {batch} "
+                       f"rows (inputs or positions) per batch program")
+    header = "".join(f"# {line}\n" for line in report)
+    with open(args.output, "w") as f:
+        f.write(header + "".join(text))
+    print("\n".join(report))
+    print(f"amtpu compile: wrote {args.output}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from firmware.device import transport_names
     from firmware.models.digits import NETWORKS
@@ -163,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a quantised digits network on the simulated core",
                        description=demo.__doc__ or __doc__)
-    d.add_argument("--net", choices=NETWORKS, default="mlp", help="network (default: mlp)")
+    d.add_argument("--net", choices=(*NETWORKS, "onnx"), default="mlp",
+                   help="network (default: mlp); onnx: the MLP exported with skl2onnx, "
+                        "quantised by onnxruntime, checked against onnxruntime")
     d.add_argument("--config", default="default",
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")
@@ -186,6 +368,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"icebreaker preset, its clock on the iCEBreaker, else "
                         f"{DEFAULT_CLOCK_MHZ:g}, the 8x8 core's clock on the ULX3S)")
     d.add_argument("--quiet", action="store_true", help="no progress bar")
+    r = sub.add_parser("run", help="run an imported model (.tflite, .onnx) on a device")
+    r.add_argument("model", help="the model file")
+    r.add_argument("--inputs", required=True,
+                   help=".npz of the inputs by the model's input names (float: quantised by "
+                        "the model's input parameters; integers: already quantised)")
+    r.add_argument("--outputs", default=None, help=".npz to write the outputs to, by name")
+    r.add_argument("--config", default="default", help="configuration preset or RxC")
+    r.add_argument("--transport", choices=transport_names(), default="isa",
+                   help="isa (default), rtl or serial (needs --port)")
+    r.add_argument("--port", default=None, help="serial port of the board (serial only)")
+    r.add_argument("--check", action="store_true",
+                   help="compare every layer with the framework's own interpreter")
+    c = sub.add_parser("compile", help="write an imported model's programs as assembly")
+    c.add_argument("model", help="the model file")
+    c.add_argument("-o", "--output", required=True, help="assembly file to write")
+    c.add_argument("--config", default="default", help="configuration preset or RxC")
     a = sub.add_parser("asm", help="assemble or disassemble (python -m firmware.asm)",
                        add_help=False)
     a.add_argument("rest", nargs=argparse.REMAINDER)
@@ -193,6 +391,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "asm":
         from firmware.asm import main as asm_main
         return asm_main(args.rest)
+    if args.command in ("run", "compile"):
+        from firmware.compiler import CompileError
+        from firmware.device import DeviceError
+        from firmware.graph import GraphError
+        from firmware.importers import ModelError
+        from hdl.config import ConfigError
+        if args.command == "run" and (args.transport == "serial") != (args.port is not None):
+            parser.error("--transport serial needs --port, and --port needs --transport "
+                         "serial")
+        try:
+            return run_model(args) if args.command == "run" else compile_model(args)
+        except (ModelError, GraphError, CompileError, ConfigError, OSError) as error:
+            print(f"amtpu {args.command}: {error}", file=sys.stderr)
+            return 2
+        except DeviceError as error:
+            print(f"amtpu {args.command}: {error}", file=sys.stderr)
+            return 1
     if args.waves and args.transport != "rtl":
         parser.error("--waves needs --transport rtl")
     if (args.transport == "serial") != (args.port is not None):

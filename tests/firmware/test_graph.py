@@ -1,0 +1,273 @@
+"""The format-neutral graph: its operators' integer semantics, the lowering onto the core and
+run_graph on the ISA simulator, on graphs built here (no model file needed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from firmware import fixedpoint as fp
+from firmware import graph as g
+from firmware.quant import QParams
+from hdl.isa import Func, Rounding
+from hdl.presets import get_config
+from sim.models import golden
+
+
+def conv_loops(x, op: g.Conv2D) -> np.ndarray:
+    """TFLite's reference convolution written as its loops: taps outside the input skipped,
+    ``(x - z_in) * w`` summed, bias added, requantised per channel."""
+    n, h, w, _ = x.shape
+    kh, kw, cg, cout = op.weight.shape
+    og = cout // op.groups
+    ho, wo = op.out_hw(h, w)
+    acc = np.zeros((n, ho, wo, cout), dtype=np.int64)
+    for oy in range(ho):
+        for ox in range(wo):
+            for o in range(cout):
+                grp = o // og
+                total = op.bias[o]
+                for dy in range(kh):
+                    for dx in range(kw):
+                        y = oy * op.stride[0] - op.padding[0] + dy
+                        xx = ox * op.stride[1] - op.padding[2] + dx
+                        if 0 <= y < h and 0 <= xx < w:
+                            xs = x[:, y, xx, grp * cg:(grp + 1) * cg] - op.input_zp
+                            total = total + xs @ op.weight[dy, dx, :, o]
+                acc[:, oy, ox, o] = total
+    return op.requant.apply(acc)
+
+
+def random_requant(rng, n: int, rounding=Rounding.DOUBLE, func=Func.IDENTITY, zp=-5):
+    reals = rng.uniform(0.0005, 0.02, n)
+    r = g.requant_from_real(reals, zp, func=func, clamp_hi=100,
+                            single=rounding == Rounding.HALF_UP)
+    assert r.rounding == rounding
+    return r
+
+
+def conv(rng, name, kh, kw, cin, cout, groups, stride, padding, zp_in=3, **kw_req):
+    return g.Conv2D(name, ["x"], ["y"],
+                    weight=rng.integers(-127, 128, (kh, kw, cin // groups, cout)),
+                    bias=rng.integers(-5000, 5000, cout), input_zp=zp_in,
+                    requant=random_requant(rng, cout, **kw_req), stride=stride,
+                    padding=padding, groups=groups)
+
+
+CONV_CASES = [  # kh, kw, cin, cout, groups, stride, padding
+    (3, 3, 4, 6, 1, (1, 1), (1, 1, 1, 1)),
+    (3, 3, 5, 5, 5, (2, 2), (0, 1, 0, 1)),        # depthwise, stride 2, SAME's odd pixel
+    (10, 8, 1, 8, 1, (2, 2), (4, 5, 3, 4)),       # micro_speech's shape
+    (3, 3, 4, 8, 4, (1, 2), (1, 1, 0, 2)),        # depth multiplier 2
+    (1, 1, 12, 10, 1, (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_reference_equals_loops(case):
+    seed = 360 + CONV_CASES.index(case)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    op = conv(rng, "c", *case)
+    x = rng.integers(-128, 128, (2, 9, 7, case[2]))
+    np.testing.assert_array_equal(op.reference(x)[0], conv_loops(x, op))
+
+
+def one_op_graph(op: g.Op, in_shape, out_shape) -> g.Graph:
+    q = QParams(0.1, 3)
+    tensors = {"x": g.Tensor("x", in_shape, "int8", q),
+               "y": g.Tensor("y", out_shape, "int8", QParams(0.2, -5))}
+    return g.Graph("one", tensors, [op], ["x"], ["y"])
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("config", ["default", "wide"])
+def test_conv_on_isa_simulator_equals_reference(case, config):
+    """Every convolution shape lowers to dense segments over host patches (a grouped one a
+    block of columns at a time) and equals the reference on the ISA simulator."""
+    seed = 370 + CONV_CASES.index(case)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    op = conv(rng, "c", *case, func=Func.CLAMP)
+    ho, wo = op.out_hw(9, 7)
+    graph = one_op_graph(op, (1, 9, 7, case[2]), (1, ho, wo, case[3]))
+    x = rng.integers(-128, 128, (3, 9, 7, case[2]))
+    result = g.run_graph(graph, {"x": x}, device="isa", config=get_config(config))
+    np.testing.assert_array_equal(result.outputs["y"], graph.reference({"x": x})["y"])
+    assert result.macs == op.macs(graph) * 3
+
+
+def fc_chain(rng, sizes, rounding=Rounding.HALF_UP) -> g.Graph:
+    tensors = {"t0": g.Tensor("t0", (1, sizes[0]), "int8", QParams(0.1, -128))}
+    ops = []
+    for i, (k, n) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        tensors[f"t{i + 1}"] = g.Tensor(f"t{i + 1}", (1, n), "int8", QParams(0.1, -7))
+        ops.append(g.FullyConnected(f"fc{i}", [f"t{i}"], [f"t{i + 1}"],
+                                    weight=rng.integers(-127, 128, (k, n)),
+                                    bias=rng.integers(-3000, 3000, n),
+                                    input_zp=-128 if i == 0 else -7,
+                                    requant=random_requant(rng, n, rounding, Func.RELU, -7)))
+    return g.Graph("chain", tensors, ops, ["t0"], [f"t{len(sizes) - 1}"])
+
+
+@pytest.mark.parametrize("rounding", [Rounding.HALF_UP, Rounding.DOUBLE])
+def test_fully_connected_chain_is_one_segment(rounding):
+    print("seed 380")
+    rng = np.random.default_rng(380)
+    graph = fc_chain(rng, [20, 13, 9, 3], rounding)
+    steps = g.lower(graph, get_config("default"))
+    assert len(steps) == 1 and len(steps[0].segments) == 1
+    assert len(steps[0].segments[0].network.stages) == 3
+    x = rng.integers(-128, 128, (7, 20))
+    result = g.run_graph(graph, {"t0": x}, device="isa")
+    np.testing.assert_array_equal(result.outputs["t3"], graph.reference({"t0": x})["t3"])
+
+
+def test_requantisation_folds_the_input_zero_point():
+    """Teeth: the segment's bias is b - z_in * colsum(W); without the fold the core's
+    outputs differ from the reference."""
+    rng = np.random.default_rng(381)
+    graph = fc_chain(rng, [12, 5])
+    x = rng.integers(-128, 128, (4, 12))
+    want = graph.reference({"t0": x})["t1"]
+    graph.ops[0].input_zp = 0            # the fold now adds nothing; the reference still does
+    result = g.run_graph(graph, {"t0": x}, device="isa")
+    assert (result.outputs["t1"] != want).any()
+
+
+# Multipliers ------------------------------------------------------------------------------
+
+def test_quantize_multiplier_matches_tflite_cases():
+    assert g.quantize_multiplier(0.0) == (0, 0)
+    assert g.quantize_multiplier(0.5) == (1 << 30, 0)
+    assert g.quantize_multiplier(0.25) == (1 << 30, -1)
+    # A mantissa that rounds up to 2**31 halves and bumps the exponent.
+    assert g.quantize_multiplier(1 - 2 ** -40) == (1 << 30, 1)
+    assert g.quantize_multiplier(2.0 ** -33) == (0, 0)         # flushed below 2**-31
+    assert g.quantize_multiplier(2.0 ** 40, single=True) == ((1 << 31) - 1, 30)
+    for real in np.random.default_rng(382).uniform(1e-6, 1.0, 200):
+        m, e = g.quantize_multiplier(real)
+        assert (1 << 30) <= m < (1 << 31)
+        assert math.isclose(m * 2.0 ** (e - 31), real, rel_tol=2 ** -30)
+
+
+def test_requant_equals_multiply_by_quantized_multiplier():
+    """HALF_UP with shift 31 - e is TFLite's single rounding, DOUBLE its double rounding,
+    for every accumulator (the fixed-point module's literal ports)."""
+    rng = np.random.default_rng(383)
+    acc = np.concatenate([rng.integers(-2 ** 20, 2 ** 20, 4000), np.arange(-600, 600)])
+    for real in rng.uniform(1e-4, 0.9, 20):
+        m, e = g.quantize_multiplier(real)
+        for single, rounding in ((True, Rounding.HALF_UP), (False, Rounding.DOUBLE)):
+            r = g.Requant([m], [31 - e], rounding, 0)
+            got = golden.requantise(acc, 0, m, 31 - e, 0, r.rounding.value)
+            want = np.clip(fp.mbqm(acc, m, e, single=single), -128, 127)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_fixedpoint_primitives():
+    assert fp.srdhm(-(1 << 31), -(1 << 31)) == (1 << 31) - 1
+    assert fp.srdhm(1 << 30, 1 << 30) == 1 << 29
+    assert list(fp.rdbpot(np.array([5, -5, 6, -6, 7, -7]), 1)) == [3, -3, 3, -3, 4, -4]
+    assert fp.sat_mul_pot(1 << 30, 2) == (1 << 31) - 1
+    assert fp.sat_mul_pot(-(1 << 30), 2) == -(1 << 31)
+    # exp(0) = 1 and exp(-1) in Q0.31; 1/(1+x) at x = 0.5.
+    assert fp.exp_on_negative_values(0) == (1 << 31) - 1
+    assert abs(int(fp.exp_on_negative_values(-(1 << 26))) / 2 ** 31 - math.exp(-1)) < 1e-6
+    assert abs(int(fp.one_over_one_plus_x(1 << 30)) / 2 ** 31 - 2 / 3) < 1e-6
+
+
+# Host operators ---------------------------------------------------------------------------
+
+def test_average_pool_rounds_half_away_and_counts_inside_only():
+    op = g.AveragePool2D("p", ["x"], ["y"], kernel=(2, 2), stride=(2, 2),
+                         padding=(0, 1, 0, 1))
+    x = np.array([1, 2, 2, -4, -2, 7, 5, -6, 0]).reshape(1, 3, 3, 1)
+    y = op.reference(x)[0][0, :, :, 0]
+    # (1+2-4-2)/4 = -0.75 -> -1; (2+7)/2 = 4.5 -> 5; (5-6)/2 = -0.5 -> -1; 0/1 = 0
+    assert y.tolist() == [[-1, 5], [-1, 0]]
+
+
+def test_max_pool_clamps_to_the_activation():
+    op = g.MaxPool2D("p", ["x"], ["y"], kernel=(2, 2), stride=(1, 1), act=(-3, 100))
+    x = np.array([-9, -8, -7, 120]).reshape(1, 2, 2, 1)
+    assert op.reference(x)[0].ravel().tolist() == [100]
+    x = np.array([-9, -8, -7, -6]).reshape(1, 2, 2, 1)
+    assert op.reference(x)[0].ravel().tolist() == [-3]
+
+
+def test_add_matches_its_float_meaning():
+    op = g.Add.from_scales("a", ["a", "b"], ["y"], 0.05, 3, 0.1, -2, 0.12, 1, (-128, 127))
+    a = np.arange(-128, 128)
+    b = np.arange(127, -129, -1)
+    y = op.reference(a, b)[0]
+    real = 0.05 * (a - 3) + 0.1 * (b + 2)
+    assert np.abs(np.clip(np.round(real / 0.12) + 1, -128, 127) - y).max() <= 1
+
+
+def test_quantize_and_dequantize():
+    q = g.Quantize("q", ["x"], ["y"], scale=0.5, zero_point=-1)
+    assert q.reference(np.array([0.25, -0.25, 1.0, 100.0]))[0].tolist() == [0, -2, 1, 127]
+    d = g.Dequantize("d", ["y"], ["z"], scale=0.5, zero_point=-1)
+    assert d.reference(np.array([-1, 3]))[0].tolist() == [0.0, 2.0]
+
+
+def test_softmax_is_a_distribution():
+    op = g.Softmax("s", ["x"], ["y"], beta=1.0, input_scale=0.1)
+    y = op.reference(np.array([[0, 10, 20, -128], [5, 5, 5, 5]]))[0]
+    assert y[1].tolist() == [-128 + 64] * 4
+    assert y[0].argmax() == 2 and y[0, 3] == -128
+    assert abs((y[0] + 128).sum() - 256) <= 2
+
+
+# Refusals ---------------------------------------------------------------------------------
+
+def test_refuses_bad_operators_by_name():
+    rng = np.random.default_rng(384)
+    r = random_requant(rng, 4)
+    with pytest.raises(g.GraphError, match="fc: weights must be int8"):
+        g.FullyConnected("fc", ["x"], ["y"], weight=np.full((3, 4), 200), bias=np.zeros(4),
+                         requant=r)
+    with pytest.raises(g.GraphError, match="fc: 3 biases for 4 output channels"):
+        g.FullyConnected("fc", ["x"], ["y"], weight=np.ones((3, 4), int), bias=np.zeros(3),
+                         requant=r)
+    with pytest.raises(g.GraphError, match="c: 4 output channels do not split into 3 groups"):
+        g.Conv2D("c", ["x"], ["y"], weight=np.ones((1, 1, 1, 4), int), bias=np.zeros(4),
+                 requant=r, groups=3)
+    with pytest.raises(g.GraphError, match="activation SIGMOID; allowed: IDENTITY, RELU"):
+        g.Requant([1], [1], Rounding.DOUBLE, 0, Func.SIGMOID)
+    with pytest.raises(g.GraphError, match="shifts 64..64; allowed: 0 to 63"):
+        g.Requant([1], [64], Rounding.DOUBLE, 0)
+    with pytest.raises(g.GraphError, match="needs a shift of -1"):
+        g.requant_from_real([3e9], 0, single=False, where="big")
+
+
+def test_refuses_bad_graphs_and_inputs():
+    rng = np.random.default_rng(385)
+    graph = fc_chain(rng, [6, 2])
+    with pytest.raises(g.GraphError, match="input t9 is computed by no earlier operator"):
+        g.Graph("bad", graph.tensors, [g.Reshape("r", ["t9"], ["t1"], shape=(1, 2))],
+                ["t0"], ["t1"])
+    with pytest.raises(g.GraphError, match="the graph takes exactly \\['t0'\\]"):
+        graph.reference({"x": np.zeros((1, 6), int)})
+    with pytest.raises(g.GraphError, match="input t0 has shape \\(1, 5\\); the graph takes "
+                                           "\\(n, 6\\)"):
+        graph.reference({"t0": np.zeros((1, 5), int)})
+    with pytest.raises(g.GraphError, match="input t0 is float64; it takes int8 integers"):
+        graph.reference({"t0": np.zeros((1, 6))})
+    with pytest.raises(g.GraphError, match="outside int8"):
+        graph.reference({"t0": np.full((1, 6), 300)})
+
+
+def test_run_graph_reuses_the_compiled_segments():
+    rng = np.random.default_rng(386)
+    graph = fc_chain(rng, [10, 4])
+    cache: dict = {}
+    x = rng.integers(-128, 128, (3, 10))
+    first = g.run_graph(graph, {"t0": x}, device="isa", compiled=cache)
+    (entry,) = cache.values()
+    second = g.run_graph(graph, {"t0": x[::-1]}, device="isa", compiled=cache)
+    assert list(cache.values()) == [entry]
+    np.testing.assert_array_equal(second.outputs["t1"], first.outputs["t1"][::-1])
