@@ -15,8 +15,8 @@ SIM   ?= icarus
 WAVES ?= 0
 export SIM WAVES
 
-# `make demo`: network (mlp | cnn), configuration, transport (rtl | isa | serial), the serial
-# port (PORT=/dev/ttyUSB1 or socket://host:port), RTL simulator, images.
+# `make demo`: network (mlp | cnn | onnx), configuration, transport (rtl | isa | serial), the
+# serial port (PORT=/dev/ttyUSB1 or socket://host:port), RTL simulator, images.
 NET       ?= mlp
 CONFIG    ?= default
 TRANSPORT ?= rtl
@@ -61,7 +61,7 @@ help:
 	  '  test      fast tests: pytest -n $(JOBS) -m "not slow"' \
 	  '  test-all  all tests, including the slow (large configuration) ones' \
 	  '  lint      ruff check .' \
-	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn)' \
+	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn|onnx)' \
 	  '  synth     the array placed and routed, its Fmax: python -m boards build --target array (SYNTH_ARGS="--board ulx3s --runs 4")' \
 	  '  bitstream the whole core for a board: python -m boards build --target board --board BOARD (BOARD=icebreaker|ulx3s)' \
 	  '            (any FPGA build: python -m boards build --target array|block|core|board --board icebreaker|ulx3s; --help)' \
@@ -73,7 +73,7 @@ help:
 	  '  tour-png  the tour'"'"'s screenshot, docs/img/tour.png (GTKWave under Xvfb: apt-get install xvfb x11-apps)' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \
-	  '           NET=mlp|cnn CONFIG=default TRANSPORT=rtl|isa|serial PORT=url DEMO_SIM=verilator IMAGES=n (demo)' \
+	  '           NET=mlp|cnn|onnx CONFIG=default TRANSPORT=rtl|isa|serial PORT=url DEMO_SIM=verilator IMAGES=n (demo)' \
 	  '           BOARD=icebreaker|ulx3s BOARD_ARGS="--clock 20" (bitstream)  SYNTH_ARGS="--board ulx3s" (synth)' \
 	  '           ARGS="extra pytest arguments"  TEST=substring of a build path (for waves)'
 

@@ -65,6 +65,9 @@ def _print_counters(counters: dict, config, images: int) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
+    if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
+        from firmware.onnx_demo import demo as onnx_demo
+        return onnx_demo(args, print_counters=_print_counters)
     from tqdm import tqdm
 
     from firmware.compiler import compile_network
@@ -192,8 +195,10 @@ def _model_inputs(graph, path: str) -> dict[str, np.ndarray]:
 def _framework_check(graph, model: str, inputs: dict, result) -> bool:
     """Per layer, the elements the device (or, on the host, the reference) computed equal
     to the framework's interpreter; prints the table, returns whether all are equal."""
+    if model.endswith(".onnx"):
+        return _onnx_check(graph, model, inputs, result)
     if not model.endswith(".tflite"):
-        print("  --check: the framework's interpreter is wired for TFLite models only")
+        print("  --check: the framework's interpreter is wired for TFLite and ONNX models only")
         return True
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
     it = Interpreter(model_path=model, experimental_preserve_all_tensors=True,
@@ -224,6 +229,19 @@ def _framework_check(graph, model: str, inputs: dict, result) -> bool:
             print(f"    {t[-60:]:<60} {type(op).__name__:<15} "
                   f"{'core' if op.core else 'host':<8} {f'{equal:,} / {got.size:,}':>20}")
     return ok
+
+
+def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
+    from firmware.importers.onnx import onnxruntime_check
+    rows = onnxruntime_check(graph, model, inputs, result.tensors)
+    n = len(next(iter(inputs.values())))
+    print(f"  --check against onnxruntime ({n} inputs):")
+    print(f"    {'tensor':<60} {'operator':<18} {'runs on':<8} {'equal elements':>20}")
+    for row in rows:
+        cell = f"{row['equal']:,} / {row['size']:,}"
+        print(f"    {row['tensor'][-60:]:<60} {row['operator']:<18} {row['runs on']:<8} "
+              f"{cell:>20}")
+    return all(row["equal"] == row["size"] for row in rows)
 
 
 def run_model(args: argparse.Namespace) -> int:
@@ -325,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a quantised digits network on the simulated core",
                        description=demo.__doc__ or __doc__)
-    d.add_argument("--net", choices=NETWORKS, default="mlp", help="network (default: mlp)")
+    d.add_argument("--net", choices=(*NETWORKS, "onnx"), default="mlp",
+                   help="network (default: mlp); onnx: the MLP exported with skl2onnx, "
+                        "quantised by onnxruntime, checked against onnxruntime")
     d.add_argument("--config", default="default",
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")

@@ -47,7 +47,7 @@ import numpy as np
 from tb_core import Testbench
 
 from firmware.asm import Program
-from hdl.isa import COUNTERS
+from hdl.isa import COUNTERS, Rounding
 
 #: The counters the ISA simulator cannot predict, checked here.
 TIMED = ("cycles", "weight_stall", "non_matrix", "raw_stall", "host_stall")
@@ -224,9 +224,9 @@ async def test_host_gaps(dut):
 
 @cocotb.test()
 async def test_load_params_beats_are_host_work(dut):
-    """LOAD_PARAMS is a host transfer, so by :data:`hdl.isa.COUNTERS` its two data beats
-    (not its instruction beat, as for READ_HOST and LOAD_WEIGHTS) are ``non_matrix``
-    cycles."""
+    """LOAD_PARAMS is a host transfer, so by :data:`hdl.isa.COUNTERS` its data beats (two,
+    or three with per-column shifts; not its instruction beat, as for READ_HOST and
+    LOAD_WEIGHTS) are ``non_matrix`` cycles."""
     r = CounterRun(dut, seed=32, name="LOAD_PARAMS beats as host work")
     cfg, p = r.cfg, r.p
     r.mark("clear")
@@ -234,15 +234,20 @@ async def test_load_params_beats_are_host_work(dut):
     start = len(p.beats)
     p.load_params(1, [3] * cfg.cols, [4] * cfg.cols, shift=2)
     r.gaps[start + 1] = 4
+    second = len(p.beats)
+    p.load_params(0, [3] * cfg.cols, [4] * cfg.cols, shift=list(range(cfg.cols)),
+                  rounding=Rounding.DOUBLE)
+    r.gaps[second + 3] = 2
     p.read_counters()
     p.halt()
     await r.run()
     r.check({
         "cycles": EVERY_CYCLE,
-        "host_stall": 4,
+        "host_stall": 6,
         "raw_stall": 0,
         "weight_stall": 0,
-        "non_matrix": [r.taken(start + 1), r.taken(start + 2)] + r.counter_beat_cycles(),
+        "non_matrix": [r.taken(start + 1), r.taken(start + 2), r.taken(second + 1),
+                       r.taken(second + 2), r.taken(second + 3)] + r.counter_beat_cycles(),
     })
 
 
