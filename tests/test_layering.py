@@ -83,8 +83,11 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         "firmware.fixedpoint": ("hdl", "sim"),
         "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
                            "firmware.compiler", "firmware.runtime", "firmware.device"),
-        "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
-                               "firmware.graph"),
+        "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.nn",
+                               "firmware.quant", "firmware.graph"),
+        # The ONNX demo: a digits MLP exported, imported and run on a device.
+        "firmware.onnx_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
+                               "firmware.device", "firmware.graph", "firmware.importers"),
         # The command line sits on top and opens devices through firmware.device.
         "firmware.cli": ("hdl", "sim", "firmware"),
     },
