@@ -58,7 +58,7 @@ class Rounding(enum.Enum, shape=unsigned(2)):
     invalid. See :func:`sim.models.golden.rounding_shift` and docs/isa.md."""
     HALF_UP   = 0   # to nearest, ties towards +infinity
     HALF_EVEN = 1   # to nearest, ties to even (onnxruntime, ONNX QuantizeLinear)
-    DOUBLE    = 2   # TFLite's reference kernels (gemmlowp): to nearest at 2**31, ties up,
+    DOUBLE    = 2   # gemmlowp (TFLite's reference convolutions): to nearest at 2**31, ties up,
                     # then at 2**(shift - 31), ties away from zero; HALF_UP for shift <= 31
 
 

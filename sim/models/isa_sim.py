@@ -146,6 +146,12 @@ left shift ``x * 2**L`` fits int32:
   TFLite computes ``x * 2**L`` in int32; where that overflows TFLite's result is not the
   rounded product (the wrapped value, or undefined in C++), and the core's is.
 
+Which TFLite kernels round twice is the kernel's choice, not the format's: with LiteRT
+2.3's reference op resolver, CONV_2D and DEPTHWISE_CONV_2D round twice (DOUBLE) and
+FULLY_CONNECTED rounds the exact product once, ties up (HALF_UP at the same `s`), measured
+on near-ties layer by layer (tests/firmware/test_tflite.py); the TFLite importer chooses
+the mode per operator.
+
 TFLite then adds the output zero point and clamps to the fused activation's range, the
 core's step 4 and its RELU (``max(q, z)``) or CLAMP (``min(max(q, z), clamp_hi)``).
 
