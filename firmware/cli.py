@@ -72,7 +72,7 @@ def demo(args: argparse.Namespace) -> int:
 
     from firmware.compiler import compile_network
     from firmware.datasets import digits
-    from firmware.device import open_device
+    from firmware.device import open_device, transport_options
     from firmware.models import digits as models
     from firmware.quant import quantise, reference_forward
     from firmware.runtime import run
@@ -101,11 +101,8 @@ def demo(args: argparse.Namespace) -> int:
     print("  " + compiled.summary().replace("\n", "\n  "))
     print(f"  prepared (train/load, quantise, compile) in {time.perf_counter() - t0:.1f} s")
 
-    options = {}
-    if args.transport == "rtl":
-        options = {"sim": args.sim, "waves": args.waves}
-    elif args.transport == "serial":
-        options = {"port": args.port, "baudrate": args.baud}
+    options = transport_options(args.transport, sim=args.sim, waves=args.waves, port=args.port,
+                                baudrate=args.baud)
     t1 = time.perf_counter()
     device = open_device(args.transport, config, **options)
     try:
@@ -245,7 +242,7 @@ def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from firmware.device import open_device
+    from firmware.device import open_device, transport_options
     from firmware.graph import run_graph
     from firmware.importers import load_model
     from hdl.presets import get_config
@@ -253,8 +250,8 @@ def run_model(args: argparse.Namespace) -> int:
     graph = load_model(args.model)
     inputs = _model_inputs(graph, args.inputs)
     config = get_config(args.config)
-    options = {"port": args.port} if args.transport == "serial" else {}
-    device = open_device(args.transport, config, **options)
+    device = open_device(args.transport, config,
+                         **transport_options(args.transport, port=args.port))
     try:
         result = run_graph(graph, inputs, device=device)
     finally:

@@ -33,6 +33,7 @@ from hdl import isa
 from hdl.config import TPUConfig
 
 __all__ = ["DeviceStatus", "DeviceError", "DeviceTimeout", "Device", "register_transport",
+           "transport_options",
            "transport_names", "open_device"]
 
 _STATUS = data.Layout.cast(isa.Status)
@@ -142,6 +143,19 @@ def transport_names() -> tuple[str, ...]:
     return tuple(sorted(module.name for module in
                         pkgutil.iter_modules(spec.submodule_search_locations)
                         if not module.name.startswith("_")))
+
+
+def transport_options(transport: str, *, sim: str | None = None, waves: bool = False,
+                      port: str | None = None, baudrate: int | None = None) -> dict:
+    """The :func:`open_device` options a command line's settings give *transport*: ``sim``
+    and ``waves`` for ``rtl``, ``port`` and ``baudrate`` for ``serial`` (those given), none
+    for ``isa``."""
+    if transport == "rtl":
+        return {"sim": sim, "waves": waves} if sim is not None else {"waves": waves}
+    if transport == "serial":
+        given = {"port": port, "baudrate": baudrate}
+        return {key: value for key, value in given.items() if value is not None}
+    return {}
 
 
 def open_device(transport: str, config: TPUConfig, **options) -> Device:

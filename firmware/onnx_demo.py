@@ -128,7 +128,7 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     import onnxruntime as ort
 
     from firmware.datasets import digits
-    from firmware.device import open_device
+    from firmware.device import open_device, transport_options
     from firmware.graph import run_graph
     from firmware.importers import load_model
     from hdl.presets import get_config
@@ -159,11 +159,8 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
               f"{row['macs']:>7,} MACs  {row['runs on']}")
     print(f"  prepared (train, export, quantise, import) in {time.perf_counter() - t0:.1f} s")
 
-    options = {}
-    if args.transport == "rtl":
-        options = {"sim": args.sim, "waves": args.waves}
-    elif args.transport == "serial":
-        options = {"port": args.port, "baudrate": args.baud}
+    options = transport_options(args.transport, sim=args.sim, waves=args.waves, port=args.port,
+                                baudrate=args.baud)
     t1 = time.perf_counter()
     device = open_device(args.transport, config, **options)
     try:

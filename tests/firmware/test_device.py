@@ -51,3 +51,13 @@ def test_opening_a_transport_imports_no_other():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["firmware.transports", "firmware.transports.isa"]
+
+
+def test_transport_options_give_each_transport_its_own():
+    from firmware.device import transport_options
+    assert transport_options("isa", sim="icarus", port="loop://") == {}
+    assert transport_options("rtl", sim="icarus", waves=True, port="x") == \
+        {"sim": "icarus", "waves": True}
+    assert transport_options("serial", sim="icarus", port="loop://", baudrate=115200) == \
+        {"port": "loop://", "baudrate": 115200}
+    assert transport_options("serial", port="loop://") == {"port": "loop://"}
