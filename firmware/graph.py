@@ -352,12 +352,17 @@ def _pool_windows(x: np.ndarray, kernel, stride, padding, fill):
 
 
 @dataclass(eq=False)
-class MaxPool2D(Op):
-    """Maximum over each window's positions inside the input, clamped to ``act``."""
+class _Pool2D(Op):
+    """A pooling window's geometry (padding top, bottom, left, right) and the output clamp."""
     kernel: tuple[int, int] = (2, 2)
     stride: tuple[int, int] = (2, 2)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     act: tuple[int, int] = (-128, 127)
+
+
+@dataclass(eq=False)
+class MaxPool2D(_Pool2D):
+    """Maximum over each window's positions inside the input, clamped to ``act``."""
 
     def reference(self, x):
         x = np.asarray(x, dtype=np.int64)
@@ -368,14 +373,10 @@ class MaxPool2D(Op):
 
 
 @dataclass(eq=False)
-class AveragePool2D(Op):
+class AveragePool2D(_Pool2D):
     """Mean over each window's positions inside the input, rounded half away from zero
     (``(s + n/2) / n`` in C's truncating division, TFLite's reference), clamped to ``act``;
     input and output share scale and zero point."""
-    kernel: tuple[int, int] = (2, 2)
-    stride: tuple[int, int] = (2, 2)
-    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
-    act: tuple[int, int] = (-128, 127)
 
     def reference(self, x):
         x = np.asarray(x, dtype=np.int64)

@@ -780,10 +780,7 @@ class _Importer:
                                                                  y=b))
 
     def op_AveragePool(self, node):
-        v = self.value(node, 0)
-        if v.kind != "dq":
-            raise ModelError(f"{_where(node)}: input {node.input[0]!r} is not a dequantised "
-                             f"integer tensor (a QDQ model)")
+        v = self._dq_input(node, self.value(node, 0))
         if not v.nhwc:
             v = self._nhwc_of(node, v)
         if _attr(node, "ceil_mode", 0) or any(d != 1 for d in _attr(node, "dilations", [])):
@@ -798,10 +795,7 @@ class _Importer:
             count_include_pad=bool(_attr(node, "count_include_pad", 0))))
 
     def op_GlobalAveragePool(self, node):
-        v = self.value(node, 0)
-        if v.kind != "dq":
-            raise ModelError(f"{_where(node)}: input {node.input[0]!r} is not a dequantised "
-                             f"integer tensor (a QDQ model)")
+        v = self._dq_input(node, self.value(node, 0))
         if not v.nhwc:
             v = self._nhwc_of(node, v)
         self.values[node.output[0]] = _Value("acc", pending=dict(node=node, kind="gap", x=v))
