@@ -196,6 +196,25 @@ def encode(opcode: isa.Opcode, **fields) -> int:
     """The instruction word of ``opcode`` with ``fields`` (layout or short names; missing
     fields are 0), packed with the layout's ``const``. Raises :class:`AsmError` for an
     unknown field or a value that does not fit."""
+    # A compiler emits the same few words many times over, and packing one through the
+    # layout's const() is slow: words are kept by their field values.
+    try:
+        key = (opcode, tuple((k, type(v), v.value if isinstance(v, enum.Enum) else int(v))
+                             for k, v in fields.items()))
+    except (TypeError, ValueError, AttributeError):
+        return _encode(opcode, **fields)
+    word = _WORDS.get(key)
+    if word is None:
+        word = _encode(opcode, **fields)
+        if len(_WORDS) < 1 << 16:
+            _WORDS[key] = word
+    return word
+
+
+_WORDS: dict = {}
+
+
+def _encode(opcode: isa.Opcode, **fields) -> int:
     opcode = isa.Opcode(opcode)
     layout = data.Layout.cast(isa.FORMATS[opcode])
     values = {"opcode": opcode}

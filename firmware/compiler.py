@@ -1,78 +1,101 @@
 """Compiler from a quantised network (:mod:`firmware.quant`) to programs for the core.
 
 :func:`compile_network` plans a whole network for one :class:`~hdl.config.TPUConfig`: weight
-tiles, parameter slots, unified-buffer and accumulator regions, and a batch size. The result,
-:class:`CompiledNetwork`, gives a *setup* program that loads what stays resident (weights and
-parameters when they fit) and, for any batch of quantised inputs, a *batch* program that reads
-the inputs, runs every stage with activations kept in the unified buffer between stages, and
-writes the outputs back. :func:`firmware.runtime.run` runs them on a device.
+tiles, parameter slots, unified-buffer and accumulator regions, and how many images go through
+at a time. The result, :class:`CompiledNetwork`, gives a *setup* program that loads what stays
+resident (weights and parameters when they fit, the constant frames of padded tensors) and, for
+any number of quantised inputs, *batch* programs that stream the inputs in, run every stage with
+activations kept in the unified buffer, and write the outputs back, the link's transfers
+overlapping the array's work. :func:`firmware.runtime.run` runs them on a device.
+
+Units and batches
+-----------------
+Images go through in *units* of ``unit`` images and *batches* of ``units`` units
+(``batch_size = unit * units`` images). The first stage runs unit by unit: the host's rows of
+unit ``n + 1`` go into one of two input buffers while the first stage's MATMULs read unit ``n``
+from the other. The later stages run once per batch, over all its units, so a weight tile of a
+later stage serves ``batch_size`` rows however small a unit is. A batch program holds several
+batches; the last stage's output has two buffers, so the write-back of batch ``b`` overlaps
+batch ``b + 1``.
 
 On-chip layout
 --------------
-A tensor of ``B`` images with ``P`` positions (``H * W``, 1 for a vector) and ``C`` channels is
-stored as ``G`` channel groups of ``g`` channels: unified-buffer row
-``base + (group * P + position) * B + image`` holds channels ``group * g ..`` of one position
-of one image (element 0 first). Stage outputs use ``g = min(rows, cols)`` (ACTIVATE writes
-``cols`` elements and MATMUL reads ``rows``) and the network's last stage ``g = cols``; the
-network input uses ``g = rows``.
+A tensor of ``P`` positions (``H * W``, 1 for a vector) and ``C`` channels is stored as ``G``
+channel groups of ``g`` channels, unit by unit: unified-buffer row
+``base + ((u * G + group) * P + position) * unit + image`` holds channels ``group * g ..`` of
+one position of image ``image`` of unit ``u`` (element 0 first). Stage outputs use
+``g = min(rows, cols)`` (ACTIVATE writes ``cols`` elements and MATMUL reads ``rows``) and the
+network's last stage ``g = cols``. A tensor that a padded convolution reads is stored inside a
+frame of the padding's width whose rows hold the quantised zero; the setup program writes the
+frames, which no later instruction touches.
 
 Stages
 ------
-A stage is ``Y = act(requantise(X @ W))`` with optional 2x2 max-pooling. Its reduction runs
-over *K chunks*, each ``M`` consecutive unified-buffer rows times one weight tile of
-``rows x cols`` (zero-padded), summed in the accumulators; its output columns run in blocks of
-``g`` columns.
+A stage is ``Y = act(requantise(X @ W))`` with optional 2x2 max-pooling. It runs as *passes*:
+each pass is one weight tile (``rows x cols``, zero-padded) times one unified-buffer row per
+accumulator row, the passes of a stage accumulating. An accumulator row is one output position
+of one image (four in a row, one pooling window, when max-pooling is fused: ACTIVATE's MAX4
+pools four consecutive rows). Where the rows a pass reads are consecutive in the unified
+buffer, one MATMUL streams them; the compiler orders accumulator rows so that they are.
 
-- Dense after a spatial tensor (a Flatten): one chunk per (position, channel group): the
-  rows of one position of all ``B`` images, ``M = B``. Weight rows follow the HWC flatten order.
-- Dense on the network input: one chunk per ``rows`` input features, ``M = B``.
-- Conv2D on the network input: the host lays out the ``kh * kw * C`` patches (im2col, padding
-  with the input's zero point), one chunk per ``rows`` of them, ``M = B * positions``. With
-  max-pooling fused, the rows are ordered window by window (the 4 positions of a 2x2 window
-  next to each other) so that ACTIVATE's MAX4 over consecutive rows is the 2-D pooling.
-- Conv2D on another stage's output runs on chip, TPU v1's way: one MATMUL per kernel
-  position and input channel group over the whole input, shifted by that position's offset
-  (``dy * pitch + dx`` positions), accumulating. The producing stage writes its output inside
-  a frame of the padding's width whose rows hold the quantised zero (a READ_HOST of constant
-  rows), so 'same' padding costs nothing in the MATMULs; the output rows that wrap around the
-  frame's edge (``kw - 1`` per image row) are computed and not activated: ACTIVATE writes
-  each output row's run of positions. Max-pooling after such a convolution is not supported
-  (:class:`CompileError`).
+- Dense on the network input: one pass per ``rows`` input features.
+- Dense after a spatial tensor (a Flatten): one pass per (position, channel group), weight
+  rows in the HWC flatten order.
+- Conv2D on the network input: the image crosses the link once, one row per position, and
+  the row's spare elements carry the position's neighbours (as many kernel taps as fit,
+  ``rows // C``), so one pass covers several kernel taps. A tap that no row holds is read from
+  a row further on (a *shifted* pass: the taps of position ``p + d`` are taps of ``p``), so the
+  host lays out a few positions past the output's edge (their outputs are not activated); only
+  when no shift reaches a tap does another row per position cross the link.
+- Conv2D on another stage's output runs on chip, TPU v1's way: one pass per kernel position
+  and channel group, reading the input shifted by that position's offset. With stride 1 and
+  no pooling, the rows that wrap around the frame's edge (``kw - 1`` per image row) are
+  computed and not activated, so each pass is one MATMUL; with a stride or max-pooling each
+  output position's rows are a MATMUL of their own (a unit's images are consecutive).
 
-``M`` is split into jobs of at most half the accumulators; jobs alternate between two
-accumulator regions so that the ACTIVATE of one job overlaps the MATMULs of the next. A job is
-``KC`` MATMULs, one weight tile each (``switch``; ``accumulate`` after the first), then one
-ACTIVATE into the stage's output rows. READ_WEIGHTS run ahead of the MATMULs by the weight
-FIFO's depth plus the shadow tile, so the next tile is always shifting in. Stage inputs and
-outputs sit at opposite ends of the unified buffer, alternating, so consecutive stages never
-overlap; the hardware interlocks order the rest (no NOP padding, no SYNC).
-
+Each stage's accumulator rows are split into jobs of at most half the accumulators; jobs
+alternate between the two halves so that the ACTIVATE of one overlaps the MATMULs of the next.
+READ_WEIGHTS run ahead of the MATMULs by the weight FIFO's depth plus the shadow tile.
 Weights stay resident (loaded once by the setup program) when all tiles fit
 ``weight_mem_tiles``; otherwise every batch program streams them through the weight memory as
-a ring, each LOAD_WEIGHTS just before its READ_WEIGHTS. Parameters stay resident when every
-(stage, column block) fits ``param_slots``; otherwise each ACTIVATE is preceded by its
-LOAD_PARAMS.
+a ring. Parameters stay resident when every (stage, column block) fits ``param_slots``;
+otherwise each ACTIVATE is preceded by its LOAD_PARAMS. The hardware interlocks order the rest
+(no NOP padding, no SYNC).
+
+Shape bound
+-----------
+:meth:`CompiledNetwork.bounds` gives each stage's *shape bound*: its useful MACs over the MAC
+slots its passes issue (``rows x cols`` for each accumulator row of each pass), which is the
+array utilisation the stage reaches if the array never waits. What is lost below it is
+scheduling (waits for the link, the weights, the interlocks); what is lost above it is the
+layer's shape on this array.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from firmware import nn
 from firmware.asm import Program
 from firmware.quant import QuantisedNetwork, Stage
 from firmware.runtime import Batch
 from hdl import isa
 from hdl.config import TPUConfig
 
-__all__ = ["CompileError", "CompiledNetwork", "compile_network", "COUNT_LIMIT"]
+__all__ = ["CompileError", "CompiledNetwork", "StageBound", "compile_network", "COUNT_LIMIT",
+           "PROGRAM_IMAGES"]
 
 #: Largest ``count`` field of an instruction.
 COUNT_LIMIT = (1 << 16) - 1
+
+#: Most images one batch program takes by default (the runtime waits for a program's outputs
+#: before it sends the next, so a program's first input transfer and last write-back are the
+#: only ones the array does not hide).
+PROGRAM_IMAGES = 1024
 
 
 class CompileError(ValueError):
@@ -83,15 +106,17 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Layout -----------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class Tensor:
-    """A tensor's place in the unified buffer (see the module notes). A spatial tensor that
-    a convolution with padding reads is stored inside a frame of ``frame`` rows/columns on
-    each side holding the quantised zero; ``positions`` counts the framed positions."""
+    """A tensor's place in the unified buffer (see the module notes): ``units`` blocks of
+    ``unit`` images each; ``positions`` counts framed positions."""
     base: int
     groups: int
     positions: int
-    batch: int
+    unit: int
+    units: int
     width: int          # g: channels per row
     channels: int
     height: int = 1     # interior height and width (1 x 1 for a vector)
@@ -103,81 +128,437 @@ class Tensor:
         return (y + self.frame[0]) * self.pitch + x + self.frame[1]
 
     @property
-    def rows(self) -> int:
-        return self.groups * self.positions * self.batch
+    def block(self) -> int:
+        """Rows of one unit."""
+        return self.groups * self.positions * self.unit
 
-    def row(self, group: int, position: int) -> int:
-        return self.base + (group * self.positions + position) * self.batch
+    @property
+    def rows(self) -> int:
+        return self.block * self.units
+
+    def row(self, group, position, image=0, block=0):
+        """Row of (group, position) of image ``image`` of block ``block``."""
+        return self.base + ((block * self.groups + group) * self.positions + position) \
+            * self.unit + image
+
+    def border(self) -> np.ndarray:
+        """The frame's rows (every group and image), sorted."""
+        if self.frame == (0, 0):
+            return np.zeros(0, dtype=np.int64)
+        inner = np.zeros(self.positions, dtype=bool)
+        fx = self.frame[1]
+        for y in range(self.height):
+            start = self.position(y, 0)
+            inner[start:start + self.pitch - 2 * fx] = True
+        pos = np.flatnonzero(~inner)
+        k, g, p, i = np.meshgrid(np.arange(self.units), np.arange(self.groups), pos,
+                                 np.arange(self.unit), indexing="ij")
+        return np.sort(self.row(g, p, i, k).ravel())
 
 
 @dataclass(frozen=True)
-class StagePlan:
-    """Everything the emitter needs for one stage, for one batch size."""
-    stage: Stage
-    index: int
-    m: int                          # rows per K chunk
-    chunks: list[int]               # unified-buffer row of each K chunk's first row
-    window: int                     # 1, or 4 for fused max-pooling
-    out: Tensor
-    tiles: list[list[int]]          # tile ids [kc][nb]
-    params: list[int]               # parameter-set ids per column block
-    jobs: list[tuple[int, int, int]]  # (m0, rows, column block)
-    targets: np.ndarray             # per output row m // window: its unified-buffer row
-                                    # within column block 0 (-1: not an output, skipped)
-
-    def activations(self, job: int) -> list[tuple[int, int, int]]:
-        """``(acc offset, ub row, acc rows)`` of the ACTIVATEs of a job: one per run of
-        output rows that are consecutive in the unified buffer."""
-        m0, rows, nb = self.jobs[job]
-        w = self.window
-        shift = nb * self.out.positions * self.out.batch
-        r0 = m0 // w
-        targets = self.targets[r0:(m0 + rows) // w]
-        runs = []
-        i = 0
-        while i < len(targets):
-            if targets[i] < 0:
-                i += 1
-                continue
-            j = i + 1
-            while j < len(targets) and targets[j] == targets[j - 1] + 1:
-                j += 1
-            runs.append((i * w, int(targets[i]) + shift, (j - i) * w))
-            i = j
-        return runs
-
-    def border_runs(self) -> list[tuple[int, int]]:
-        """``(ub row, rows)`` of the output frame's border (every column block), which
-        must hold the output's quantised zero."""
-        out = self.out
-        if out.frame == (0, 0):
-            return []
-        inner = np.zeros(out.positions, dtype=bool)
-        for y in range(out.height):
-            start = out.position(y, 0)
-            inner[start:start + (out.pitch - 2 * out.frame[1])] = True
-        runs = []
-        for g in range(out.groups):
-            p = 0
-            while p < out.positions:
-                if inner[p]:
-                    p += 1
-                    continue
-                q = p
-                while q < out.positions and not inner[q]:
-                    q += 1
-                runs.append((out.row(g, p), (q - p) * out.batch))
-                p = q
-        return runs
+class _Pass:
+    """One weight tile's rows (indices into the stage's weight matrix rows, -1: zero) and,
+    per accumulator row of a unit, the row it reads (offset in the input's unit block; -1:
+    the accumulator row is not an output and may read anything)."""
+    k_rows: np.ndarray
+    sources: np.ndarray
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Batch-independent tiling of one stage."""
-    k_rows: list[np.ndarray]        # per K chunk: indices into the weight matrix rows (-1: 0)
-    out_width: int                  # g of the output
+    """Batch-independent tiling of one stage, for a unit of ``unit`` images."""
+    m: int                      # accumulator rows per unit
+    window: int                 # 1, or 4 for fused max-pooling
+    passes: list[_Pass]
+    outputs: np.ndarray         # per output row (m // window): (y, x, image) or y = -1
+    out_width: int
     col_blocks: int
+    host: _HostConv | None = None   # the network input's layout for a first convolution
 
+
+@dataclass(frozen=True)
+class _HostConv:
+    """How the host lays out a first convolution's input: per chunk, the (tap, channel group)
+    items of each row with their element offsets, over a grid of anchors ``(ah, aw)`` (the
+    output positions and the few past its edge that shifted passes read)."""
+    chunks: list[list[tuple[int, int, int, int]]]   # (tap, group, offset, width)
+    anchors: np.ndarray         # per row of a chunk: (ay, ax, image)
+
+
+@dataclass(frozen=True)
+class StageBound:
+    """A stage's shape bound (per image): useful MACs over the MAC slots its passes issue."""
+    name: str
+    useful_macs: float
+    slots: float
+
+    @property
+    def bound(self) -> float:
+        return self.useful_macs / self.slots if self.slots else 0.0
+
+
+def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
+                  prev_out: tuple | None, last: bool) -> _Layout:
+    """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
+    (groups, positions, pitch, frame, channels) when another stage made it (holding ``images``)."""
+    c = config
+    out_width = c.cols if last else min(c.rows, c.cols)
+    col_blocks = _ceil_div(st.n, out_width)
+    where = f"stage {st.name}"
+    stride = st.stride
+    i = np.arange(images)
+    zeros = np.zeros(images, np.int64)
+    if st.kind == "dense" and index == 0:
+        passes = []
+        for kc in range(_ceil_div(st.k, c.rows)):
+            idx = np.arange(kc * c.rows, (kc + 1) * c.rows)
+            passes.append(_Pass(np.where(idx < st.k, idx, -1), kc * images + i))
+        return _Layout(images, 1, passes, np.stack([zeros, zeros, i], axis=1), out_width,
+                       col_blocks)
+    if st.kind == "dense":
+        groups, positions, _, _, channels = prev_out
+        if positions * channels != st.k:
+            raise CompileError(f"{where}: takes {st.k} features, the previous stage gives "
+                               f"{positions} x {channels}")
+        passes = []
+        for pos in range(positions):
+            for g in range(groups):
+                ch = g * width_in + np.arange(c.rows)
+                valid = (ch < channels) & (np.arange(c.rows) < width_in)
+                passes.append(_Pass(np.where(valid, pos * channels + ch, -1),
+                                     (g * positions + pos) * images + i))
+        return _Layout(images, 1, passes, np.stack([zeros, zeros, i], axis=1), out_width,
+                       col_blocks)
+
+    ho, wo = st.conv_out_hw
+    if st.pool and (ho < 2 or wo < 2):
+        raise CompileError(f"{where}: max-pooling needs a 2x2 output, got {ho}x{wo}")
+    if index == 0:
+        return _host_conv_layout(config, st, images, out_width, col_blocks)
+    kh, kw, cin, _ = st.weight.shape
+    groups, positions, pitch, frame, _ = prev_out
+    if frame != tuple(st.pad):
+        raise CompileError(f"{where}: its input is framed by {frame}, it pads by {st.pad}")
+    if stride == 1 and not st.pool:
+        # The rows that wrap around the frame's edge are computed and not activated, so
+        # each pass is one run: accumulator row (q * images + image) reads input position
+        # q + (dy * pitch + dx).
+        q, ii = np.meshgrid(np.arange((ho - 1) * pitch + wo), i, indexing="ij")
+        y, x = q // pitch, q % pitch
+        outputs = np.stack([np.where(x < wo, y, -1).ravel(), x.ravel(), ii.ravel()], axis=1)
+        m = len(outputs)
+        window = 1
+
+        def sources(g, dy, dx):
+            return (g * positions + dy * pitch + dx) * images + np.arange(m)
+    else:
+        if st.pool:
+            # One pooling window's four positions in consecutive rows (MAX4).
+            wy, wx, ii, ky, kx = np.meshgrid(np.arange(ho // 2), np.arange(wo // 2), i,
+                                             np.arange(2), np.arange(2), indexing="ij")
+            oy, ox, ii = (2 * wy + ky).ravel(), (2 * wx + kx).ravel(), ii.ravel()
+            outputs = np.stack([wy.ravel()[::4], wx.ravel()[::4], ii[::4]], axis=1)
+            window = 4
+        else:
+            yy, xx, ii = np.meshgrid(np.arange(ho), np.arange(wo), i, indexing="ij")
+            oy, ox, ii = yy.ravel(), xx.ravel(), ii.ravel()
+            outputs = np.stack([oy, ox, ii], axis=1)
+            window = 1
+        m = len(oy)
+
+        def sources(g, dy, dx):
+            pos = (stride * oy + dy) * pitch + stride * ox + dx
+            return (g * positions + pos) * images + ii
+    passes = []
+    for dy in range(kh):
+        for dx in range(kw):
+            for g in range(groups):
+                ch = g * width_in + np.arange(c.rows)
+                valid = (ch < cin) & (np.arange(c.rows) < width_in)
+                passes.append(_Pass(np.where(valid, (dy * kw + dx) * cin + ch, -1),
+                                    np.asarray(sources(g, dy, dx), dtype=np.int64)))
+    return _Layout(m, window, passes, outputs, out_width, col_blocks)
+
+
+def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
+                      col_blocks: int) -> _Layout:
+    """A first convolution: the host's rows carry as many kernel taps as fit; the taps no
+    row holds come from shifted passes or, failing that, from another chunk of rows."""
+    c = config
+    kh, kw, cin, _ = st.weight.shape
+    ho, wo = st.conv_out_hw
+    stride = st.stride
+    taps = [(dy, dx) for dy in range(kh) for dx in range(kw)]
+    tap_index = {t: n for n, t in enumerate(taps)}
+    groups = _ceil_div(cin, c.rows)
+    items = [(t, g) for t in range(len(taps)) for g in range(groups)]
+
+    def width(g):
+        return min(c.rows, cin - g * c.rows)
+
+    chunks: list[list[tuple[int, int, int, int]]] = []
+    passes_spec: list[tuple[int, tuple[int, int], dict]] = []   # chunk, shift, item -> target
+    covered: set = set()
+    step = 2 if st.pool else 1                # shifts in anchors; whole windows when pooling
+    ext = [0, 0]
+
+    def new_chunk():
+        row, offset = [], 0
+        for t, g in items:
+            if (t, g) in covered or offset + width(g) > c.rows:
+                continue
+            row.append((t, g, offset, width(g)))
+            offset += width(g)
+        chunks.append(row)
+        cover = {(t, g): (t, g) for t, g, _, _ in row}
+        passes_spec.append((len(chunks) - 1, (0, 0), cover))
+        covered.update(cover)
+
+    new_chunk()
+    while len(covered) < len(items):
+        best = None
+        for ci, row in enumerate(chunks):
+            for t1, g1, _, _ in row:
+                for t2, g2 in items:
+                    if (t2, g2) in covered or g2 != g1:
+                        continue
+                    dy = taps[t2][0] - taps[t1][0]
+                    dx = taps[t2][1] - taps[t1][1]
+                    if dy < 0 or dx < 0 or dy % stride or dx % stride:
+                        continue
+                    a, b = dy // stride, dx // stride
+                    if a % step or b % step:
+                        continue
+                    cover = {}
+                    for t3, g3, _, _ in row:
+                        t = (taps[t3][0] + a * stride, taps[t3][1] + b * stride)
+                        if t in tap_index and (tap_index[t], g3) not in covered:
+                            cover[(t3, g3)] = (tap_index[t], g3)
+                    # More taps first, then the fewest anchors added past the edge.
+                    cost = (max(ext[0], a) - ext[0]) * wo + (max(ext[1], b) - ext[1]) * ho
+                    key = (-len(cover), cost)
+                    if best is None or key < best[0]:
+                        best = (key, ci, (a, b), cover)
+        if best is None or best[0][1] >= ho * wo:    # another chunk of rows is cheaper
+            new_chunk()
+            continue
+        _, ci, (a, b), cover = best
+        passes_spec.append((ci, (a, b), cover))
+        covered.update(cover.values())
+        ext = [max(ext[0], a), max(ext[1], b)]
+    ah, aw = ho + ext[0], wo + ext[1]
+    i = np.arange(unit)
+    if st.pool:
+        hq, wq = ho // 2, wo // 2
+        wh, ww = _ceil_div(ah, 2), _ceil_div(aw, 2)
+        wy, wx, ii, ky, kx = np.meshgrid(np.arange(wh), np.arange(ww), i, np.arange(2),
+                                         np.arange(2), indexing="ij")
+        ay, ax, ii = (2 * wy + ky).ravel(), (2 * wx + kx).ravel(), ii.ravel()
+        m = ((hq - 1) * ww + wq) * 4 * unit
+        oyy, oxx, oii = wy.ravel()[::4], wx.ravel()[::4], ii[::4]
+        valid = (oyy < hq) & (oxx < wq)
+        outputs = np.stack([np.where(valid, oyy, -1), oxx, oii], axis=1)[:m // 4]
+
+        def shift_rows(a, b):
+            return ((a // 2) * ww + b // 2) * 4 * unit
+    else:
+        yy, xx, ii = np.meshgrid(np.arange(ah), np.arange(aw), i, indexing="ij")
+        ay, ax, ii = yy.ravel(), xx.ravel(), ii.ravel()
+        m = ((ho - 1) * aw + wo) * unit
+        valid = (ay < ho) & (ax < wo)
+        outputs = np.stack([np.where(valid, ay, -1), ax, ii], axis=1)[:m]
+
+        def shift_rows(a, b):
+            return (a * aw + b) * unit
+    per_chunk = len(ay)
+    passes = []
+    for ci, (a, b), cover in passes_spec:
+        k_rows = np.full(c.rows, -1, dtype=np.int64)
+        for t1, g1, offset, w in chunks[ci]:
+            if (t1, g1) in cover:
+                t3, g3 = cover[(t1, g1)]
+                k_rows[offset:offset + w] = t3 * cin + g3 * c.rows + np.arange(w)
+        src = ci * per_chunk + np.arange(m) + shift_rows(a, b)
+        passes.append(_Pass(k_rows, src))
+    host = _HostConv(chunks, np.stack([ay, ax, ii], axis=1))
+    return _Layout(m, 4 if st.pool else 1, passes, outputs, out_width, col_blocks, host)
+
+
+def _weight_tiles(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout]):
+    """Every weight tile and parameter set; tile ids ``[stage][pass][column block]`` and
+    parameter-set ids ``[stage][column block]``."""
+    c = config
+    tiles, params, tile_ids, param_ids = [], [], [], []
+    for st, lay in zip(network.stages, layouts, strict=True):
+        w = st.weight_matrix
+        ids = [[0] * lay.col_blocks for _ in lay.passes]
+        pids = []
+        for nb in range(lay.col_blocks):
+            cols = nb * lay.out_width + np.arange(c.cols)
+            col_ok = (np.arange(c.cols) < lay.out_width) & (cols < st.n)
+            for kc, ps in enumerate(lay.passes):
+                tile = np.zeros((c.rows, c.cols), dtype=np.int64)
+                r_ok = ps.k_rows >= 0
+                tile[np.ix_(r_ok, col_ok)] = w[np.ix_(ps.k_rows[r_ok], cols[col_ok])]
+                ids[kc][nb] = len(tiles)
+                tiles.append(tile)
+            bias = np.zeros(c.cols, dtype=np.int64)
+            mult = np.zeros(c.cols, dtype=np.int64)
+            bias[col_ok] = st.bias[cols[col_ok]]
+            mult[col_ok] = st.multiplier[cols[col_ok]]
+            shift = st.shift
+            if np.ndim(shift):                   # per column: sliced like the bias
+                shift = np.zeros(c.cols, dtype=np.int64)
+                shift[col_ok] = np.asarray(st.shift)[cols[col_ok]]
+            pids.append(len(params))
+            params.append((bias, mult, shift, st.zero_point, st.clamp_hi, st.rounding))
+        tile_ids.append(ids)
+        param_ids.append(pids)
+    return np.array(tiles).reshape(-1, c.rows, c.cols), params, tile_ids, param_ids
+
+
+# Planning ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _StagePlan:
+    stage: Stage
+    index: int
+    layout: _Layout
+    inputs: list[int] | None        # first stage: the two input buffers' bases
+    source: Tensor | None           # later stages: the tensor read
+    outs: list[Tensor]              # the output tensor (two buffers for the last stage)
+    tiles: list[list[int]]
+    params: list[int]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    unit: int
+    units: int
+    stages: list[_StagePlan]
+    in_rows: int                    # rows of one unit of the network input
+
+    @property
+    def batch(self) -> int:
+        return self.unit * self.units
+
+
+def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int) -> list[_Layout]:
+    """Every stage's layout over one unit."""
+    layouts = []
+    stages = network.stages
+    width_in = config.rows
+    prev = None
+    for index, st in enumerate(stages):
+        last = index == len(stages) - 1
+        lay = _stage_layout(config, st, index, unit, width_in, prev, last)
+        layouts.append(lay)
+        frame = _frame(stages, index)
+        h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
+        pitch = w + 2 * frame[1]
+        prev = (lay.col_blocks, (h + 2 * frame[0]) * pitch, pitch, frame, st.n)
+        width_in = lay.out_width
+    return layouts
+
+
+def _frame(stages: list[Stage], index: int) -> tuple[int, int]:
+    """The frame around stage ``index``'s output: the padding of a convolution reading it."""
+    nxt = stages[index + 1] if index + 1 < len(stages) else None
+    return tuple(nxt.pad) if nxt is not None and nxt.kind == "conv" else (0, 0)
+
+
+def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
+          tile_ids=None, param_ids=None) -> _Plan:
+    c = config
+    batch = unit * units
+    layouts = _layouts(config, network, unit)
+    if tile_ids is None:                           # the ids alone (the tiles' order)
+        tile_ids, param_ids, t, p = [], [], 0, 0
+        for lay in layouts:
+            tile_ids.append([[t + nb * len(lay.passes) + kc for nb in range(lay.col_blocks)]
+                             for kc in range(len(lay.passes))])
+            param_ids.append(list(range(p, p + lay.col_blocks)))
+            t += len(lay.passes) * lay.col_blocks
+            p += lay.col_blocks
+    stages = network.stages
+    first = layouts[0]
+    in_rows = (len(first.host.chunks) * len(first.host.anchors) if first.host is not None
+               else len(first.passes) * unit)
+    top = 2 * in_rows                              # the two input buffers at the bottom
+    tensors = []
+    for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
+        last = index == len(stages) - 1
+        frame = _frame(stages, index)
+        h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
+        pitch = w + 2 * frame[1]
+        positions = (h + 2 * frame[0]) * pitch
+        outs = []
+        # The first stage's output is a ring of one block more than a batch, so that the
+        # next batch's first unit can run before the later stages read this batch's.
+        blocks = units + 1 if index == 0 and not last else units
+        for _ in range(2 if last else 1):
+            t = Tensor(top, lay.col_blocks, positions, unit, blocks, lay.out_width, st.n, h,
+                       pitch, frame)
+            top += t.rows
+            outs.append(t)
+        tensors.append(outs)
+        if top > c.ub_depth:
+            raise CompileError(
+                f"stage {st.name}: the unified buffer needs {top} rows up to its output "
+                f"(two buffers of {in_rows} input rows for {unit} image(s) at a time, the "
+                f"stage outputs for {batch}); the configuration has ub_depth={c.ub_depth}")
+    plans = []
+    for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
+        step = min(c.acc_depth // 2, COUNT_LIMIT) // lay.window * lay.window
+        if step < lay.window:
+            raise CompileError(f"stage {st.name}: a pooling window of {lay.window} rows does "
+                               f"not fit half the accumulators (acc_depth={c.acc_depth})")
+        plans.append(_StagePlan(st, index, lay, [0, in_rows] if index == 0 else None,
+                                tensors[index - 1][0] if index else None, tensors[index],
+                                tile_ids[index], param_ids[index]))
+    return _Plan(unit, units, plans, in_rows)
+
+
+def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
+    """``(first accumulator row, first unified-buffer row, rows)`` of the MATMULs that read
+    ``sources`` (one per accumulator row, -1: any row): runs of consecutive rows, through the
+    rows that may read anything, without the ones at a run's ends."""
+    n = len(sources)
+    if n and sources[0] >= 0 and sources[-1] - sources[0] == n - 1 and (
+            n < 2 or (np.diff(sources) == 1).all()):
+        runs = [(0, int(sources[0]), n)]         # the common case: one run
+        i = n
+    else:
+        runs = []
+        i = 0
+    while i < n:
+        if sources[i] < 0:
+            i += 1
+            continue
+        # Rows that continue the run: the expected row, or any row (-1) still in range.
+        want = sources[i] + np.arange(n - i)
+        ok = (sources[i:] == want) | ((sources[i:] < 0) & (want < ub_depth))
+        stop = i + (int(np.argmin(ok)) if not ok.all() else n - i)
+        real = np.flatnonzero(sources[i:stop] >= 0)
+        last = i + int(real[-1])
+        runs.append((i, int(sources[i]), last - i + 1))
+        i = last + 1
+    out = []
+    for acc, ub, rows in runs:          # the count field's limit
+        for start in range(0, rows, COUNT_LIMIT):
+            out.append((acc + start, ub + start, min(COUNT_LIMIT, rows - start)))
+    return out
+
+
+def _jobs(sp: _StagePlan, units: int, config: TPUConfig) -> list[tuple[int, int]]:
+    """``(first accumulator row, rows)`` of a stage's jobs over ``units`` units."""
+    total = sp.layout.m * units
+    step = min(config.acc_depth // 2, COUNT_LIMIT) // sp.layout.window * sp.layout.window
+    return [(m0, min(step, total - m0)) for m0 in range(0, total, step)]
+
+
+# The compiled network ---------------------------------------------------------------------
 
 class CompiledNetwork:
     """A network compiled for one configuration; implements the runtime's executable
@@ -187,47 +568,55 @@ class CompiledNetwork:
     ----------
     config : TPUConfig
     network : QuantisedNetwork
+    unit, units : int
+        Images per unit (the first stage's step) and units per batch.
     batch_size : int
-        Images per batch program.
+        Images per batch (``unit * units``); a batch program holds several batches.
+    program_images : int
+        Most images per batch program.
     resident_weights, resident_params : bool
         Whether weights / parameters are loaded once by the setup program.
     tiles : ndarray, (n_tiles, rows, cols)
         Every weight tile, in tile-id order.
     """
 
-    def __init__(self, config: TPUConfig, network: QuantisedNetwork, batch_size: int,
-                 layouts: list[_Layout], tiles: np.ndarray, params: list[tuple]):
+    def __init__(self, config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
+                 program_images: int = PROGRAM_IMAGES):
         self.config = config
         self.network = network
-        self.batch_size = batch_size
-        self._layouts = layouts
-        self.tiles = tiles
-        self._params = params    # (bias, multiplier, shift, zp, clamp, rounding)
-        self.resident_weights = len(tiles) <= config.weight_mem_tiles
-        self.resident_params = len(params) <= config.param_slots
+        self.unit, self.units = unit, units
+        self.batch_size = unit * units
+        self.program_images = max(program_images, self.batch_size)
+        layouts = _layouts(config, network, unit)
+        self.tiles, self._params, tile_ids, param_ids = _weight_tiles(config, network, layouts)
+        self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
+        self.resident_params = len(self._params) <= config.param_slots
+        self._plan = _plan(config, network, unit, units, tile_ids, param_ids)
 
     # Setup ------------------------------------------------------------------------------
 
     def setup_program(self) -> tuple[list[int], int]:
-        """LOAD_WEIGHTS and LOAD_PARAMS of what stays resident, then HALT; answers with the
-        DONE beat only."""
-        p = Program(self.config)
+        """LOAD_WEIGHTS and LOAD_PARAMS of what stays resident and the frames of padded
+        tensors, then HALT; answers with the DONE beat only."""
+        c = self.config
+        p = Program(c)
         if self.resident_weights and len(self.tiles):
             p.load_weights(0, self.tiles, signed=True)
         if self.resident_params:
             for slot, (bias, mult, shift, zp, clamp, rounding) in enumerate(self._params):
                 p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
                               rounding=rounding)
+        for sp in self._plan.stages:
+            zero = np.full(c.ub_row, sp.stage.out_q.zero_point, dtype=np.int64)
+            for t in sp.outs:
+                for start, count in _row_runs(t.border()):
+                    for s in range(0, count, COUNT_LIMIT):
+                        n = min(COUNT_LIMIT, count - s)
+                        p.read_host(start + s, np.broadcast_to(zero, (n, c.ub_row)))
         p.halt()
         return p.beats, 1
 
-    # Planning ---------------------------------------------------------------------------
-
-    @functools.cache  # noqa: B019 (one plan per batch size, kept with the network)
-    def plan(self, batch: int) -> list[StagePlan]:
-        """Unified-buffer, accumulator and tile plan of a batch program for ``batch``
-        images; raises :class:`CompileError` when it does not fit."""
-        return _plan(self.config, self.network, self._layouts, batch)
+    # Programs ---------------------------------------------------------------------------
 
     def batches(self, inputs: np.ndarray) -> Iterator[Batch]:
         """Batch programs for quantised ``inputs`` (``(n, *input_shape)``, integers)."""
@@ -246,339 +635,476 @@ class CompiledNetwork:
         lo, hi = self.network.input_q.range
         if inputs.size and (inputs.min() < lo or inputs.max() > hi):
             raise ValueError(f"quantised inputs must lie in {lo}..{hi}")
-        for start in range(0, len(inputs), self.batch_size):
-            yield self.batch_program(inputs[start:start + self.batch_size])
+        step = self.program_images // self.batch_size * self.batch_size
+        for start in range(0, len(inputs), step):
+            yield self.batch_program(inputs[start:start + step])
 
     def batch_program(self, x_q: np.ndarray) -> Batch:
-        """The program for one batch of quantised inputs."""
-        b = len(x_q)
-        plans = self.plan(b)
-        beats, instructions = self._emit(plans, x_q)
-        last = plans[-1]
-        out_rows = last.out.rows
+        """The program for quantised inputs ``x_q`` (any number of images: the last batch's
+        missing images are computed from whatever the buffers hold, and dropped)."""
+        n = len(x_q)
+        em = _Emitter(self, x_q)
+        beats, instructions = em.emit()
+        out_rows = em.out_rows
 
         def decode(out: list[int]) -> np.ndarray:
-            return self._decode(last, out[:out_rows], b)
+            return self._decode(out[:out_rows], n)
 
         return Batch(beats=beats, output_beats=out_rows + 1, instructions=instructions,
-                     images=b, decode=decode)
+                     images=n, decode=decode)
 
-    # Emission ---------------------------------------------------------------------------
-
-    def _host_rows(self, plan: StagePlan, x_q: np.ndarray) -> np.ndarray:
-        """The network input as unified-buffer rows (tensor order), ``rows`` wide."""
-        c, st = self.config, plan.stage
-        b = len(x_q)
-        if st.kind == "dense":
-            flat = x_q.reshape(b, -1)
-            rows = [flat[:, idx.clip(0)] * (idx >= 0) for idx in self._layouts[0].k_rows]
-            return np.concatenate(rows).astype(np.int64)
-        kh, kw = st.weight.shape[:2]
-        cols = nn.im2col(x_q, kh, kw, st.pad, pad_value=st.in_q.zero_point)
-        _, ho, wo, k = cols.shape
-        order = _conv_order(ho, wo, b, st.pool)          # (position y, x, image) per row m
-        patches = cols[order[:, 2], order[:, 0], order[:, 1]]     # (M, K)
-        padded = np.zeros((len(patches), len(self._layouts[0].k_rows) * c.rows), np.int64)
-        padded[:, :k] = patches
-        return padded.reshape(len(patches), -1, c.rows).transpose(1, 0, 2).reshape(-1, c.rows)
-
-    def _emit(self, plans: list[StagePlan], x_q: np.ndarray) -> tuple[list[int], int]:
-        c = self.config
-        p = Program(c)
-        first = plans[0]
-        host_rows = self._host_rows(first, x_q)
-        base = first.chunks[0]
-        for start in range(0, len(host_rows), COUNT_LIMIT):
-            p.read_host(base + start, host_rows[start:start + COUNT_LIMIT])
-
-        uses = [plan.tiles[kc][nb] for plan in plans for _, _, nb in plan.jobs
-                for kc in range(len(plan.chunks))]
-        ahead = c.weight_fifo_depth + 1
-        ring = c.weight_mem_tiles
-        queued = 0
-
-        def read_next():
-            nonlocal queued
-            if queued >= len(uses):
-                return
-            tile = uses[queued]
-            if self.resident_weights:
-                p.read_weights(tile, 1)
-            else:
-                slot = queued % ring
-                p.load_weights(slot, self.tiles[tile], signed=True)
-                p.read_weights(slot, 1)
-            queued += 1
-
-        for _ in range(min(ahead, len(uses))):
-            read_next()
-        jobs_done = 0
-
-        def activate(plan: StagePlan, job: int, region: int):
-            nonlocal jobs_done
-            pid = plan.params[plan.jobs[job][2]]
-            if self.resident_params:
-                slot = pid
-            else:
-                slot = jobs_done % c.param_slots
-                bias, mult, shift, zp, clamp, rounding = self._params[pid]
-                p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
-                              rounding=rounding)
-            pool = isa.Pool.MAX4 if plan.window == 4 else isa.Pool.NONE
-            for acc, ub, rows in plan.activations(job):
-                p.activate(region + acc, ub, rows, func=plan.stage.func, pool=pool, slot=slot)
-            jobs_done += 1
-
-        half = c.acc_depth // 2
-        for plan in plans:
-            zero = np.full(c.ub_row, plan.stage.out_q.zero_point, dtype=np.int64)
-            for ub, rows in plan.border_runs():
-                for start in range(0, rows, COUNT_LIMIT):
-                    n = min(COUNT_LIMIT, rows - start)
-                    p.read_host(ub + start, np.broadcast_to(zero, (n, c.ub_row)))
-            pending = None
-            for j, (m0, rows, _nb) in enumerate(plan.jobs):
-                region = (j % 2) * half
-                for kc, chunk in enumerate(plan.chunks):
-                    p.matmul(chunk + m0, region, rows, switch=True, accumulate=kc > 0,
-                             signed=plan.stage.in_q.signed)
-                    read_next()
-                    if kc == 0 and pending is not None:
-                        activate(plan, *pending)
-                        pending = None
-                pending = (j, region)
-            activate(plan, *pending)
-
-        out = plans[-1].out
-        for start in range(0, out.rows, COUNT_LIMIT):
-            p.write_host(out.base + start, min(COUNT_LIMIT, out.rows - start))
-        p.halt()
-        return p.beats, p.instructions
-
-    def _decode(self, plan: StagePlan, beats: list[int], b: int) -> np.ndarray:
-        out, st = plan.out, plan.stage
+    def _decode(self, beats: list[int], n: int) -> np.ndarray:
+        last = self._plan.stages[-1]
+        out, st = last.outs[0], last.stage
         row_bytes = self.config.ub_row
         raw = np.frombuffer(b"".join(int(x).to_bytes(row_bytes, "little") for x in beats),
-                            dtype=np.int8).reshape(out.groups, out.positions, b, row_bytes)
-        values = raw[..., :out.width].astype(np.int64)            # (G, P, B, g)
-        values = values.transpose(2, 1, 0, 3).reshape(b, out.positions, -1)[..., :st.n]
-        return values.reshape(b, *st.out_shape)
+                            dtype=np.int8)
+        raw = raw.reshape(-1, out.units, out.groups, out.positions, out.unit, row_bytes)
+        values = raw[..., :out.width].astype(np.int64)     # (batches, units, G, P, unit, g)
+        values = values.transpose(0, 1, 4, 3, 2, 5).reshape(-1, out.positions,
+                                                            out.groups * out.width)
+        return values[:n, :, :st.n].reshape(n, *st.out_shape)
+
+    # Host rows --------------------------------------------------------------------------
+
+    def _unit_rows(self, x_q: np.ndarray) -> np.ndarray:
+        """The network input of one unit (``(<= unit, *input_shape)``) as unified-buffer
+        rows, ``rows`` wide (missing images: the input's zero point)."""
+        c = self.config
+        sp = self._plan.stages[0]
+        st, lay = sp.stage, sp.layout
+        unit = self.unit
+        zp = st.in_q.zero_point
+        x = np.full((unit, *self.network.input_shape), zp, dtype=np.int64)
+        x[:len(x_q)] = x_q
+        if lay.host is None:
+            flat = x.reshape(unit, -1)
+            return np.concatenate([flat[:, ps.k_rows.clip(0)] * (ps.k_rows >= 0)
+                                   for ps in lay.passes]).astype(np.int64)
+        kh, kw, cin, _ = st.weight.shape
+        ay, ax, ii = lay.host.anchors.T
+        py, px = st.pad
+        # The padded input, extended with the zero point past the anchors' reach.
+        hpad = max(int(ay.max()) * st.stride + kh, x.shape[1] + 2 * py)
+        wpad = max(int(ax.max()) * st.stride + kw, x.shape[2] + 2 * px)
+        xp = np.full((unit, hpad, wpad, cin), zp, dtype=np.int64)
+        xp[:, py:py + x.shape[1], px:px + x.shape[2]] = x
+        out = np.zeros((len(lay.host.chunks), len(ay), c.rows), dtype=np.int64)
+        taps = [(dy, dx) for dy in range(kh) for dx in range(kw)]
+        for ci, row in enumerate(lay.host.chunks):
+            for t, g, offset, w in row:
+                dy, dx = taps[t]
+                out[ci, :, offset:offset + w] = xp[ii, ay * st.stride + dy,
+                                                   ax * st.stride + dx,
+                                                   g * c.rows:g * c.rows + w]
+        return out.reshape(-1, c.rows)
 
     # Reporting --------------------------------------------------------------------------
 
+    @functools.cached_property
+    def _costs(self) -> dict:
+        """What one batch program of one full batch issues (the emitter's tallies)."""
+        em = _Emitter(self, np.zeros((self.batch_size, *self.network.input_shape),
+                                     dtype=np.int64), estimate=True)
+        em.emit()
+        em.tally["beats"] = em.p.beats
+        return em.tally
+
+    def estimate(self) -> float:
+        """Predicted cycles per image: the busiest of the array (with the waits for weight
+        tiles a short pass cannot hide), the activation engine and the link."""
+        t = self._costs
+        return max(sum(t["stage_rows"]) + t["stall"], t["act"], t["beats"]) / self.batch_size
+
+    def bounds(self) -> list[StageBound]:
+        """Each stage's shape bound, per image (module notes)."""
+        cells = self.config.rows * self.config.cols
+        out = []
+        for sp, rows in zip(self._plan.stages, self._costs["stage_rows"], strict=True):
+            st = sp.stage
+            if st.kind == "conv":
+                ho, wo = st.conv_out_hw
+                positions = 4 * (ho // 2) * (wo // 2) if st.pool else ho * wo
+            else:
+                positions = 1
+            out.append(StageBound(st.name, float(positions * st.k * st.n),
+                                  rows * cells / self.batch_size))
+        return out
+
+    def bound(self) -> float:
+        """The whole network's shape bound."""
+        b = self.bounds()
+        return sum(s.useful_macs for s in b) / sum(s.slots for s in b)
+
+    def useful_macs(self) -> int:
+        """The network's multiply-accumulates per image."""
+        return int(sum(s.useful_macs for s in self.bounds()))
+
+    def input_rows(self) -> float:
+        """Unified-buffer rows the host sends per image."""
+        return self._plan.in_rows / self.unit
+
     def summary(self) -> str:
-        """A few lines on the plan: stages, tiles, batch size, residency."""
+        """A few lines on the plan: stages, passes, batch, residency, shape bounds."""
         c = self.config
-        lines = [f"{self.network.name} on {c.name}: batch {self.batch_size} images, "
-                 f"{len(self.tiles)} weight tiles "
+        plan = self._plan
+        lines = [f"{self.network.name} on {c.name}: {self.batch_size} images per batch "
+                 f"({self.units} units of {self.unit}), {len(self.tiles)} weight tiles "
                  f"({'resident' if self.resident_weights else 'streamed per batch'}), "
                  f"{len(self._params)} parameter sets "
-                 f"({'resident' if self.resident_params else 'loaded per ACTIVATE'})"]
-        for plan in self.plan(self.batch_size):
-            st = plan.stage
-            lines.append(f"  {st.name}: {st.kind} K={st.k} N={st.n} -> {len(plan.chunks)} "
-                         f"chunks x {len(plan.tiles[0])} column blocks, {len(plan.jobs)} jobs "
-                         f"of <= {max(r for _, r, _ in plan.jobs)} rows, {st.func.name}"
-                         + (" + maxpool 2x2" if st.pool else ""))
+                 f"({'resident' if self.resident_params else 'loaded per ACTIVATE'}), "
+                 f"{self.input_rows():g} input rows per image"]
+        for sp, b in zip(plan.stages, self.bounds(), strict=True):
+            st, lay = sp.stage, sp.layout
+            extra = " + maxpool 2x2" if st.pool else ""
+            if st.kind == "conv" and st.stride > 1:
+                extra += f", stride {st.stride}"
+            lines.append(f"  {st.name}: {st.kind} K={st.k} N={st.n}{extra} -> "
+                         f"{len(lay.passes)} passes x {lay.col_blocks} column blocks, "
+                         f"{st.func.name}; shape bound {100 * b.bound:.1f} % "
+                         f"({b.useful_macs:,.0f} MACs in {b.slots:,.0f} slots per image)")
+        lines.append(f"  network shape bound {100 * self.bound():.1f} %")
         return "\n".join(lines)
 
 
-def _conv_order(ho: int, wo: int, b: int, pool: bool) -> np.ndarray:
-    """``(M, 3)`` (y, x, image) of each convolution output row ``m``: position-major,
-    image-minor; with pooling, window by window with the window's 4 positions adjacent."""
-    if not pool:
-        y, x, n = np.meshgrid(np.arange(ho), np.arange(wo), np.arange(b), indexing="ij")
-        return np.stack([y.ravel(), x.ravel(), n.ravel()], axis=1)
-    hq, wq = ho // 2, wo // 2
-    i, j, n, dy, dx = np.meshgrid(np.arange(hq), np.arange(wq), np.arange(b), np.arange(2),
-                                  np.arange(2), indexing="ij")
-    return np.stack([(2 * i + dy).ravel(), (2 * j + dx).ravel(), n.ravel()], axis=1)
-
-
-def _layouts(config: TPUConfig, network: QuantisedNetwork) -> list[_Layout]:
-    layouts = []
-    width_in = config.rows                       # g of the current input tensor
-    for index, st in enumerate(network.stages):
-        where = f"stage {st.name}"
-        last = index == len(network.stages) - 1
-        out_width = config.cols if last else min(config.rows, config.cols)
-        if index == 0:
-            k = st.k
-            chunks = _ceil_div(k, config.rows)
-            k_rows = []
-            for kc in range(chunks):
-                idx = np.arange(kc * config.rows, (kc + 1) * config.rows)
-                k_rows.append(np.where(idx < k, idx, -1))
-        elif st.kind == "conv":
-            kh, kw, cin, _ = st.weight.shape
-            groups = _ceil_div(cin, width_in)
-            k_rows = []
-            for dy in range(kh):
-                for dx in range(kw):
-                    for g in range(groups):
-                        ch = g * width_in + np.arange(config.rows)
-                        valid = (ch < cin) & (np.arange(config.rows) < width_in)
-                        k_rows.append(np.where(valid, (dy * kw + dx) * cin + ch, -1))
+def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted rows as (first, count) runs of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for r in rows:
+        if runs and runs[-1][0] + runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
-            prev = network.stages[index - 1].out_shape
-            positions = int(np.prod(prev[:-1])) if len(prev) == 3 else 1
-            channels = prev[-1]
-            if positions * channels != st.k:
-                raise CompileError(f"{where}: takes {st.k} features, the previous stage "
-                                   f"gives {positions} x {channels}")
-            groups = _ceil_div(channels, width_in)
-            k_rows = []
-            for pos in range(positions):
-                for g in range(groups):
-                    ch = g * width_in + np.arange(config.rows)
-                    valid = (ch < channels) & (np.arange(config.rows) < width_in)
-                    k_rows.append(np.where(valid, pos * channels + ch, -1))
-        layouts.append(_Layout(k_rows, out_width, _ceil_div(st.n, out_width)))
-        width_in = out_width
-    return layouts
+            runs.append((int(r), 1))
+    return runs
 
 
-def _tiles_and_params(config: TPUConfig, network: QuantisedNetwork,
-                      layouts: list[_Layout]) -> tuple[np.ndarray, list, list, list]:
-    tiles, params, tile_ids, param_ids = [], [], [], []
-    for st, lay in zip(network.stages, layouts, strict=True):
-        w = st.weight_matrix
-        ids = [[0] * lay.col_blocks for _ in lay.k_rows]
-        pids = []
-        for nb in range(lay.col_blocks):
-            cols = nb * lay.out_width + np.arange(config.cols)
-            col_ok = (np.arange(config.cols) < lay.out_width) & (cols < st.n)
-            for kc, rows in enumerate(lay.k_rows):
-                tile = np.zeros((config.rows, config.cols), dtype=np.int64)
-                r_ok = rows >= 0
-                tile[np.ix_(r_ok, col_ok)] = w[np.ix_(rows[r_ok], cols[col_ok])]
-                ids[kc][nb] = len(tiles)
-                tiles.append(tile)
-            bias = np.zeros(config.cols, dtype=np.int64)
-            mult = np.zeros(config.cols, dtype=np.int64)
-            bias[col_ok] = st.bias[cols[col_ok]]
-            mult[col_ok] = st.multiplier[cols[col_ok]]
-            shift = st.shift
-            if np.ndim(shift):                   # per column: sliced like the bias
-                shift = np.zeros(config.cols, dtype=np.int64)
-                shift[col_ok] = np.asarray(st.shift)[cols[col_ok]]
-            pids.append(len(params))
-            params.append((bias, mult, shift, st.zero_point, st.clamp_hi, st.rounding))
-        tile_ids.append(ids)
-        param_ids.append(pids)
-    return np.array(tiles).reshape(-1, config.rows, config.cols), params, tile_ids, param_ids
+class _Emitter:
+    """Writes one batch program. Order: the first stage unit by unit; the later stages of
+    batch ``b`` once batch ``b + 1``'s first unit is out (so that its MATMULs fill the array
+    while batch ``b``'s last ACTIVATE drains); the host's rows of the next unit fed in pieces
+    between the MATMULs. With ``estimate``, tallies without encoding (no real input)."""
 
+    def __init__(self, compiled: CompiledNetwork, x_q: np.ndarray, estimate: bool = False):
+        self.cn = compiled
+        self.c = compiled.config
+        self.plan = compiled._plan
+        self.x_q = x_q
+        self.batches = max(1, _ceil_div(len(x_q), compiled.batch_size))
+        self.out_rows = self.plan.stages[-1].outs[0].rows * self.batches
+        self.estimate = estimate
+        self.p = _Tally() if estimate else Program(self.c)
+        self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
+        self.queued = 0
+        self.jobs_done = 0
+        self.regions = 0
+        self.feed: deque = deque()          # (ub row, rows) pieces of the next unit's input
+        self.pending_activate = None
+        self.pending_write = None
+        self.tally = {"stage_rows": [0] * len(self.plan.stages), "act": 0, "stall": 0}
 
-def _plan(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout],
-          batch: int) -> list[StagePlan]:
-    c = config
-    _, _, tile_ids, param_ids = _tiles_and_params(c, network, layouts)
-    half = c.acc_depth // 2
-    stages = network.stages
-    plans: list[StagePlan] = []
-    at_top = False                     # which end of the unified buffer the input sits at
-    first = stages[0]
-    if first.kind == "conv":
-        ho, wo = first.conv_out_hw
-        m_in = batch * ((ho // 2) * (wo // 2) * 4 if first.pool else ho * wo)
-    else:
-        m_in = batch
-    in_rows = len(layouts[0].k_rows) * m_in
-    for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
-        where = f"stage {st.name}"
-        window = 4 if st.pool else 1
-        if st.kind == "conv" and index > 0 and st.pool:
-            raise CompileError(f"{where}: MaxPool2D after a Conv2D that reads another stage's "
-                               f"output is not supported; allowed: pooling fused into the "
-                               f"first Conv2D (its rows are laid out window by window)")
-        # The output tensor, framed with the padding of a convolution that reads it.
-        nxt = stages[index + 1] if index + 1 < len(stages) else None
-        frame = nxt.pad if nxt is not None and nxt.kind == "conv" else (0, 0)
-        height, width = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
-        pitch = width + 2 * frame[1]
-        positions = (height + 2 * frame[0]) * pitch
-        out_rows = lay.col_blocks * positions * batch
-        if in_rows + out_rows > c.ub_depth:
-            raise CompileError(
-                f"{where}: needs {in_rows} unified-buffer rows for its input and {out_rows} "
-                f"for its output with a batch of {batch}; the configuration has ub_depth="
-                f"{c.ub_depth}")
-        out_base = c.ub_depth - out_rows if not at_top else 0
-        out = Tensor(out_base, lay.col_blocks, positions, batch, lay.out_width, st.n,
-                     height, pitch, frame)
-        if index == 0:
-            m = m_in
-            chunks = [kc * m for kc in range(len(lay.k_rows))]
-            r = np.arange(m // window)
-            pos, b = r // batch, r % batch
-            targets = out.base + out.position(pos // width, pos % width) * batch + b
-        elif st.kind == "conv":
-            prev = plans[-1].out
-            kh, kw = st.weight.shape[:2]
-            ho, wo = st.conv_out_hw
-            m = ((ho - 1) * prev.pitch + wo) * batch
-            chunks = [prev.row(g, dy * prev.pitch + dx) for dy in range(kh)
-                      for dx in range(kw) for g in range(prev.groups)]
-            r = np.arange(m)
-            q, b = r // batch, r % batch
-            y, x = q // prev.pitch, q % prev.pitch
-            targets = np.where(x < wo, out.base + out.position(y, x) * batch + b, -1)
+    # Where things are -------------------------------------------------------------------
+
+    def _ring(self, b: int, u: int) -> int:
+        """Block of the first stage's output that unit ``u`` of batch ``b`` uses."""
+        return (b * self.plan.units + u) % self.plan.stages[0].outs[0].units
+
+    def _src_base(self, sp: _StagePlan, b: int, u: np.ndarray) -> np.ndarray:
+        plan = self.plan
+        if sp.index == 0:
+            return np.asarray(sp.inputs)[(b * plan.units + u) % 2]
+        block = self._ring(b, u) if sp.index == 1 else u
+        return sp.source.base + block * sp.source.block
+
+    def _dst(self, sp: _StagePlan, b: int, u: np.ndarray) -> tuple[Tensor, np.ndarray]:
+        last = sp.index == len(self.plan.stages) - 1
+        out = sp.outs[b % 2] if last else sp.outs[0]
+        return out, (self._ring(b, u) if sp.index == 0 and not last else u)
+
+    # Host input -------------------------------------------------------------------------
+
+    def _queue_unit(self, n: int) -> None:
+        """Queue the host's rows of unit ``n`` of the program into input buffer ``n % 2``."""
+        unit = self.cn.unit
+        images = self.x_q[n * unit:(n + 1) * unit]
+        if not len(images):
+            return                           # a batch's missing images: nothing to send
+        rows = (np.zeros((self.plan.in_rows, 0)) if self.estimate
+                else self.cn._unit_rows(images))
+        base = self.plan.stages[0].inputs[n % 2]
+        for start in range(0, len(rows), COUNT_LIMIT):
+            self.feed.append((base + start, rows[start:start + COUNT_LIMIT]))
+
+    def _feed(self, budget: int | None) -> None:
+        """READ_HOST up to ``budget`` queued rows (all of them with None)."""
+        while self.feed and (budget is None or budget > 0):
+            ub, rows = self.feed.popleft()
+            take = len(rows) if budget is None else min(budget, len(rows))
+            self.p.read_host(ub, rows[:take])
+            if take < len(rows):
+                self.feed.appendleft((ub + take, rows[take:]))
+            if budget is not None:
+                budget -= take
+
+    # Weights ----------------------------------------------------------------------------
+
+    def _read_next(self) -> None:
+        if self.queued >= len(self.uses):
+            return
+        tile = self.uses[self.queued]
+        if self.cn.resident_weights:
+            self.p.read_weights(tile, 1)
         else:
-            prev = plans[-1].out
-            m = batch
-            chunks = [prev.row(g, pos) for pos in range(prev.positions)
-                      for g in range(prev.groups)]
-            targets = out.base + np.arange(batch)
-        if m * len(chunks) == 0 or max(chunks) + m > c.ub_depth:
-            raise CompileError(f"{where}: reads past the unified buffer (ub_depth="
-                               f"{c.ub_depth})")
-        if index == 0 and in_rows > COUNT_LIMIT * 256:
-            raise CompileError(f"{where}: {in_rows} input rows are too many for one program")
-        step = (min(half, COUNT_LIMIT) // window) * window
-        if step < window:
-            raise CompileError(f"{where}: a pooling window of {window} rows does not fit "
-                               f"half the accumulators (acc_depth={c.acc_depth})")
-        jobs = [(m0, min(step, m - m0), nb) for m0 in range(0, m, step)
-                for nb in range(lay.col_blocks)]
-        plans.append(StagePlan(st, index, m, chunks, window, out, tile_ids[index],
-                               param_ids[index], jobs, np.asarray(targets, dtype=np.int64)))
-        in_rows = out_rows
-        at_top = not at_top
-    return plans
+            slot = self.queued % self.c.weight_mem_tiles
+            self.p.load_weights(slot, self.cn.tiles[tile], signed=True)
+            self.p.read_weights(slot, 1)
+        self.queued += 1
+
+    # Jobs -------------------------------------------------------------------------------
+
+    def _activate(self, pending) -> None:
+        sp, m0, rows, nb, region, b, u0 = pending
+        c, lay = self.c, sp.layout
+        pid = sp.params[nb]
+        if self.cn.resident_params:
+            slot = pid
+        else:
+            slot = self.jobs_done % c.param_slots
+            bias, mult, shift, zp, clamp, rounding = self.cn._params[pid]
+            self.p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
+                               rounding=rounding)
+        pool = isa.Pool.MAX4 if lay.window == 4 else isa.Pool.NONE
+        w = lay.window
+        u, r = np.divmod(m0 + np.arange(0, rows, w), lay.m)
+        y, x, i = lay.outputs[r // w].T
+        out, block = self._dst(sp, b, u0 + u)
+        target = np.where(y >= 0, out.row(nb, out.position(np.maximum(y, 0), x), i, block),
+                          -1)
+        limit = COUNT_LIMIT // w * w
+        k = 0
+        while k < len(target):
+            if target[k] < 0:
+                k += 1
+                continue
+            j = k + 1
+            while j < len(target) and target[j] == target[j - 1] + 1:
+                j += 1
+            count = (j - k) * w
+            self.tally["act"] += count + _ACTIVATE_EXTRA
+            for s in range(0, count, limit):
+                self.p.activate(region + k * w + s, int(target[k]) + s // w,
+                                min(limit, count - s), func=sp.stage.func, pool=pool,
+                                slot=slot)
+            k = j
+        self.jobs_done += 1
+
+    def _flush_activate(self) -> None:
+        if self.pending_activate is not None:
+            self._activate(self.pending_activate)
+            self.pending_activate = None
+
+    def _write(self) -> None:
+        if self.pending_write is not None:
+            ub, rows = self.pending_write
+            for s in range(0, rows, COUNT_LIMIT):
+                self.p.write_host(ub + s, min(COUNT_LIMIT, rows - s))
+            self.pending_write = None
+
+    def _stage(self, sp: _StagePlan, b: int, u0: int, units: int, emit: bool) -> None:
+        """The jobs of a stage over ``units`` units of batch ``b`` from unit ``u0``."""
+        c = self.c
+        half = c.acc_depth // 2
+        lay = sp.layout
+        for m0, rows in _jobs(sp, units, c):
+            u, r = np.divmod(m0 + np.arange(rows), lay.m)
+            base = self._src_base(sp, b, u0 + u)
+            for nb in range(lay.col_blocks):
+                region = (self.regions % 2) * half
+                self.regions += 1
+                first = True
+                for kc, ps in enumerate(lay.passes):
+                    if not emit:
+                        self.uses.append(sp.tiles[kc][nb])
+                        continue
+                    src = ps.sources[r]
+                    runs = _runs(np.where(src >= 0, src + base, -1), c.ub_depth)
+                    self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
+                    if first and self.pending_activate is not None and self._pending_hits(runs):
+                        # These MATMULs read what the pending ACTIVATE writes: send it first.
+                        self._flush_activate()
+                    for n, (acc, ub, count) in enumerate(runs):
+                        self.p.matmul(ub, region + acc, count, switch=n == 0,
+                                      accumulate=kc > 0, signed=sp.stage.in_q.signed)
+                        self.tally["stage_rows"][sp.index] += count
+                        if n == 0:
+                            self._read_next()
+                        if first:
+                            self._flush_activate()
+                            self._write()
+                            first = False
+                        self._feed(count)
+                if emit:
+                    self.pending_activate = (sp, m0, rows, nb, region, b, u0)
+
+    def _pending_hits(self, runs) -> bool:
+        sp = self.pending_activate[0]
+        return any(t.base < ub + n and ub < t.base + t.rows for t in sp.outs
+                   for _, ub, n in runs)
+
+    def _tail(self, b: int, emit: bool) -> None:
+        """The later stages of batch ``b``, then its write-back (deferred)."""
+        plan = self.plan
+        for sp in plan.stages[1:]:
+            self._stage(sp, b, 0, plan.units, emit)
+        if emit:
+            if self.pending_write is not None:
+                self._flush_activate()
+                self._write()
+            out = plan.stages[-1].outs[b % 2]
+            self.pending_write = (out.base, out.rows)
+
+    def _program(self, emit: bool) -> None:
+        plan = self.plan
+        n_units = self.batches * plan.units
+        later = len(plan.stages) > 1
+        if emit:
+            self._queue_unit(0)
+        g = 0                                   # unit of the program
+        for b in range(self.batches):
+            for u in range(plan.units):
+                if emit:
+                    self._feed(None)            # this unit's rows are in
+                    if g + 1 < n_units:
+                        self._queue_unit(g + 1)
+                self._stage(plan.stages[0], b, u, 1, emit)
+                g += 1
+                if u == 0 and b > 0 and later:
+                    self._tail(b - 1, emit)
+            if not later and emit:
+                if self.pending_write is not None:
+                    self._flush_activate()
+                    self._write()
+                out = plan.stages[0].outs[b % 2]
+                self.pending_write = (out.base, out.rows)
+        if later:
+            self._tail(self.batches - 1, emit)
+        if emit:
+            self._feed(None)
+            self._flush_activate()
+            self._write()
+
+    def emit(self) -> tuple[list[int], int]:
+        c = self.c
+        self._program(emit=False)
+        self.jobs_done = self.regions = 0
+        for _ in range(min(c.weight_fifo_depth + 1, len(self.uses))):
+            self._read_next()
+        self._program(emit=True)
+        self.p.halt()
+        return self.p.beats, self.p.instructions
+
+
+class _Tally:
+    """Counts the beats of the program calls an :class:`_Emitter` makes (for estimates,
+    without encoding a word)."""
+
+    def __init__(self):
+        self.beats = self.instructions = 0
+
+    def _count(self, data: int = 0) -> None:
+        self.beats += 1 + data
+        self.instructions += 1
+
+    def read_host(self, ub, rows):
+        self._count(len(rows))
+
+    def load_weights(self, tile, tiles, signed=True):
+        self._count(np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0])
+
+    def load_params(self, *args, **kwargs):
+        self._count(3)
+
+    def write_host(self, *args, **kwargs):
+        self._count()
+
+    read_weights = matmul = activate = halt = write_host
+
+
+#: Cycles an ACTIVATE takes beyond its rows (the activation unit's depth and the parameter
+#: fetch), for the estimates.
+_ACTIVATE_EXTRA = 22
+
+
+def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int) -> tuple[int, int]:
+    """Images per unit and units per batch: the pair whose program the emitter's tallies
+    predict the fewest cycles per image for, the larger batch on a tie."""
+    best = None
+    candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
+                         config.rows, 2 * config.rows})
+    for unit in (u for u in candidates if u <= max_batch):
+        if not _fits(config, network, unit, 1):
+            break
+        lo, hi = 1, max_batch // unit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(config, network, unit, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        cn = CompiledNetwork(config, network, unit, lo)
+        key = (cn.estimate(), -cn.batch_size)
+        if best is None or key < best[0]:
+            best = (key, unit, lo)
+    return best[1], best[2]
+
+
+def _fits(config, network, unit, units) -> bool:
+    try:
+        _plan(config, network, unit, units)
+        return True
+    except CompileError:
+        return False
 
 
 def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
-                    batch_size: int | None = None, max_batch: int = 256) -> CompiledNetwork:
+                    batch_size: int | None = None, max_batch: int = 256,
+                    unit: int | None = None,
+                    program_images: int = PROGRAM_IMAGES) -> CompiledNetwork:
     """Compile ``network`` for ``config``.
 
-    ``batch_size``: images per batch program; by default the largest up to ``max_batch``
-    whose tensors fit the unified buffer. Raises :class:`CompileError` naming the stage and
-    the memory when even one image does not fit, for a graph the compiler cannot map, or for
-    a uint8 network input on a core for int8 only (``operands="int8"``: quantise with
-    ``input_signed=True``).
+    ``batch_size``: images per batch, ``unit``: images per unit (a divisor of the batch);
+    by default the compiler picks both, the batch up to ``max_batch`` images.
+    ``program_images``: most images per batch program. Raises :class:`CompileError` naming
+    the stage and the memory when even one image does not fit, for a graph the compiler
+    cannot map, or for a uint8 network input on a core for int8 only (``operands="int8"``:
+    quantise with ``input_signed=True``).
     """
     if config.operands == "int8" and not network.input_q.signed:
         raise CompileError(f"{network.name}: its input is uint8, but the {config.name} core "
                            f"takes int8 operands only (operands='int8'); quantise it with "
                            f"int8 input (firmware.quant.quantise(..., input_signed=True))")
-    layouts = _layouts(config, network)
-    tiles, params, _, _ = _tiles_and_params(config, network, layouts)
-    if batch_size is not None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise CompileError(f"batch_size={batch_size!r}; allowed: an int >= 1")
-        _plan(config, network, layouts, batch_size)
-        return CompiledNetwork(config, network, batch_size, layouts, tiles, params)
+    for name, value in (("batch_size", batch_size), ("unit", unit), ("max_batch", max_batch),
+                        ("program_images", program_images)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise CompileError(f"{name}={value!r}; allowed: an int >= 1")
     try:
-        _plan(config, network, layouts, 1)
+        _plan(config, network, 1, 1)
     except CompileError as error:
         raise CompileError(f"{network.name} does not fit {config.name} even one image at a "
                            f"time: {error}") from None
-    lo, hi = 1, max_batch
-    while lo < hi:                                  # the largest batch that fits
-        mid = (lo + hi + 1) // 2
-        try:
-            _plan(config, network, layouts, mid)
-            lo = mid
-        except CompileError:
-            hi = mid - 1
-    return CompiledNetwork(config, network, lo, layouts, tiles, params)
+    if batch_size is not None:
+        if unit is None:
+            unit = max(u for u in range(1, batch_size + 1)
+                       if batch_size % u == 0 and _fits(config, network, u, batch_size // u))\
+                if _fits(config, network, 1, batch_size) else 1
+        if batch_size % unit:
+            raise CompileError(f"batch_size={batch_size} is not a multiple of unit={unit}")
+        _plan(config, network, unit, batch_size // unit)
+        return CompiledNetwork(config, network, unit, batch_size // unit, program_images)
+    if unit is not None:
+        _plan(config, network, unit, 1)
+        units = max(u for u in range(1, max(1, max_batch // unit) + 1)
+                    if _fits(config, network, unit, u))
+        return CompiledNetwork(config, network, unit, units, program_images)
+    unit, units = _choose(config, network, max_batch)
+    return CompiledNetwork(config, network, unit, units, program_images)

@@ -94,6 +94,7 @@ class Stage:
     in_q: QParams
     out_q: QParams
     rounding: Rounding = Rounding.HALF_UP
+    stride: int = 1
 
     @property
     def n(self) -> int:
