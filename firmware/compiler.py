@@ -659,10 +659,10 @@ class CompiledNetwork:
         row_bytes = self.config.ub_row
         raw = np.frombuffer(b"".join(int(x).to_bytes(row_bytes, "little") for x in beats),
                             dtype=np.int8)
-        raw = raw.reshape(-1, out.units, out.groups, out.positions, out.unit, row_bytes)
-        values = raw[..., :out.width].astype(np.int64)     # (batches, units, G, P, unit, g)
-        values = values.transpose(0, 1, 4, 3, 2, 5).reshape(-1, out.positions,
-                                                            out.groups * out.width)
+        raw = raw.reshape(-1, out.groups, out.positions, out.unit, row_bytes)
+        values = raw[..., :out.width].astype(np.int64)     # (blocks, G, P, unit, g)
+        values = values.transpose(0, 3, 2, 1, 4).reshape(-1, out.positions,
+                                                         out.groups * out.width)
         return values[:n, :, :st.n].reshape(n, *st.out_shape)
 
     # Host rows --------------------------------------------------------------------------
@@ -712,7 +712,8 @@ class CompiledNetwork:
 
     def estimate(self) -> float:
         """Predicted cycles per image: the busiest of the array (with the waits for weight
-        tiles a short pass cannot hide), the activation engine and the link."""
+        tiles a short pass cannot hide), the activation engine and the front end (the
+        link's beats and the instructions' dispatch)."""
         t = self._costs
         return max(sum(t["stage_rows"]) + t["stall"], t["act"], t["beats"]) / self.batch_size
 
@@ -790,16 +791,22 @@ class _Emitter:
         self.plan = compiled._plan
         self.x_q = x_q
         self.batches = max(1, _ceil_div(len(x_q), compiled.batch_size))
-        self.out_rows = self.plan.stages[-1].outs[0].rows * self.batches
+        self.out_rows = self.plan.stages[-1].outs[0].block * sum(
+            self._units(b) for b in range(self.batches))
         self.estimate = estimate
         self.p = _Tally() if estimate else Program(self.c)
         self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
-        self.queued = 0
+        self.queued = 0                     # tiles READ_WEIGHTS has queued
+        self.used = 0                       # tiles MATMULs have switched to
         self.jobs_done = 0
         self.regions = 0
         self.feed: deque = deque()          # (ub row, rows) pieces of the next unit's input
         self.pending_activate = None
         self.pending_write = None
+        self.credit = 0                     # MATMUL rows the feed has not yet spent
+        slots = self.c.param_slots
+        self.slots: list = [None] * slots   # parameter set in each slot (streamed params)
+        self.slot_used = [-1] * slots
         self.tally = {"stage_rows": [0] * len(self.plan.stages), "act": 0, "stall": 0}
 
     # Where things are -------------------------------------------------------------------
@@ -847,17 +854,31 @@ class _Emitter:
 
     # Weights ----------------------------------------------------------------------------
 
-    def _read_next(self) -> None:
-        if self.queued >= len(self.uses):
+    def _read_next(self, used: int) -> None:
+        """Keep the weight FIFO and the shadow tile ahead of the MATMULs: ``used`` tiles
+        have been switched to. Queues in groups of consecutive resident tiles (one
+        READ_WEIGHTS each), at least two at a time while more follow, since every
+        instruction costs the front end a dispatch."""
+        room = self.c.weight_fifo_depth + 1 - (self.queued - used)
+        left = len(self.uses) - self.queued
+        if room <= 0 or left <= 0 or (room < 2 and left > 1 and self.queued > used):
             return
-        tile = self.uses[self.queued]
-        if self.cn.resident_weights:
-            self.p.read_weights(tile, 1)
-        else:
-            slot = self.queued % self.c.weight_mem_tiles
-            self.p.load_weights(slot, self.cn.tiles[tile], signed=True)
-            self.p.read_weights(slot, 1)
-        self.queued += 1
+        while room > 0 and self.queued < len(self.uses):
+            tile = self.uses[self.queued]
+            if not self.cn.resident_weights:
+                slot = self.queued % self.c.weight_mem_tiles
+                self.p.load_weights(slot, self.cn.tiles[tile], signed=True)
+                self.p.read_weights(slot, 1)
+                self.queued += 1
+                room -= 1
+                continue
+            count = 1
+            while (count < room and self.queued + count < len(self.uses)
+                   and self.uses[self.queued + count] == tile + count):
+                count += 1
+            self.p.read_weights(tile, count)
+            self.queued += count
+            room -= count
 
     # Jobs -------------------------------------------------------------------------------
 
@@ -867,11 +888,17 @@ class _Emitter:
         pid = sp.params[nb]
         if self.cn.resident_params:
             slot = pid
+        elif pid in self.slots:
+            slot = self.slots.index(pid)         # still loaded
         else:
-            slot = self.jobs_done % c.param_slots
+            # The slot used longest ago (LOAD_PARAMS waits for a running ACTIVATE, and every
+            # earlier ACTIVATE has been issued, so no ACTIVATE still to come needs it).
+            slot = min(range(c.param_slots), key=lambda k: self.slot_used[k])
+            self.slots[slot] = pid
             bias, mult, shift, zp, clamp, rounding = self.cn._params[pid]
             self.p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
                                rounding=rounding)
+        self.slot_used[slot] = self.jobs_done
         pool = isa.Pool.MAX4 if lay.window == 4 else isa.Pool.NONE
         w = lay.window
         u, r = np.divmod(m0 + np.arange(0, rows, w), lay.m)
@@ -897,6 +924,16 @@ class _Emitter:
             k = j
         self.jobs_done += 1
 
+    def _targets_range(self, pending) -> tuple[int, int]:
+        """The unified-buffer rows a pending ACTIVATE writes, as [lo, hi)."""
+        sp, m0, rows, nb, region, b, u0 = pending
+        lay = sp.layout
+        u, r = np.divmod(m0 + np.arange(0, rows, lay.window), lay.m)
+        y, x, i = lay.outputs[r // lay.window].T
+        out, block = self._dst(sp, b, u0 + u)
+        t = out.row(nb, out.position(np.maximum(y, 0), x), i, block)[y >= 0]
+        return (int(t.min()), int(t.max()) + 1) if len(t) else (0, 0)
+
     def _flush_activate(self) -> None:
         if self.pending_activate is not None:
             self._activate(self.pending_activate)
@@ -917,18 +954,22 @@ class _Emitter:
         for m0, rows in _jobs(sp, units, c):
             u, r = np.divmod(m0 + np.arange(rows), lay.m)
             base = self._src_base(sp, b, u0 + u)
+            # Rows of images the program does not have (a last, partial unit) read nothing:
+            # where they end a run, the run is shorter.
+            have = len(self.x_q) - (b * self.plan.batch + (u0 + u) * self.plan.unit)
+            real = lay.outputs[r // lay.window][:, 2] < have
             for nb in range(lay.col_blocks):
                 region = (self.regions % 2) * half
                 self.regions += 1
-                first = True
+                issued = 0
                 for kc, ps in enumerate(lay.passes):
                     if not emit:
                         self.uses.append(sp.tiles[kc][nb])
                         continue
                     src = ps.sources[r]
-                    runs = _runs(np.where(src >= 0, src + base, -1), c.ub_depth)
+                    runs = _runs(np.where((src >= 0) & real, src + base, -1), c.ub_depth)
                     self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
-                    if first and self.pending_activate is not None and self._pending_hits(runs):
+                    if self.pending_activate is not None and self._pending_hits(runs):
                         # These MATMULs read what the pending ACTIVATE writes: send it first.
                         self._flush_activate()
                     for n, (acc, ub, count) in enumerate(runs):
@@ -936,41 +977,59 @@ class _Emitter:
                                       accumulate=kc > 0, signed=sp.stage.in_q.signed)
                         self.tally["stage_rows"][sp.index] += count
                         if n == 0:
-                            self._read_next()
-                        if first:
+                            self.used += 1
+                            self._read_next(self.used)
+                        issued += 1
+                        self.credit += count
+                        if issued == 2 or (kc == len(lay.passes) - 1 and n == len(runs) - 1):
+                            # The previous job's ACTIVATE waits for its MATMULs to end: send
+                            # it once two of this job's are queued behind them, so the array
+                            # has work while the front end waits.
                             self._flush_activate()
                             self._write()
-                            first = False
-                        self._feed(count)
+                        if self.pending_activate is None:
+                            self._feed(self.credit)
+                            self.credit = 0
                 if emit:
                     self.pending_activate = (sp, m0, rows, nb, region, b, u0)
+                    self._pending_range = self._targets_range(self.pending_activate)
 
     def _pending_hits(self, runs) -> bool:
-        sp = self.pending_activate[0]
-        return any(t.base < ub + n and ub < t.base + t.rows for t in sp.outs
-                   for _, ub, n in runs)
+        lo, hi = self._pending_range
+        return any(lo < ub + n and ub < hi for _, ub, n in runs)
+
+    def _units(self, b: int) -> int:
+        """Units batch ``b`` runs: the last batch only those holding images."""
+        plan = self.plan
+        images = max(1, min(plan.batch, len(self.x_q) - b * plan.batch))
+        return _ceil_div(images, plan.unit)
 
     def _tail(self, b: int, emit: bool) -> None:
         """The later stages of batch ``b``, then its write-back (deferred)."""
         plan = self.plan
+        units = self._units(b)
         for sp in plan.stages[1:]:
-            self._stage(sp, b, 0, plan.units, emit)
+            self._stage(sp, b, 0, units, emit)
         if emit:
-            if self.pending_write is not None:
-                self._flush_activate()
-                self._write()
-            out = plan.stages[-1].outs[b % 2]
-            self.pending_write = (out.base, out.rows)
+            self._defer_write(b, units)
+
+    def _defer_write(self, b: int, units: int) -> None:
+        if self.pending_write is not None:
+            self._flush_activate()
+            self._write()
+        out = self.plan.stages[-1].outs[b % 2]
+        self.pending_write = (out.base, out.block * units)
 
     def _program(self, emit: bool) -> None:
         plan = self.plan
-        n_units = self.batches * plan.units
+        n_units = _ceil_div(len(self.x_q), plan.unit)
         later = len(plan.stages) > 1
         if emit:
             self._queue_unit(0)
         g = 0                                   # unit of the program
         for b in range(self.batches):
-            for u in range(plan.units):
+            self.batch_units = self._units(b)
+            for u in range(self.batch_units):
                 if emit:
                     self._feed(None)            # this unit's rows are in
                     if g + 1 < n_units:
@@ -980,11 +1039,7 @@ class _Emitter:
                 if u == 0 and b > 0 and later:
                     self._tail(b - 1, emit)
             if not later and emit:
-                if self.pending_write is not None:
-                    self._flush_activate()
-                    self._write()
-                out = plan.stages[0].outs[b % 2]
-                self.pending_write = (out.base, out.rows)
+                self._defer_write(b, self.batch_units)
         if later:
             self._tail(self.batches - 1, emit)
         if emit:
@@ -993,25 +1048,24 @@ class _Emitter:
             self._write()
 
     def emit(self) -> tuple[list[int], int]:
-        c = self.c
         self._program(emit=False)
         self.jobs_done = self.regions = 0
-        for _ in range(min(c.weight_fifo_depth + 1, len(self.uses))):
-            self._read_next()
+        self._read_next(0)
         self._program(emit=True)
         self.p.halt()
         return self.p.beats, self.p.instructions
 
 
 class _Tally:
-    """Counts the beats of the program calls an :class:`_Emitter` makes (for estimates,
-    without encoding a word)."""
+    """Counts what the program calls an :class:`_Emitter` makes cost the front end (for
+    estimates, without encoding a word): a cycle a beat, and a dispatch for each
+    instruction an engine takes."""
 
     def __init__(self):
         self.beats = self.instructions = 0
 
-    def _count(self, data: int = 0) -> None:
-        self.beats += 1 + data
+    def _count(self, data: int = 0, dispatch: int = 0) -> None:
+        self.beats += 1 + data + dispatch
         self.instructions += 1
 
     def read_host(self, ub, rows):
@@ -1023,11 +1077,18 @@ class _Tally:
     def load_params(self, *args, **kwargs):
         self._count(3)
 
-    def write_host(self, *args, **kwargs):
+    def dispatched(self, *args, **kwargs):
+        self._count(dispatch=_DISPATCH - 1)
+
+    def halt(self, *args, **kwargs):
         self._count()
 
-    read_weights = matmul = activate = halt = write_host
+    read_weights = matmul = activate = write_host = dispatched
 
+
+#: Front-end cycles an instruction that an engine takes costs (fetch, checks, hazards and the
+#: dispatch handshake), measured on the RTL with MATMULs shorter than it, for the estimates.
+_DISPATCH = 6
 
 #: Cycles an ACTIVATE takes beyond its rows (the activation unit's depth and the parameter
 #: fetch), for the estimates.
@@ -1051,7 +1112,7 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int) -> tup
             else:
                 hi = mid - 1
         cn = CompiledNetwork(config, network, unit, lo)
-        key = (cn.estimate(), -cn.batch_size)
+        key = (round(cn.estimate(), 1), -unit, -cn.batch_size)
         if best is None or key < best[0]:
             best = (key, unit, lo)
     return best[1], best[2]
