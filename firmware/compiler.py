@@ -861,7 +861,7 @@ class _Emitter:
         instruction costs the front end a dispatch."""
         room = self.c.weight_fifo_depth + 1 - (self.queued - used)
         left = len(self.uses) - self.queued
-        if room <= 0 or left <= 0 or (room < 2 and left > 1 and self.queued > used):
+        if room <= 0 or left <= 0 or (room < _RW_GROUP and left > 1 and self.queued > used):
             return
         while room > 0 and self.queued < len(self.uses):
             tile = self.uses[self.queued]
@@ -981,7 +981,7 @@ class _Emitter:
                             self._read_next(self.used)
                         issued += 1
                         self.credit += count
-                        if issued == 2 or (kc == len(lay.passes) - 1 and n == len(runs) - 1):
+                        if issued == _FLUSH_AFTER or (kc == len(lay.passes) - 1 and n == len(runs) - 1):
                             # The previous job's ACTIVATE waits for its MATMULs to end: send
                             # it once two of this job's are queued behind them, so the array
                             # has work while the front end waits.
@@ -993,6 +993,8 @@ class _Emitter:
                 if emit:
                     self.pending_activate = (sp, m0, rows, nb, region, b, u0)
                     self._pending_range = self._targets_range(self.pending_activate)
+                if sp.index == 0:
+                    self._interleave(b, emit)
 
     def _pending_hits(self, runs) -> bool:
         lo, hi = self._pending_range
@@ -1004,14 +1006,21 @@ class _Emitter:
         images = max(1, min(plan.batch, len(self.x_q) - b * plan.batch))
         return _ceil_div(images, plan.unit)
 
-    def _tail(self, b: int, emit: bool) -> None:
-        """The later stages of batch ``b``, then its write-back (deferred)."""
-        plan = self.plan
+    def _later(self, emit: bool) -> None:
+        """Emit the oldest deferred later stage (and, after a batch's last stage, its
+        write-back, deferred too)."""
+        sp, b = self.deferred.popleft()
         units = self._units(b)
-        for sp in plan.stages[1:]:
-            self._stage(sp, b, 0, units, emit)
-        if emit:
+        self._stage(sp, b, 0, units, emit)
+        if emit and sp.index == len(self.plan.stages) - 1:
             self._defer_write(b, units)
+
+    def _interleave(self, b: int, emit: bool) -> None:
+        """After a job of the first stage of batch ``b``: one later stage of an earlier
+        batch, so that the MATMULs between two dependent stages hide the ACTIVATE the
+        second waits for."""
+        if self.deferred and self.deferred[0][1] < b:
+            self._later(emit)
 
     def _defer_write(self, b: int, units: int) -> None:
         if self.pending_write is not None:
@@ -1023,25 +1032,29 @@ class _Emitter:
     def _program(self, emit: bool) -> None:
         plan = self.plan
         n_units = _ceil_div(len(self.x_q), plan.unit)
-        later = len(plan.stages) > 1
+        self.deferred = deque()
         if emit:
             self._queue_unit(0)
         g = 0                                   # unit of the program
         for b in range(self.batches):
-            self.batch_units = self._units(b)
-            for u in range(self.batch_units):
+            units = self._units(b)
+            for u in range(units):
                 if emit:
                     self._feed(None)            # this unit's rows are in
                     if g + 1 < n_units:
                         self._queue_unit(g + 1)
                 self._stage(plan.stages[0], b, u, 1, emit)
                 g += 1
-                if u == 0 and b > 0 and later:
-                    self._tail(b - 1, emit)
-            if not later and emit:
-                self._defer_write(b, self.batch_units)
-        if later:
-            self._tail(self.batches - 1, emit)
+            # An earlier batch's stages still deferred go now: the next batch's units
+            # overwrite what they read.
+            while self.deferred and self.deferred[0][1] < b:
+                self._later(emit)
+            if len(plan.stages) > 1:
+                self.deferred.extend((sp, b) for sp in plan.stages[1:])
+            elif emit:
+                self._defer_write(b, units)
+        while self.deferred:
+            self._later(emit)
         if emit:
             self._feed(None)
             self._flush_activate()
@@ -1169,3 +1182,7 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         return CompiledNetwork(config, network, unit, units, program_images)
     unit, units = _choose(config, network, max_batch)
     return CompiledNetwork(config, network, unit, units, program_images)
+
+import os as _os  # noqa: E402  (experiment knobs, to be removed)
+_FLUSH_AFTER = int(_os.environ.get("FLUSH_AFTER", 1))
+_RW_GROUP = int(_os.environ.get("RW_GROUP", 2))
