@@ -425,7 +425,7 @@ class _StagePlan:
     stage: Stage
     index: int
     layout: _Layout
-    inputs: list[int] | None        # first stage: the two input buffers' bases
+    inputs: int | None              # first stage: the input ring's size (it starts at row 0)
     source: Tensor | None           # later stages: the tensor read
     outs: list[Tensor]              # the output tensor (two buffers for the last stage)
     tiles: list[list[int]]
@@ -438,6 +438,7 @@ class _Plan:
     units: int
     stages: list[_StagePlan]
     in_rows: int                    # rows of one unit of the network input
+    ring: int                       # rows of the input ring
 
     @property
     def batch(self) -> int:
@@ -469,7 +470,10 @@ def _frame(stages: list[Stage], index: int) -> tuple[int, int]:
 
 
 def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-          tile_ids=None, param_ids=None) -> _Plan:
+          tile_ids=None, param_ids=None, ring: float = 2.0) -> _Plan:
+    """The plan for ``unit`` images a unit and ``units`` a batch; the input ring holds
+    ``ring`` units' rows (2: two buffers; less when later units may take the rows of the
+    earlier passes of the unit being computed)."""
     c = config
     batch = unit * units
     layouts = _layouts(config, network, unit)
@@ -485,7 +489,8 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
     first = layouts[0]
     in_rows = (len(first.host.chunks) * len(first.host.anchors) if first.host is not None
                else len(first.passes) * unit)
-    top = 2 * in_rows                              # the two input buffers at the bottom
+    ring_rows = max(in_rows, int(np.ceil(ring * in_rows)))
+    top = ring_rows                                # the input ring at the bottom
     tensors = []
     for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
         last = index == len(stages) - 1
@@ -506,18 +511,19 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
         if top > c.ub_depth:
             raise CompileError(
                 f"stage {st.name}: the unified buffer needs {top} rows up to its output "
-                f"(two buffers of {in_rows} input rows for {unit} image(s) at a time, the "
-                f"stage outputs for {batch}); the configuration has ub_depth={c.ub_depth}")
+                f"({ring_rows} for the input, {in_rows} rows for {unit} image(s) at a time, "
+                f"the stage outputs for {batch}); the configuration has ub_depth="
+                f"{c.ub_depth}")
     plans = []
     for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
         step = min(c.acc_depth // 2, COUNT_LIMIT) // lay.window * lay.window
         if step < lay.window:
             raise CompileError(f"stage {st.name}: a pooling window of {lay.window} rows does "
                                f"not fit half the accumulators (acc_depth={c.acc_depth})")
-        plans.append(_StagePlan(st, index, lay, [0, in_rows] if index == 0 else None,
+        plans.append(_StagePlan(st, index, lay, ring_rows if index == 0 else None,
                                 tensors[index - 1][0] if index else None, tensors[index],
                                 tile_ids[index], param_ids[index]))
-    return _Plan(unit, units, plans, in_rows)
+    return _Plan(unit, units, plans, in_rows, ring_rows)
 
 
 def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
@@ -581,7 +587,7 @@ class CompiledNetwork:
     """
 
     def __init__(self, config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-                 program_images: int = PROGRAM_IMAGES):
+                 program_images: int = PROGRAM_IMAGES, ring: float = 2.0):
         self.config = config
         self.network = network
         self.unit, self.units = unit, units
@@ -591,7 +597,7 @@ class CompiledNetwork:
         self.tiles, self._params, tile_ids, param_ids = _weight_tiles(config, network, layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
         self.resident_params = len(self._params) <= config.param_slots
-        self._plan = _plan(config, network, unit, units, tile_ids, param_ids)
+        self._plan = _plan(config, network, unit, units, tile_ids, param_ids, ring)
 
     # Setup ------------------------------------------------------------------------------
 
@@ -703,8 +709,9 @@ class CompiledNetwork:
 
     @functools.cached_property
     def _costs(self) -> dict:
-        """What one batch program of one full batch issues (the emitter's tallies)."""
-        em = _Emitter(self, np.zeros((self.batch_size, *self.network.input_shape),
+        """What a batch program of two full batches issues (the emitter's tallies)."""
+        # Two batches, so that the tallies see one batch's input meet the other's work.
+        em = _Emitter(self, np.zeros((2 * self.batch_size, *self.network.input_shape),
                                      dtype=np.int64), estimate=True)
         em.emit()
         em.tally["beats"] = em.p.beats
@@ -715,7 +722,8 @@ class CompiledNetwork:
         tiles a short pass cannot hide), the activation engine and the front end (the
         link's beats and the instructions' dispatch)."""
         t = self._costs
-        return max(sum(t["stage_rows"]) + t["stall"], t["act"], t["beats"]) / self.batch_size
+        return max(sum(t["stage_rows"]) + t["stall"] + t["wait"], t["act"],
+                   t["beats"]) / (2 * self.batch_size)
 
     def bounds(self) -> list[StageBound]:
         """Each stage's shape bound, per image (module notes)."""
@@ -729,7 +737,7 @@ class CompiledNetwork:
             else:
                 positions = 1
             out.append(StageBound(st.name, float(positions * st.k * st.n),
-                                  rows * cells / self.batch_size))
+                                  rows * cells / (2 * self.batch_size)))
         return out
 
     def bound(self) -> float:
@@ -799,15 +807,21 @@ class _Emitter:
         self.queued = 0                     # tiles READ_WEIGHTS has queued
         self.used = 0                       # tiles MATMULs have switched to
         self.jobs_done = 0
-        self.regions = 0
+        self.acc_next = 0                   # next free accumulator row
         self.feed: deque = deque()          # (ub row, rows) pieces of the next unit's input
-        self.pending_activate = None
+        # ACTIVATEs not yet sent, oldest first: (job, its output rows [lo, hi), the input
+        # rows its MATMULs read)
+        self.pending: list = []
         self.pending_write = None
         self.credit = 0                     # MATMUL rows the feed has not yet spent
         slots = self.c.param_slots
         self.slots: list = [None] * slots   # parameter set in each slot (streamed params)
         self.slot_used = [-1] * slots
-        self.tally = {"stage_rows": [0] * len(self.plan.stages), "act": 0, "stall": 0}
+        self.tally = {"stage_rows": [0] * len(self.plan.stages), "act": 0, "stall": 0,
+                      "wait": 0}
+        # (unit, first, end) of input rows that MATMULs sent or still to come read
+        self.ring_live: list[tuple[int, int, int]] = []
+        self.live_of: dict = {}             # pending ACTIVATE id -> its job's ring ranges
 
     # Where things are -------------------------------------------------------------------
 
@@ -816,11 +830,13 @@ class _Emitter:
         return (b * self.plan.units + u) % self.plan.stages[0].outs[0].units
 
     def _src_base(self, sp: _StagePlan, b: int, u: np.ndarray) -> np.ndarray:
-        plan = self.plan
-        if sp.index == 0:
-            return np.asarray(sp.inputs)[(b * plan.units + u) % 2]
+        """Where each of a job's rows' input starts (later stages)."""
         block = self._ring(b, u) if sp.index == 1 else u
         return sp.source.base + block * sp.source.block
+
+    def _ring_offset(self, g: int) -> int:
+        """Row of the input ring where unit ``g`` of the program starts."""
+        return g * self.plan.in_rows % self.plan.ring
 
     def _dst(self, sp: _StagePlan, b: int, u: np.ndarray) -> tuple[Tensor, np.ndarray]:
         last = sp.index == len(self.plan.stages) - 1
@@ -830,27 +846,67 @@ class _Emitter:
     # Host input -------------------------------------------------------------------------
 
     def _queue_unit(self, n: int) -> None:
-        """Queue the host's rows of unit ``n`` of the program into input buffer ``n % 2``."""
+        """Queue the host's rows of unit ``n`` of the program into the input ring."""
         unit = self.cn.unit
         images = self.x_q[n * unit:(n + 1) * unit]
         if not len(images):
             return                           # a batch's missing images: nothing to send
         rows = (np.zeros((self.plan.in_rows, 0)) if self.estimate
                 else self.cn._unit_rows(images))
-        base = self.plan.stages[0].inputs[n % 2]
-        for start in range(0, len(rows), COUNT_LIMIT):
-            self.feed.append((base + start, rows[start:start + COUNT_LIMIT]))
+        ring, off = self.plan.ring, self._ring_offset(n)
+        k = 0
+        while k < len(rows):
+            pos = (off + k) % ring
+            take = min(len(rows) - k, ring - pos, COUNT_LIMIT)
+            self.feed.append((n, k, pos, rows[k:k + take]))
+            k += take
 
-    def _feed(self, budget: int | None) -> None:
-        """READ_HOST up to ``budget`` queued rows (all of them with None)."""
-        while self.feed and (budget is None or budget > 0):
-            ub, rows = self.feed.popleft()
-            take = len(rows) if budget is None else min(budget, len(rows))
-            self.p.read_host(ub, rows[:take])
-            if take < len(rows):
-                self.feed.appendleft((ub + take, rows[take:]))
-            if budget is not None:
-                budget -= take
+    def _send(self, piece, take: int) -> None:
+        n, k, ub, rows = piece
+        self.p.read_host(ub, rows[:take])
+        if take < len(rows):
+            self.feed.appendleft((n, k + take, ub + take, rows[take:]))
+
+    def _live(self, lo: int, hi: int, before: int | None = None) -> int:
+        """Rows from ``lo`` (before ``hi``) that no MATMUL sent or still to come reads
+        (of units before ``before`` only, if given)."""
+        free = hi - lo
+        for g, a, b in self.ring_live:
+            if a < hi and lo < b and (before is None or g < before):
+                free = min(free, max(0, a - lo))
+        return free
+
+    def _feed(self, budget: int) -> int:
+        """READ_HOST up to ``budget`` queued rows, stopping before a row that a first-stage
+        MATMUL still running may read (the front end would wait for it); returns the rows
+        sent."""
+        sent = 0
+        while self.feed and budget > sent:
+            piece = self.feed.popleft()
+            g, _, ub, rows = piece
+            take = min(budget - sent, len(rows), self._live(ub, ub + len(rows), g))
+            if take <= 0:
+                self.feed.appendleft(piece)
+                break
+            self._send(piece, take)
+            sent += take
+        return sent
+
+    def _feed_for(self, g: int, k_end: int) -> None:
+        """READ_HOST every queued row of unit ``g`` before its row ``k_end``: a MATMUL is
+        about to read them."""
+        while self.feed and self.feed[0][0] == g and self.feed[0][1] < k_end:
+            piece = self.feed.popleft()
+            _, k, ub, rows = piece
+            take = min(len(rows), k_end - k)
+            # Rows an earlier unit's MATMULs read make the front end wait for them.
+            self.tally["wait"] += take - min(take, self._live(ub, ub + take, g))
+            self._send(piece, take)
+
+    def _feed_all(self) -> None:
+        while self.feed:
+            piece = self.feed.popleft()
+            self._send(piece, len(piece[3]))
 
     # Weights ----------------------------------------------------------------------------
 
@@ -934,44 +990,117 @@ class _Emitter:
         t = out.row(nb, out.position(np.maximum(y, 0), x), i, block)[y >= 0]
         return (int(t.min()), int(t.max()) + 1) if len(t) else (0, 0)
 
+    def _flush(self, which=None) -> None:
+        """Send the pending ACTIVATEs ``which(k, job, span)`` selects (all by default), then
+        the write-back if none of those still pending writes its rows."""
+        keep = []
+        for k, (job, span, live) in enumerate(self.pending):
+            if which is not None and not which(k, job, span):
+                keep.append((job, span, live))
+                continue
+            self._activate(job)
+            # The ACTIVATE waited for its job's MATMULs: the input rows they read are free.
+            for piece in live:
+                self.ring_live.remove(piece)
+        self.pending = keep
+        self._write()
+
     def _flush_activate(self) -> None:
-        if self.pending_activate is not None:
-            self._activate(self.pending_activate)
-            self.pending_activate = None
+        self._flush()
 
     def _write(self) -> None:
-        if self.pending_write is not None:
-            ub, rows = self.pending_write
-            for s in range(0, rows, COUNT_LIMIT):
-                self.p.write_host(ub + s, min(COUNT_LIMIT, rows - s))
-            self.pending_write = None
+        if self.pending_write is None:
+            return
+        ub, rows = self.pending_write
+        if any(lo < ub + rows and ub < hi for _, (lo, hi), _ in self.pending):
+            return
+        for s in range(0, rows, COUNT_LIMIT):
+            self.p.write_host(ub + s, min(COUNT_LIMIT, rows - s))
+        self.pending_write = None
+
+    def _acc_region(self, rows: int) -> int:
+        """First accumulator row of a job of ``rows`` rows: the next rows in turn, or the
+        place where the ACTIVATEs still to be sent that these MATMULs would wait for (they
+        read the same rows) are the shortest."""
+        depth = self.c.acc_depth
+        busy = [(job[4], job[4] + job[2]) for job, _, _ in self.pending]
+        best = None
+        for start in [self.acc_next, 0] + [hi for _, hi in busy]:
+            if start + rows > depth:
+                continue
+            cost = sum(hi - lo for lo, hi in busy if lo < start + rows and start < hi)
+            if best is None or cost < best[0]:
+                best = (cost, start)
+        return best[1]
+
+    def _flush_for(self, test) -> None:
+        """Send the pending ACTIVATEs ``test(job, span)`` holds for."""
+        self._flush(lambda k, job, span: test(job, span))
 
     def _stage(self, sp: _StagePlan, b: int, u0: int, units: int, emit: bool) -> None:
         """The jobs of a stage over ``units`` units of batch ``b`` from unit ``u0``."""
         c = self.c
-        half = c.acc_depth // 2
         lay = sp.layout
+        first_stage = sp.index == 0
+        g = b * self.plan.units + u0                 # the program's unit (first stage)
+        if first_stage and emit:
+            # Every input row this unit's MATMULs will read stays live until the ACTIVATE
+            # of the job that reads it last has been sent (it waits for that job's MATMULs),
+            # so that the next unit's rows never land on a row still to be read.
+            reads = {}
+            have = len(self.x_q) - (b * self.plan.batch + u0 * self.plan.unit)
+            for m0, rows in _jobs(sp, units, c):
+                r = m0 + np.arange(rows)
+                real = lay.outputs[r // lay.window][:, 2] < have
+                spans = []
+                for ps in lay.passes:
+                    src = ps.sources[r]
+                    keep = (src >= 0) & real
+                    absolute = (self._ring_offset(g) + src) % self.plan.ring
+                    spans += [(ub, ub + n) for _, ub, n in
+                              _runs(np.where(keep, absolute, -1), self.plan.ring)]
+                spans = [(g, lo, hi) for lo, hi in spans]
+                for nb in range(lay.col_blocks):
+                    reads[(m0, nb)] = list(spans)
+                    self.ring_live += spans
         for m0, rows in _jobs(sp, units, c):
             u, r = np.divmod(m0 + np.arange(rows), lay.m)
-            base = self._src_base(sp, b, u0 + u)
+            if not first_stage:
+                base = self._src_base(sp, b, u0 + u)
             # Rows of images the program does not have (a last, partial unit) read nothing:
             # where they end a run, the run is shorter.
             have = len(self.x_q) - (b * self.plan.batch + (u0 + u) * self.plan.unit)
             real = lay.outputs[r // lay.window][:, 2] < have
             for nb in range(lay.col_blocks):
-                region = (self.regions % 2) * half
-                self.regions += 1
+                # Jobs take accumulator rows in turn around the whole memory, so that a short
+                # job does not land on rows a long ACTIVATE is still reading.
+                region = self._acc_region(rows)
+                self.acc_next = region + rows
+                if emit:
+                    # A pending ACTIVATE of these accumulator rows goes first (these
+                    # MATMULs then wait for it).
+                    self._flush_for(lambda job, span, lo=region, hi=region + rows:
+                                    job[4] < hi and lo < job[4] + job[2])
                 issued = 0
                 for kc, ps in enumerate(lay.passes):
                     if not emit:
                         self.uses.append(sp.tiles[kc][nb])
                         continue
                     src = ps.sources[r]
-                    runs = _runs(np.where((src >= 0) & real, src + base, -1), c.ub_depth)
+                    keep = (src >= 0) & real
+                    if first_stage:
+                        if keep.any():
+                            self._feed_for(g, int(src[keep].max()) + 1)
+                        ring = self.plan.ring
+                        absolute = (self._ring_offset(g) + src) % ring
+                    else:
+                        absolute = src + base
+                    runs = _runs(np.where(keep, absolute, -1),
+                                 self.plan.ring if first_stage else c.ub_depth)
                     self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
-                    if self.pending_activate is not None and self._pending_hits(runs):
-                        # These MATMULs read what the pending ACTIVATE writes: send it first.
-                        self._flush_activate()
+                    # These MATMULs read what a pending ACTIVATE writes: it goes first.
+                    self._flush_for(lambda job, span, runs=runs: any(
+                        span[0] < ub + n and ub < span[1] for _, ub, n in runs))
                     for n, (acc, ub, count) in enumerate(runs):
                         self.p.matmul(ub, region + acc, count, switch=n == 0,
                                       accumulate=kc > 0, signed=sp.stage.in_q.signed)
@@ -981,24 +1110,24 @@ class _Emitter:
                             self._read_next(self.used)
                         issued += 1
                         self.credit += count
-                        if issued == _FLUSH_AFTER or (kc == len(lay.passes) - 1 and n == len(runs) - 1):
-                            # The previous job's ACTIVATE waits for its MATMULs to end: send
-                            # it once two of this job's are queued behind them, so the array
-                            # has work while the front end waits.
-                            self._flush_activate()
-                            self._write()
-                        if self.pending_activate is None:
-                            self._feed(self.credit)
+                        if issued == 1:
+                            # The previous job of this stage is done once this one's MATMUL
+                            # is queued behind it: its ACTIVATE goes now (a first-stage job
+                            # also sends what later stages left), the array having work
+                            # while it waits for those MATMULs to end.
+                            self._flush(None if first_stage else
+                                        lambda k, job, span, s=sp.index: job[0].index == s)
+                        if True:
+                            # As many rows as the MATMULs just queued keep the array busy
+                            # (the front end runs ahead of the array by a few MATMULs only).
+                            self._feed(min(self.credit, max(count, _FEED_MIN)))
                             self.credit = 0
                 if emit:
-                    self.pending_activate = (sp, m0, rows, nb, region, b, u0)
-                    self._pending_range = self._targets_range(self.pending_activate)
+                    job = (sp, m0, rows, nb, region, b, u0)
+                    self.pending.append((job, self._targets_range(job),
+                                         reads[(m0, nb)] if first_stage else []))
                 if sp.index == 0:
                     self._interleave(b, emit)
-
-    def _pending_hits(self, runs) -> bool:
-        lo, hi = self._pending_range
-        return any(lo < ub + n and ub < hi for _, ub, n in runs)
 
     def _units(self, b: int) -> int:
         """Units batch ``b`` runs: the last batch only those holding images."""
@@ -1024,7 +1153,8 @@ class _Emitter:
 
     def _defer_write(self, b: int, units: int) -> None:
         if self.pending_write is not None:
-            self._flush_activate()
+            self._flush_for(lambda job, span: span[0] < self.pending_write[0] +
+                            self.pending_write[1] and self.pending_write[0] < span[1])
             self._write()
         out = self.plan.stages[-1].outs[b % 2]
         self.pending_write = (out.base, out.block * units)
@@ -1039,10 +1169,8 @@ class _Emitter:
         for b in range(self.batches):
             units = self._units(b)
             for u in range(units):
-                if emit:
-                    self._feed(None)            # this unit's rows are in
-                    if g + 1 < n_units:
-                        self._queue_unit(g + 1)
+                if emit and g + 1 < n_units:
+                    self._queue_unit(g + 1)
                 self._stage(plan.stages[0], b, u, 1, emit)
                 g += 1
             # An earlier batch's stages still deferred go now: the next batch's units
@@ -1056,13 +1184,13 @@ class _Emitter:
         while self.deferred:
             self._later(emit)
         if emit:
-            self._feed(None)
+            self._feed_all()
             self._flush_activate()
             self._write()
 
     def emit(self) -> tuple[list[int], int]:
         self._program(emit=False)
-        self.jobs_done = self.regions = 0
+        self.jobs_done = self.acc_next = 0
         self._read_next(0)
         self._program(emit=True)
         self.p.halt()
@@ -1141,7 +1269,7 @@ def _fits(config, network, unit, units) -> bool:
 
 def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
                     batch_size: int | None = None, max_batch: int = 256,
-                    unit: int | None = None,
+                    unit: int | None = None, ring: float | None = None,
                     program_images: int = PROGRAM_IMAGES) -> CompiledNetwork:
     """Compile ``network`` for ``config``.
 
@@ -1173,8 +1301,9 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
                 if _fits(config, network, 1, batch_size) else 1
         if batch_size % unit:
             raise CompileError(f"batch_size={batch_size} is not a multiple of unit={unit}")
-        _plan(config, network, unit, batch_size // unit)
-        return CompiledNetwork(config, network, unit, batch_size // unit, program_images)
+        _plan(config, network, unit, batch_size // unit, ring=ring or 2.0)
+        return CompiledNetwork(config, network, unit, batch_size // unit, program_images,
+                               ring or 2.0)
     if unit is not None:
         _plan(config, network, unit, 1)
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
@@ -1184,5 +1313,7 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
     return CompiledNetwork(config, network, unit, units, program_images)
 
 import os as _os  # noqa: E402  (experiment knobs, to be removed)
+
 _FLUSH_AFTER = int(_os.environ.get("FLUSH_AFTER", 1))
 _RW_GROUP = int(_os.environ.get("RW_GROUP", 2))
+_FEED_MIN = int(_os.environ.get("FEED_MIN", 0))
