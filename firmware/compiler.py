@@ -1120,7 +1120,8 @@ class _Emitter:
                         if True:
                             # As many rows as the MATMULs just queued keep the array busy
                             # (the front end runs ahead of the array by a few MATMULs only).
-                            self._feed(min(self.credit, max(count, _FEED_MIN)))
+                            self._feed(min(self.credit, max(count - 2 * _DISPATCH,
+                                                            _FEED_MIN)))
                             self.credit = 0
                 if emit:
                     job = (sp, m0, rows, nb, region, b, u0)
