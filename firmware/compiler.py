@@ -1237,32 +1237,42 @@ _DISPATCH = 6
 _ACTIVATE_EXTRA = 22
 
 
-def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int) -> tuple[int, int]:
-    """Images per unit and units per batch: the pair whose program the emitter's tallies
-    predict the fewest cycles per image for, the larger batch on a tie."""
+#: Input ring sizes (in units' rows) the compiler tries: two buffers first.
+RINGS = (2.0, 1.5, 1.25, 1.0)
+
+
+def _choose(config: TPUConfig, network: QuantisedNetwork,
+            max_batch: int) -> tuple[int, int, float]:
+    """Images per unit, units per batch and the input ring: the choice whose program the
+    emitter's tallies predict the fewest cycles per image for; on a tie the larger unit
+    (longer MATMULs, fewer instructions), the larger ring, the larger batch."""
     best = None
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
                          config.rows, 2 * config.rows})
-    for unit in (u for u in candidates if u <= max_batch):
-        if not _fits(config, network, unit, 1):
-            break
-        lo, hi = 1, max_batch // unit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if _fits(config, network, unit, mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        cn = CompiledNetwork(config, network, unit, lo)
-        key = (round(cn.estimate(), 1), -unit, -cn.batch_size)
-        if best is None or key < best[0]:
-            best = (key, unit, lo)
-    return best[1], best[2]
+    for ring in RINGS:
+        fitting = []
+        for unit in (u for u in candidates if u <= max_batch):
+            if not _fits(config, network, unit, 1, ring):
+                break
+            fitting.append(unit)
+        for unit in fitting[-3:]:           # the largest units: longer MATMULs
+            lo, hi = 1, max_batch // unit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _fits(config, network, unit, mid, ring):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            cn = CompiledNetwork(config, network, unit, lo, ring=ring)
+            key = (round(cn.estimate(), 1), -unit, -ring, -cn.batch_size)
+            if best is None or key < best[0]:
+                best = (key, unit, lo, ring)
+    return best[1], best[2], best[3]
 
 
-def _fits(config, network, unit, units) -> bool:
+def _fits(config, network, unit, units, ring: float = 2.0) -> bool:
     try:
-        _plan(config, network, unit, units)
+        _plan(config, network, unit, units, ring=ring)
         return True
     except CompileError:
         return False
@@ -1310,8 +1320,8 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
                     if _fits(config, network, unit, u))
         return CompiledNetwork(config, network, unit, units, program_images)
-    unit, units = _choose(config, network, max_batch)
-    return CompiledNetwork(config, network, unit, units, program_images)
+    unit, units, ring = _choose(config, network, max_batch)
+    return CompiledNetwork(config, network, unit, units, program_images, ring)
 
 import os as _os  # noqa: E402  (experiment knobs, to be removed)
 
