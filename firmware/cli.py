@@ -24,13 +24,15 @@ import numpy as np
 
 __all__ = ["main", "demo", "run_model", "compile_model"]
 
+from firmware.linkrate import BOARDS
+
 #: Clock for images per second: the clock the whole 8x8 core meets on the ULX3S 85F
-#: (`make bitstream BOARD=ulx3s`, the ulx3s preset, boards.ulx3s.CLOCK_MHZ).
-DEFAULT_CLOCK_MHZ = 135.0
+#: (`make bitstream BOARD=ulx3s`, the ulx3s preset), from the boards' link table.
+DEFAULT_CLOCK_MHZ = BOARDS["ulx3s"].clock_mhz
 
 #: ... and for the icebreaker preset, the clock it meets on the iCEBreaker
-#: (`make bitstream BOARD=icebreaker`, boards.icebreaker.CLOCK_MHZ).
-ICEBREAKER_CLOCK_MHZ = 24.0
+#: (`make bitstream BOARD=icebreaker`).
+ICEBREAKER_CLOCK_MHZ = BOARDS["icebreaker"].clock_mhz
 
 #: TPU v1 Table 3 categories and the counters that measure them.
 TABLE3 = (
@@ -62,6 +64,23 @@ def _print_counters(counters: dict, config, images: int) -> None:
         print(f"  array utilisation: useful MACs / ({config.rows}x{config.cols} x cycles) = "
               f"{100 * util:.1f} %")
         print("  reference: TPU v1 array active 12.7/10.6 % (MLP0/1), 78.2/46.2 % (CNN0/1)")
+
+
+def _print_link(config, compiled, x_q, clock_mhz: float, per_image: float) -> None:
+    """What the board's UART allows beside the core's figure (the ULX3S for any core but the
+    icebreaker preset's, as the demo's clock is chosen)."""
+    import dataclasses
+
+    from firmware.linkrate import board_for, format_link_rate, link_rate
+    board = board_for(config)
+    if board is None:
+        board = dataclasses.replace(BOARDS["ulx3s"],
+                                    name="ULX3S's link (no board is built with this core)")
+    board = dataclasses.replace(board, clock_mhz=clock_mhz)
+    rate = link_rate(compiled.batches(x_q), config=config, board=board,
+                     setup=compiled.setup_program(), cycles_per_image=per_image)
+    for line in format_link_rate(rate):
+        print(f"  {line}")
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -141,6 +160,7 @@ def demo(args: argparse.Namespace) -> int:
         print(f"  cycles per image: {per_image:,.1f} ({cycles:,} cycles for {n} images); "
               f"at {clock_mhz:g} MHz{clock_note}: "
               f"{clock_mhz * 1e6 / per_image:,.0f} images/s")
+        _print_link(config, compiled, x_q, clock_mhz, per_image)
     _print_counters(result.counters, config, n)
     wall = t3 - t2
     # A board's cycle count runs from power-up and is no simulation rate.

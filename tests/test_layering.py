@@ -88,6 +88,8 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         # The ONNX demo: a digits MLP exported, imported and run on a device.
         "firmware.onnx_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
                                "firmware.device", "firmware.graph", "firmware.importers"),
+        # The host link's bytes per image, counted with the serial transport's own frames.
+        "firmware.linkrate": ("hdl", "sim", "firmware.device", "firmware.transports"),
         # The command line sits on top and opens devices through firmware.device.
         "firmware.cli": ("hdl", "sim", "firmware"),
     },

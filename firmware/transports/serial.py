@@ -39,7 +39,7 @@ from hdl.link.protocol import (
 )
 from hdl.presets import PRESETS
 
-__all__ = ["SerialDevice", "DEFAULT_BAUDRATE", "CONFIG_FIELDS"]
+__all__ = ["SerialDevice", "DEFAULT_BAUDRATE", "CONFIG_FIELDS", "data_payloads"]
 
 #: The UART's rate on the boards (the FT2232H's highest standard rate that 12 MHz divides).
 DEFAULT_BAUDRATE = 3_000_000
@@ -58,6 +58,15 @@ _READ_CHUNK = 1 << 16
 _BUSY_PAUSE_S = (0.001, 0.05)
 _CYCLE_BITS = 48
 _LOW64 = (1 << isa.INSTR_BITS) - 1
+
+
+def data_payloads(beats: Sequence[int], *, beat_bytes: int, max_beats: int) -> list[bytes]:
+    """The payloads of the ``DATA`` frames :meth:`SerialDevice.send` sends for ``beats``:
+    ``max_beats`` beats a frame in order (the last frame takes the rest), each beat
+    ``beat_bytes`` bytes, least significant first. :mod:`firmware.linkrate` counts the link's
+    bytes from these, so the count follows the transport."""
+    return [b"".join(b.to_bytes(beat_bytes, "little") for b in beats[start:start + max_beats])
+            for start in range(0, len(beats), max_beats)]
 
 
 def _looks_like_error_beat(beat: int) -> bool:
@@ -366,14 +375,12 @@ class SerialDevice:
             if not 0 <= beat < limit:
                 raise ValueError(f"beat {position} = {beat:#x} does not fit in "
                                  f"host_width={self.config.host_width} bits")
-        step = self.info.max_beats
-        for start in range(0, len(beats), step):
-            chunk = beats[start:start + step]
-            payload = b"".join(b.to_bytes(self.beat_bytes, "little") for b in chunk)
+        for payload in data_payloads(beats, beat_bytes=self.beat_bytes,
+                                     max_beats=self.info.max_beats):
             reply = self._transact(Kind.DATA, payload)
             self._last_data_seq = reply.seq
-            self._sent_since_receive += len(chunk)
-            self.stats["beats"] += len(chunk)
+            self._sent_since_receive += len(payload) // self.beat_bytes
+            self.stats["beats"] += len(payload) // self.beat_bytes
 
     def receive(self, count: int, *, timeout_cycles: int | None = None) -> list[int]:
         """As :meth:`firmware.device.Device.receive`; the budget is wall time: the
