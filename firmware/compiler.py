@@ -725,6 +725,19 @@ class CompiledNetwork:
         return max(sum(t["stage_rows"]) + t["stall"] + t["wait"], t["act"],
                    t["beats"]) / (2 * self.batch_size)
 
+    def matmul_rows(self, images: int) -> int:
+        """Rows the MATMULs of the batch programs for ``images`` images stream (what the
+        core's ``array_active`` counter counts for them)."""
+        rows = 0
+        for start in range(0, images, self.program_images // self.batch_size *
+                           self.batch_size):
+            n = min(images - start, self.program_images)
+            em = _Emitter(self, np.zeros((n, *self.network.input_shape), dtype=np.int64),
+                          estimate=True)
+            em.emit()
+            rows += sum(em.tally["stage_rows"])
+        return rows
+
     def bounds(self) -> list[StageBound]:
         """Each stage's shape bound, per image (module notes)."""
         cells = self.config.rows * self.config.cols
@@ -1300,26 +1313,32 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < 1):
             raise CompileError(f"{name}={value!r}; allowed: an int >= 1")
+    if ring is not None and not (isinstance(ring, int | float) and ring >= 1):
+        raise CompileError(f"ring={ring!r}; allowed: a number >= 1 (the input ring's size "
+                           f"in units' rows)")
     try:
-        _plan(config, network, 1, 1)
+        _plan(config, network, 1, 1, ring=min(RINGS))
     except CompileError as error:
         raise CompileError(f"{network.name} does not fit {config.name} even one image at a "
                            f"time: {error}") from None
+    rings = RINGS if ring is None else (ring,)
     if batch_size is not None:
-        if unit is None:
-            unit = max(u for u in range(1, batch_size + 1)
-                       if batch_size % u == 0 and _fits(config, network, u, batch_size // u))\
-                if _fits(config, network, 1, batch_size) else 1
-        if batch_size % unit:
+        if unit is not None and batch_size % unit:
             raise CompileError(f"batch_size={batch_size} is not a multiple of unit={unit}")
-        _plan(config, network, unit, batch_size // unit, ring=ring or 2.0)
-        return CompiledNetwork(config, network, unit, batch_size // unit, program_images,
-                               ring or 2.0)
+        units_of = [unit] if unit is not None else \
+            [u for u in range(min(batch_size, 4 * config.rows), 0, -1) if batch_size % u == 0]
+        for r in rings:                      # the largest unit at the largest ring that fits
+            for u in units_of:
+                if _fits(config, network, u, batch_size // u, r):
+                    return CompiledNetwork(config, network, u, batch_size // u,
+                                           program_images, r)
+        _plan(config, network, units_of[-1], batch_size // units_of[-1], ring=rings[-1])
     if unit is not None:
-        _plan(config, network, unit, 1)
+        r = next((r for r in rings if _fits(config, network, unit, 1, r)), rings[-1])
+        _plan(config, network, unit, 1, ring=r)
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
-                    if _fits(config, network, unit, u))
-        return CompiledNetwork(config, network, unit, units, program_images)
+                    if _fits(config, network, unit, u, r))
+        return CompiledNetwork(config, network, unit, units, program_images, r)
     unit, units, ring = _choose(config, network, max_batch)
     return CompiledNetwork(config, network, unit, units, program_images, ring)
 
