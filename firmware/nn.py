@@ -4,9 +4,14 @@ Conventions (the quantiser, the compiler and the int8 reference all follow them)
 
 - tensors are NHWC (batch, height, width, channels); a vector input is ``(batch, features)``;
 - :class:`Conv2D` kernels are HWIO ``(kh, kw, in_channels, out_channels)`` and are applied as
-  a cross-correlation with stride 1: ``out[n, y, x, o] = bias[o] + sum over dy, dx, i of
-  in[n, y + dy - p, x + dx - p, i] * kernel[dy, dx, i, o]``, where ``p`` is 0 for ``valid``
-  and ``(k - 1) / 2`` for ``same`` (odd kernels), positions outside the input reading 0;
+  a cross-correlation with stride ``s`` (1 by default): ``out[n, y, x, o] = bias[o] + sum
+  over dy, dx, i of in[n, s * y + dy - p, s * x + dx - p, i] * kernel[dy, dx, i, o]``, where
+  ``p`` is 0 for ``valid`` and ``(k - 1) / 2`` for ``same`` (odd kernels) on every side,
+  positions outside the input reading 0; the output is ``(H + 2p - k) // s + 1`` high (and
+  likewise wide). ``same`` pads symmetrically, as PyTorch's ``padding=k // 2``: with stride 1
+  the output has the input's size; with stride 2 it has TensorFlow's ``same`` size,
+  ``ceil(H / 2)``, but not its windows where ``H + 2p - k`` is odd (TensorFlow pads the extra
+  row and column at the bottom and right, so its windows start one row and column lower);
 - :class:`Dense` weights are ``(in_features, out_features)``: ``out = x @ weight + bias``;
 - :class:`Flatten` flattens in HWC order (row-major over y, then x, then channels);
 - :class:`MaxPool2D` takes 2x2 windows with stride 2 (odd trailing rows/columns dropped).
@@ -49,10 +54,12 @@ class Dense:
 
 @dataclass(eq=False)
 class Conv2D:
-    """2-D convolution, stride 1, ``valid`` or ``same`` padding (see the module notes)."""
+    """2-D convolution with a stride (the same in both directions, an int >= 1) and
+    ``valid`` or ``same`` padding (see the module notes)."""
     kernel: np.ndarray
     bias: np.ndarray | None = None
     padding: str = "valid"
+    stride: int = 1
     name: str = ""
 
     def __post_init__(self):
@@ -70,12 +77,21 @@ class Conv2D:
         self.bias = np.zeros(n) if self.bias is None else np.asarray(self.bias, np.float64)
         if self.bias.shape != (n,):
             raise NetworkError(f"Conv2D bias must be ({n},), got {self.bias.shape}")
+        self.stride = _check_stride(self.stride, "Conv2D")
 
     @property
     def pad(self) -> tuple[int, int]:
         """Rows and columns of zeros on each side of the input."""
         kh, kw = self.kernel.shape[:2]
         return ((kh - 1) // 2, (kw - 1) // 2) if self.padding == "same" else (0, 0)
+
+
+def _check_stride(stride, where: str) -> int:
+    """``stride`` as an int, or :class:`NetworkError` naming what is allowed."""
+    if isinstance(stride, bool) or not isinstance(stride, int | np.integer) or stride < 1:
+        raise NetworkError(f"{where} stride={stride!r} is not supported; allowed: an int >= 1 "
+                           f"(the same stride in both directions)")
+    return int(stride)
 
 
 @dataclass(eq=False)
@@ -129,28 +145,32 @@ def _activation(layer, x: np.ndarray) -> np.ndarray:
 
 
 def conv2d(x: np.ndarray, kernel: np.ndarray, pad: tuple[int, int],
-           pad_value: float | int = 0) -> np.ndarray:
-    """Cross-correlation of NHWC ``x`` with an HWIO kernel, stride 1, ``pad`` rows/columns of
-    ``pad_value`` on each side (float or exact integer arithmetic, by the inputs' dtype)."""
-    patches = im2col(x, kernel.shape[0], kernel.shape[1], pad, pad_value)
+           pad_value: float | int = 0, stride: int = 1) -> np.ndarray:
+    """Cross-correlation of NHWC ``x`` with an HWIO kernel, ``pad`` rows/columns of
+    ``pad_value`` on each side, ``stride`` in both directions (float or exact integer
+    arithmetic, by the inputs' dtype)."""
+    patches = im2col(x, kernel.shape[0], kernel.shape[1], pad, pad_value, stride)
     n, ho, wo, k = patches.shape
     return (patches.reshape(-1, k) @ kernel.reshape(k, -1)).reshape(n, ho, wo, -1)
 
 
 def im2col(x: np.ndarray, kh: int, kw: int, pad: tuple[int, int],
-           pad_value: float | int = 0) -> np.ndarray:
+           pad_value: float | int = 0, stride: int = 1) -> np.ndarray:
     """``(n, ho, wo, kh * kw * c)`` patches of NHWC ``x``, each in (dy, dx, channel) order,
-    the order of an HWIO kernel reshaped to ``(kh * kw * c, out)``."""
+    the order of an HWIO kernel reshaped to ``(kh * kw * c, out)``; patch ``(y, x)`` starts at
+    row ``stride * y`` and column ``stride * x`` of the padded input."""
+    stride = _check_stride(stride, "im2col")
     py, px = pad
     x = np.pad(x, ((0, 0), (py, py), (px, px), (0, 0)), constant_values=pad_value)
     n, h, w, c = x.shape
-    ho, wo = h - kh + 1, w - kw + 1
-    if ho < 1 or wo < 1:
+    if h < kh or w < kw:
         raise NetworkError(f"a {kh}x{kw} kernel does not fit a {h}x{w} (padded) input")
+    ho, wo = (h - kh) // stride + 1, (w - kw) // stride + 1
     cols = np.empty((n, ho, wo, kh, kw, c), dtype=x.dtype)
+    span_y, span_x = stride * (ho - 1) + 1, stride * (wo - 1) + 1
     for dy in range(kh):
         for dx in range(kw):
-            cols[:, :, :, dy, dx, :] = x[:, dy:dy + ho, dx:dx + wo, :]
+            cols[:, :, :, dy, dx, :] = x[:, dy:dy + span_y:stride, dx:dx + span_x:stride, :]
     return cols.reshape(n, ho, wo, kh * kw * c)
 
 
@@ -201,10 +221,12 @@ class Network:
                     raise NetworkError(f"{where}: kernel has {cin} input channels, the input "
                                        f"has {shape[2]}")
                 py, px = layer.pad
-                h, w = shape[0] + 2 * py - kh + 1, shape[1] + 2 * px - kw + 1
-                if h < 1 or w < 1:
-                    raise NetworkError(f"{where}: a {kh}x{kw} kernel does not fit {shape}")
-                shape = (h, w, cout)
+                s = layer.stride
+                h, w = shape[0] + 2 * py - kh, shape[1] + 2 * px - kw
+                if h < 0 or w < 0:
+                    raise NetworkError(f"{where}: a {kh}x{kw} kernel with {layer.padding!r} "
+                                       f"padding does not fit {shape}")
+                shape = (h // s + 1, w // s + 1, cout)
             elif isinstance(layer, MaxPool2D):
                 if len(shape) != 3 or shape[0] < 2 or shape[1] < 2:
                     raise NetworkError(f"{where}: MaxPool2D needs (H, W, C) with H, W >= 2, "
@@ -233,7 +255,7 @@ class Network:
             if isinstance(layer, Dense):
                 x = x @ layer.weight + layer.bias
             elif isinstance(layer, Conv2D):
-                x = conv2d(x, layer.kernel, layer.pad) + layer.bias
+                x = conv2d(x, layer.kernel, layer.pad, stride=layer.stride) + layer.bias
             elif isinstance(layer, MaxPool2D):
                 x = max_pool_2x2(x)
             elif isinstance(layer, Flatten):

@@ -75,8 +75,10 @@ class Stage:
     ``multiplier`` are per output column (int32); ``shift`` is one rounding shift for every
     column (an int) or one per column (an int array of ``N``), ``rounding`` how it rounds
     (:class:`hdl.isa.Rounding`); ``zero_point`` (the requantisation's, 0 for the table
-    functions) and ``clamp_hi`` are the activation unit's scalars. ``in_shape`` and
-    ``out_shape`` leave out the batch dimension; ``out_shape`` is after pooling.
+    functions) and ``clamp_hi`` are the activation unit's scalars. ``pad`` and ``stride`` are a
+    convolution's (:class:`firmware.nn.Conv2D`; ``(0, 0)`` and 1 for a dense stage).
+    ``in_shape`` and ``out_shape`` leave out the batch dimension; ``out_shape`` is after
+    pooling.
     """
     name: str
     kind: str                       # "dense" or "conv"
@@ -116,8 +118,8 @@ class Stage:
     def conv_out_hw(self) -> tuple[int, int]:
         """Height and width of the convolution's output, before pooling."""
         kh, kw = self.weight.shape[:2]
-        return (self.in_shape[0] + 2 * self.pad[0] - kh + 1,
-                self.in_shape[1] + 2 * self.pad[1] - kw + 1)
+        return ((self.in_shape[0] + 2 * self.pad[0] - kh) // self.stride + 1,
+                (self.in_shape[1] + 2 * self.pad[1] - kw) // self.stride + 1)
 
 
 @dataclass(eq=False)
@@ -271,11 +273,12 @@ def quantise(network: nn.Network, calibration: np.ndarray, *,
         if bias.min() < INT32_MIN or bias.max() > INT32_MAX:
             raise QuantError(f"{where}: a bias does not fit int32 at scale {acc_scale.min():.3g}")
         pad = layer.pad if isinstance(layer, nn.Conv2D) else (0, 0)
+        stride = layer.stride if isinstance(layer, nn.Conv2D) else 1
         stages.append(Stage(
             name=layer.name, kind="dense" if isinstance(layer, nn.Dense) else "conv",
             weight=w_q, bias=bias, multiplier=multiplier, shift=shift,
             zero_point=req_q.zero_point, clamp_hi=clamp_hi, func=func, pool=pool, pad=pad,
-            in_shape=in_shape, out_shape=shapes[last], in_q=in_q, out_q=out_q))
+            in_shape=in_shape, out_shape=shapes[last], in_q=in_q, out_q=out_q, stride=stride))
         in_q, in_shape = out_q, shapes[last]
         i = last + 1
     if not stages:
@@ -295,7 +298,8 @@ def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
     for st in qnet.stages:
         if st.kind == "conv":
             kh, kw = st.weight.shape[:2]
-            cols = nn.im2col(x, kh, kw, st.pad, pad_value=st.in_q.zero_point)
+            cols = nn.im2col(x, kh, kw, st.pad, pad_value=st.in_q.zero_point,
+                             stride=st.stride)
             n, ho, wo, k = cols.shape
             acc = golden.matmul(cols.reshape(-1, k), st.weight_matrix,
                                 x_signed=st.in_q.signed).reshape(n, ho, wo, st.n)

@@ -7,6 +7,7 @@ tolerances appear only where int8 results are compared with the float network.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from firmware import nn
-from firmware.quant import QParams, QuantError, quantise, reference_forward
+from firmware.quant import QParams, QuantError, QuantisedNetwork, quantise, reference_forward
 from hdl.isa import Func
 from sim.models import golden
 
@@ -43,19 +44,21 @@ def requant_scale(stage) -> float:
     return stage.out_q.scale
 
 
-def conv_written_out(x_q, kernel_q, pad, pad_value, signed) -> np.ndarray:
+def conv_written_out(x_q, kernel_q, pad, pad_value, signed, stride: int = 1) -> np.ndarray:
     """Integer cross-correlation with explicit loops (independent of nn.im2col), then the
-    golden matmul per output pixel; int32 results."""
+    golden matmul per output pixel; int32 results. Output (y, x) reads the padded input from
+    (stride * y, stride * x)."""
     n, h, w, cin = x_q.shape
     kh, kw, _, cout = kernel_q.shape
     py, px = pad
     padded = np.full((n, h + 2 * py, w + 2 * px, cin), pad_value, dtype=np.int64)
     padded[:, py:py + h, px:px + w, :] = x_q
-    ho, wo = h + 2 * py - kh + 1, w + 2 * px - kw + 1
+    ho, wo = (h + 2 * py - kh) // stride + 1, (w + 2 * px - kw) // stride + 1
     out = np.zeros((n, ho, wo, cout), dtype=np.int64)
     for y in range(ho):
         for x in range(wo):
-            patch = padded[:, y:y + kh, x:x + kw, :].reshape(n, -1)
+            sy, sx = stride * y, stride * x
+            patch = padded[:, sy:sy + kh, sx:sx + kw, :].reshape(n, -1)
             out[:, y, x, :] = golden.matmul(patch, kernel_q.reshape(-1, cout), x_signed=signed)
     return out
 
@@ -380,6 +383,82 @@ def test_conv_reference_written_out(seed):
     got = reference_forward(qnet, x_q)
     assert got.shape == (len(x_q), *net.output_shape), label
     assert np.array_equal(got, want), label
+
+
+def random_strided_chain(seed: int):
+    """One or two strided convolutions (stride 2 or 3, pooling after the first sometimes),
+    small enough to write out."""
+    rng = np.random.default_rng(seed)
+    h, w, cin = int(rng.integers(5, 11)), int(rng.integers(5, 11)), int(rng.integers(1, 4))
+    shape, layers = (h, w, cin), []
+    for index in range(int(rng.integers(1, 3))):
+        kh, kw = [(1, 1), (2, 2), (3, 3), (3, 1)][int(rng.integers(4))]
+        padding = "same" if kh % 2 and kw % 2 and rng.random() < 0.5 else "valid"
+        cout = int(rng.integers(1, 5))
+        if padding == "valid" and (kh > shape[0] or kw > shape[1]):
+            break
+        layers.append(nn.Conv2D(rng.normal(size=(kh, kw, shape[2], cout)),
+                                rng.normal(size=cout) * 0.3, padding,
+                                stride=int(rng.integers(2, 4)), name=f"conv{index}"))
+        act = ACTS[int(rng.integers(len(ACTS)))]
+        if act is not None:
+            layers.append(act())
+        shape = nn.Network((h, w, cin), layers).output_shape
+        if index == 0 and min(shape[:2]) >= 2 and rng.random() < 0.4:
+            layers.append(nn.MaxPool2D())
+            shape = nn.Network((h, w, cin), layers).output_shape
+    data = rng.normal(size=(int(rng.integers(1, 5)), h, w, cin))
+    if rng.random() < 0.5:
+        data = np.abs(data)
+    return nn.Network((h, w, cin), layers), data
+
+
+@pytest.mark.parametrize("seed", range(SEED, SEED + 16))
+def test_strided_conv_reference_written_out(seed):
+    """Strided Conv2D stages keep the layer's stride and output size, and reference_forward
+    equals the written-out integer loops, stage by stage, at the input's range ends too."""
+    net, data = random_strided_chain(seed)
+    qnet = quantise(net, data)
+    convs = [layer for layer in net.layers if isinstance(layer, nn.Conv2D)]
+    label = f"seed {seed}: " + ", ".join(
+        f"{c.kernel.shape[:2]} {c.padding} stride {c.stride}" for c in convs) + \
+        f" on {net.input_shape}"
+    shapes = net.shapes()
+    assert [st.stride for st in qnet.stages] == [c.stride for c in convs], label
+    for st, conv in zip(qnet.stages, convs, strict=True):
+        assert st.conv_out_hw == shapes[net.layers.index(conv)][:2], label
+    lo, hi = qnet.input_q.range
+    x_q = np.concatenate([qnet.quantise_input(data), np.full((1, *net.input_shape), lo),
+                          np.full((1, *net.input_shape), hi)])
+    got, outs = reference_forward(qnet, x_q, collect=True)
+    y = x_q
+    for st, out in zip(qnet.stages, outs, strict=True):
+        acc = conv_written_out(y, st.weight, st.pad, st.in_q.zero_point, st.in_q.signed,
+                               st.stride)
+        y = golden.activate(golden.requantise(acc, st.bias, st.multiplier, st.shift,
+                                              st.zero_point), st.func.value, st.zero_point,
+                            st.clamp_hi)
+        if st.pool:
+            y = pool_written_out(y)
+        assert out.shape == (len(x_q), *st.out_shape), label
+        assert np.array_equal(out, y), f"{label}: stage {st.name}"
+    assert np.array_equal(got, y), label
+
+
+def test_strided_conv_reference_small_case_by_hand():
+    """Codes -12..12 on a 5x5 int8 input, a 3x3 kernel of ones, stride 2, valid, and an
+    identity requantisation (multiplier ``1 << 20``, shift 20): each output is the sum of its
+    window, the windows starting at rows and columns 0 and 2 (centred on codes -6, -4, 4, 6)."""
+    net = nn.Network((5, 5, 1), [nn.Conv2D(np.ones((3, 3, 1, 1)), stride=2, name="c")])
+    unit = QParams(1.0, 0, signed=True)
+    stage = dataclasses.replace(
+        quantise(net, np.ones((1, 5, 5, 1))).stages[0], weight=np.ones((3, 3, 1, 1), np.int64),
+        bias=np.zeros(1, np.int64), multiplier=np.array([1 << 20]), shift=20, zero_point=0,
+        clamp_hi=127, func=Func.IDENTITY, in_q=unit, out_q=unit)
+    qnet = QuantisedNetwork("by hand", (5, 5, 1), unit, [stage])
+    x_q = np.arange(25).reshape(1, 5, 5, 1) - 12
+    assert stage.conv_out_hw == (2, 2) and stage.stride == 2
+    assert np.array_equal(reference_forward(qnet, x_q)[0, :, :, 0], [[-54, -36], [36, 54]])
 
 
 def test_multi_stage_reference_chains_parameters():
