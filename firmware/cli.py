@@ -83,6 +83,25 @@ def _print_link(config, compiled, x_q, clock_mhz: float, per_image: float) -> No
         print(f"  {line}")
 
 
+def _print_bounds(compiled, counters: dict, images: int, stages: list[dict] | None) -> None:
+    """Measured utilisation beside each stage's shape bound (firmware.compiler): the whole
+    run from its counters, each stage from a batch run stage by stage."""
+    config = compiled.config
+    cells = config.rows * config.cols
+    measured = compiled.useful_macs() * images / (counters["cycles"] * cells)
+    bound = compiled.bound()
+    print(f"  array utilisation {100 * measured:.1f} % against the network's shape bound "
+          f"{100 * bound:.1f} %: {100 * measured / bound:.1f} % of the bound")
+    if not stages:
+        return
+    print(f"  per stage (one batch of {min(images, compiled.batch_size)}, stage after stage):")
+    for row in stages:
+        util = row["utilisation"]
+        print(f"    {row['name']:<14} shape bound {100 * row['bound']:5.1f} %, measured "
+              f"{100 * util:5.1f} % ({100 * util / row['bound']:5.1f} % of the bound), "
+              f"{row['cycles']:,} cycles")
+
+
 def demo(args: argparse.Namespace) -> int:
     if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
         from firmware.onnx_demo import demo as onnx_demo
@@ -131,6 +150,8 @@ def demo(args: argparse.Namespace) -> int:
             result = run(device, compiled, x_q, progress=bar.update)
         t3 = time.perf_counter()
         simulated = device.cycles()
+        # Per stage: one batch again, the stages one after another (the run overlaps them).
+        stages = compiled.profile(device, x_q) if result.counters.get("cycles") else None
     finally:
         device.close()
     waves = getattr(device, "waves_path", None)
@@ -161,6 +182,7 @@ def demo(args: argparse.Namespace) -> int:
               f"at {clock_mhz:g} MHz{clock_note}: "
               f"{clock_mhz * 1e6 / per_image:,.0f} images/s")
         _print_link(config, compiled, x_q, clock_mhz, per_image)
+        _print_bounds(compiled, result.counters, n, stages)
     _print_counters(result.counters, config, n)
     wall = t3 - t2
     # A board's cycle count runs from power-up and is no simulation rate.

@@ -199,7 +199,7 @@ class StageBound:
 
 
 def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
-                  prev_out: tuple | None, last: bool) -> _Layout:
+                  prev_out: tuple | None, last: bool, shifts: bool = True) -> _Layout:
     """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
     (groups, positions, pitch, frame, channels) when another stage made it (holding ``images``)."""
     c = config
@@ -235,7 +235,7 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
     if st.pool and (ho < 2 or wo < 2):
         raise CompileError(f"{where}: max-pooling needs a 2x2 output, got {ho}x{wo}")
     if index == 0:
-        return _host_conv_layout(config, st, images, out_width, col_blocks)
+        return _host_conv_layout(config, st, images, out_width, col_blocks, shifts)
     kh, kw, cin, _ = st.weight.shape
     groups, positions, pitch, frame, _ = prev_out
     if frame != tuple(st.pad):
@@ -282,7 +282,7 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
 
 
 def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
-                      col_blocks: int) -> _Layout:
+                      col_blocks: int, shifts: bool = True) -> _Layout:
     """A first convolution: the host's rows carry as many kernel taps as fit; the taps no
     row holds come from shifted passes or, failing that, from another chunk of rows."""
     c = config
@@ -317,6 +317,9 @@ def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
 
     new_chunk()
     while len(covered) < len(items):
+        if not shifts:                       # every tap in a row of its own chunk (im2col)
+            new_chunk()
+            continue
         best = None
         for ci, row in enumerate(chunks):
             for t1, g1, _, _ in row:
@@ -439,21 +442,25 @@ class _Plan:
     stages: list[_StagePlan]
     in_rows: int                    # rows of one unit of the network input
     ring: int                       # rows of the input ring
+    layouts: list                   # every stage's _Layout
+    spare: bool                     # the first stage's output has a block to spare
 
     @property
     def batch(self) -> int:
         return self.unit * self.units
 
 
-def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int) -> list[_Layout]:
-    """Every stage's layout over one unit."""
+def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
+             shifts: bool = True) -> list[_Layout]:
+    """Every stage's layout over one unit (``shifts``: a first convolution's taps that its
+    rows do not hold come from shifted passes, else from more rows)."""
     layouts = []
     stages = network.stages
     width_in = config.rows
     prev = None
     for index, st in enumerate(stages):
         last = index == len(stages) - 1
-        lay = _stage_layout(config, st, index, unit, width_in, prev, last)
+        lay = _stage_layout(config, st, index, unit, width_in, prev, last, shifts)
         layouts.append(lay)
         frame = _frame(stages, index)
         h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
@@ -473,12 +480,26 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
           tile_ids=None, param_ids=None, ring: float = 2.0) -> _Plan:
     """The plan for ``unit`` images a unit and ``units`` a batch; the input ring holds
     ``ring`` units' rows (2: two buffers; less when later units may take the rows of the
-    earlier passes of the unit being computed)."""
+    earlier passes of the unit being computed). A first convolution whose shifted passes
+    make its input too large for the unified buffer gets a row per kernel tap group
+    instead (the host's patches)."""
+    first_error = None
+    for shifts in (True, False) if network.stages[0].kind == "conv" else (True,):
+        for spare in (True, False) if len(network.stages) > 1 else (False,):
+            try:
+                return _plan_with(config, network, unit, units, ring, shifts, spare)
+            except CompileError as error:
+                first_error = first_error or error
+    raise first_error
+
+
+def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
+               ring: float, shifts: bool, spare: bool) -> _Plan:
     c = config
     batch = unit * units
-    layouts = _layouts(config, network, unit)
-    if tile_ids is None:                           # the ids alone (the tiles' order)
-        tile_ids, param_ids, t, p = [], [], 0, 0
+    layouts = _layouts(config, network, unit, shifts)
+    tile_ids, param_ids, t, p = [], [], 0, 0          # the ids alone (the tiles' order)
+    if True:
         for lay in layouts:
             tile_ids.append([[t + nb * len(lay.passes) + kc for nb in range(lay.col_blocks)]
                              for kc in range(len(lay.passes))])
@@ -499,9 +520,10 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
         pitch = w + 2 * frame[1]
         positions = (h + 2 * frame[0]) * pitch
         outs = []
-        # The first stage's output is a ring of one block more than a batch, so that the
-        # next batch's first unit can run before the later stages read this batch's.
-        blocks = units + 1 if index == 0 and not last else units
+        # The first stage's output is a ring of one block more than a batch (when it
+        # fits), so that the next batch's first unit can run before the later stages
+        # read this batch's.
+        blocks = units + 1 if index == 0 and spare else units
         for _ in range(2 if last else 1):
             t = Tensor(top, lay.col_blocks, positions, unit, blocks, lay.out_width, st.n, h,
                        pitch, frame)
@@ -523,7 +545,7 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
         plans.append(_StagePlan(st, index, lay, ring_rows if index == 0 else None,
                                 tensors[index - 1][0] if index else None, tensors[index],
                                 tile_ids[index], param_ids[index]))
-    return _Plan(unit, units, plans, in_rows, ring_rows)
+    return _Plan(unit, units, plans, in_rows, ring_rows, layouts, spare)
 
 
 def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
@@ -593,11 +615,10 @@ class CompiledNetwork:
         self.unit, self.units = unit, units
         self.batch_size = unit * units
         self.program_images = max(program_images, self.batch_size)
-        layouts = _layouts(config, network, unit)
-        self.tiles, self._params, tile_ids, param_ids = _weight_tiles(config, network, layouts)
+        self._plan = _plan(config, network, unit, units, ring=ring)
+        self.tiles, self._params, _, _ = _weight_tiles(config, network, self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
         self.resident_params = len(self._params) <= config.param_slots
-        self._plan = _plan(config, network, unit, units, tile_ids, param_ids, ring)
 
     # Setup ------------------------------------------------------------------------------
 
@@ -725,6 +746,38 @@ class CompiledNetwork:
         return max(sum(t["stage_rows"]) + t["stall"] + t["wait"], t["act"],
                    t["beats"]) / (2 * self.batch_size)
 
+    def profile(self, device, x_q: np.ndarray) -> list[dict]:
+        """Load the resident state and run one batch of ``x_q`` (its first ``batch_size``
+        images) stage by stage on ``device`` (each stage waits for the one before, the
+        counters read after each) and return per stage: its name, cycles, array-active
+        cycles, useful MACs, measured utilisation (useful MACs over cycles x array cells)
+        and shape bound. The normal programs overlap the stages, so only this one can tell
+        them apart."""
+        from firmware.runtime import decode_counters, run_program
+
+        x_q = np.asarray(x_q, dtype=np.int64)[:self.batch_size]
+        setup, setup_out = self.setup_program()
+        run_program(device, setup, setup_out)
+        em = _Emitter(self, x_q, profile=True)
+        beats, instructions = em.emit()
+        per = len(isa.COUNTERS)
+        stages = self._plan.stages
+        out = run_program(device, beats, per * len(stages) + em.out_rows + 1,
+                          instructions=instructions)
+        cells = self.config.rows * self.config.cols
+        rows = []
+        before = {"cycles": 0, "array_active": 0}
+        for k, (sp, bound) in enumerate(zip(stages, self.bounds(), strict=True)):
+            now = decode_counters(out[k * per:(k + 1) * per])
+            cycles = None if now["cycles"] is None else now["cycles"] - before["cycles"]
+            useful = bound.useful_macs * len(x_q)
+            rows.append({"name": sp.stage.name, "useful_macs": useful, "cycles": cycles,
+                         "array_active": now["array_active"] - before["array_active"],
+                         "utilisation": useful / (cycles * cells) if cycles else None,
+                         "bound": bound.bound})
+            before = now
+        return rows
+
     def matmul_rows(self, images: int) -> int:
         """Rows the MATMULs of the batch programs for ``images`` images stream (what the
         core's ``array_active`` counter counts for them)."""
@@ -806,8 +859,10 @@ class _Emitter:
     while batch ``b``'s last ACTIVATE drains); the host's rows of the next unit fed in pieces
     between the MATMULs. With ``estimate``, tallies without encoding (no real input)."""
 
-    def __init__(self, compiled: CompiledNetwork, x_q: np.ndarray, estimate: bool = False):
+    def __init__(self, compiled: CompiledNetwork, x_q: np.ndarray, estimate: bool = False,
+                 profile: bool = False):
         self.cn = compiled
+        self.profile = profile
         self.c = compiled.config
         self.plan = compiled._plan
         self.x_q = x_q
@@ -906,12 +961,13 @@ class _Emitter:
         return sent
 
     def _feed_for(self, g: int, k_end: int) -> None:
-        """READ_HOST every queued row of unit ``g`` before its row ``k_end``: a MATMUL is
-        about to read them."""
-        while self.feed and self.feed[0][0] == g and self.feed[0][1] < k_end:
+        """READ_HOST every queued row of unit ``g`` before its row ``k_end`` (and what is
+        left of earlier units): a MATMUL is about to read them."""
+        while self.feed and (self.feed[0][0] < g or
+                             (self.feed[0][0] == g and self.feed[0][1] < k_end)):
             piece = self.feed.popleft()
-            _, k, ub, rows = piece
-            take = min(len(rows), k_end - k)
+            n, k, ub, rows = piece
+            take = len(rows) if n < g else min(len(rows), k_end - k)
             # Rows an earlier unit's MATMULs read make the front end wait for them.
             self.tally["wait"] += take - min(take, self._live(ub, ub + take, g))
             self._send(piece, take)
@@ -1084,6 +1140,8 @@ class _Emitter:
             # where they end a run, the run is shorter.
             have = len(self.x_q) - (b * self.plan.batch + (u0 + u) * self.plan.unit)
             real = lay.outputs[r // lay.window][:, 2] < have
+            if not real.any():
+                continue                     # only images the program does not have
             for nb in range(lay.col_blocks):
                 # Jobs take accumulator rows in turn around the whole memory, so that a short
                 # job does not land on rows a long ACTIVATE is still reading.
@@ -1110,6 +1168,8 @@ class _Emitter:
                         absolute = src + base
                     runs = _runs(np.where(keep, absolute, -1),
                                  self.plan.ring if first_stage else c.ub_depth)
+                    # Every pass switches to its own tile, so none may be empty.
+                    assert runs, (sp.stage.name, m0, kc)
                     self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
                     # These MATMULs read what a pending ACTIVATE writes: it goes first.
                     self._flush_for(lambda job, span, runs=runs: any(
@@ -1187,12 +1247,24 @@ class _Emitter:
                     self._queue_unit(g + 1)
                 self._stage(plan.stages[0], b, u, 1, emit)
                 g += 1
+            if self.profile:
+                self._checkpoint()
+                if len(plan.stages) == 1 and emit:
+                    self._defer_write(b, units)
+                for sp in plan.stages[1:]:
+                    self.deferred.append((sp, b))
+                    self._later(emit)
+                    self._checkpoint()
+                continue
             # An earlier batch's stages still deferred go now: the next batch's units
             # overwrite what they read.
             while self.deferred and self.deferred[0][1] < b:
                 self._later(emit)
             if len(plan.stages) > 1:
                 self.deferred.extend((sp, b) for sp in plan.stages[1:])
+                if not plan.spare:          # the next batch's first unit overwrites them
+                    while self.deferred:
+                        self._later(emit)
             elif emit:
                 self._defer_write(b, units)
         while self.deferred:
@@ -1202,10 +1274,23 @@ class _Emitter:
             self._flush_activate()
             self._write()
 
+    def _checkpoint(self) -> None:
+        """Profiling: every ACTIVATE sent, then the counters (READ_COUNTERS reports them
+        once every earlier instruction has completed)."""
+        if self.emitting:
+            write, self.pending_write = self.pending_write, None   # the outputs go last
+            self._flush()
+            self.pending_write = write
+            self.p.read_counters()
+
     def emit(self) -> tuple[list[int], int]:
+        self.emitting = False
         self._program(emit=False)
+        self.emitting = True
         self.jobs_done = self.acc_next = 0
         self._read_next(0)
+        if self.profile:
+            self.p.clear_counters()
         self._program(emit=True)
         self.p.halt()
         return self.p.beats, self.p.instructions
