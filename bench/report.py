@@ -82,12 +82,13 @@ WHY = {
                  "which weigh more as the array grows and the matrix time shrinks.",
     "MLP": "three dependent layers a batch: a layer's MATMUL reads the unified-buffer rows "
            "the previous layer's ACTIVATE writes (RAW), and the 16- and 10-wide layers "
-           "fill part of a wide array's columns. The batch (42 to 170 images, as many as "
-           "the unified buffer holds) amortises the weight shifts; the larger the array, "
-           "the shorter the matrix phase against the fixed ACTIVATE and host time.",
+           "fill part of a wide array's columns. The batch (as many images as the "
+           "unified buffer holds; the table gives it) amortises the weight shifts; the "
+           "larger the array, the shorter the matrix phase against the fixed ACTIVATE and "
+           "host time.",
     "CNN": "the first convolution's im2col patches are made on the host and cross the "
-           "host stream (about 1.5 MB for 360 images): READ_HOST and the pooling "
-           "ACTIVATEs are the non-matrix cycles, and the batch is small (4 to 12 images: "
+           "host stream (1.0 to 1.6 MB for 360 images): READ_HOST and the pooling "
+           "ACTIVATEs are the non-matrix cycles, and the batch is small (the table gives it: "
            "the patches fill the unified buffer).",
 }
 
