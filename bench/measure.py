@@ -22,8 +22,8 @@ from hdl.isa import Func
 from hdl.presets import get_config
 
 __all__ = ["SIZES", "GEMMS", "report_config", "measure_gemm", "measure_network",
-           "measure_workloads", "stream_speed", "amaranth_stream_speed", "transport_speed",
-           "amaranth_program_speed"]
+           "measure_workloads", "board_links", "stream_speed", "amaranth_stream_speed",
+           "transport_speed", "amaranth_program_speed"]
 
 #: Array sizes the report sweeps.
 SIZES = ("4x4", "8x8", "16x16")
@@ -94,7 +94,9 @@ def measure_gemm(device: RtlDevice, config: TPUConfig, shape: tuple[int, int, in
 
 def measure_network(device: RtlDevice, config: TPUConfig, net: str, images: int) -> dict:
     """A digits network over ``images`` test images; counters over the batch programs (the
-    resident weights' setup excluded)."""
+    resident weights' setup excluded). Beside them: the network's MACs per image and shape
+    bounds (:mod:`firmware.compiler`), one batch profiled stage after stage on ``device``
+    after the run, and the host link of each board with this array (:func:`board_links`)."""
     from firmware.compiler import compile_network
     from firmware.datasets import digits
     from firmware.models import digits as models
@@ -114,12 +116,71 @@ def measure_network(device: RtlDevice, config: TPUConfig, net: str, images: int)
     if not np.array_equal(result.outputs, reference):
         raise AssertionError(f"{net} on {config.name}: outputs differ from the int8 reference")
     counters = {k: int(v) for k, v in result.counters.items()}
-    r = _record(config, counters, beats_in, beats_out, counters["cycles"], wall)
+    # The run overlaps the stages; only a batch run stage by stage tells them apart.
+    profile = compiled.profile(device, x_q)
+    stages = []
+    for bound, prof in zip(compiled.bounds(), profile, strict=True):
+        if prof["name"] != bound.name:
+            raise AssertionError(f"{net} on {config.name}: profile stage {prof['name']!r} "
+                                 f"where the bounds have {bound.name!r}")
+        stages.append({"name": bound.name, "useful_macs_per_image": float(bound.useful_macs),
+                       "slots_per_image": float(bound.slots), "bound": float(bound.bound),
+                       "profile_cycles": prof["cycles"],
+                       "profile_array_active": int(prof["array_active"]),
+                       "profile_useful_macs": float(prof["useful_macs"]),
+                       "profile_utilisation": (None if prof["utilisation"] is None
+                                               else float(prof["utilisation"]))})
+    cycles = counters["cycles"]
+    r = _record(config, counters, beats_in, beats_out, cycles, wall)
     r.update({"images": images, "batch_size": compiled.batch_size,
               "weight_tiles": len(compiled.tiles), "resident_weights": compiled.resident_weights,
               "ops": 2 * counters["useful_macs"],
+              "useful_macs_per_image": compiled.useful_macs(),
+              "model_macs": compiled.useful_macs() * images,
+              "bound": float(compiled.bound()), "stages": stages,
+              "profile_images": min(images, compiled.batch_size),
+              "cycles_per_image": cycles / images,
+              "links": board_links(config, network, split.x_train, split.x_test[:images],
+                                   cycles / images),
               "window": "the batch programs (resident weights loaded before)"})
     return r
+
+
+def board_links(config: TPUConfig, network, x_train: np.ndarray, x: np.ndarray,
+                cycles_per_image: float) -> list[dict]:
+    """The UART link of every board (:data:`firmware.linkrate.BOARDS`) whose preset has
+    ``config``'s array, beside the core's images/s at that board's clock from the measured
+    ``cycles_per_image``. The link's bytes are those of ``network`` quantised and compiled for
+    the board's own preset (int8 input where it takes int8 operands only, as ``amtpu demo``
+    does), over the images ``x``: what that board would be sent. The default counts as the
+    ULX3S (:func:`firmware.linkrate.board_for`)."""
+    from firmware.compiler import compile_network
+    from firmware.linkrate import BOARDS, board_for, link_rate
+    from firmware.quant import quantise
+    from hdl.presets import PRESETS
+
+    boards = [b for b in BOARDS.values()
+              if (PRESETS[b.preset].rows, PRESETS[b.preset].cols) == (config.rows, config.cols)]
+    links = []
+    for board in boards:
+        board_config = PRESETS[board.preset]
+        qnet = quantise(network, x_train,
+                        input_signed=True if board_config.operands == "int8" else None)
+        compiled = compile_network(qnet, board_config)
+        rate = link_rate(compiled.batches(qnet.quantise_input(x)), config=board_config,
+                         board=board, setup=compiled.setup_program(),
+                         cycles_per_image=cycles_per_image)
+        links.append({"board": board.name, "preset": board.preset,
+                      "clock_mhz": board.clock_mhz, "baud": board.baud,
+                      "same_core": board_for(config) == board,
+                      "batch_size": compiled.batch_size,
+                      "to_board_per_image": rate.to_board_per_image,
+                      "from_board_per_image": list(rate.from_board_per_image),
+                      "link_images_per_s": rate.images_per_s,
+                      "link_images_per_s_worst": rate.images_per_s_worst,
+                      "bound_by": rate.bound_by,
+                      "core_images_per_s": rate.core_images_per_s})
+    return links
 
 
 def measure_workloads(sizes=SIZES, *, images: int = 360, sim: str = "verilator",

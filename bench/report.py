@@ -4,8 +4,9 @@
 
 - Workloads (always measured, unless ``--cached``): the GEMMs of :data:`bench.measure.GEMMS`
   and the demo MLP and CNN on 4x4, 8x8 and 16x16 cores, on the RTL (Verilator, the fast
-  transport), with the core's own counters in TPU v1 Table 3 categories. Results in
-  ``bench/results/workloads.json``.
+  transport), with the core's own counters in TPU v1 Table 3 categories; the networks also
+  against their shape bounds (whole and per stage) and beside the UART link of each board
+  with that array. Results in ``bench/results/workloads.json``.
 - Simulation speed (``bench/results/simspeed.json``): measured only when the file is missing
   or with ``--rerun`` (Icarus and amaranth.sim at 16x16 take minutes).
 - Synthesis (``bench/results/synth_sweep.json``, :mod:`bench.synth_sweep`): run only with
@@ -34,8 +35,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from firmware.cli import TABLE3  # noqa: E402  (the categories `amtpu demo` prints)
 
 __all__ = ["TABLE3", "peak_ops_per_cycle", "host_bytes_per_cycle", "ridge_point",
-           "weight_ridge_point", "roof", "analyse", "plot_cycles_utilisation",
-           "plot_roofline", "plot_synthesis", "plot_simspeed", "write_markdown", "main"]
+           "weight_ridge_point", "roof", "network_figures", "stage_figures", "analyse",
+           "plot_cycles_utilisation", "plot_roofline", "plot_synthesis", "plot_simspeed",
+           "write_markdown", "main"]
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -80,12 +82,13 @@ WHY = {
                  "which weigh more as the array grows and the matrix time shrinks.",
     "MLP": "three dependent layers a batch: a layer's MATMUL reads the unified-buffer rows "
            "the previous layer's ACTIVATE writes (RAW), and the 16- and 10-wide layers "
-           "fill part of a wide array's columns. The batch (42 to 170 images, as many as "
-           "the unified buffer holds) amortises the weight shifts; the larger the array, "
-           "the shorter the matrix phase against the fixed ACTIVATE and host time.",
+           "fill part of a wide array's columns. The batch (as many images as the "
+           "unified buffer holds; the table gives it) amortises the weight shifts; the "
+           "larger the array, the shorter the matrix phase against the fixed ACTIVATE and "
+           "host time.",
     "CNN": "the first convolution's im2col patches are made on the host and cross the "
-           "host stream (about 1.5 MB for 360 images): READ_HOST and the pooling "
-           "ACTIVATEs are the non-matrix cycles, and the batch is small (4 to 12 images: "
+           "host stream (1.0 to 1.6 MB for 360 images): READ_HOST and the pooling "
+           "ACTIVATEs are the non-matrix cycles, and the batch is small (the table gives it: "
            "the patches fill the unified buffer).",
 }
 
@@ -122,6 +125,35 @@ def roof(intensity: float, rows: int, cols: int, host_width: int) -> float:
     return min(peak_ops_per_cycle(rows, cols), intensity * host_bytes_per_cycle(host_width))
 
 
+def network_figures(r: dict) -> dict:
+    """A network record's utilisation in model MACs (the network's multiply-accumulates,
+    :meth:`firmware.compiler.CompiledNetwork.useful_macs`, not the counter's, which counts
+    zero padding) against its shape bound, in %; empty for records without them (GEMMs)."""
+    if "model_macs" not in r:
+        return {}
+    cells = r["rows"] * r["cols"]
+    measured = 100 * r["model_macs"] / (cells * r["counters"]["cycles"])
+    bound = 100 * r["bound"]
+    return {"model_utilisation": measured, "bound": bound, "of_bound": 100 * measured / bound,
+            "cycles_per_image": r["counters"]["cycles"] / r["images"]}
+
+
+def stage_figures(r: dict) -> list[dict]:
+    """Per stage of a network record: the shape bound and the utilisation measured on one
+    batch run stage after stage (``profile_*``), in %, and the second as % of the first."""
+    out = []
+    for st in r.get("stages", []):
+        util = st["profile_utilisation"]
+        out.append({"name": st["name"], "bound": 100 * st["bound"],
+                    "measured": None if util is None else 100 * util,
+                    "of_bound": (None if util is None or not st["bound"]
+                                 else 100 * util / st["bound"]),
+                    "cycles": st["profile_cycles"],
+                    "macs_per_image": st["useful_macs_per_image"],
+                    "slots_per_image": st["slots_per_image"]})
+    return out
+
+
 def analyse(r: dict) -> dict:
     """Derived figures of one workload record (see :mod:`bench.measure`)."""
     c = r["counters"]
@@ -138,7 +170,9 @@ def analyse(r: dict) -> dict:
     worst = max(stalls, key=stalls.get)
     weight_ridge = weight_ridge_point(rows, cols)
     weight_intensity = (2 * c["useful_macs"] / weight_bytes) if weight_bytes else None
+    model = network_figures(r)
     return {
+        **model,
         "utilisation": 100 * c["useful_macs"] / (rows * cols * cycles),
         "shares": shares, "intensity": intensity, "achieved": achieved,
         "attainable": attainable, "ridge": ridge, "peak": peak_ops_per_cycle(rows, cols),
@@ -166,18 +200,29 @@ def _workloads(records: Iterable[dict]) -> list[str]:
 
 
 def plot_cycles_utilisation(records: list[dict], path: Path) -> Path:
-    """Cycles (counter window) and utilisation of each workload against array size."""
+    """Cycles (counter window) and utilisation of each workload against array size: the
+    counter's useful MACs for GEMMs, the model's MACs for networks with their shape bounds
+    dashed in the same colour."""
     sizes = _sizes(records)
     fig, (ax_c, ax_u) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in _workloads(records):
         by = {r["config"]: r for r in records if r["workload"] == name}
         xs = [s for s in sizes if s in by]
-        ax_c.plot(xs, [by[s]["counters"]["cycles"] for s in xs], "o-", label=name)
-        ax_u.plot(xs, [analyse(by[s])["utilisation"] for s in xs], "o-", label=name)
+        (line,) = ax_c.plot(xs, [by[s]["counters"]["cycles"] for s in xs], "o-", label=name)
+        figures = [analyse(by[s]) for s in xs]
+        if all("model_utilisation" in a for a in figures):
+            # Networks: their own MACs (no padding) and, dashed, what their shapes allow.
+            ax_u.plot(xs, [a["model_utilisation"] for a in figures], "o-",
+                      color=line.get_color(), label=f"{name} (model MACs)")
+            ax_u.plot(xs, [a["bound"] for a in figures], "--", color=line.get_color(),
+                      label=f"{name} shape bound")
+        else:
+            ax_u.plot(xs, [a["utilisation"] for a in figures], "o-",
+                      color=line.get_color(), label=name)
     ax_c.set_yscale("log")
     ax_c.set_ylabel("core cycles (counters)")
     ax_c.set_title("cycles")
-    ax_u.set_ylabel("useful MACs / (rows x cols x cycles), %")
+    ax_u.set_ylabel("MACs / (rows x cols x cycles), %")
     ax_u.set_ylim(0, 105)
     ax_u.set_title("array utilisation")
     for ax in (ax_c, ax_u):
@@ -356,6 +401,70 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def _networks_markdown(workloads: list[dict]) -> list[str]:
+    """The networks against their shape bounds, per stage, and beside the boards' links."""
+    nets = [r for r in workloads if "model_macs" in r]
+    if not nets:
+        return []
+    out = [
+        "## Networks against their shape bounds",
+        "",
+        "A stage's *shape bound* (`firmware/compiler.py`, `CompiledNetwork.bounds()`) is its "
+        "MACs over the MAC slots its passes issue (rows x cols for each accumulator row of "
+        "each pass): the utilisation it reaches if the array never waits. Below the bound is "
+        "scheduling (waits for the link, the weights, the interlocks); above it, the layer's "
+        "shape on this array. The measured utilisation here counts the model's MACs "
+        "(`compiled.useful_macs()` x images, no zero padding) over rows x cols x the batch "
+        "programs' cycles, so it can reach the bound and no more.",
+        "",
+    ]
+    rows = []
+    for r in nets:
+        a = analyse(r)
+        boards = "; ".join(
+            f"{x['board']} ({x['clock_mhz']:g} MHz, {x['baud']:,} baud"
+            f"{'' if x['same_core'] else ', its own preset'}): core "
+            f"{_n(x['core_images_per_s'])}, link **{_n(x['link_images_per_s'])}**"
+            for x in r.get("links", [])) or "no board with this array"
+        rows.append([r["config"], r["workload"], f"{r['images']} (batch {r['batch_size']})",
+                     _n(a["cycles_per_image"], 1), f"**{a['model_utilisation']:.1f} %**",
+                     f"{a['bound']:.1f} %", f"{a['of_bound']:.0f} %", boards])
+    out += _table(["array", "network", "images", "cycles per image", "measured utilisation",
+                   "shape bound", "of the bound", "images/s on a board: core at its clock, "
+                   "UART link"], rows)
+    out += [
+        "The simulated transports deliver a host beat every cycle; a board receives its beats "
+        "through a UART (`docs/host-link.md`), so its images/s is the link's, not the core's. "
+        "The core's images/s is its clock over the measured cycles per image; the link's "
+        "(`firmware/linkrate.py`) counts the bytes the serial transport exchanges for the "
+        "network compiled for that board's preset (framing, escapes and ACKs; the host waits "
+        "for each DATA frame's ACK; output escapes taken as none and USB latency not "
+        "counted, so it is a ceiling). Boards are those whose preset has the array: the "
+        "ULX3S for 8x8 (its preset is the default's programs), the iCEBreaker for 4x4 (its "
+        "own preset, with int8 input, smaller memories and the serial activation unit: its "
+        "core takes more cycles than the 4x4 measured here, and its batches are smaller). No "
+        "board carries 16x16.",
+        "",
+        "Per stage: one batch run again after the measured run, on the same simulator, the "
+        "stages one after another (`compiled.profile`; the batch programs above overlap "
+        "them, so only this run tells them apart). Its utilisation is the stage's MACs over "
+        "rows x cols x the stage's cycles.",
+        "",
+    ]
+    rows = []
+    for r in nets:
+        for st in stage_figures(r):
+            rows.append([r["config"], r["workload"], st["name"], _n(st["macs_per_image"]),
+                         _n(st["slots_per_image"]), f"{st['bound']:.1f} %",
+                         "-" if st["measured"] is None else f"**{st['measured']:.1f} %**",
+                         "-" if st["of_bound"] is None else f"{st['of_bound']:.0f} %",
+                         _n(st["cycles"])])
+    out += _table(["array", "network", "stage", "MACs per image", "MAC slots per image",
+                   "shape bound", "measured (stage by stage)", "of the bound",
+                   "cycles (one batch)"], rows)
+    return out
+
+
 def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synth: dict,
                    meta: dict, img: dict[str, Path]) -> Path:
     """docs/performance.md from the measured records."""
@@ -432,6 +541,9 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         "Padding of a partial tile counts as useful MACs in the counter (the array does "
         "the work), not in the roofline's operations.",
         "",
+    ]
+    out += _networks_markdown(workloads)
+    out += [
         "## Roofline",
         "",
         "TPU v1 drew its workloads on a roofline of operations per weight byte (its weights "

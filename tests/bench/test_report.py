@@ -47,9 +47,25 @@ def _records() -> list[dict]:
     compute = {**base, "workload": "big", "kind": "gemm", "what": "square", "m": 10, "k": 10,
                "n": 4, "ops": 800, "beats_in": 50, "bytes_in": 400, "program_cycles": 200,
                "counters": _counters(100, 95, weight_shift=20)}
+    # A network: 20 model MACs an image (the counter's 48 include padding) over 2 images in
+    # 100 cycles on 4 PEs = 10 %, against a 50 % shape bound; stage b not profiled.
     host = {**base, "workload": "small", "kind": "network", "what": "digits", "images": 2,
             "batch_size": 2, "ops": 100, "beats_in": 50, "bytes_in": 400,
-            "program_cycles": 100, "counters": _counters(100, 12, host_stall=60)}
+            "program_cycles": 100, "counters": _counters(100, 12, host_stall=60),
+            "useful_macs_per_image": 20, "model_macs": 40, "bound": 0.5, "profile_images": 2,
+            "cycles_per_image": 50.0,
+            "stages": [
+                {"name": "a", "useful_macs_per_image": 12.0, "slots_per_image": 20.0,
+                 "bound": 0.6, "profile_cycles": 30, "profile_array_active": 6,
+                 "profile_useful_macs": 24.0, "profile_utilisation": 0.2},
+                {"name": "b", "useful_macs_per_image": 8.0, "slots_per_image": 20.0,
+                 "bound": 0.4, "profile_cycles": None, "profile_array_active": 0,
+                 "profile_useful_macs": 16.0, "profile_utilisation": None}],
+            "links": [{"board": "Testboard", "preset": "tiny", "clock_mhz": 10.0,
+                       "baud": 1_000_000, "same_core": True, "batch_size": 2,
+                       "to_board_per_image": 800.0, "from_board_per_image": [50.0, 60.0],
+                       "link_images_per_s": 123.4, "link_images_per_s_worst": 123.4,
+                       "bound_by": "to", "core_images_per_s": 200_000.0}]}
     return [compute, host]
 
 
@@ -65,6 +81,31 @@ def test_analyse():
     assert host["host_region"] == "host link" and host["weight_region"] == "-"
     assert host["worst_stall"] == "input (host) stall"
     assert host["shares"]["input (host) stall"] == pytest.approx(60)
+    # Model MACs, not the counter's: 40 / (2 x 2 x 100); the bound and the ratio in %.
+    assert host["model_utilisation"] == pytest.approx(10)
+    assert host["bound"] == pytest.approx(50) and host["of_bound"] == pytest.approx(20)
+    assert host["cycles_per_image"] == 50
+    assert "model_utilisation" not in compute and "bound" not in compute
+    a, b = report.stage_figures(_records()[1])
+    assert (a["name"], a["bound"], a["measured"]) == ("a", pytest.approx(60), pytest.approx(20))
+    assert a["of_bound"] == pytest.approx(100 / 3) and a["cycles"] == 30
+    assert b["measured"] is None and b["of_bound"] is None
+
+
+def test_utilisation_plot_draws_bounds(tmp_path, monkeypatch):
+    # Keep the figure the plot closes, to read its lines back.
+    figures = []
+    monkeypatch.setattr(report.plt, "close", figures.append)
+    report.plot_cycles_utilisation(_records(), tmp_path / "u.png")
+    _, ax_u = figures[0].axes
+    lines = {line.get_label(): line for line in ax_u.get_lines()}
+    assert set(lines) == {"big", "small (model MACs)", "small shape bound"}
+    measured, bound = lines["small (model MACs)"], lines["small shape bound"]
+    assert list(measured.get_ydata()) == [pytest.approx(10)]
+    assert list(bound.get_ydata()) == [pytest.approx(50)]
+    assert bound.get_linestyle() == "--" and measured.get_linestyle() == "-"
+    assert bound.get_color() == measured.get_color()
+    assert list(lines["big"].get_ydata()) == [pytest.approx(95)]
 
 
 def test_report_from_cache(tmp_path):
@@ -91,6 +132,11 @@ def test_report_from_cache(tmp_path):
     assert "| small | 2x2 | 400 | 0.25 | 1.0 | 2.0 | 50 % | host link | - | - |" in page
     assert "**95.0 %** | weight shift 20 % |" in page
     assert f"| {PROGRAM} | 2x2 | 100,000 |" in page
+    # The networks against their bounds, the board's core and link images/s, per stage.
+    assert ("| 2x2 | small | 2 (batch 2) | 50.0 | **10.0 %** | 50.0 % | 20 % | Testboard "
+            "(10 MHz, 1,000,000 baud): core 200,000, link **123** |") in page
+    assert "| 2x2 | small | a | 12 | 20 | 60.0 % | **20.0 %** | 33 % | 30 |" in page
+    assert "| 2x2 | small | b | 8 | 20 | 40.0 % | - | - | - |" in page
     assert "2026-01-01 00:00 UTC" in page
 
 
