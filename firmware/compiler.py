@@ -74,6 +74,7 @@ layer's shape on this array.
 from __future__ import annotations
 
 import functools
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1342,8 +1343,9 @@ RINGS = (2.0, 1.5, 1.25, 1.0)
 def _choose(config: TPUConfig, network: QuantisedNetwork,
             max_batch: int) -> tuple[int, int, float]:
     """Images per unit, units per batch and the input ring: the choice whose program the
-    emitter's tallies predict the fewest cycles per image for; on a tie the larger unit
-    (longer MATMULs, fewer instructions), the larger ring, the larger batch."""
+    emitter's tallies predict the fewest cycles per image for; on a tie the one whose first
+    stage's output has a block to spare (later stages overlap the next batch), then the
+    larger unit (longer MATMULs, fewer instructions), the larger ring, the larger batch."""
     best = None
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
                          config.rows, 2 * config.rows})
@@ -1361,10 +1363,14 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
                     lo = mid
                 else:
                     hi = mid - 1
-            cn = CompiledNetwork(config, network, unit, lo, ring=ring)
-            key = (round(cn.estimate(), 1), -unit, -ring, -cn.batch_size)
-            if best is None or key < best[0]:
-                best = (key, unit, lo, ring)
+            for units in sorted({lo, 1}):       # one unit a batch may keep a spare block
+                cn = CompiledNetwork(config, network, unit, units, ring=ring)
+                # Estimates within a few per cent of each other count as a tie: they leave
+                # out the waits the core's interlocks add, which the tie-breaks reduce.
+                key = (round(math.log(cn.estimate()) / math.log(1.04)), -cn._plan.spare,
+                       -unit, -ring, -cn.batch_size)
+                if best is None or key < best[0]:
+                    best = (key, unit, units, ring)
     return best[1], best[2], best[3]
 
 
