@@ -61,8 +61,8 @@ def _print_counters(counters: dict, config, images: int) -> None:
         print(f"    {name:<20} {'n/a' if value is None else f'{value:,}':>12}")
     if cycles:
         util = counters["useful_macs"] / (config.rows * config.cols * cycles)
-        print(f"  array utilisation: useful MACs / ({config.rows}x{config.cols} x cycles) = "
-              f"{100 * util:.1f} %")
+        print(f"  array busy: the counters' MAC slots / ({config.rows}x{config.cols} x cycles) "
+              f"= {100 * util:.1f} %")
         print("  reference: TPU v1 array active 12.7/10.6 % (MLP0/1), 78.2/46.2 % (CNN0/1)")
 
 
