@@ -53,14 +53,21 @@ buffer, one MATMUL streams them; the compiler orders accumulator rows so that th
   computed and not activated, so each pass is one MATMUL; with a stride or max-pooling each
   output position's rows are a MATMUL of their own (a unit's images are consecutive).
 
-Each stage's accumulator rows are split into jobs of at most half the accumulators; jobs
-alternate between the two halves so that the ACTIVATE of one overlaps the MATMULs of the next.
-READ_WEIGHTS run ahead of the MATMULs by the weight FIFO's depth plus the shadow tile.
-Weights stay resident (loaded once by the setup program) when all tiles fit
-``weight_mem_tiles``; otherwise every batch program streams them through the weight memory as
-a ring. Parameters stay resident when every (stage, column block) fits ``param_slots``;
-otherwise each ACTIVATE is preceded by its LOAD_PARAMS. The hardware interlocks order the rest
-(no NOP padding, no SYNC).
+Each stage's accumulator rows are split into jobs of at most half the accumulators. A job's
+ACTIVATE is sent once the next job of its stage has a MATMUL queued (it waits for its own
+MATMULs, and the array has work meanwhile), or earlier when a MATMUL is about to read its
+output; jobs take accumulator rows around the whole memory, clear of the ACTIVATEs not yet
+sent. The later stages of a batch are interleaved one per job of the next batch's first stage.
+The host's rows are sent between MATMULs, as many as keep the front end no longer than the
+array, into input rows no MATMUL still reads; a MATMUL about to read rows not yet sent has them
+sent first. READ_WEIGHTS run ahead of the MATMULs by the weight FIFO's depth plus the shadow
+tile, consecutive resident tiles in one instruction. Weights stay resident (loaded once by the
+setup program) when all tiles fit ``weight_mem_tiles``; otherwise every batch program streams
+them through the weight memory as a ring. Parameters stay resident when every (stage, column
+block) fits ``param_slots``; otherwise an ACTIVATE whose set is not in a slot is preceded by
+its LOAD_PARAMS into the slot used longest ago. The hardware interlocks order the rest (no NOP
+padding, no SYNC). The unit, the batch and the input ring are chosen by emitting a program of
+two batches and counting what it costs the array, the activation engine and the front end.
 
 Shape bound
 -----------
@@ -500,13 +507,12 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
     batch = unit * units
     layouts = _layouts(config, network, unit, shifts)
     tile_ids, param_ids, t, p = [], [], 0, 0          # the ids alone (the tiles' order)
-    if True:
-        for lay in layouts:
-            tile_ids.append([[t + nb * len(lay.passes) + kc for nb in range(lay.col_blocks)]
-                             for kc in range(len(lay.passes))])
-            param_ids.append(list(range(p, p + lay.col_blocks)))
-            t += len(lay.passes) * lay.col_blocks
-            p += lay.col_blocks
+    for lay in layouts:
+        tile_ids.append([[t + nb * len(lay.passes) + kc for nb in range(lay.col_blocks)]
+                         for kc in range(len(lay.passes))])
+        param_ids.append(list(range(p, p + lay.col_blocks)))
+        t += len(lay.passes) * lay.col_blocks
+        p += lay.col_blocks
     stages = network.stages
     first = layouts[0]
     in_rows = (len(first.host.chunks) * len(first.host.anchors) if first.host is not None
@@ -882,7 +888,6 @@ class _Emitter:
         # rows its MATMULs read)
         self.pending: list = []
         self.pending_write = None
-        self.credit = 0                     # MATMUL rows the feed has not yet spent
         slots = self.c.param_slots
         self.slots: list = [None] * slots   # parameter set in each slot (streamed params)
         self.slot_used = [-1] * slots
@@ -987,7 +992,7 @@ class _Emitter:
         instruction costs the front end a dispatch."""
         room = self.c.weight_fifo_depth + 1 - (self.queued - used)
         left = len(self.uses) - self.queued
-        if room <= 0 or left <= 0 or (room < _RW_GROUP and left > 1 and self.queued > used):
+        if room <= 0 or left <= 0 or (room < 2 and left > 1 and self.queued > used):
             return
         while room > 0 and self.queued < len(self.uses):
             tile = self.uses[self.queued]
@@ -1183,7 +1188,6 @@ class _Emitter:
                             self.used += 1
                             self._read_next(self.used)
                         issued += 1
-                        self.credit += count
                         if issued == 1:
                             # The previous job of this stage is done once this one's MATMUL
                             # is queued behind it: its ACTIVATE goes now (a first-stage job
@@ -1191,12 +1195,10 @@ class _Emitter:
                             # while it waits for those MATMULs to end.
                             self._flush(None if first_stage else
                                         lambda k, job, span, s=sp.index: job[0].index == s)
-                        if True:
-                            # As many rows as the MATMULs just queued keep the array busy
-                            # (the front end runs ahead of the array by a few MATMULs only).
-                            self._feed(min(self.credit, max(count - 2 * _DISPATCH,
-                                                            _FEED_MIN)))
-                            self.credit = 0
+                        # Host rows for about the time this MATMUL keeps the array busy,
+                        # less the dispatch of the next instructions (the front end runs
+                        # ahead of the array by a few MATMULs only).
+                        self._feed(max(count - 2 * _DISPATCH, 0))
                 if emit:
                     job = (sp, m0, rows, nb, region, b, u0)
                     self.pending.append((job, self._targets_range(job),
@@ -1432,9 +1434,3 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         return CompiledNetwork(config, network, unit, units, program_images, r)
     unit, units, ring = _choose(config, network, max_batch)
     return CompiledNetwork(config, network, unit, units, program_images, ring)
-
-import os as _os  # noqa: E402  (experiment knobs, to be removed)
-
-_FLUSH_AFTER = int(_os.environ.get("FLUSH_AFTER", 1))
-_RW_GROUP = int(_os.environ.get("RW_GROUP", 2))
-_FEED_MIN = int(_os.environ.get("FEED_MIN", 0))
