@@ -1349,6 +1349,16 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
     stage's output has a block to spare (later stages overlap the next batch), then the
     larger unit (longer MATMULs, fewer instructions), the larger ring, the larger batch."""
     best = None
+    if len(network.stages) == 1:
+        # One stage: nothing runs behind a batch, so the largest unit that fits with two
+        # input buffers (or the ring) is the choice, without estimates.
+        for ring in RINGS:
+            lo, hi = 0, max_batch
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring) else (lo, mid - 1)
+            if lo:
+                return lo, 1, ring
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
                          config.rows, 2 * config.rows})
     for ring in RINGS:
