@@ -1112,6 +1112,31 @@ class _Emitter:
         """Send the pending ACTIVATEs ``test(job, span)`` holds for."""
         self._flush(lambda k, job, span: test(job, span))
 
+    def _pass_runs(self, sp: _StagePlan, b: int, u0: int, m0: int, rows: int
+                   ) -> list[tuple[np.ndarray, np.ndarray, list]]:
+        """Per pass of the job ``m0..`` of a stage over units from ``u0`` of batch ``b``:
+        the sources it reads (input-unit rows), which accumulator rows are real, and its
+        MATMUL runs; the same for every column block, so worked out once."""
+        lay = sp.layout
+        first_stage = sp.index == 0
+        u, r = np.divmod(m0 + np.arange(rows), lay.m)
+        # Rows of images the program does not have (a last, partial unit) read nothing:
+        # where they end a run, the run is shorter.
+        have = len(self.x_q) - (b * self.plan.batch + (u0 + u) * self.plan.unit)
+        real = lay.outputs[r // lay.window][:, 2] < have
+        out = []
+        for ps in lay.passes:
+            src = ps.sources[r]
+            keep = (src >= 0) & real
+            if first_stage:
+                g = b * self.plan.units + u0
+                absolute = (self._ring_offset(g) + src) % self.plan.ring
+            else:
+                absolute = src + self._src_base(sp, b, u0 + u)
+            out.append((src, keep, _runs(np.where(keep, absolute, -1),
+                                         self.plan.ring if first_stage else self.c.ub_depth)))
+        return out
+
     def _stage(self, sp: _StagePlan, b: int, u0: int, units: int, emit: bool) -> None:
         """The jobs of a stage over ``units`` units of batch ``b`` from unit ``u0``."""
         c = self.c
@@ -1123,31 +1148,18 @@ class _Emitter:
             # of the job that reads it last has been sent (it waits for that job's MATMULs),
             # so that the next unit's rows never land on a row still to be read.
             reads = {}
-            have = len(self.x_q) - (b * self.plan.batch + u0 * self.plan.unit)
             for m0, rows in _jobs(sp, units, c):
-                r = m0 + np.arange(rows)
-                real = lay.outputs[r // lay.window][:, 2] < have
-                spans = []
-                for ps in lay.passes:
-                    src = ps.sources[r]
-                    keep = (src >= 0) & real
-                    absolute = (self._ring_offset(g) + src) % self.plan.ring
-                    spans += [(ub, ub + n) for _, ub, n in
-                              _runs(np.where(keep, absolute, -1), self.plan.ring)]
-                spans = [(g, lo, hi) for lo, hi in spans]
+                spans = [(g, ub, ub + n) for _, _, runs in self._pass_runs(sp, b, u0, m0, rows)
+                         for _, ub, n in runs]
                 for nb in range(lay.col_blocks):
                     reads[(m0, nb)] = list(spans)
                     self.ring_live += spans
         for m0, rows in _jobs(sp, units, c):
             u, r = np.divmod(m0 + np.arange(rows), lay.m)
-            if not first_stage:
-                base = self._src_base(sp, b, u0 + u)
-            # Rows of images the program does not have (a last, partial unit) read nothing:
-            # where they end a run, the run is shorter.
             have = len(self.x_q) - (b * self.plan.batch + (u0 + u) * self.plan.unit)
-            real = lay.outputs[r // lay.window][:, 2] < have
-            if not real.any():
+            if not (lay.outputs[r // lay.window][:, 2] < have).any():
                 continue                     # only images the program does not have
+            passes = self._pass_runs(sp, b, u0, m0, rows) if emit else None
             for nb in range(lay.col_blocks):
                 # Jobs take accumulator rows in turn around the whole memory, so that a short
                 # job does not land on rows a long ACTIVATE is still reading.
@@ -1159,21 +1171,13 @@ class _Emitter:
                     self._flush_for(lambda job, span, lo=region, hi=region + rows:
                                     job[4] < hi and lo < job[4] + job[2])
                 issued = 0
-                for kc, ps in enumerate(lay.passes):
+                for kc in range(len(lay.passes)):
                     if not emit:
                         self.uses.append(sp.tiles[kc][nb])
                         continue
-                    src = ps.sources[r]
-                    keep = (src >= 0) & real
-                    if first_stage:
-                        if keep.any():
-                            self._feed_for(g, int(src[keep].max()) + 1)
-                        ring = self.plan.ring
-                        absolute = (self._ring_offset(g) + src) % ring
-                    else:
-                        absolute = src + base
-                    runs = _runs(np.where(keep, absolute, -1),
-                                 self.plan.ring if first_stage else c.ub_depth)
+                    src, keep, runs = passes[kc]
+                    if first_stage and keep.any():
+                        self._feed_for(g, int(src[keep].max()) + 1)
                     # Every pass switches to its own tile, so none may be empty.
                     assert runs, (sp.stage.name, m0, kc)
                     self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
