@@ -271,7 +271,7 @@ def _framework_check(graph, model: str, inputs: dict, result) -> bool:
 
 
 def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
-    from firmware.importers.onnx import onnxruntime_check
+    from firmware.importers.onnx import onnxruntime_check, onnxruntime_pairs_saturate
     rows = onnxruntime_check(graph, model, inputs, result.tensors)
     n = len(next(iter(inputs.values())))
     print(f"  --check against onnxruntime ({n} inputs):")
@@ -280,6 +280,12 @@ def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
         cell = f"{row['equal']:,} / {row['size']:,}"
         print(f"    {row['tensor'][-60:]:<60} {row['operator']:<18} {row['runs on']:<8} "
               f"{cell:>20}")
+    uint8 = any(offset == 128 for _, offset, _ in getattr(graph, "onnx_names", {}).values())
+    reason = onnxruntime_pairs_saturate() if uint8 else None
+    if reason:
+        print(f"  note: {reason}; where this model's int8 weights meet uint8 activations, "
+              "a difference above is onnxruntime's (quantise with int8 activations, or with "
+              "reduce_range, for an exact comparison)")
     return all(row["equal"] == row["size"] for row in rows)
 
 

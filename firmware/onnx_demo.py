@@ -11,7 +11,11 @@ The model is built at run time from the committed data, in the steps a user take
    ``quant_pre_process`` does, without its shape-inference dependency; a ``(1, N)`` bias trips
    ``quantize_static``'s per-channel path);
 4. ``quantize_static`` with the training split as calibration data: QDQ format, per-channel
-   int8 weights, uint8 activations (the pixels are non-negative);
+   int8 weights, int8 activations (with uint8 activations, onnxruntime on an x86 CPU without
+   VNNI saturates pair sums of uint8 x int8 products to int16, and no exact core could equal
+   it there: :func:`firmware.importers.onnx.onnxruntime_pairs_saturate`; int8 runs on its
+   exact int8 kernels on every CPU with the oracle's session option,
+   :func:`firmware.importers.onnx.onnxruntime_session`);
 5. import it (:mod:`firmware.importers.onnx`), run it on a device, and compare every output
    element with onnxruntime's on the same inputs.
 
@@ -115,7 +119,7 @@ def build_model(split, directory: Path) -> tuple[Path, object]:
         quantize_static(str(float_path), str(q_path),
                         _Calibration(float_model.graph.input[0].name, x),
                         quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
     finally:
         logging.disable(logging.NOTSET)
     return q_path, clf
@@ -125,12 +129,11 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     """Run the ONNX digits MLP on ``args.transport`` (see the module notes).
     ``print_counters(counters, config, images)`` prints the core's counters (the CLI passes
     its own, so that this module need not import the CLI)."""
-    import onnxruntime as ort
-
     from firmware.datasets import digits
     from firmware.device import open_device, transport_options
     from firmware.graph import run_graph
     from firmware.importers import load_model
+    from firmware.importers.onnx import onnxruntime_session
     from hdl.presets import get_config
 
     config = get_config(args.config)
@@ -145,13 +148,11 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path, clf = build_model(split, Path(tmp))
         graph = load_model(path)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        session = onnxruntime_session(path)
     name_in, name_out = graph.inputs[0], graph.outputs[0]
     ort_out = session.run(None, {name_in: x})[0]
     print(f"amtpu demo: onnx (the digits MLP, skl2onnx + onnxruntime quantize_static QDQ, "
-          f"per-channel int8 weights, uint8 activations) on the {config.name} core "
+          f"per-channel int8 weights, int8 activations) on the {config.name} core "
           f"({args.config}), {n} test images, transport {args.transport}"
           + (f" ({args.sim})" if args.transport == "rtl" else ""))
     for row in graph.summary():

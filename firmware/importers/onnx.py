@@ -76,6 +76,7 @@ along K), which is exact (:func:`split_weights`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1437,6 +1438,24 @@ def _float_graph(model, label: str, calibration) -> g.Graph:
 
 # Checking against onnxruntime ------------------------------------------------------------------
 
+def onnxruntime_session(model):
+    """An onnxruntime CPU session for ``model`` (a path, bytes or a ``ModelProto``) as the
+    oracle: quiet, and with ``session.qdqisint8allowed`` set. Without it, onnxruntime on an x86
+    CPU without VNNI rewrites int8 QDQ activations to uint8 and runs them on its uint8 x int8
+    kernels, whose pair sums saturate (:func:`onnxruntime_pairs_saturate`): an int8 model's
+    results would then depend on the CPU. With it, int8 stays on onnxruntime's exact int8
+    kernels on every CPU (on VNNI and Arm CPUs it is the default already)."""
+    import onnxruntime as ort
+
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.qdqisint8allowed", "1")
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+                                providers=["CPUExecutionProvider"])
+
+
 def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> list[dict]:
     """Per quantised tensor of the ONNX model ``source`` (every QuantizeLinear output and
     QOperator result, in model order): the elements of ``tensors`` (a run's or the
@@ -1444,7 +1463,6 @@ def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> li
     Rows: ``tensor`` (ONNX name), ``operator`` and ``runs on`` (the graph operator that
     computes it), ``equal``, ``size``. Needs onnxruntime (a dev dependency)."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     model = onnx.ModelProto()
@@ -1457,10 +1475,7 @@ def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> li
         if name not in known:
             model.graph.output.append(helper.make_tensor_value_info(
                 name, _ONNX_TYPE[_integer_dtype(names, graph, name)], None))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(model)
     outs = [o.name for o in session.get_outputs()]
     feeds = {k: np.asarray(v).astype(np.float32 if graph.tensors[k].dtype == "float32"
                                      else graph.tensors[k].dtype) for k, v in inputs.items()}
@@ -1480,6 +1495,47 @@ def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> li
                      "runs on": "core" if op is not None and op.core else "host",
                      "equal": int((mine == want).sum()), "size": int(mine.size)})
     return rows
+
+
+@functools.cache
+def onnxruntime_pairs_saturate() -> str | None:
+    """Whether this machine's onnxruntime computes uint8 x int8 products inexactly: on x86
+    CPUs without VNNI, MLAS's uint8 x int8 kernels (``QLinearMatMul``, ``QLinearConv`` and the
+    QDQ forms fused into them) add adjacent products in pairs with ``vpmaddubsw``, which
+    saturates each pair sum to int16 (onnxruntime's quantisation guide: use ``reduce_range`` on
+    such CPUs). Then onnxruntime is no exact oracle for models with uint8 activations and int8
+    weights, and no exact integer core can equal it. Probed once: both operators with every
+    input 255 and every weight -128 or 127, whose exact sums overflow int16 in pairs.
+    Returns ``None`` where onnxruntime is exact, else a sentence saying what was seen. int8 x
+    int8 and uint8 x uint8 go through other kernels, exact on the same CPUs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, y_scale = 16, 8192.0                    # |sum| <= 16 * 255 * 128 = 522,240: in range
+    seen = []
+    for kind in ("QLinearMatMul", "QLinearConv"):
+        for w_value in (-128, 127):
+            if kind == "QLinearMatMul":
+                x_shape, w = [2, k], np.full((k, 2), w_value, np.int8)
+            else:
+                x_shape, w = [1, k, 2, 2], np.full((2, k, 1, 1), w_value, np.int8)
+            inits = [numpy_helper.from_array(np.array(v, t), n) for v, t, n in
+                     ((1.0, np.float32, "xs"), (0, np.uint8, "xz"), (1.0, np.float32, "ws"),
+                      (0, np.int8, "wz"), (y_scale, np.float32, "ys"), (128, np.uint8, "yz"))]
+            inits.insert(2, numpy_helper.from_array(w, "w"))
+            node = helper.make_node(kind, ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+            graph = helper.make_graph(
+                [node], "probe", [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
+                [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+            got = onnxruntime_session(model).run(None, {"x": np.full(x_shape, 255, np.uint8)})[0]
+            exact = int(np.round(255 * w_value * k / y_scale)) + 128
+            if (got.astype(int) != exact).any():
+                seen.append(f"{kind} gives {int(got.flat[0])} for {exact}")
+    if not seen:
+        return None
+    return ("onnxruntime on this CPU saturates uint8 x int8 products summed in pairs to int16 "
+            "(x86 without VNNI; " + "; ".join(seen) + "), so its results for uint8 "
+            "activations with int8 weights are not exact integer arithmetic")
 
 
 _ONNX_TYPE = {"uint8": 2, "int8": 3, "int32": 6}

@@ -116,11 +116,7 @@ def test_split_weights_sums_to_the_matrix():
 # helpers ----------------------------------------------------------------------------------
 
 def _ort(model, feeds):
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    return oi.onnxruntime_session(model).run(None, feeds)
 
 
 def _qlinearmatmul(k, b, s_a, s_b, s_y):
@@ -417,6 +413,25 @@ def _compare_with_onnxruntime(model, x, *, transport: str | None = "isa"):
     return elements, differ
 
 
+
+def _unless_onnxruntime_saturates(model, x, activations: str, weights: str = "int8",
+                                  transport="isa"):
+    """Skip the comparison with onnxruntime where it is no exact oracle: uint8 activations
+    with int8 weights on a CPU whose onnxruntime saturates pair sums to int16
+    (:func:`firmware.importers.onnx.onnxruntime_pairs_saturate`). Before skipping, the core
+    (``transport``) is still checked against the integer reference on every element."""
+    reason = oi.onnxruntime_pairs_saturate() if (activations, weights) == ("uint8",
+                                                                          "int8") else None
+    if reason is None:
+        return
+    if transport is not None:
+        graph = oi.load(model)
+        run = g.run_graph(graph, {"x": x}, device=transport)
+        ref = graph.reference({"x": x})
+        for name in graph.outputs:
+            assert (run.outputs[name] == ref[name]).all(), name
+    pytest.skip(f"{reason}; the core was checked against the integer reference only")
+
 MLP_CASES = [
     # sizes, gemm, per_channel, activations, weights
     ((13, 7, 5), True, True, "uint8", "int8"),
@@ -438,6 +453,7 @@ def test_qdq_mlp_equals_onnxruntime(tmp_path, sizes, gemm, per_channel, activati
     x = rng.normal(0, 1, (64, sizes[0])).astype(F32)
     q = _quantise(tmp_path, model, x[:32], per_channel=per_channel, activations=activations,
                   weights=weights)
+    _unless_onnxruntime_saturates(q, x, activations, weights)
     elements, differ = _compare_with_onnxruntime(q, x)
     print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
 
@@ -466,6 +482,7 @@ def test_qdq_cnn_equals_onnxruntime(tmp_path, cin, hw, layers, dense, per_channe
     model = _cnn(rng, cin, hw, layers, dense)
     x = rng.normal(0, 1, (24, cin, *hw)).astype(F32)
     q = _quantise(tmp_path, model, x[:16], per_channel=per_channel, activations=activations)
+    _unless_onnxruntime_saturates(q, x, activations)
     elements, differ = _compare_with_onnxruntime(q, x)
     print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
 
@@ -479,6 +496,7 @@ def test_qdq_residual_add_equals_onnxruntime(tmp_path, activations):
     x = rng.normal(0, 1, (24, 2, 6, 5)).astype(F32)
     q = _quantise(tmp_path, model, x[:16], per_channel=True, activations=activations)
     assert any(n.op_type == "Add" for n in q.graph.node)
+    _unless_onnxruntime_saturates(q, x, activations)
     elements, differ = _compare_with_onnxruntime(q, x)
     print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
 
@@ -825,6 +843,7 @@ def test_qlinear_op_equals_onnxruntime(kind, k, n, x_dtype, w_dtype, per_channel
     rng = np.random.default_rng(seed)
     model, x = _qlinear_model(kind, rng, k=k, n=n, x_dtype=x_dtype, w_dtype=w_dtype,
                               per_channel=per_channel, pow2=pow2)
+    _unless_onnxruntime_saturates(model, x, x_dtype, w_dtype)
     want = _ort(model, {"x": x})[0].astype(np.int64)
     graph = oi.load(model)
     ours = graph.reference({"x": x})["y"]
@@ -880,7 +899,7 @@ def test_amtpu_run_onnx_with_check(tmp_path, capsys):
     rng = np.random.default_rng(SEED)
     model = _cnn(rng, 2, (6, 6), [(3, 3, 1, (1, 1, 1, 1), True)], 4)
     x = rng.normal(0, 1, (8, 2, 6, 6)).astype(F32)
-    q = _quantise(tmp_path, model, x, per_channel=True, activations="uint8")
+    q = _quantise(tmp_path, model, x, per_channel=True, activations="int8")
     path = tmp_path / "cnn_qdq.onnx"
     onnx.save(q, path)
     np.savez(tmp_path / "x.npz", x=x)
@@ -894,6 +913,25 @@ def test_amtpu_run_onnx_with_check(tmp_path, capsys):
         assert (y["y"] == _ort(q, {"x": x})[0]).all()
 
 
+
+def test_amtpu_run_check_names_onnxruntimes_saturation(tmp_path, capsys, monkeypatch):
+    """On a CPU where onnxruntime saturates uint8 x int8 pair sums, ``--check`` of a uint8
+    model says so beside its table (the probe is forced here: this CPU may be exact)."""
+    from firmware.cli import main
+
+    monkeypatch.setattr(oi, "onnxruntime_pairs_saturate", lambda: "PAIRS SATURATE")
+    rng = np.random.default_rng(SEED)
+    model = _mlp(rng, (6, 4, 3), True)
+    x = rng.normal(0, 1, (4, 6)).astype(F32)
+    for activations, noted in (("uint8", True), ("int8", False)):
+        path = tmp_path / f"mlp_{activations}.onnx"
+        onnx.save(_quantise(tmp_path, model, x, per_channel=True, activations=activations),
+                  path)
+        np.savez(tmp_path / "x.npz", x=x)
+        main(["run", str(path), "--inputs", str(tmp_path / "x.npz"), "--check"])
+        out = capsys.readouterr().out
+        assert ("note: PAIRS SATURATE" in out) == noted, out
+
 # on the RTL core ------------------------------------------------------------------------------
 
 RTL_MODELS = ["cnn_gap", "residual", "mlp_uint8_weights"]
@@ -902,7 +940,11 @@ RTL_MODELS = ["cnn_gap", "residual", "mlp_uint8_weights"]
 @pytest.mark.parametrize("which", RTL_MODELS)
 def test_qdq_model_on_the_rtl_core(tmp_path, rtl_device, which):
     """QDQ models on the RTL core (``SIM``): per-channel shifts and half-even rounding in the
-    activation unit, core and host segments; every output element equal to onnxruntime's."""
+    activation unit, core and host segments; every output element equal to the integer
+    reference, and every quantised tensor of the reference equal to onnxruntime's (float32
+    ties of onnxruntime's requantisation counted, as in the tests above: they may fall
+    differently on another CPU's kernels, so the float outputs are compared only when none
+    occurs)."""
     seed = SEED + RTL_MODELS.index(which)
     print("seed", seed)
     rng = np.random.default_rng(seed)
@@ -910,19 +952,23 @@ def test_qdq_model_on_the_rtl_core(tmp_path, rtl_device, which):
         model = _cnn(rng, 2, (6, 5), [(5, 3, 2, (1, 1, 1, 0), False), "gap"], 4)
         x = rng.normal(0, 1, (6, 2, 6, 5)).astype(F32)
         q = _quantise(tmp_path, model, x, per_channel=True, activations="uint8")
+        activations, weights = "uint8", "int8"
     elif which == "residual":
         model = _residual_cnn(rng, 1, (4, 4), 3, 3)
         x = rng.normal(0, 1, (4, 1, 4, 4)).astype(F32)
         q = _quantise(tmp_path, model, x, per_channel=True, activations="int8")
+        activations, weights = "int8", "int8"
     else:
         model = _mlp(rng, (11, 9, 5), True)
         x = rng.normal(0, 1, (12, 11)).astype(F32)
         q = _quantise(tmp_path, model, x, per_channel=False, activations="uint8",
                       weights="uint8")
+        activations, weights = "uint8", "uint8"
     graph = oi.load(q)
-    want = _ort(q, {"x": x})[0]
     run = g.run_graph(graph, {"x": x}, device=rtl_device("default"))
     out = run.outputs[graph.outputs[0]]
     assert (out == graph.reference({"x": x})[graph.outputs[0]]).all()
-    assert (out == want).all(), f"{int((out != want).sum())} elements differ from onnxruntime"
     assert run.cycles and run.cycles > 0
+    _unless_onnxruntime_saturates(q, x, activations, weights, transport=None)
+    elements, differ = _compare_with_onnxruntime(q, x, transport=None)
+    print(f"{elements} quantised elements, {differ} float32 ties rounded differently")
