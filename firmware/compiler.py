@@ -877,7 +877,8 @@ class _Emitter:
         self.out_rows = self.plan.stages[-1].outs[0].block * sum(
             self._units(b) for b in range(self.batches))
         self.estimate = estimate
-        self.p = _Tally() if estimate else Program(self.c)
+        self.timing = _Timing()
+        self.p = _Timed(_Tally() if estimate else Program(self.c), self.timing)
         self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
         self.queued = 0                     # tiles READ_WEIGHTS has queued
         self.used = 0                       # tiles MATMULs have switched to
@@ -1066,28 +1067,69 @@ class _Emitter:
         return (int(t.min()), int(t.max()) + 1) if len(t) else (0, 0)
 
     def _flush(self, which=None) -> None:
-        """Send the pending ACTIVATEs ``which(k, job, span)`` selects (all by default), then
-        the write-back if none of those still pending writes its rows."""
+        """Send the pending ACTIVATEs ``which(k, job, span)`` selects (all by default) now,
+        then the write-back if none of those still pending writes its rows."""
         keep = []
-        for k, (job, span, live) in enumerate(self.pending):
+        for k, entry in enumerate(self.pending):
+            job, span, live, _ = entry
             if which is not None and not which(k, job, span):
-                keep.append((job, span, live))
+                keep.append(entry)
                 continue
-            self._activate(job)
-            # The ACTIVATE waited for its job's MATMULs: the input rows they read are free.
-            for piece in live:
-                self.ring_live.remove(piece)
+            self._send_activate(entry)
         self.pending = keep
+        self._write(force=True)
+
+    def _send_activate(self, entry) -> None:
+        job, _, live, _ = entry
+        self._activate(job)
+        # The ACTIVATE waited for its job's MATMULs: the input rows they read are free.
+        for piece in live:
+            self.ring_live.remove(piece)
+
+    def _release(self, which=None) -> None:
+        """The pending ACTIVATEs ``which(k, job, span)`` selects may go once the front end
+        would not wait for them longer than the array has work queued
+        (:meth:`_flush_due`)."""
+        for k, entry in enumerate(self.pending):
+            if which is None or which(k, entry[0], entry[1]):
+                entry[3] = True
+        self._flush_due()
+
+    def _slack(self) -> int:
+        """The latest cycle the front end may issue an instruction at and still issue the
+        next MATMUL before the array runs dry."""
+        return self.timing.arr - 1 - _DISPATCH
+
+    def _flush_due(self) -> None:
+        """Send the released ACTIVATEs, oldest first, while each would issue without the
+        front end waiting past :meth:`_slack` (for its MATMULs, or for the activation engine,
+        which runs one ACTIVATE at a time: LOAD_PARAMS waits for it too); then the write-back
+        on the same terms."""
+        k = 0
+        while k < len(self.pending):
+            entry = self.pending[k]
+            if not entry[3]:
+                k += 1
+                continue
+            job = entry[0]
+            if self.timing.activate_wait(job[4], job[2]) > self._slack():
+                break
+            self._send_activate(self.pending.pop(k))
         self._write()
 
     def _flush_activate(self) -> None:
         self._flush()
 
-    def _write(self) -> None:
+    def _write(self, force: bool = False) -> None:
+        """The pending write-back, once no pending ACTIVATE writes its rows; unless
+        ``force``, only when the front end would not wait for the ACTIVATEs sent to write
+        them past :meth:`_slack`."""
         if self.pending_write is None:
             return
         ub, rows = self.pending_write
-        if any(lo < ub + rows and ub < hi for _, (lo, hi), _ in self.pending):
+        if any(lo < ub + rows and ub < hi for _, (lo, hi), _, _ in self.pending):
+            return
+        if not force and self.timing.write_host_wait(ub, rows) > self._slack():
             return
         for s in range(0, rows, COUNT_LIMIT):
             self.p.write_host(ub + s, min(COUNT_LIMIT, rows - s))
@@ -1098,7 +1140,7 @@ class _Emitter:
         place where the ACTIVATEs still to be sent that these MATMULs would wait for (they
         read the same rows) are the shortest."""
         depth = self.c.acc_depth
-        busy = [(job[4], job[4] + job[2]) for job, _, _ in self.pending]
+        busy = [(job[4], job[4] + job[2]) for job, _, _, _ in self.pending]
         best = None
         for start in [self.acc_next, 0] + [hi for _, hi in busy]:
             if start + rows > depth:
@@ -1194,19 +1236,20 @@ class _Emitter:
                         issued += 1
                         if issued == 1:
                             # The previous job of this stage is done once this one's MATMUL
-                            # is queued behind it: its ACTIVATE goes now (a first-stage job
-                            # also sends what later stages left), the array having work
+                            # is queued behind it: its ACTIVATE may go (a first-stage job
+                            # also releases what later stages left), the array having work
                             # while it waits for those MATMULs to end.
-                            self._flush(None if first_stage else
-                                        lambda k, job, span, s=sp.index: job[0].index == s)
-                        # Host rows for about the time this MATMUL keeps the array busy,
-                        # less the dispatch of the next instructions (the front end runs
-                        # ahead of the array by a few MATMULs only).
-                        self._feed(max(count - 2 * _DISPATCH, 0))
+                            self._release(None if first_stage else
+                                          lambda k, job, span, s=sp.index: job[0].index == s)
+                        else:
+                            self._flush_due()
+                        # Host rows for the time the queued MATMULs keep the array busy,
+                        # less the dispatch of the next MATMUL.
+                        self._feed(max(self._slack() - self.timing.fe - 1, 0))
                 if emit:
                     job = (sp, m0, rows, nb, region, b, u0)
-                    self.pending.append((job, self._targets_range(job),
-                                         reads[(m0, nb)] if first_stage else []))
+                    self.pending.append([job, self._targets_range(job),
+                                         reads[(m0, nb)] if first_stage else [], False])
                 if sp.index == 0:
                     self._interleave(b, emit)
 
@@ -1236,7 +1279,7 @@ class _Emitter:
         if self.pending_write is not None:
             self._flush_for(lambda job, span: span[0] < self.pending_write[0] +
                             self.pending_write[1] and self.pending_write[0] < span[1])
-            self._write()
+            self._write(force=True)
         out = self.plan.stages[-1].outs[b % 2]
         self.pending_write = (out.base, out.block * units)
 
@@ -1279,7 +1322,7 @@ class _Emitter:
         if emit:
             self._feed_all()
             self._flush_activate()
-            self._write()
+            self._write(force=True)
 
     def _checkpoint(self) -> None:
         """Profiling: every ACTIVATE sent, then the counters (READ_COUNTERS reports them
@@ -1301,6 +1344,122 @@ class _Emitter:
         self._program(emit=True)
         self.p.halt()
         return self.p.beats, self.p.instructions
+
+
+class _Timing:
+    """A cycle model of the core running a program as the emitter writes it: the front end
+    issues one instruction at a time, in order, each after the hazard rules and its engine
+    allow it; the matrix engine takes a MATMUL only as the one before issues its last row (the
+    front end runs one MATMUL ahead of the array); the activation engine runs one ACTIVATE at
+    a time, and LOAD_PARAMS waits for it. The emitter asks it where the front end would wait,
+    so that it puts work for the array before an instruction that would make the array idle;
+    its totals are the estimates. Times are cycles from the program's start; the constants are
+    measured on the RTL (``_DISPATCH``, ``_ACTIVATE_EXTRA``, ``_LATENCY``)."""
+
+    def __init__(self):
+        self.fe = 0              # the front end: when its next instruction can issue
+        self.arr = 0             # when the array has issued the last queued MATMUL's rows
+        self.act = 0             # when the activation engine is free
+        self.idle = 0            # array cycles lost between MATMULs (after the first)
+        self.started = False
+        # Ranges an engine has yet to finish with: (lo, hi, done)
+        self.ub_written: list = []   # unified-buffer rows an ACTIVATE writes
+        self.ub_read: list = []      # unified-buffer rows a MATMUL or WRITE_HOST reads
+        self.acc_written: list = []  # accumulator rows a MATMUL writes
+        self.acc_read: list = []     # accumulator rows an ACTIVATE reads
+
+    @staticmethod
+    def _after(ranges: list, lo: int, hi: int, t: int) -> int:
+        for a, b, done in ranges:
+            if a < hi and lo < b and done > t:
+                t = done
+        return t
+
+    def _prune(self) -> None:
+        now = min(self.fe, self.arr)
+        for name in ("ub_written", "ub_read", "acc_written", "acc_read"):
+            ranges = getattr(self, name)
+            if len(ranges) > 64:
+                setattr(self, name, [r for r in ranges if r[2] > now])
+
+    def matmul_wait(self, ub: int, acc: int, count: int) -> int:
+        """When a MATMUL would issue."""
+        t = max(self.fe, self.arr - 1)
+        t = self._after(self.ub_written, ub, ub + count, t)
+        return self._after(self.acc_read, acc, acc + count, t)
+
+    def matmul(self, ub: int, acc: int, count: int, **_) -> None:
+        t = self.matmul_wait(ub, acc, count)
+        start = max(t + 1, self.arr)
+        if self.started:
+            self.idle += start - self.arr
+        self.started = True
+        self.arr = start + count
+        self.fe = t + _DISPATCH
+        self.acc_written.append((acc, acc + count, self.arr + _LATENCY))
+        self.ub_read.append((ub, ub + count, self.arr))
+        self._prune()
+
+    def activate_wait(self, acc: int, count: int) -> int:
+        """When an ACTIVATE (or the LOAD_PARAMS before it) would issue."""
+        return self._after(self.acc_written, acc, acc + count, max(self.fe, self.act))
+
+    def activate(self, acc: int, ub: int, count: int, *, pool=isa.Pool.NONE, **_) -> None:
+        t = self.activate_wait(acc, count)
+        self.fe = t + _DISPATCH
+        self.act = t + count + _ACTIVATE_EXTRA
+        out = count // 4 if pool == isa.Pool.MAX4 else count
+        self.ub_written.append((ub, ub + out, self.act))
+        self.acc_read.append((acc, acc + count, self.act))
+
+    def read_host(self, ub: int, rows) -> None:
+        n = len(rows)
+        t = self._after(self.ub_read, ub, ub + n, self.fe)
+        t = self._after(self.ub_written, ub, ub + n, t)
+        self.fe = t + 1 + n
+
+    def write_host_wait(self, ub: int, count: int) -> int:
+        return self._after(self.ub_written, ub, ub + count, self.fe)
+
+    def write_host(self, ub: int, count: int) -> None:
+        t = self.write_host_wait(ub, count)
+        self.fe = t + _DISPATCH
+        self.ub_read.append((ub, ub + count, t + count + _DISPATCH))
+
+    def load_params(self, *args, column_shifts=None, **_) -> None:
+        self.fe = max(self.fe, self.act) + 3 + _DISPATCH
+
+    def load_weights(self, tile, tiles, signed=True) -> None:
+        self.fe += 1 + np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0]
+
+    def read_weights(self, *args, **kwargs) -> None:
+        self.fe += _DISPATCH
+
+    def other(self, *args, **kwargs) -> None:
+        self.fe = max(self.fe, self.arr + _LATENCY, self.act) + _DISPATCH
+
+    halt = sync = read_counters = clear_counters = other
+
+    def total(self) -> int:
+        return max(self.fe, self.arr + _LATENCY, self.act)
+
+
+class _Timed:
+    """A program (or tally) whose calls also advance a :class:`_Timing`."""
+
+    def __init__(self, program, timing: _Timing):
+        self._program, self.timing = program, timing
+
+    def __getattr__(self, name):
+        target = getattr(self._program, name)
+        model = getattr(self.timing, name, None)
+        if model is None or not callable(target):
+            return target
+
+        def call(*args, **kwargs):
+            model(*args, **kwargs)
+            return target(*args, **kwargs)
+        return call
 
 
 class _Tally:
@@ -1340,6 +1499,10 @@ _DISPATCH = 6
 #: Cycles an ACTIVATE takes beyond its rows (the activation unit's depth and the parameter
 #: fetch), for the estimates.
 _ACTIVATE_EXTRA = 22
+
+#: Cycles from a MATMUL's last row entering the array to its accumulator row written (the
+#: array's depth, rows + cols on the 8x8 core, and the accumulators' read-add-write).
+_LATENCY = 20
 
 
 #: Input ring sizes (in units' rows) the compiler tries: two buffers first.
