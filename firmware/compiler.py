@@ -53,21 +53,33 @@ buffer, one MATMUL streams them; the compiler orders accumulator rows so that th
   computed and not activated, so each pass is one MATMUL; with a stride or max-pooling each
   output position's rows are a MATMUL of their own (a unit's images are consecutive).
 
-Each stage's accumulator rows are split into jobs of at most half the accumulators. A job's
-ACTIVATE is sent once the next job of its stage has a MATMUL queued (it waits for its own
-MATMULs, and the array has work meanwhile), or earlier when a MATMUL is about to read its
-output; jobs take accumulator rows around the whole memory, clear of the ACTIVATEs not yet
-sent. The later stages of a batch are interleaved one per job of the next batch's first stage.
-The host's rows are sent between MATMULs, as many as keep the front end no longer than the
-array, into input rows no MATMUL still reads; a MATMUL about to read rows not yet sent has them
+Each stage's accumulator rows are split into jobs of a quarter of the accumulators (half where
+a pooling window needs it). A job's ACTIVATE is *released* once the next job of its stage has a
+MATMUL queued (it waits for its own MATMULs, and the array has work meanwhile), and sent earlier
+when a MATMUL is about to read its output or write its accumulator rows; jobs take accumulator
+rows around the whole memory, clear of the ACTIVATEs not yet sent. The later stages of a batch
+are interleaved one per job of the next batch's first stage. The host's rows are sent between
+MATMULs into input rows no MATMUL still reads; a MATMUL about to read rows not yet sent has them
 sent first. READ_WEIGHTS run ahead of the MATMULs by the weight FIFO's depth plus the shadow
 tile, consecutive resident tiles in one instruction. Weights stay resident (loaded once by the
 setup program) when all tiles fit ``weight_mem_tiles``; otherwise every batch program streams
 them through the weight memory as a ring. Parameters stay resident when every (stage, column
 block) fits ``param_slots``; otherwise an ACTIVATE whose set is not in a slot is preceded by
 its LOAD_PARAMS into the slot used longest ago. The hardware interlocks order the rest (no NOP
-padding, no SYNC). The unit, the batch and the input ring are chosen by emitting a program of
-two batches and counting what it costs the array, the activation engine and the front end.
+padding, no SYNC).
+
+Timing
+------
+The emitter keeps a cycle model of the core (:class:`_Timing`: the front end issuing in
+order, the matrix engine one MATMUL ahead of the array, the activation engine one ACTIVATE at
+a time, the hazard rules on the rows each instruction touches; its constants measured on the
+RTL). The front end holds each instruction until the interlocks and its engine let it go, and
+while it holds one, no later MATMUL reaches the array. So a released ACTIVATE (with its
+LOAD_PARAMS) and the write-back go only when the model says the front end would issue them
+before the array runs out of queued rows, and between MATMULs the host's rows go only as many
+as the front end can send in that time (ACTIVATE's output rows share the unified buffer's
+write port with them). The unit, the batch and the input ring are chosen by the model's cycles
+for a program of two batches.
 
 Shape bound
 -----------
@@ -589,7 +601,11 @@ def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
 def _jobs(sp: _StagePlan, units: int, config: TPUConfig) -> list[tuple[int, int]]:
     """``(first accumulator row, rows)`` of a stage's jobs over ``units`` units."""
     total = sp.layout.m * units
-    step = min(config.acc_depth // 2, COUNT_LIMIT) // sp.layout.window * sp.layout.window
+    # A quarter of the accumulators: two jobs of a stage (one accumulating, one waiting for
+    # or in its ACTIVATE) leave half of them to the later stages' jobs interleaved between,
+    # so that those never wait for an ACTIVATE to free their rows.
+    step = max(min(config.acc_depth // 4, COUNT_LIMIT) // sp.layout.window, 1) * \
+        sp.layout.window
     return [(m0, min(step, total - m0)) for m0 in range(0, total, step)]
 
 
@@ -735,23 +751,25 @@ class CompiledNetwork:
 
     # Reporting --------------------------------------------------------------------------
 
-    @functools.cached_property
-    def _costs(self) -> dict:
-        """What a batch program of two full batches issues (the emitter's tallies)."""
-        # Two batches, so that the tallies see one batch's input meet the other's work.
-        em = _Emitter(self, np.zeros((2 * self.batch_size, *self.network.input_shape),
+    def _trial_program(self, batches: int) -> _Emitter:
+        """The emitter after a program of ``batches`` full batches, encoding nothing."""
+        em = _Emitter(self, np.zeros((batches * self.batch_size, *self.network.input_shape),
                                      dtype=np.int64), estimate=True)
         em.emit()
-        em.tally["beats"] = em.p.beats
-        return em.tally
+        return em
+
+    @functools.cached_property
+    def _trial(self) -> _Emitter:
+        """A program of two batches, so that the cycle model sees one batch's input meet
+        the other's work."""
+        return self._trial_program(2)
 
     def estimate(self) -> float:
-        """Predicted cycles per image: the busiest of the array (with the waits for weight
-        tiles a short pass cannot hide), the activation engine and the front end (the
-        link's beats and the instructions' dispatch)."""
-        t = self._costs
-        return max(sum(t["stage_rows"]) + t["stall"] + t["wait"], t["act"],
-                   t["beats"]) / (2 * self.batch_size)
+        """Predicted cycles per image in a long program, from the emitter's cycle model of
+        the core (:class:`_Timing`): what a second batch adds to a program of one (the
+        first batch's start and the last one's drain come once a program)."""
+        one = self._trial_program(1).timing.total()
+        return (self._trial.timing.total() - one) / self.batch_size
 
     def profile(self, device, x_q: np.ndarray) -> list[dict]:
         """Load the resident state and run one batch of ``x_q`` (its first ``batch_size``
@@ -795,14 +813,14 @@ class CompiledNetwork:
             em = _Emitter(self, np.zeros((n, *self.network.input_shape), dtype=np.int64),
                           estimate=True)
             em.emit()
-            rows += sum(em.tally["stage_rows"])
+            rows += sum(em.stage_rows)
         return rows
 
     def bounds(self) -> list[StageBound]:
         """Each stage's shape bound, per image (module notes)."""
         cells = self.config.rows * self.config.cols
         out = []
-        for sp, rows in zip(self._plan.stages, self._costs["stage_rows"], strict=True):
+        for sp, rows in zip(self._plan.stages, self._trial.stage_rows, strict=True):
             st = sp.stage
             if st.kind == "conv":
                 ho, wo = st.conv_out_hw
@@ -877,7 +895,7 @@ class _Emitter:
         self.out_rows = self.plan.stages[-1].outs[0].block * sum(
             self._units(b) for b in range(self.batches))
         self.estimate = estimate
-        self.timing = _Timing()
+        self.timing = _Timing(self.c)
         self.p = _Timed(_Tally() if estimate else Program(self.c), self.timing)
         self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
         self.queued = 0                     # tiles READ_WEIGHTS has queued
@@ -892,8 +910,7 @@ class _Emitter:
         slots = self.c.param_slots
         self.slots: list = [None] * slots   # parameter set in each slot (streamed params)
         self.slot_used = [-1] * slots
-        self.tally = {"stage_rows": [0] * len(self.plan.stages), "act": 0, "stall": 0,
-                      "wait": 0}
+        self.stage_rows = [0] * len(self.plan.stages)    # rows each stage's MATMULs stream
         # (unit, first, end) of input rows that MATMULs sent or still to come read
         self.ring_live: list[tuple[int, int, int]] = []
         self.live_of: dict = {}             # pending ACTIVATE id -> its job's ring ranges
@@ -975,8 +992,6 @@ class _Emitter:
             piece = self.feed.popleft()
             n, k, ub, rows = piece
             take = len(rows) if n < g else min(len(rows), k_end - k)
-            # Rows an earlier unit's MATMULs read make the front end wait for them.
-            self.tally["wait"] += take - min(take, self._live(ub, ub + take, g))
             self._send(piece, take)
 
     def _feed_all(self) -> None:
@@ -1048,7 +1063,6 @@ class _Emitter:
             while j < len(target) and target[j] == target[j - 1] + 1:
                 j += 1
             count = (j - k) * w
-            self.tally["act"] += count + _ACTIVATE_EXTRA
             for s in range(0, count, limit):
                 self.p.activate(region + k * w + s, int(target[k]) + s // w,
                                 min(limit, count - s), func=sp.stage.func, pool=pool,
@@ -1077,7 +1091,7 @@ class _Emitter:
                 continue
             self._send_activate(entry)
         self.pending = keep
-        self._write(force=True)
+        self._write()
 
     def _send_activate(self, entry) -> None:
         job, _, live, _ = entry
@@ -1098,7 +1112,7 @@ class _Emitter:
     def _slack(self) -> int:
         """The latest cycle the front end may issue an instruction at and still issue the
         next MATMUL before the array runs dry."""
-        return self.timing.arr - 1 - _DISPATCH
+        return self.timing.arr - 3
 
     def _flush_due(self) -> None:
         """Send the released ACTIVATEs, oldest first, while each would issue without the
@@ -1222,14 +1236,13 @@ class _Emitter:
                         self._feed_for(g, int(src[keep].max()) + 1)
                     # Every pass switches to its own tile, so none may be empty.
                     assert runs, (sp.stage.name, m0, kc)
-                    self.tally["stall"] += max(0, c.rows - sum(n for _, _, n in runs))
                     # These MATMULs read what a pending ACTIVATE writes: it goes first.
                     self._flush_for(lambda job, span, runs=runs: any(
                         span[0] < ub + n and ub < span[1] for _, ub, n in runs))
                     for n, (acc, ub, count) in enumerate(runs):
                         self.p.matmul(ub, region + acc, count, switch=n == 0,
                                       accumulate=kc > 0, signed=sp.stage.in_q.signed)
-                        self.tally["stage_rows"][sp.index] += count
+                        self.stage_rows[sp.index] += count
                         if n == 0:
                             self.used += 1
                             self._read_next(self.used)
@@ -1245,7 +1258,7 @@ class _Emitter:
                             self._flush_due()
                         # Host rows for the time the queued MATMULs keep the array busy,
                         # less the dispatch of the next MATMUL.
-                        self._feed(max(self._slack() - self.timing.fe - 1, 0))
+                        self._feed(self.timing.host_rows_by(self._slack()))
                 if emit:
                     job = (sp, m0, rows, nb, region, b, u0)
                     self.pending.append([job, self._targets_range(job),
@@ -1347,29 +1360,46 @@ class _Emitter:
 
 
 class _Timing:
-    """A cycle model of the core running a program as the emitter writes it: the front end
-    issues one instruction at a time, in order, each after the hazard rules and its engine
-    allow it; the matrix engine takes a MATMUL only as the one before issues its last row (the
-    front end runs one MATMUL ahead of the array); the activation engine runs one ACTIVATE at
-    a time, and LOAD_PARAMS waits for it. The emitter asks it where the front end would wait,
-    so that it puts work for the array before an instruction that would make the array idle;
-    its totals are the estimates. Times are cycles from the program's start; the constants are
-    measured on the RTL (``_DISPATCH``, ``_ACTIVATE_EXTRA``, ``_LATENCY``)."""
+    """A cycle model of the core running a program as the emitter writes it, for the
+    emitter's choices and the estimates. Measured on the RTL (micro-programs of each kind of
+    instruction on the 2x2 to 16x16 presets):
 
-    def __init__(self):
-        self.fe = 0              # the front end: when its next instruction can issue
-        self.arr = 0             # when the array has issued the last queued MATMUL's rows
-        self.act = 0             # when the activation engine is free
-        self.idle = 0            # array cycles lost between MATMULs (after the first)
+    - the front end issues one instruction at a time, in order, once the hazard rules and its
+      engine allow; each holds it for a cycle plus its data beats (LOAD_PARAMS about four,
+      ACTIVATE and WRITE_HOST two);
+    - the matrix engine takes a MATMUL only as the one before issues its last row (the front
+      end runs one MATMUL ahead of the array) and at most one every ``rows / 2 + 1.6``
+      cycles; a MATMUL that switches tiles starts at the earliest ``rows + 3`` cycles after
+      the last switch (the shadow tile shifts in a row a cycle) and costs its rows plus one;
+    - the activation engine runs one ACTIVATE at a time, its rows plus 23 cycles, and
+      LOAD_PARAMS waits for it; its output rows share the unified buffer's write port with
+      READ_HOST's rows, round-robin, so a READ_HOST beside an ACTIVATE takes a cycle longer
+      for each row the ACTIVATE writes meanwhile;
+    - a MATMUL's accumulator rows are written ``rows + cols + 4`` cycles after its last row
+      enters the array.
+
+    Times are cycles from the program's start."""
+
+    def __init__(self, config: TPUConfig):
+        self.interval = config.rows / 2 + 1.6
+        self.switch_period = config.rows + 1
+        self.latency = config.rows + config.cols + 4
+        self.fe = 0.0            # the front end: when its next instruction can issue
+        self.arr = 0.0           # when the array has issued the last queued MATMUL's rows
+        self.act = 0.0           # when the activation engine is free
+        self.last_mm = -1e9      # when the last MATMUL issued
+        self.last_switch = -1e9  # when the last tile switch started
+        self.idle = 0.0          # array cycles lost between MATMULs (after the first)
         self.started = False
         # Ranges an engine has yet to finish with: (lo, hi, done)
         self.ub_written: list = []   # unified-buffer rows an ACTIVATE writes
         self.ub_read: list = []      # unified-buffer rows a MATMUL or WRITE_HOST reads
         self.acc_written: list = []  # accumulator rows a MATMUL writes
         self.acc_read: list = []     # accumulator rows an ACTIVATE reads
+        self.act_writes: list = []   # (first, last cycle, rows) an ACTIVATE writes
 
     @staticmethod
-    def _after(ranges: list, lo: int, hi: int, t: int) -> int:
+    def _after(ranges: list, lo: int, hi: int, t: float) -> float:
         for a, b, done in ranges:
             if a < hi and lo < b and done > t:
                 t = done
@@ -1382,66 +1412,91 @@ class _Timing:
             if len(ranges) > 64:
                 setattr(self, name, [r for r in ranges if r[2] > now])
 
-    def matmul_wait(self, ub: int, acc: int, count: int) -> int:
+    def matmul_wait(self, ub: int, acc: int, count: int) -> float:
         """When a MATMUL would issue."""
-        t = max(self.fe, self.arr - 1)
+        t = max(self.fe, self.arr - 1, self.last_mm + self.interval)
         t = self._after(self.ub_written, ub, ub + count, t)
         return self._after(self.acc_read, acc, acc + count, t)
 
-    def matmul(self, ub: int, acc: int, count: int, **_) -> None:
+    def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False, **_) -> None:
         t = self.matmul_wait(ub, acc, count)
         start = max(t + 1, self.arr)
+        if switch:
+            start = max(start, self.last_switch + self.switch_period)
+            self.last_switch = start
         if self.started:
             self.idle += start - self.arr
         self.started = True
-        self.arr = start + count
-        self.fe = t + _DISPATCH
-        self.acc_written.append((acc, acc + count, self.arr + _LATENCY))
+        self.arr = start + count + (1 if switch else 0.5)
+        self.last_mm = t
+        self.fe = t + 1
+        self.acc_written.append((acc, acc + count, self.arr + self.latency))
         self.ub_read.append((ub, ub + count, self.arr))
         self._prune()
 
-    def activate_wait(self, acc: int, count: int) -> int:
+    def activate_wait(self, acc: int, count: int) -> float:
         """When an ACTIVATE (or the LOAD_PARAMS before it) would issue."""
         return self._after(self.acc_written, acc, acc + count, max(self.fe, self.act))
 
     def activate(self, acc: int, ub: int, count: int, *, pool=isa.Pool.NONE, **_) -> None:
         t = self.activate_wait(acc, count)
-        self.fe = t + _DISPATCH
-        self.act = t + count + _ACTIVATE_EXTRA
+        self.fe = t + 2
+        self.act = t + count + 23
         out = count // 4 if pool == isa.Pool.MAX4 else count
         self.ub_written.append((ub, ub + out, self.act))
+        self.act_writes = [w for w in self.act_writes if w[1] > self.fe] + [
+            (t + 23, self.act, out)]
         self.acc_read.append((acc, acc + count, self.act))
 
     def read_host(self, ub: int, rows) -> None:
         n = len(rows)
         t = self._after(self.ub_read, ub, ub + n, self.fe)
         t = self._after(self.ub_written, ub, ub + n, t)
-        self.fe = t + 1 + n
+        self.fe = self._host_end(t, n)
 
-    def write_host_wait(self, ub: int, count: int) -> int:
+    def _host_end(self, t: float, n: int) -> float:
+        """When a READ_HOST of ``n`` rows issued at ``t`` frees the front end."""
+        end = t + 1 + n
+        for first, last, rows in self.act_writes:     # write-port cycles the ACTIVATEs take
+            overlap = min(end, last) - max(t, first)
+            if overlap > 0:
+                end += rows * overlap / (last - first)
+        return end
+
+    def host_rows_by(self, deadline: float) -> int:
+        """Most rows a READ_HOST issued now can take and free the front end by
+        ``deadline``."""
+        lo, hi = 0, max(0, int(deadline - self.fe) - 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._host_end(self.fe, mid) <= deadline else (lo, mid - 1)
+        return lo
+
+    def write_host_wait(self, ub: int, count: int) -> float:
         return self._after(self.ub_written, ub, ub + count, self.fe)
 
     def write_host(self, ub: int, count: int) -> None:
         t = self.write_host_wait(ub, count)
-        self.fe = t + _DISPATCH
-        self.ub_read.append((ub, ub + count, t + count + _DISPATCH))
+        self.fe = t + 2
+        self.ub_read.append((ub, ub + count, t + 2 + count))
 
-    def load_params(self, *args, column_shifts=None, **_) -> None:
-        self.fe = max(self.fe, self.act) + 3 + _DISPATCH
+    def load_params(self, *args, **kwargs) -> None:
+        self.fe = max(self.fe, self.act) + 4
 
     def load_weights(self, tile, tiles, signed=True) -> None:
         self.fe += 1 + np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0]
 
     def read_weights(self, *args, **kwargs) -> None:
-        self.fe += _DISPATCH
+        self.fe += 1
 
     def other(self, *args, **kwargs) -> None:
-        self.fe = max(self.fe, self.arr + _LATENCY, self.act) + _DISPATCH
+        """SYNC, HALT and the counters: every engine idle first."""
+        self.fe = max(self.fe, self.arr + self.latency, self.act) + 1
 
     halt = sync = read_counters = clear_counters = other
 
-    def total(self) -> int:
-        return max(self.fe, self.arr + _LATENCY, self.act)
+    def total(self) -> float:
+        return max(self.fe, self.arr + self.latency, self.act)
 
 
 class _Timed:
@@ -1463,46 +1518,14 @@ class _Timed:
 
 
 class _Tally:
-    """Counts what the program calls an :class:`_Emitter` makes cost the front end (for
-    estimates, without encoding a word): a cycle a beat, and a dispatch for each
-    instruction an engine takes."""
+    """The program an :class:`_Emitter` writes when it only estimates: every call is
+    accepted and nothing is encoded (its :class:`_Timing` does the counting)."""
 
-    def __init__(self):
-        self.beats = self.instructions = 0
+    beats: list = []
+    instructions = 0
 
-    def _count(self, data: int = 0, dispatch: int = 0) -> None:
-        self.beats += 1 + data + dispatch
-        self.instructions += 1
-
-    def read_host(self, ub, rows):
-        self._count(len(rows))
-
-    def load_weights(self, tile, tiles, signed=True):
-        self._count(np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0])
-
-    def load_params(self, *args, **kwargs):
-        self._count(3)
-
-    def dispatched(self, *args, **kwargs):
-        self._count(dispatch=_DISPATCH - 1)
-
-    def halt(self, *args, **kwargs):
-        self._count()
-
-    read_weights = matmul = activate = write_host = dispatched
-
-
-#: Front-end cycles an instruction that an engine takes costs (fetch, checks, hazards and the
-#: dispatch handshake), measured on the RTL with MATMULs shorter than it, for the estimates.
-_DISPATCH = 6
-
-#: Cycles an ACTIVATE takes beyond its rows (the activation unit's depth and the parameter
-#: fetch), for the estimates.
-_ACTIVATE_EXTRA = 22
-
-#: Cycles from a MATMUL's last row entering the array to its accumulator row written (the
-#: array's depth, rows + cols on the 8x8 core, and the accumulators' read-add-write).
-_LATENCY = 20
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 #: Input ring sizes (in units' rows) the compiler tries: two buffers first.
