@@ -1375,6 +1375,8 @@ class _Timing:
       LOAD_PARAMS waits for it; its output rows share the unified buffer's write port with
       READ_HOST's rows, round-robin, so a READ_HOST beside an ACTIVATE takes a cycle longer
       for each row the ACTIVATE writes meanwhile;
+    - the weight loader runs one READ_WEIGHTS at a time, a tile row a cycle, and the next
+      READ_WEIGHTS waits for it;
     - a MATMUL's accumulator rows are written ``rows + cols + 4`` cycles after its last row
       enters the array.
 
@@ -1387,6 +1389,8 @@ class _Timing:
         self.fe = 0.0            # the front end: when its next instruction can issue
         self.arr = 0.0           # when the array has issued the last queued MATMUL's rows
         self.act = 0.0           # when the activation engine is free
+        self.loader = 0.0        # when the weight loader is free
+        self.rows = config.rows
         self.last_mm = -1e9      # when the last MATMUL issued
         self.last_switch = -1e9  # when the last tile switch started
         self.idle = 0.0          # array cycles lost between MATMULs (after the first)
@@ -1486,8 +1490,10 @@ class _Timing:
     def load_weights(self, tile, tiles, signed=True) -> None:
         self.fe += 1 + np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0]
 
-    def read_weights(self, *args, **kwargs) -> None:
-        self.fe += 1
+    def read_weights(self, tile: int, count: int = 1) -> None:
+        t = max(self.fe, self.loader)
+        self.fe = t + 1
+        self.loader = t + 2 + count * self.rows
 
     def other(self, *args, **kwargs) -> None:
         """SYNC, HALT and the counters: every engine idle first."""
@@ -1565,11 +1571,13 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
                     lo = mid
                 else:
                     hi = mid - 1
-            for units in sorted({lo, 1}):       # one unit a batch may keep a spare block
+            # Fewer units a batch may keep a spare block; more make a later stage's MATMULs
+            # longer (a tile switch costs the array a row per array row).
+            for units in sorted({u for u in candidates if u < lo} | {lo}):
                 cn = CompiledNetwork(config, network, unit, units, ring=ring)
-                # Estimates within a few per cent of each other count as a tie: they leave
-                # out the waits the core's interlocks add, which the tie-breaks reduce.
-                key = (round(math.log(cn.estimate()) / math.log(1.04)), -cn._plan.spare,
+                # Estimates within a per cent of each other count as a tie (the model's
+                # error): then a spare block, a larger unit, ring and batch.
+                key = (round(math.log(cn.estimate()) / math.log(1.01)), -cn._plan.spare,
                        -unit, -ring, -cn.batch_size)
                 if best is None or key < best[0]:
                     best = (key, unit, units, ring)
