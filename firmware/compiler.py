@@ -913,7 +913,6 @@ class _Emitter:
         self.stage_rows = [0] * len(self.plan.stages)    # rows each stage's MATMULs stream
         # (unit, first, end) of input rows that MATMULs sent or still to come read
         self.ring_live: list[tuple[int, int, int]] = []
-        self.live_of: dict = {}             # pending ACTIVATE id -> its job's ring ranges
 
     # Where things are -------------------------------------------------------------------
 
@@ -960,9 +959,10 @@ class _Emitter:
             self.feed.appendleft((n, k + take, ub + take, rows[take:]))
 
     def _live(self, lo: int, hi: int, before: int | None = None) -> int:
-        """Rows from ``lo`` (before ``hi``) that no MATMUL sent or still to come reads
-        (of units before ``before`` only, if given)."""
-        free = hi - lo
+        """Rows from ``lo`` (before ``hi``) that no MATMUL still to come reads (of units
+        before ``before`` only, if given), nor, in the cycle model, one already sent that
+        is still reading them (the front end would wait for it)."""
+        free = self.timing.free_rows(lo, hi - lo)
         for g, a, b in self.ring_live:
             if a < hi and lo < b and (before is None or g < before):
                 free = min(free, max(0, a - lo))
@@ -970,8 +970,7 @@ class _Emitter:
 
     def _feed(self, budget: int) -> int:
         """READ_HOST up to ``budget`` queued rows, stopping before a row that a first-stage
-        MATMUL still running may read (the front end would wait for it); returns the rows
-        sent."""
+        MATMUL still to come or still running reads; returns the rows sent."""
         sent = 0
         while self.feed and budget > sent:
             piece = self.feed.popleft()
@@ -1094,11 +1093,7 @@ class _Emitter:
         self._write()
 
     def _send_activate(self, entry) -> None:
-        job, _, live, _ = entry
-        self._activate(job)
-        # The ACTIVATE waited for its job's MATMULs: the input rows they read are free.
-        for piece in live:
-            self.ring_live.remove(piece)
+        self._activate(entry[0])
 
     def _release(self, which=None) -> None:
         """The pending ACTIVATEs ``which(k, job, span)`` selects may go once the front end
@@ -1199,11 +1194,11 @@ class _Emitter:
         lay = sp.layout
         first_stage = sp.index == 0
         g = b * self.plan.units + u0                 # the program's unit (first stage)
+        reads: dict = {}
         if first_stage and emit:
-            # Every input row this unit's MATMULs will read stays live until the ACTIVATE
-            # of the job that reads it last has been sent (it waits for that job's MATMULs),
-            # so that the next unit's rows never land on a row still to be read.
-            reads = {}
+            # Every input row this unit's MATMULs will read stays live until the last job
+            # that reads it has sent its MATMULs, so that the next unit's rows never land on
+            # a row still to be read; after that the cycle model says when the array is done.
             for m0, rows in _jobs(sp, units, c):
                 spans = [(g, ub, ub + n) for _, _, runs in self._pass_runs(sp, b, u0, m0, rows)
                          for _, ub, n in runs]
@@ -1261,8 +1256,11 @@ class _Emitter:
                         self._feed(self.timing.host_rows_by(self._slack()))
                 if emit:
                     job = (sp, m0, rows, nb, region, b, u0)
-                    self.pending.append([job, self._targets_range(job),
-                                         reads[(m0, nb)] if first_stage else [], False])
+                    self.pending.append([job, self._targets_range(job), [], False])
+                    # Its MATMULs are all sent: the interlocks keep a READ_HOST off the input
+                    # rows they still read, and the cycle model says when that ends.
+                    for piece in reads.get((m0, nb), ()):
+                        self.ring_live.remove(piece)
                 if sp.index == 0:
                     self._interleave(b, emit)
 
@@ -1475,6 +1473,15 @@ class _Timing:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self._host_end(self.fe, mid) <= deadline else (lo, mid - 1)
         return lo
+
+    def free_rows(self, lo: int, n: int) -> int:
+        """How many rows from ``lo`` (of ``n``) no MATMUL or WRITE_HOST still reads when
+        the front end issues its next instruction."""
+        free = n
+        for a, b, done in self.ub_read:
+            if a < lo + n and lo < b and done > self.fe:
+                free = min(free, max(0, a - lo))
+        return free
 
     def write_host_wait(self, ub: int, count: int) -> float:
         return self._after(self.ub_written, ub, ub + count, self.fe)
