@@ -47,13 +47,28 @@ STREAM = "stream drivers, Python every cycle"
 PROGRAM = "fast transport, program in simulator memory"
 
 
+#: MATMULs in flight on the swept cores whose array is not the default's. A MATMUL holds a
+#: slot from its issue until its last row is in the accumulators, its rows plus about
+#: ``rows + cols + 6`` cycles, so MATMULs of ``c`` rows stream back to back only with
+#: ``(c + rows + cols + 6) / c`` slots. The default's 4 keep its 8x8 array streaming the
+#: workloads' MATMULs (8 rows and more). On the 4x4 the unified buffer holds few images of
+#: a convolution's input at a time, so a later stage's MATMULs (one per unit) are a few rows
+#: long, and the 16x16's latency is twice the 8x8's: both get the most the core takes.
+SWEPT_MATMUL_SLOTS = 8
+
+
 def report_config(size: str) -> TPUConfig:
     """The ``RxC`` configuration on top of the default, with the default's 64 weight tiles
     but at least its 4,096 bytes (4x4: 256 tiles), so every workload's weights stay
-    resident."""
+    resident, and :data:`SWEPT_MATMUL_SLOTS` MATMUL slots unless the array is the
+    default's (then it is the default core)."""
     config = get_config(size)
+    default = get_config("default")
+    slots = (config.matmul_slots if (config.rows, config.cols) == (default.rows, default.cols)
+             else SWEPT_MATMUL_SLOTS)
     return config.replace(weight_mem_tiles=max(config.weight_mem_tiles,
-                                               WEIGHT_MEMORY_BYTES // config.tile_words))
+                                               WEIGHT_MEMORY_BYTES // config.tile_words),
+                          matmul_slots=slots)
 
 
 def _record(config: TPUConfig, counters: dict, beats_in: int, beats_out: int,

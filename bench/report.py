@@ -86,10 +86,15 @@ WHY = {
            "unified buffer holds; the table gives it) amortises the weight shifts; the "
            "larger the array, the shorter the matrix phase against the fixed ACTIVATE and "
            "host time.",
-    "CNN": "the first convolution's im2col patches are made on the host and cross the "
-           "host stream (1.0 to 1.6 MB for 360 images): READ_HOST and the pooling "
-           "ACTIVATEs are the non-matrix cycles, and the batch is small (the table gives it: "
-           "the patches fill the unified buffer).",
+    "CNN": "the image crosses the link once, a unified-buffer row a position whose spare "
+           "elements carry its neighbours' pixels (as many kernel taps as a row holds; "
+           "`firmware/compiler.py`), and the dense stage reads the pooled output on chip: "
+           "READ_HOST and the pooling ACTIVATEs are the non-matrix cycles. A 4x4 row holds "
+           "4 of the 9 taps, so the input takes several rows a position and few images fit "
+           "the unified buffer at a time (the table gives the batch); on the 16x16 the "
+           "matrix phase (9 taps in 16 rows, 8 channels in 16 columns) is short beside the "
+           "host's rows and the ACTIVATEs' rows, which share the buffer's write port and "
+           "the front end.",
 }
 
 SIM_ORDER = ("verilator", "icarus", "amaranth.sim")
@@ -482,7 +487,9 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         "",
         "Configurations: the default core (`hdl/config.py`) with the array resized to 4x4, 8x8 "
         "and 16x16, the weight memory at the default's 64 tiles but at least its 4,096 bytes "
-        "(4x4: 256 tiles), so every workload's weights stay resident; unified buffer 1,024 "
+        "(4x4: 256 tiles), so every workload's weights stay resident, and 8 MATMUL slots "
+        "on the 4x4 and 16x16 (`bench/measure.py` `SWEPT_MATMUL_SLOTS` says why; the 8x8 is "
+        "the default core, with 4); unified buffer 1,024 "
         "rows, accumulators 512 rows, weight FIFO 4 tiles, 4 parameter slots. The "
         "host stream is one beat a cycle each way, as wide as the widest row "
         "(`host_width`: 128, 256 and 512 bits).",
@@ -588,7 +595,7 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         "Batch 1 is left of both ridges: it sends a 64x64 layer's weights over the link "
         "and shifts each tile into the array for one row (2 operations per weight byte, "
         "as TPU v1's MLPs were at small batches). The K >> rows GEMM and the CNN sit near "
-        "the host ridge: their weights (K >> rows) or im2col patches (CNN) are most of "
+        "the host ridge: their weights (K >> rows) or input rows (CNN) are most of "
         "what crosses the link.",
         "",
     ]

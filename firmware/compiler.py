@@ -79,7 +79,7 @@ LOAD_PARAMS) and the write-back go only when the model says the front end would 
 before the array runs out of queued rows, and between MATMULs the host's rows go only as many
 as the front end can send in that time (ACTIVATE's output rows share the unified buffer's
 write port with them). The unit, the batch and the input ring are chosen by the model's cycles
-for a program of two batches.
+for a batch in a long program (what a third batch adds to a program of two).
 
 Shape bound
 -----------
@@ -108,6 +108,9 @@ from hdl.config import TPUConfig
 
 __all__ = ["CompileError", "CompiledNetwork", "StageBound", "compile_network", "COUNT_LIMIT",
            "PROGRAM_IMAGES"]
+
+#: Batches in the program whose cycle model gives the estimate (:meth:`CompiledNetwork.estimate`).
+TRIAL_BATCHES = 3
 
 #: Largest ``count`` field of an instruction.
 COUNT_LIMIT = (1 << 16) - 1
@@ -760,16 +763,17 @@ class CompiledNetwork:
 
     @functools.cached_property
     def _trial(self) -> _Emitter:
-        """A program of two batches, so that the cycle model sees one batch's input meet
-        the other's work."""
-        return self._trial_program(2)
+        """A program of three batches: the third is the first to meet a batch before it
+        and a batch after it, as every batch of a long program does."""
+        return self._trial_program(TRIAL_BATCHES)
 
     def estimate(self) -> float:
         """Predicted cycles per image in a long program, from the emitter's cycle model of
-        the core (:class:`_Timing`): what a second batch adds to a program of one (the
-        first batch's start and the last one's drain come once a program)."""
-        one = self._trial_program(1).timing.total()
-        return (self._trial.timing.total() - one) / self.batch_size
+        the core (:class:`_Timing`): what a third batch adds to a program of two (the
+        first batch's start and the last one's drain come once a program, and a second
+        batch can still run in the first one's shadow, faster than the steady state)."""
+        before = self._trial_program(TRIAL_BATCHES - 1).timing.total()
+        return (self._trial.timing.total() - before) / self.batch_size
 
     def profile(self, device, x_q: np.ndarray) -> list[dict]:
         """Load the resident state and run one batch of ``x_q`` (its first ``batch_size``
@@ -828,7 +832,7 @@ class CompiledNetwork:
             else:
                 positions = 1
             out.append(StageBound(st.name, float(positions * st.k * st.n),
-                                  rows * cells / (2 * self.batch_size)))
+                                  rows * cells / (TRIAL_BATCHES * self.batch_size)))
         return out
 
     def bound(self) -> float:
@@ -1366,8 +1370,9 @@ class _Timing:
       engine allow; each holds it for a cycle plus its data beats (LOAD_PARAMS about four,
       ACTIVATE and WRITE_HOST two);
     - the matrix engine takes a MATMUL only as the one before issues its last row (the front
-      end runs one MATMUL ahead of the array) and at most one every ``rows / 2 + 1.6``
-      cycles; a MATMUL that switches tiles starts at the earliest ``rows + 3`` cycles after
+      end runs one MATMUL ahead of the array) and only into a free slot of the
+      ``matmul_slots`` it has (a MATMUL holds one until its last row has been written to the
+      accumulators); a MATMUL that switches tiles starts at the earliest ``rows + 3`` cycles after
       the last switch (the shadow tile shifts in a row a cycle) and costs its rows plus one;
     - the activation engine runs one ACTIVATE at a time, its rows plus 23 cycles, and
       LOAD_PARAMS waits for it; its output rows share the unified buffer's write port with
@@ -1381,7 +1386,7 @@ class _Timing:
     Times are cycles from the program's start."""
 
     def __init__(self, config: TPUConfig):
-        self.interval = config.rows / 2 + 1.6
+        self.slots = config.matmul_slots
         self.switch_period = config.rows + 1
         self.latency = config.rows + config.cols + 4
         self.fe = 0.0            # the front end: when its next instruction can issue
@@ -1389,7 +1394,9 @@ class _Timing:
         self.act = 0.0           # when the activation engine is free
         self.loader = 0.0        # when the weight loader is free
         self.rows = config.rows
-        self.last_mm = -1e9      # when the last MATMUL issued
+        # When each MATMUL in flight retires (its last row written): a MATMUL takes a slot,
+        # so short MATMULs go no faster than matmul_slots per array latency.
+        self.retire: deque = deque(maxlen=config.matmul_slots)
         self.last_switch = -1e9  # when the last tile switch started
         self.idle = 0.0          # array cycles lost between MATMULs (after the first)
         self.started = False
@@ -1416,7 +1423,9 @@ class _Timing:
 
     def matmul_wait(self, ub: int, acc: int, count: int) -> float:
         """When a MATMUL would issue."""
-        t = max(self.fe, self.arr - 1, self.last_mm + self.interval)
+        t = max(self.fe, self.arr - 1)
+        if len(self.retire) == self.slots:
+            t = max(t, self.retire[0])
         t = self._after(self.ub_written, ub, ub + count, t)
         return self._after(self.acc_read, acc, acc + count, t)
 
@@ -1430,9 +1439,9 @@ class _Timing:
             self.idle += start - self.arr
         self.started = True
         self.arr = start + count + (1 if switch else 0.5)
-        self.last_mm = t
         self.fe = t + 1
         self.acc_written.append((acc, acc + count, self.arr + self.latency))
+        self.retire.append(self.arr + self.latency + 0.5)
         self.ub_read.append((ub, ub + count, self.arr))
         self._prune()
 
