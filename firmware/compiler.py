@@ -710,6 +710,8 @@ class CompiledNetwork:
         last = self._plan.stages[-1]
         out, st = last.outs[0], last.stage
         row_bytes = self.config.ub_row
+        # The last batch's write-back ends at its last image's row: the rest are zeros.
+        beats = list(beats) + [0] * (-len(beats) % out.block)
         raw = np.frombuffer(b"".join(int(x).to_bytes(row_bytes, "little") for x in beats),
                             dtype=np.int8)
         raw = raw.reshape(-1, out.groups, out.positions, out.unit, row_bytes)
@@ -896,8 +898,7 @@ class _Emitter:
         self.plan = compiled._plan
         self.x_q = x_q
         self.batches = max(1, _ceil_div(len(x_q), compiled.batch_size))
-        self.out_rows = self.plan.stages[-1].outs[0].block * sum(
-            self._units(b) for b in range(self.batches))
+        self.out_rows = sum(self._write_rows(b) for b in range(self.batches))
         self.estimate = estimate
         self.timing = _Timing(self.c)
         self.p = _Timed(_Tally() if estimate else Program(self.c), self.timing)
@@ -1056,6 +1057,9 @@ class _Emitter:
         out, block = self._dst(sp, b, u0 + u)
         target = np.where(y >= 0, out.row(nb, out.position(np.maximum(y, 0), x), i, block),
                           -1)
+        # Rows of the images a last batch does not have need no ACTIVATE: a run's tail of
+        # them is left out (a run is never split, which would add ACTIVATEs).
+        present = (u0 + u) * self.plan.unit + i < len(self.x_q) - b * self.plan.batch
         limit = COUNT_LIMIT // w * w
         k = 0
         while k < len(target):
@@ -1065,7 +1069,10 @@ class _Emitter:
             j = k + 1
             while j < len(target) and target[j] == target[j - 1] + 1:
                 j += 1
-            count = (j - k) * w
+            end = j
+            while end > k and not present[end - 1]:
+                end -= 1
+            count = (end - k) * w
             for s in range(0, count, limit):
                 self.p.activate(region + k * w + s, int(target[k]) + s // w,
                                 min(limit, count - s), func=sp.stage.func, pool=pool,
@@ -1281,7 +1288,7 @@ class _Emitter:
         units = self._units(b)
         self._stage(sp, b, 0, units, emit)
         if emit and sp.index == len(self.plan.stages) - 1:
-            self._defer_write(b, units)
+            self._defer_write(b)
 
     def _interleave(self, b: int, emit: bool) -> None:
         """After a job of the first stage of batch ``b``: one later stage of an earlier
@@ -1290,13 +1297,22 @@ class _Emitter:
         if self.deferred and self.deferred[0][1] < b:
             self._later(emit)
 
-    def _defer_write(self, b: int, units: int) -> None:
+    def _defer_write(self, b: int) -> None:
         if self.pending_write is not None:
             self._flush_for(lambda job, span: span[0] < self.pending_write[0] +
                             self.pending_write[1] and self.pending_write[0] < span[1])
             self._write(force=True)
         out = self.plan.stages[-1].outs[b % 2]
-        self.pending_write = (out.base, out.block * units)
+        self.pending_write = (out.base, self._write_rows(b))
+
+    def _write_rows(self, b: int) -> int:
+        """The output rows batch ``b`` writes back: its units' blocks up to the last row of
+        an image it has."""
+        out = self.plan.stages[-1].outs[0]
+        unit = self.plan.unit
+        r = np.arange(out.block * self._units(b))
+        images = (r // out.block) * unit + r % unit
+        return int(np.flatnonzero(images < len(self.x_q) - b * self.plan.batch)[-1]) + 1
 
     def _program(self, emit: bool) -> None:
         plan = self.plan
@@ -1315,7 +1331,7 @@ class _Emitter:
             if self.profile:
                 self._checkpoint()
                 if len(plan.stages) == 1 and emit:
-                    self._defer_write(b, units)
+                    self._defer_write(b)
                 for sp in plan.stages[1:]:
                     self.deferred.append((sp, b))
                     self._later(emit)
@@ -1331,7 +1347,7 @@ class _Emitter:
                     while self.deferred:
                         self._later(emit)
             elif emit:
-                self._defer_write(b, units)
+                self._defer_write(b)
         while self.deferred:
             self._later(emit)
         if emit:
@@ -1380,6 +1396,8 @@ class _Timing:
       for each row the ACTIVATE writes meanwhile;
     - the weight loader runs one READ_WEIGHTS at a time, a tile row a cycle, and the next
       READ_WEIGHTS waits for it;
+    - the host writer sends a WRITE_HOST's rows one a cycle after the front end lets it go,
+      and the program ends when it has sent the last;
     - a MATMUL's accumulator rows are written ``rows + cols + 4`` cycles after its last row
       enters the array.
 
@@ -1393,6 +1411,7 @@ class _Timing:
         self.arr = 0.0           # when the array has issued the last queued MATMUL's rows
         self.act = 0.0           # when the activation engine is free
         self.loader = 0.0        # when the weight loader is free
+        self.writer = 0.0        # when the host writer has sent the last WRITE_HOST's rows
         self.rows = config.rows
         # When each MATMUL in flight retires (its last row written): a MATMUL takes a slot,
         # so short MATMULs go no faster than matmul_slots per array latency.
@@ -1498,7 +1517,8 @@ class _Timing:
     def write_host(self, ub: int, count: int) -> None:
         t = self.write_host_wait(ub, count)
         self.fe = t + 2
-        self.ub_read.append((ub, ub + count, t + 2 + count))
+        self.writer = max(self.writer, t + 2) + count
+        self.ub_read.append((ub, ub + count, self.writer))
 
     def load_params(self, *args, **kwargs) -> None:
         self.fe = max(self.fe, self.act) + 4
@@ -1518,7 +1538,7 @@ class _Timing:
     halt = sync = read_counters = clear_counters = other
 
     def total(self) -> float:
-        return max(self.fe, self.arr + self.latency, self.act)
+        return max(self.fe, self.arr + self.latency, self.act, self.writer)
 
 
 class _Timed:
