@@ -1395,7 +1395,9 @@ class _Timing:
       READ_HOST's rows, round-robin, so a READ_HOST beside an ACTIVATE takes a cycle longer
       for each row the ACTIVATE writes meanwhile;
     - the weight loader runs one READ_WEIGHTS at a time, a tile row a cycle, and the next
-      READ_WEIGHTS waits for it;
+      READ_WEIGHTS waits for it; a tile enters the weight FIFO only as the tile
+      ``weight_fifo_depth`` before it leaves for the shadow registers (on the switch to the
+      one before that), and a MATMUL switches to a tile only once it is whole in the shadow;
     - the host writer sends a WRITE_HOST's rows one a cycle after the front end lets it go,
       and the program ends when it has sent the last;
     - a MATMUL's accumulator rows are written ``rows + cols + 4`` cycles after its last row
@@ -1417,6 +1419,13 @@ class _Timing:
         # so short MATMULs go no faster than matmul_slots per array latency.
         self.retire: deque = deque(maxlen=config.matmul_slots)
         self.last_switch = -1e9  # when the last tile switch started
+        # The tiles READ_WEIGHTS queues, in the order the MATMULs switch to them: when each
+        # one's last row entered the weight FIFO, and when each was switched to (its shadow
+        # registers free for the next); a tile enters the FIFO once the tile
+        # ``weight_fifo_depth`` before it has left for the shadow registers.
+        self.depth = config.weight_fifo_depth
+        self.delivered: list = []
+        self.switched: list = []
         self.idle = 0.0          # array cycles lost between MATMULs (after the first)
         self.started = False
         # Ranges an engine has yet to finish with: (lo, hi, done)
@@ -1424,7 +1433,9 @@ class _Timing:
         self.ub_read: list = []      # unified-buffer rows a MATMUL or WRITE_HOST reads
         self.acc_written: list = []  # accumulator rows a MATMUL writes
         self.acc_read: list = []     # accumulator rows an ACTIVATE reads
-        self.act_writes: list = []   # (first, last cycle, rows) an ACTIVATE writes
+        # ACTIVATEs still writing: [next cycle, rows left, rows a cycle, ub_written entry,
+        # acc_read entry]; READ_HOST's rows take the write port from them (round-robin).
+        self.act_writes: list = []
 
     @staticmethod
     def _after(ranges: list, lo: int, hi: int, t: float) -> float:
@@ -1453,7 +1464,11 @@ class _Timing:
         start = max(t + 1, self.arr)
         if switch:
             start = max(start, self.last_switch + self.switch_period)
+            k = len(self.switched)
+            if k < len(self.delivered):     # the tile whole in the shadow registers
+                start = max(start, self.delivered[k] + 3)
             self.last_switch = start
+            self.switched.append(start)
         if self.started:
             self.idle += start - self.arr
         self.started = True
@@ -1473,25 +1488,47 @@ class _Timing:
         self.fe = t + 2
         self.act = t + count + 23
         out = count // 4 if pool == isa.Pool.MAX4 else count
-        self.ub_written.append((ub, ub + out, self.act))
-        self.act_writes = [w for w in self.act_writes if w[1] > self.fe] + [
-            (t + 23, self.act, out)]
-        self.acc_read.append((acc, acc + count, self.act))
+        written, read = [ub, ub + out, self.act], [acc, acc + count, self.act]
+        self.ub_written.append(written)
+        self.acc_read.append(read)
+        self.act_writes = [w for w in self.act_writes if w[0] + w[1] / w[2] > self.fe] + [
+            [t + 23, out, out / count, written, read]]
 
     def read_host(self, ub: int, rows) -> None:
         n = len(rows)
         t = self._after(self.ub_read, ub, ub + n, self.fe)
         t = self._after(self.ub_written, ub, ub + n, t)
-        self.fe = self._host_end(t, n)
+        self.fe = self._host_end(t, n, commit=True)
 
-    def _host_end(self, t: float, n: int) -> float:
-        """When a READ_HOST of ``n`` rows issued at ``t`` frees the front end."""
-        end = t + 1 + n
-        for first, last, rows in self.act_writes:     # write-port cycles the ACTIVATEs take
-            overlap = min(end, last) - max(t, first)
-            if overlap > 0:
-                end += rows * overlap / (last - first)
-        return end
+    def _host_end(self, t: float, n: int, commit: bool = False) -> float:
+        """When a READ_HOST of ``n`` rows issued at ``t`` frees the front end: its rows and
+        the ACTIVATEs' output rows share the unified buffer's write port round-robin, so
+        where both wait each gets every other cycle (an ACTIVATE that pools writes a row
+        every fourth cycle and takes only those). With ``commit``, the ACTIVATEs it slows
+        finish later."""
+        t += 1
+        for w in self.act_writes:
+            nxt, left, rate = w[:3]
+            if n == 0:
+                break
+            if nxt + left / rate <= t:
+                continue
+            if nxt > t:                      # the host's rows alone before it writes
+                alone = min(n, nxt - t)
+                t, n = t + alone, n - alone
+                if n == 0:
+                    break
+            left -= (t - nxt) * rate         # its rows written alone until now
+            nxt = t
+            share = min(rate, 0.5)           # both waiting: its share of the port
+            span = min(n / (1 - share), left / share)
+            t, n, left, nxt = t + span, n - span * (1 - share), left - span * share, t + span
+            if commit:
+                w[0], w[1] = nxt, left
+                done = nxt + left / rate
+                w[3][2] = w[4][2] = done
+                self.act = max(self.act, done)
+        return t + n
 
     def host_rows_by(self, deadline: float) -> int:
         """Most rows a READ_HOST issued now can take and free the front end by
@@ -1529,7 +1566,15 @@ class _Timing:
     def read_weights(self, tile: int, count: int = 1) -> None:
         t = max(self.fe, self.loader)
         self.fe = t + 1
-        self.loader = t + 2 + count * self.rows
+        end = t + 2
+        for _ in range(count):
+            k = len(self.delivered)
+            room = k - self.depth - 1      # the tile whose move to the shadow frees room
+            if 0 <= room < len(self.switched):
+                end = max(end, self.switched[room] + 1)
+            end += self.rows
+            self.delivered.append(end)
+        self.loader = end
 
     def other(self, *args, **kwargs) -> None:
         """SYNC, HALT and the counters: every engine idle first."""
