@@ -56,7 +56,9 @@ from sim.models import golden
 
 __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", "Reshape",
            "MaxPool2D", "AveragePool2D", "Add", "Softmax", "Quantize", "Requantize",
-           "Dequantize", "Constant", "Graph", "quantize_multiplier", "requant_from_real", "Segment",
+           "Dequantize", "Constant", "AttentionScores", "Lookup", "AttentionValues",
+           "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
+           "requant_from_real", "Segment",
            "HostStep", "CoreStep", "lower", "GraphRun", "run_graph"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -187,11 +189,13 @@ def _check_bias(name: str, b: np.ndarray, n: int) -> np.ndarray:
 @dataclass(eq=False)
 class FullyConnected(Op):
     """``y = requant((x.reshape(-1, K) - input_zp) @ weight + bias)``; ``weight`` is
-    ``(K, N)`` int8 (zero point 0), ``bias`` ``(N,)`` int32."""
+    ``(K, N)`` int8 (zero point 0), ``bias`` ``(N,)`` int32. ``keep_dims``: ``y`` keeps
+    ``x``'s leading dimensions (``(..., K)`` to ``(..., N)``, a token matrix's rows)."""
     weight: np.ndarray = None
     bias: np.ndarray = None
     input_zp: int = 0
     requant: Requant = None
+    keep_dims: bool = False
     core = True
 
     def __post_init__(self):
@@ -207,7 +211,8 @@ class FullyConnected(Op):
         return golden.wrap(x @ self.weight + self.bias, 32)
 
     def reference(self, x):
-        return [self.requant.apply(self.accumulate(x))]
+        y = self.requant.apply(self.accumulate(x))
+        return [y.reshape(*np.shape(x)[:-1], -1) if self.keep_dims else y]
 
     def macs(self, graph):
         rows = int(np.prod(graph.tensors[self.inputs[0]].shape)) // self.weight.shape[0]
@@ -476,6 +481,163 @@ class Dequantize(Op):
     def reference(self, x):
         return [(np.asarray(x, np.int64) - self.zero_point).astype(np.float32)
                 * np.float32(self.scale)]
+
+
+# Transformer operators ------------------------------------------------------------------
+
+def round_div(a, b) -> np.ndarray:
+    """``a / b`` rounded to the nearest integer, ties up (``b > 0``), exactly in int64."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    return (2 * a + b) // (2 * b)
+
+
+def isqrt(v) -> np.ndarray:
+    """``floor(sqrt(v))`` of non-negative int64 values below 2**52, exactly (float64's
+    correctly rounded square root is within one of it there; the two steps after it make
+    the result exact whatever the platform's ``sqrt`` does at the last bit)."""
+    v = np.asarray(v, np.int64)
+    r = np.floor(np.sqrt(v.astype(np.float64))).astype(np.int64)
+    r -= (r * r > v)
+    r += ((r + 1) * (r + 1) <= v)
+    return r
+
+
+def _heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """``(n, T, H * d)`` as ``(n, H, T, d)``: head ``j`` is columns ``j * d .. (j + 1) * d``."""
+    n, t, c = x.shape
+    return x.reshape(n, t, heads, c // heads).transpose(0, 2, 1, 3)
+
+
+@dataclass(eq=False)
+class AttentionScores(Op):
+    """Each head's ``q_j @ k_j.T``: int8 ``q`` and ``k`` ``(n, T, H * d)`` (zero point 0) to
+    int32 ``(n, H, T, T)`` accumulators (query rows, key columns), requantised by
+    ``requant`` (one multiplier; ``1 / sqrt(d)`` is folded into it) to int8."""
+    heads: int = 1
+    requant: Requant = None
+
+    def __post_init__(self):
+        if self.heads < 1:
+            raise GraphError(f"{self.name}: heads must be >= 1, not {self.heads}")
+
+    def accumulate(self, q, k) -> np.ndarray:
+        if q.shape != k.shape or q.shape[-1] % self.heads:
+            raise GraphError(f"{self.name}: q {q.shape} and k {k.shape} must match, with "
+                             f"channels a multiple of {self.heads} heads")
+        acc = np.einsum("nhtd,nhsd->nhts", _heads(np.asarray(q, np.int64), self.heads),
+                        _heads(np.asarray(k, np.int64), self.heads))
+        return golden.wrap(acc, 32)
+
+    def reference(self, q, k):
+        return [self.requant.apply(self.accumulate(q, k)[..., None])[..., 0]]
+
+    def macs(self, graph):
+        n, t, c = graph.tensors[self.inputs[0]].shape
+        return n * t * t * c
+
+
+@dataclass(eq=False)
+class Lookup(Op):
+    """A 256-entry table of an int8 input: ``out = table[x + 128]`` (the activation
+    unit's programmable function: exp for softmax, or any pointwise function)."""
+    table: np.ndarray = None
+
+    def __post_init__(self):
+        self.table = np.asarray(self.table, dtype=np.int64)
+        if self.table.shape != (256,):
+            raise GraphError(f"{self.name}: the table has {self.table.size} entries; a "
+                             f"table has 256, one per int8 input")
+        if self.table.min() < -128 or self.table.max() > 255:
+            raise GraphError(f"{self.name}: table values {self.table.min()}.."
+                             f"{self.table.max()}; allowed: int8 or uint8")
+
+    def reference(self, x):
+        x = np.asarray(x, np.int64)
+        if x.size and (x.min() < -128 or x.max() > 127):
+            raise GraphError(f"{self.name}: the input is not int8")
+        return [self.table[x + 128]]
+
+
+@dataclass(eq=False)
+class AttentionValues(Op):
+    """Softmax's normalisation and the weighted sum of the values, per head: ``e``
+    ``(n, H, T, T)`` non-negative weights (exp's table), ``v`` int8 ``(n, T, H * d)``;
+    ``num = e_j @ v_j`` (int32) and ``den`` the row sums of ``e_j``; the output, heads side
+    by side ``(n, T, H * d)``, is ``clamp(round_div(num * multiplier, den * 2**shift))``
+    in int8, where ``multiplier / 2**shift`` is ``v``'s scale over the output's (``e``'s
+    scale cancels); a row whose weights are all zero gives 0."""
+    multiplier: int = 1
+    shift: int = 0
+
+    def parts(self, e, v) -> tuple[np.ndarray, np.ndarray]:
+        e, v = np.asarray(e, np.int64), np.asarray(v, np.int64)
+        heads = e.shape[1]
+        if e.ndim != 4 or v.ndim != 3 or v.shape[-1] % heads or e.shape[3] != v.shape[1]:
+            raise GraphError(f"{self.name}: weights {e.shape} and values {v.shape} do not "
+                             f"match (n, H, T, T) and (n, T, H * d)")
+        num = golden.wrap(np.einsum("nhts,nhsd->nhtd", e, _heads(v, heads)), 32)
+        return num, e.sum(axis=-1, keepdims=True)
+
+    def reference(self, e, v):
+        num, den = self.parts(e, v)
+        out = np.where(den > 0, round_div(num * self.multiplier,
+                                          np.maximum(den, 1) << self.shift), 0)
+        n, h, t, d = out.shape
+        return [np.clip(out, -128, 127).transpose(0, 2, 1, 3).reshape(n, t, h * d)]
+
+    def macs(self, graph):
+        n, t, c = graph.tensors[self.inputs[1]].shape
+        return n * t * t * c
+
+
+@dataclass(eq=False)
+class LayerNorm(Op):
+    """LayerNorm over the last axis of int8 ``x`` (zero point 0), in integers: with ``D``
+    channels, ``c = D * x - sum(x)`` (``D`` times the deviation from the mean) and
+    ``r = isqrt(sum(c**2) * 2**(2 * frac) // D)`` (``D`` times the standard deviation, with
+    ``frac`` fraction bits), the normalised value is ``c * 2**frac / r``, and ``out =
+    clamp(round_div(c * gain * 2**frac + offset * r, r * 2**gain_shift))`` with
+    ``gain = round(g / s_out * 2**gain_shift)`` and ``offset = round(b / s_out *
+    2**gain_shift)`` per channel; a row of equal values (``r = 0``) gives
+    ``round_div(offset, 2**gain_shift)``. LayerNorm's epsilon is left out: an int8 row's
+    variance is 0 or at least ``(scale / D)**2``."""
+    gain: np.ndarray = None
+    offset: np.ndarray = None
+    gain_shift: int = 16
+    frac: int = 8
+
+    def __post_init__(self):
+        self.gain = np.asarray(self.gain, np.int64).reshape(-1)
+        self.offset = np.asarray(self.offset, np.int64).reshape(-1)
+        if self.gain.shape != self.offset.shape:
+            raise GraphError(f"{self.name}: {self.gain.size} gains, {self.offset.size} "
+                             f"offsets")
+        if np.abs(self.gain).max(initial=0) >= 1 << 31 or \
+                np.abs(self.offset).max(initial=0) >= 1 << 40:
+            raise GraphError(f"{self.name}: a gain or offset does not fit (int32 gains)")
+
+    def reference(self, x):
+        x = np.asarray(x, np.int64)
+        d = x.shape[-1]
+        if d != self.gain.size:
+            raise GraphError(f"{self.name}: {d} channels, {self.gain.size} gains")
+        c = d * x - x.sum(axis=-1, keepdims=True)
+        if d * 255 * d * 255 * d << 2 * self.frac >= 1 << 52:
+            raise GraphError(f"{self.name}: {d} channels with {self.frac} fraction bits "
+                             f"overflow the integer square root (below 2**52)")
+        r = isqrt((c * c).sum(axis=-1, keepdims=True) * (1 << 2 * self.frac) // d)
+        den = np.maximum(r, 1) << self.gain_shift
+        out = round_div(c * self.gain * (1 << self.frac) + self.offset * r, den)
+        flat = round_div(np.broadcast_to(self.offset, x.shape), 1 << self.gain_shift)
+        return [np.clip(np.where(r > 0, out, flat), -128, 127)]
+
+
+@dataclass(eq=False)
+class Concat(Op):
+    """The inputs side by side on the last axis (the unified buffer's channel groups)."""
+
+    def reference(self, *xs):
+        return [np.concatenate([np.asarray(x, np.int64) for x in xs], axis=-1)]
 
 
 # The graph --------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from firmware.datasets import digits
 
 __all__ = ["SEED", "PARAMS_PATH", "TOKENS", "TOKEN_DIM", "D_MODEL", "HEADS", "D_HEAD", "D_FF",
            "LAYERS", "CLASSES", "LN_EPS", "PARAM_SHAPES", "tokens", "forward", "load_params",
-           "accuracy", "train"]
+           "accuracy", "train", "INPUT_SCALE", "graph_inputs", "exp_table", "quantise"]
 
 #: Seed of the initialisation and of the mini-batch order.
 SEED = 0
@@ -105,31 +105,36 @@ def _softmax(xp, s):
     return e / xp.sum(e, axis=-1, keepdims=True)
 
 
-def _attention(xp, p, i: int, a):
+def _attention(xp, p, i: int, a, t: dict):
     n = a.shape[0]
+    for m in "qkv":
+        t[f"l{i}_{m}"] = a @ p[f"l{i}_{m}_w"] + p[f"l{i}_{m}_b"]
 
-    def heads(w, b):     # (n, T, D) -> (n, H, T, D_HEAD)
-        return xp.transpose(xp.reshape(a @ p[w] + p[b], (n, TOKENS, HEADS, D_HEAD)),
-                            (0, 2, 1, 3))
-    q, k, v = (heads(f"l{i}_{m}_w", f"l{i}_{m}_b") for m in "qkv")
-    scores = xp.einsum("nhtd,nhsd->nhts", q, k) / np.sqrt(D_HEAD)
+    def heads(z):        # (n, T, D) -> (n, H, T, D_HEAD)
+        return xp.transpose(xp.reshape(z, (n, TOKENS, HEADS, D_HEAD)), (0, 2, 1, 3))
+    q, k, v = (heads(t[f"l{i}_{m}"]) for m in "qkv")
+    scores = t[f"l{i}_s"] = xp.einsum("nhtd,nhsd->nhts", q, k) / np.sqrt(D_HEAD)
     out = xp.einsum("nhts,nhsd->nhtd", _softmax(xp, scores), v)
-    out = xp.reshape(xp.transpose(out, (0, 2, 1, 3)), (n, TOKENS, D_MODEL))
+    out = t[f"l{i}_att"] = xp.reshape(xp.transpose(out, (0, 2, 1, 3)), (n, TOKENS, D_MODEL))
     return out @ p[f"l{i}_o_w"] + p[f"l{i}_o_b"]
 
 
-def forward(params: dict, x: np.ndarray, xp=np) -> np.ndarray:
+def forward(params: dict, x: np.ndarray, xp=np, trace: dict | None = None) -> np.ndarray:
     """Float logits ``(n, CLASSES)`` of images ``x`` (see the module notes). ``xp`` is the
-    array module (numpy, or autograd's numpy while training)."""
+    array module (numpy, or autograd's numpy while training); ``trace``, a dict that gets
+    every intermediate tensor by name (the quantiser's calibration)."""
     p = params
-    h = tokens(x) @ p["embed_w"] + p["embed_b"] + p["pos"]
+    t = {} if trace is None else trace
+    h = t["h0"] = tokens(x) @ p["embed_w"] + p["embed_b"] + p["pos"]
     for i in range(LAYERS):
-        h = h + _attention(xp, p, i, _layer_norm(xp, h, p[f"l{i}_ln1_g"], p[f"l{i}_ln1_b"]))
-        a = _layer_norm(xp, h, p[f"l{i}_ln2_g"], p[f"l{i}_ln2_b"])
-        ff = xp.maximum(a @ p[f"l{i}_ff1_w"] + p[f"l{i}_ff1_b"], 0)
-        h = h + ff @ p[f"l{i}_ff2_w"] + p[f"l{i}_ff2_b"]
-    h = _layer_norm(xp, h, p["lnf_g"], p["lnf_b"])
-    return xp.mean(h, axis=1) @ p["cls_w"] + p["cls_b"]
+        a = t[f"l{i}_a1"] = _layer_norm(xp, h, p[f"l{i}_ln1_g"], p[f"l{i}_ln1_b"])
+        h = t[f"l{i}_h1"] = h + _attention(xp, p, i, a, t)
+        a = t[f"l{i}_a2"] = _layer_norm(xp, h, p[f"l{i}_ln2_g"], p[f"l{i}_ln2_b"])
+        ff = t[f"l{i}_f"] = xp.maximum(a @ p[f"l{i}_ff1_w"] + p[f"l{i}_ff1_b"], 0)
+        h = t[f"l{i}_h2"] = h + ff @ p[f"l{i}_ff2_w"] + p[f"l{i}_ff2_b"]
+    h = t["af"] = _layer_norm(xp, h, p["lnf_g"], p["lnf_b"])
+    logits = t["logits"] = xp.mean(h, axis=1) @ p["cls_w"] + p["cls_b"]
+    return logits
 
 
 def load_params(path: str | Path | None = None) -> dict[str, np.ndarray]:
@@ -150,6 +155,145 @@ def load_params(path: str | Path | None = None) -> dict[str, np.ndarray]:
 
 def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:
     return float((forward(params, x).argmax(axis=1) == y).mean())
+
+
+# The int8 graph ---------------------------------------------------------------------------
+
+#: The input's scale: the digits' pixels are sixteenths (0 to 16), so ``x * 16`` is exact.
+INPUT_SCALE = 1 / 16
+#: Fraction bits of AttentionValues' multiplier and LayerNorm's gain.
+MULT_SHIFT = 16
+#: Images of the training split that calibrate the scales and choose exp's offset.
+CALIBRATION = 512
+
+
+def graph_inputs(images: np.ndarray) -> dict[str, np.ndarray]:
+    """The int8 graph's input for images ``(n, 8, 8, 1)``: each token's 8 pixels (uint8,
+    sixteenths) and a one-hot of its position (16, one sixteenth's unit: 1.0), so that the
+    embedding's matmul adds the position embedding too."""
+    tok = np.round(tokens(images) * 16).astype(np.int64)
+    onehot = np.broadcast_to(16 * np.eye(TOKENS, dtype=np.int64), (len(tok), TOKENS, TOKENS))
+    return {"x": np.concatenate([tok, onehot], axis=-1)}
+
+
+def _weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel symmetric int8 weights and their scales."""
+    scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127
+    return np.clip(np.round(w / scale), -127, 127).astype(np.int64), scale
+
+
+def exp_table(score_scale: float, offset: int) -> np.ndarray:
+    """Softmax's exp as a table of the int8 score: ``min(255, round(255 * exp(scale *
+    (x - offset))))``. Softmax does not change when every score of a row moves by the same
+    amount, so the offset only places the table's range: scores near ``offset`` and below
+    keep their precision, a row whose scores are all far below it loses it."""
+    x = np.arange(-128, 128)
+    return np.minimum(255, np.round(255 * np.exp(score_scale * (x - offset)))).astype(np.int64)
+
+
+def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
+    """The int8 graph (:class:`firmware.graph.Graph`) of the float model: every matmul a
+    core operator or (attention's two) an operator for the array, softmax as exp's table
+    and a normalisation, LayerNorm in integers (see :mod:`firmware.graph`).
+
+    Scales are per tensor (zero point 0), from the float model's largest magnitude on
+    ``x_calib``; weights per output channel. A residual add is the next matmul's extra
+    input rows: ``h + a @ W`` is ``[a, h] @ [[W], [(s_h / s_a) I]]``, the identity
+    quantised with ``W``'s channel scales, so it accumulates in the accumulators. The mean
+    over tokens and the classifier are one matmul over the flattened tokens (``cls_w / T``
+    repeated). exp's ``offset`` (see :func:`exp_table`) is the one of 0 to 127 whose graph
+    agrees most with the float model on ``x_calib`` (ties: the smaller squared error of
+    the logits), unless given."""
+    from firmware import graph as g
+    from firmware.quant import QParams
+    from hdl.isa import Func
+
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    trace: dict = {}
+    forward(p, x_calib, trace=trace)
+    scale = {k: max(float(np.abs(v).max()), 1e-9) / 127 for k, v in trace.items()}
+    tensors, ops = {}, []
+
+    def tensor(name, shape, dtype="int8", s=1.0):
+        tensors[name] = g.Tensor(name, (1, *shape), dtype,
+                                 None if dtype == "int32" else QParams(s, 0, dtype != "uint8"))
+        return name
+
+    def fc(name, src, s_in, w, b, out, s_out, shape, func=Func.IDENTITY):
+        wq, sw = _weights(w)
+        bias = np.round(b / (s_in * sw)).astype(np.int64)
+        req = g.requant_from_real(s_in * sw / s_out, 0, func=func, where=name)
+        ops.append(g.FullyConnected(name, [src], [tensor(out, shape, s=s_out)], weight=wq,
+                                    bias=bias, requant=req, keep_dims=True))
+        return out
+
+    def layer_norm(name, src, s_in, gain, bias, out, s_out):
+        ops.append(g.LayerNorm(
+            name, [src], [tensor(out, (TOKENS, D_MODEL), s=s_out)],
+            gain=np.round(gain / s_out * 2 ** MULT_SHIFT).astype(np.int64),
+            offset=np.round(bias / s_out * 2 ** MULT_SHIFT).astype(np.int64),
+            gain_shift=MULT_SHIFT))
+        return out
+
+    def residual(name, a, s_a, h, s_h, w, b, out, s_out):
+        cat = f"{name}_in"
+        ops.append(g.Concat(f"{name}_cat", [a, h], [tensor(cat, (TOKENS, 2 * D_MODEL),
+                                                           s=s_a)]))
+        joint = np.vstack([w, (s_h / s_a) * np.eye(D_MODEL)])
+        return fc(name, cat, s_a, joint, b, out, s_out, (TOKENS, D_MODEL))
+
+    tensor("x", (TOKENS, TOKEN_DIM + TOKENS), "uint8", INPUT_SCALE)
+    h = fc("embed", "x", INPUT_SCALE, np.vstack([p["embed_w"], p["pos"]]), p["embed_b"],
+           "h0", scale["h0"], (TOKENS, D_MODEL))
+    s_h = scale["h0"]
+    exp_ops = []
+    for i in range(LAYERS):
+        L, sc = f"l{i}_", lambda k, i=i: scale[f"l{i}_{k}"]
+        a = layer_norm(L + "ln1", h, s_h, p[L + "ln1_g"], p[L + "ln1_b"], L + "a1", sc("a1"))
+        q, k, v = (fc(L + m, a, sc("a1"), p[L + m + "_w"], p[L + m + "_b"], L + m, sc(m),
+                      (TOKENS, D_MODEL)) for m in "qkv")
+        ops.append(g.AttentionScores(
+            L + "scores", [q, k], [tensor(L + "s", (HEADS, TOKENS, TOKENS), s=sc("s"))],
+            heads=HEADS, requant=g.requant_from_real(
+                sc("q") * sc("k") / (np.sqrt(D_HEAD) * sc("s")), 0, where=L + "scores")))
+        exp_ops.append(g.Lookup(L + "exp", [L + "s"],
+                                [tensor(L + "e", (HEADS, TOKENS, TOKENS), "uint8", 1 / 255)],
+                                table=exp_table(sc("s"), 127)))
+        ops.append(exp_ops[-1])
+        ops.append(g.AttentionValues(
+            L + "softmax", [L + "e", v], [tensor(L + "att", (TOKENS, D_MODEL), s=sc("att"))],
+            multiplier=int(round(sc("v") / sc("att") * 2 ** MULT_SHIFT)), shift=MULT_SHIFT))
+        h = residual(L + "o", L + "att", sc("att"), h, s_h, p[L + "o_w"], p[L + "o_b"],
+                     L + "h1", sc("h1"))
+        s_h = sc("h1")
+        a = layer_norm(L + "ln2", h, s_h, p[L + "ln2_g"], p[L + "ln2_b"], L + "a2", sc("a2"))
+        f = fc(L + "ff1", a, sc("a2"), p[L + "ff1_w"], p[L + "ff1_b"], L + "f", sc("f"),
+               (TOKENS, D_FF), func=Func.RELU)
+        h = residual(L + "ff2", f, sc("f"), h, s_h, p[L + "ff2_w"], p[L + "ff2_b"], L + "h2",
+                     sc("h2"))
+        s_h = sc("h2")
+    a = layer_norm("lnf", h, s_h, p["lnf_g"], p["lnf_b"], "af", scale["af"])
+    ops.append(g.Reshape("flatten", [a], [tensor("flat", (TOKENS * D_MODEL,), s=scale["af"])],
+                         shape=(1, TOKENS * D_MODEL)))
+    fc("cls", "flat", scale["af"], np.vstack([p["cls_w"] / TOKENS] * TOKENS), p["cls_b"],
+       "logits", scale["logits"], (CLASSES,))
+    graph = g.Graph("transformer", tensors, ops, ["x"], ["logits"])
+
+    inputs = graph_inputs(x_calib)
+    want = trace["logits"]
+    best = None
+    for c in ([offset] if offset is not None else range(128)):
+        for op in exp_ops:
+            op.table = exp_table(scale[op.inputs[0]], c)
+        out = graph.reference(inputs)["logits"]
+        agree = int((out.argmax(axis=1) == want.argmax(axis=1)).sum())
+        err = float(((out * scale["logits"] - want) ** 2).mean())
+        if best is None or (agree, -err) > best[:2]:
+            best = (agree, -err, c)
+    for op in exp_ops:
+        op.table = exp_table(scale[op.inputs[0]], best[2])
+    graph.exp_offset = best[2]
+    return graph
 
 
 def _init(rng: np.random.Generator) -> dict[str, np.ndarray]:

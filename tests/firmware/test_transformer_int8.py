@@ -1,0 +1,209 @@
+"""The Transformer's integer operators (firmware/graph.py) and the digits Transformer's int8
+graph (firmware/models/transformer.py): exact integer semantics, accuracy against the float
+model, and the graph's core steps on the ISA simulator and the RTL equal to the reference."""
+
+import functools
+
+import numpy as np
+import pytest
+
+from firmware import graph as g
+from firmware.datasets import digits
+from firmware.models import transformer as tf
+
+SEED = 20261205
+
+
+def rng(salt: int = 0) -> np.random.Generator:
+    print(f"seed {SEED + salt}")
+    return np.random.default_rng(SEED + salt)
+
+
+# Integer helpers -------------------------------------------------------------------------
+
+def test_round_div_rounds_half_up_for_either_sign():
+    a = np.array([5, 7, -5, -7, 0, 1, -1, 3, -3])
+    assert g.round_div(a, 2).tolist() == [3, 4, -2, -3, 0, 1, 0, 2, -1]
+    assert g.round_div(a, 1).tolist() == a.tolist()
+
+
+def test_isqrt_is_exact_around_squares_up_to_2_52():
+    r = np.array([0, 1, 2, 3, 1000, 46340, 2**26 - 1, 2**26 - 2], dtype=np.int64)
+    for v, want in ((r * r, r), (r * r - 1, np.maximum(r - 1, 0)), (r * r + 2 * r, r)):
+        v = np.maximum(v, 0)
+        got = g.isqrt(v)
+        assert (got * got <= v).all() and ((got + 1) * (got + 1) > v).all()
+        assert got.tolist() == np.where(v == 0, 0, want).tolist()
+    top = np.array([2**52 - 1, (2**26 - 1) ** 2], dtype=np.int64)
+    assert g.isqrt(top).tolist() == [2**26 - 1, 2**26 - 1]
+
+
+# Operators -------------------------------------------------------------------------------
+
+def _layer_norm_op(d: int, s_out: float, gain, offset) -> g.LayerNorm:
+    return g.LayerNorm("ln", ["x"], ["y"],
+                       gain=np.round(np.asarray(gain) / s_out * 2**16).astype(np.int64),
+                       offset=np.round(np.asarray(offset) / s_out * 2**16).astype(np.int64),
+                       gain_shift=16)
+
+
+def test_layer_norm_is_within_one_step_of_float_and_exact_on_flat_rows():
+    r = rng(1)
+    d, s_out = 16, 4 / 127
+    gain, offset = r.uniform(0.5, 1.5, d), r.uniform(-0.5, 0.5, d)
+    x = r.integers(-128, 128, (200, d))
+    x[0] = -128
+    x[1] = 127
+    x[2] = np.r_[[-128] * 8, [127] * 8]
+    x[3, :] = 5
+    op = _layer_norm_op(d, s_out, gain, offset)
+    got = op.reference(x)[0]
+    xf = x.astype(np.float64)
+    mu, var = xf.mean(-1, keepdims=True), xf.var(-1, keepdims=True)
+    flt = np.where(var > 0, (xf - mu) / np.sqrt(np.maximum(var, 1e-30)), 0) * gain + offset
+    want = np.clip(np.round(flt / s_out), -128, 127)
+    assert np.abs(got - want).max() <= 1
+    # A flat row normalises to zero: the offset alone.
+    for row in (0, 1, 3):
+        assert got[row].tolist() == np.clip(np.round(offset / s_out), -128, 127).tolist()
+    # Extremes: half at -128, half at 127 is -1 and +1 standard deviations.
+    assert np.abs(got[2] - np.round((np.r_[[-1.0] * 8, [1.0] * 8] * gain + offset) / s_out)
+                  ).max() <= 1
+
+
+def test_layer_norm_refuses_what_would_overflow_its_square_root():
+    op = g.LayerNorm("ln", ["x"], ["y"], gain=np.ones(4096), offset=np.zeros(4096))
+    with pytest.raises(g.GraphError, match="4096 channels with 8 fraction bits overflow"):
+        op.reference(np.zeros((1, 4096), np.int64))
+    with pytest.raises(g.GraphError, match="16 channels, 8 gains"):
+        g.LayerNorm("ln", ["x"], ["y"], gain=np.ones(8), offset=np.zeros(8)).reference(
+            np.zeros((1, 16), np.int64))
+
+
+def test_attention_scores_are_each_heads_dot_products():
+    r = rng(2)
+    heads, t, d = 2, 5, 3          # awkward sizes: nothing a multiple of the array
+    q = r.integers(-128, 128, (4, t, heads * d))
+    k = r.integers(-128, 128, (4, t, heads * d))
+    q[0] = -128                    # extremes: the largest products
+    k[0] = -128
+    op = g.AttentionScores("s", ["q", "k"], ["s"], heads=heads,
+                           requant=g.requant_from_real(1 / 512, 0))
+    acc = op.accumulate(q, k)
+    for n in range(4):
+        for j in range(heads):
+            cols = slice(j * d, (j + 1) * d)
+            assert (acc[n, j] == q[n][:, cols] @ k[n][:, cols].T).all()
+    assert acc[0].max() == 3 * 128 * 128
+    out = op.reference(q, k)[0]
+    assert out.shape == (4, heads, t, t)
+    assert (out == np.clip(g.round_div(acc, 512), -128, 127)).all()
+    with pytest.raises(g.GraphError, match="must match"):
+        op.accumulate(q, k[:, :, :5])
+
+
+def test_attention_values_divides_by_the_row_sum_with_rounding():
+    heads, t = 1, 2
+    e = np.array([[[[3, 1], [0, 0]]]])             # second query: all weights zero
+    v = np.array([[[10, -7], [2, 127]]])
+    op = g.AttentionValues("av", ["e", "v"], ["o"], multiplier=3, shift=1)   # v scale x1.5
+    out = op.reference(e, v)[0]
+    # (3 * 10 + 1 * 2) / 4 * 1.5 = 12; (3 * -7 + 127) / 4 * 1.5 = 39.75 -> 40.
+    assert out.tolist() == [[[12, 40], [0, 0]]]
+    big = np.full((1, 1, 1, 2), 255)
+    assert op.reference(big, np.array([[[127, -128], [127, -128]]]))[0].tolist() == \
+        [[[127, -128]]]                           # saturates at int8
+    with pytest.raises(g.GraphError, match="do not match"):
+        op.reference(np.zeros((1, heads, t, 3)), v)
+
+
+def test_lookup_maps_every_int8_and_refuses_bad_tables_and_inputs():
+    table = np.arange(256) - 128
+    op = g.Lookup("t", ["x"], ["y"], table=table[::-1].copy())
+    x = np.arange(-128, 128)
+    assert (op.reference(x)[0] == -x - 1).all()
+    with pytest.raises(g.GraphError, match="has 255 entries; a table has 256"):
+        g.Lookup("t", ["x"], ["y"], table=np.zeros(255))
+    with pytest.raises(g.GraphError, match="allowed: int8 or uint8"):
+        g.Lookup("t", ["x"], ["y"], table=np.full(256, 256))
+    with pytest.raises(g.GraphError, match="input is not int8"):
+        op.reference(np.array([128]))
+
+
+def test_exp_table_places_the_offset_at_255():
+    table = tf.exp_table(0.1, 40)
+    assert table[40 + 128] == 255 and table[127 + 128] == 255
+    assert table[39 + 128] == round(255 * np.exp(-0.1))
+    assert (np.diff(table) >= 0).all() and table[0] == 0
+
+
+# The digits Transformer ------------------------------------------------------------------
+
+@functools.cache
+def quantised():
+    data = digits()
+    params = tf.load_params()
+    return tf.quantise(params, data.x_train[:tf.CALIBRATION]), params, data
+
+
+def test_int8_accuracy_is_within_two_points_of_float():
+    graph, params, data = quantised()
+    logits = graph.reference(tf.graph_inputs(data.x_test))["logits"]
+    flt = tf.forward(params, data.x_test)
+    acc_f = float((flt.argmax(1) == data.y_test).mean())
+    acc_q = float((logits.argmax(1) == data.y_test).mean())
+    print(f"float {acc_f:.4f}, int8 {acc_q:.4f}, exp offset {graph.exp_offset}")
+    assert acc_q >= acc_f - 0.02
+
+
+def test_the_exp_offset_matters_and_the_chosen_one_beats_the_largest_score():
+    """With the table's 255 at the largest int8 score (offset 127) most rows' weights round
+    to zero and the model falls apart: the calibrated offset is what makes softmax work."""
+    graph, params, data = quantised()
+    x = data.x_train[:tf.CALIBRATION]
+    fixed = tf.quantise(params, x, offset=127)
+    inputs = tf.graph_inputs(data.x_test)
+    acc = [float((gr.reference(inputs)["logits"].argmax(1) == data.y_test).mean())
+           for gr in (graph, fixed)]
+    print(f"offset {graph.exp_offset}: {acc[0]:.4f}; offset 127: {acc[1]:.4f}")
+    assert acc[0] > acc[1] + 0.1
+
+
+def test_the_residual_rows_carry_the_residual():
+    """h + a @ W as one matmul over [a, h]: zeroing the identity rows of the FFN's second
+    matmul changes the block's output (the residual really flows through the array)."""
+    graph, _, data = quantised()
+    inputs = tf.graph_inputs(data.x_test[:40])
+    before = graph.reference(inputs, collect=True)["l0_h2"]
+    op = next(o for o in graph.ops if o.name == "l0_ff2")
+    saved = op.weight.copy()
+    try:
+        op.weight[tf.D_FF:] = 0
+        after = graph.reference(inputs, collect=True)["l0_h2"]
+    finally:
+        op.weight[:] = saved
+    assert (op.weight[tf.D_FF:] == np.diag(np.diag(op.weight[tf.D_FF:]))).all()
+    assert (np.diag(op.weight[tf.D_FF:]) > 0).all()
+    assert np.abs(after - before).mean() > 5
+
+
+def test_core_steps_on_the_isa_simulator_equal_the_reference_on_every_tensor():
+    graph, _, data = quantised()
+    inputs = tf.graph_inputs(data.x_test)
+    ref = graph.reference(inputs, collect=True)
+    run = g.run_graph(graph, inputs, device="isa")
+    for name, want in ref.items():
+        assert np.array_equal(run.tensors[name], want), name
+    core = [row["name"] for row in graph.summary() if row["runs on"] == "core"]
+    assert core == ["embed", "l0_q", "l0_k", "l0_v", "l0_o", "l0_ff1", "l0_ff2", "cls"]
+
+
+def test_core_steps_on_the_rtl_equal_the_reference():
+    graph, _, data = quantised()
+    inputs = tf.graph_inputs(data.x_test[:24])
+    ref = graph.reference(inputs, collect=True)
+    run = g.run_graph(graph, inputs, device="rtl")
+    for name, want in ref.items():
+        assert np.array_equal(run.tensors[name], want), name
+    print(f"core cycles for 24 sequences: {run.cycles}, utilisation {run.utilisation:.3f}")
+    assert run.cycles > 0
