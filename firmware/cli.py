@@ -106,6 +106,9 @@ def demo(args: argparse.Namespace) -> int:
     if args.net == "onnx":                  # an ONNX model quantised by onnxruntime
         from firmware.onnx_demo import demo as onnx_demo
         return onnx_demo(args, print_counters=_print_counters)
+    if args.net == "transformer":           # the digits Transformer's int8 graph
+        from firmware.transformer_demo import demo as transformer_demo
+        return transformer_demo(args, print_counters=_print_counters)
     from tqdm import tqdm
 
     from firmware.compiler import compile_network
@@ -388,9 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a quantised digits network on the simulated core",
                        description=demo.__doc__ or __doc__)
-    d.add_argument("--net", choices=(*NETWORKS, "onnx"), default="mlp",
+    d.add_argument("--net", choices=(*NETWORKS, "onnx", "transformer"), default="mlp",
                    help="network (default: mlp); onnx: the MLP exported with skl2onnx, "
-                        "quantised by onnxruntime, checked against onnxruntime")
+                        "quantised by onnxruntime, checked against onnxruntime; "
+                        "transformer: the digits Transformer encoder's int8 graph, its "
+                        "attention and LayerNorm on the host for now")
     d.add_argument("--config", default="default",
                    help="configuration preset (tiny, small, wide, default, large) or RxC "
                         "(default: default, 8x8)")

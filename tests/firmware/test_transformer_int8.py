@@ -207,3 +207,33 @@ def test_core_steps_on_the_rtl_equal_the_reference():
         assert np.array_equal(run.tensors[name], want), name
     print(f"core cycles for 24 sequences: {run.cycles}, utilisation {run.utilisation:.3f}")
     assert run.cycles > 0
+
+
+def test_demo_on_the_rtl_core(capsys):
+    """``amtpu demo --net transformer`` on the RTL core: every tensor equal to the int8
+    reference, and where each operator ran."""
+    from firmware.cli import main
+
+    assert main(["demo", "--net", "transformer", "--images", "30", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "rtl outputs equal to the int8 reference: every one of 300 logits" in out
+    assert "l0_scores    AttentionScores  host" in out
+    assert "on the host: 6 operators" in out
+    assert "core cycles per sequence" in out
+
+
+def test_demo_fails_when_the_core_differs(capsys, monkeypatch):
+    """A core step that computes one element wrong fails the demo and names the tensor."""
+    from firmware import graph as graph_module
+    from firmware.cli import main
+
+    real = graph_module.run_graph
+
+    def corrupt(graph, inputs, **kwargs):
+        result = real(graph, inputs, **kwargs)
+        result.tensors["l0_q"][0, 0, 0] += 1
+        return result
+    monkeypatch.setattr(graph_module, "run_graph", corrupt)
+    assert main(["demo", "--net", "transformer", "--transport", "isa", "--images", "5",
+                 "--quiet"]) == 1
+    assert "NO: l0_q differ" in capsys.readouterr().out

@@ -1,0 +1,126 @@
+"""``amtpu demo --net transformer``: the digits Transformer encoder
+(:mod:`firmware.models.transformer`, committed float weights) quantised to its int8 graph and
+run with :func:`firmware.graph.run_graph`: the embedding, the Q, K, V and output projections,
+the FFN (residual adds included, as extra matmul rows) and the classifier on the core; the
+operators the core cannot run yet (each head's ``q k^T`` and ``e v``, exp's table, softmax's
+division, LayerNorm) on the host between the core's steps, each with its integer semantics
+(:mod:`firmware.graph`). Every tensor the core computes is compared with the integer
+reference, element by element.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["demo", "placement"]
+
+
+def placement(graph, n: int) -> list[dict]:
+    """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
+    ``n`` sequences, and the bytes a host operator's inputs and outputs cross the link with
+    (each core step's input goes to the core and its output comes back)."""
+    from firmware.graph import CoreStep, lower
+    from hdl.presets import get_config
+
+    core_io = set()
+    for step in lower(graph, get_config("default")):
+        if isinstance(step, CoreStep):
+            core_io.update((step.input, step.output))
+    rows = []
+    for op in graph.ops:
+        out = graph.tensors[op.outputs[0]]
+        elements = int(np.prod(out.shape[1:])) * n
+        rows.append({"name": op.name, "op": type(op).__name__,
+                     "runs on": "core" if op.core else "host",
+                     "macs": op.macs(graph) * n // graph.tensors[graph.inputs[0]].shape[0],
+                     "elements": elements})
+    link = sum(int(np.prod(graph.tensors[t].shape[1:])) * n for t in core_io)
+    return rows, link
+
+
+def demo(args: argparse.Namespace, print_counters=None) -> int:
+    """Run the digits Transformer on ``args.transport`` (see the module notes).
+    ``print_counters(counters, config, images)`` prints the core's counters."""
+    from firmware.datasets import digits
+    from firmware.device import open_device, transport_options
+    from firmware.graph import run_graph
+    from firmware.models import transformer as tf
+    from hdl.presets import get_config
+
+    config = get_config(args.config)
+    split = digits()
+    n = len(split.x_test) if args.images is None else min(args.images, len(split.x_test))
+    if n < 1:
+        print("demo: --images must be at least 1", file=sys.stderr)
+        return 2
+    x, y = split.x_test[:n], split.y_test[:n]
+    t0 = time.perf_counter()
+    params = tf.load_params()
+    graph = tf.quantise(params, split.x_train[:tf.CALIBRATION])
+    inputs = tf.graph_inputs(x)
+    reference = graph.reference(inputs, collect=True)
+    print(f"amtpu demo: transformer (the digits as {tf.TOKENS} tokens of {tf.TOKEN_DIM} "
+          f"pixels, d_model {tf.D_MODEL}, {tf.HEADS} heads, FFN {tf.D_FF}, {tf.LAYERS} "
+          f"layer) on the {config.name} core ({args.config}), {n} test images, transport "
+          f"{args.transport}" + (f" ({args.sim})" if args.transport == "rtl" else ""))
+    print(f"  quantised in {time.perf_counter() - t0:.1f} s (scales from "
+          f"{tf.CALIBRATION} training images; exp's table offset {graph.exp_offset})")
+
+    options = transport_options(args.transport, sim=args.sim, waves=args.waves, port=args.port,
+                                baudrate=args.baud)
+    t1 = time.perf_counter()
+    device = open_device(args.transport, config, **options)
+    try:
+        result = run_graph(graph, inputs, device=device)
+    finally:
+        device.close()
+    wall = time.perf_counter() - t1
+
+    acc_float = float((tf.forward(params, x).argmax(axis=1) == y).mean())
+    acc_ref = float((reference["logits"].argmax(axis=1) == y).mean())
+    out = result.outputs["logits"]
+    acc_dev = float((out.argmax(axis=1) == y).mean())
+    print(f"  accuracy: float {100 * acc_float:.2f} %, int8 reference {100 * acc_ref:.2f} %, "
+          f"{args.transport} {100 * acc_dev:.2f} %")
+    rows, link = placement(graph, n)
+    differing = [row["name"] for row in rows
+                 if not np.array_equal(result.tensors[graph.ops[rows.index(row)].outputs[0]],
+                                       reference[graph.ops[rows.index(row)].outputs[0]])]
+    core_elements = sum(r["elements"] for r in rows if r["runs on"] == "core")
+    print(f"  {args.transport} outputs equal to the int8 reference: "
+          + ("every one of " f"{out.size:,} logits and {core_elements:,} elements the core "
+             "computed" if not differing else f"NO: {', '.join(differing)} differ"))
+    print("  where each operator ran:")
+    for row in rows:
+        print(f"    {row['name']:<12} {row['op']:<16} {row['runs on']:<5} "
+              f"{row['macs'] // n:>6,} MACs a sequence")
+    host = [r for r in rows if r["runs on"] == "host" and r["op"] not in ("Concat", "Reshape")]
+    print(f"  on the host: {len(host)} operators ({', '.join(r['name'] for r in host)}), "
+          f"{sum(r['macs'] for r in host) // n:,} MACs and "
+          f"{sum(r['elements'] for r in host) // n:,} output elements a sequence; "
+          f"{link // n:,} bytes a sequence cross between host and core")
+    cycles = result.cycles
+    if cycles:
+        print(f"  core cycles per sequence: {cycles / n:,.1f} ({cycles:,} cycles for {n} "
+              f"sequences, {len(result.segments)} core steps; the host's operators are "
+              f"not in these cycles)")
+        counters: dict = {}
+        for seg in result.segments:
+            for key, value in seg["counters"].items():
+                counters[key] = None if value is None or counters.get(key, 0) is None \
+                    else counters.get(key, 0) + value
+        if print_counters is not None:
+            print_counters(counters, config, n)
+        print(f"  array utilisation over the core's cycles: {result.macs:,} MACs / "
+              f"({config.rows}x{config.cols} x {cycles:,} cycles) = "
+              f"{100 * result.utilisation:.1f} %")
+    print(f"  wall time: {wall:.1f} s for {n} sequences (device start-up included)")
+    if differing:
+        print("demo: FAILED: the device's tensors differ from the int8 reference",
+              file=sys.stderr)
+        return 1
+    return 0
