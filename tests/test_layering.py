@@ -72,7 +72,9 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         "firmware.runtime": ("hdl", "firmware.device", "firmware.asm"),
         "firmware.nn": ("hdl", "sim"),
         "firmware.datasets": ("hdl", "sim"),
-        "firmware.models": ("hdl", "sim", "firmware.nn", "firmware.datasets"),
+        # The demo's networks; the Transformer's quantiser builds an integer graph.
+        "firmware.models": ("hdl", "sim", "firmware.nn", "firmware.datasets",
+                            "firmware.quant", "firmware.graph"),
         "firmware.quant": ("hdl", "sim", "firmware.nn"),
         "firmware.gemm": ("hdl", "sim", "firmware.asm"),
         "firmware.isadoc": ("hdl", "sim", "firmware.asm"),
@@ -88,6 +90,9 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         # The ONNX demo: a digits MLP exported, imported and run on a device.
         "firmware.onnx_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
                                "firmware.device", "firmware.graph", "firmware.importers"),
+        # The Transformer demo: its int8 graph run on a device.
+        "firmware.transformer_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
+                                      "firmware.device", "firmware.graph"),
         # The host link's bytes per image, counted with the serial transport's own frames.
         "firmware.linkrate": ("hdl", "sim", "firmware.device", "firmware.transports"),
         # The command line sits on top and opens devices through firmware.device.
