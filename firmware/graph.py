@@ -840,6 +840,17 @@ class GraphRun:
         return None if any(v is None for v in values) else sum(values)
 
     @property
+    def counters(self) -> dict[str, int | None]:
+        """The core's counters summed over every segment (``None`` where a segment's device
+        has no such counter)."""
+        total: dict = {}
+        for seg in self.segments:
+            for key, value in seg["counters"].items():
+                total[key] = None if value is None or total.get(key, 0) is None \
+                    else total.get(key, 0) + value
+        return total
+
+    @property
     def cycles(self) -> int | None:
         """Core cycles over every segment (``None`` when the device has no timing)."""
         return self._total("cycles")

@@ -186,13 +186,8 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     if cycles:
         print(f"  cycles per image: {cycles / n:,.1f} ({cycles:,} cycles for {n} images, "
               f"{len(result.segments)} core segment(s))")
-        counters = {}
-        for seg in result.segments:
-            for key, value in seg["counters"].items():
-                counters[key] = None if value is None or counters.get(key, 0) is None \
-                    else counters.get(key, 0) + value
         if print_counters is not None:
-            print_counters(counters, config, n)
+            print_counters(result.counters, config, n)
         print(f"  model utilisation: {result.macs:,} MACs / ({config.rows}x{config.cols} x "
               f"{cycles:,} cycles) = {100 * result.utilisation:.1f} %")
     print(f"  wall time: {wall:.1f} s for {n} images (device start-up included)")

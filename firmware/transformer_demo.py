@@ -108,13 +108,8 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
         print(f"  core cycles per sequence: {cycles / n:,.1f} ({cycles:,} cycles for {n} "
               f"sequences, {len(result.segments)} core steps; the host's operators are "
               f"not in these cycles)")
-        counters: dict = {}
-        for seg in result.segments:
-            for key, value in seg["counters"].items():
-                counters[key] = None if value is None or counters.get(key, 0) is None \
-                    else counters.get(key, 0) + value
         if print_counters is not None:
-            print_counters(counters, config, n)
+            print_counters(result.counters, config, n)
         print(f"  array utilisation over the core's cycles: {result.macs:,} MACs / "
               f"({config.rows}x{config.cols} x {cycles:,} cycles) = "
               f"{100 * result.utilisation:.1f} %")
