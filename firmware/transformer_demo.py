@@ -19,15 +19,14 @@ import numpy as np
 __all__ = ["demo", "placement"]
 
 
-def placement(graph, n: int) -> list[dict]:
+def placement(graph, n: int, config) -> tuple[list[dict], int]:
     """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
-    ``n`` sequences, and the bytes a host operator's inputs and outputs cross the link with
-    (each core step's input goes to the core and its output comes back)."""
+    ``n`` sequences; and the bytes that cross between host and core for them (each core
+    step's input goes to the core and its output comes back), lowered for ``config``."""
     from firmware.graph import CoreStep, lower
-    from hdl.presets import get_config
 
     core_io = set()
-    for step in lower(graph, get_config("default")):
+    for step in lower(graph, config):
         if isinstance(step, CoreStep):
             core_io.update((step.input, step.output))
     rows = []
@@ -86,10 +85,9 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     acc_dev = float((out.argmax(axis=1) == y).mean())
     print(f"  accuracy: float {100 * acc_float:.2f} %, int8 reference {100 * acc_ref:.2f} %, "
           f"{args.transport} {100 * acc_dev:.2f} %")
-    rows, link = placement(graph, n)
-    differing = [row["name"] for row in rows
-                 if not np.array_equal(result.tensors[graph.ops[rows.index(row)].outputs[0]],
-                                       reference[graph.ops[rows.index(row)].outputs[0]])]
+    rows, link = placement(graph, n, config)
+    differing = [op.name for op in graph.ops
+                 if not np.array_equal(result.tensors[op.outputs[0]], reference[op.outputs[0]])]
     core_elements = sum(r["elements"] for r in rows if r["runs on"] == "core")
     print(f"  {args.transport} outputs equal to the int8 reference: "
           + ("every one of " f"{out.size:,} logits and {core_elements:,} elements the core "
