@@ -24,6 +24,7 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
     .shift 40 40 38 41 39 40 40 42  # per-column shifts, 0 to 63 (sets column_shifts)
     matmul ub=0 acc=16 count=64 switch accumulate signed
     activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0
+    ub_to_weights ub=128 tile=1 count=8 transpose signed  # no data lines: rows from the buffer
     write_host ub=128 count=32
     halt
 
@@ -38,6 +39,7 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
   build failing programs with it).
 - Data lines follow the instruction that takes them: ``count`` lines after ``read_host``
   (``ub_row`` bytes each), ``count * rows`` after ``load_weights`` (``cols`` bytes each),
+  none after ``ub_to_weights`` (its rows come from the unified buffer),
   ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each), then optionally
   ``.shift`` (``cols`` shifts, 0 to 63): per-column shifts, which set the ``column_shifts``
   flag and replace ``shift``, so ``shift=`` is then left out (given, it is an error: the
@@ -704,6 +706,15 @@ class Program:
 
     def read_weights(self, tile: int, count: int = 1) -> list[int]:
         return self.instr(isa.Opcode.READ_WEIGHTS, tile=tile, count=count)
+
+    def ub_to_weights(self, ub: int, tile: int, count: int, *, transpose: bool = False,
+                      signed: bool = True) -> list[int]:
+        """UB_TO_WEIGHTS of unified-buffer rows ``ub..ub+count-1`` into weight tile
+        ``tile``: with ``transpose`` as its columns (the core takes ``count`` up to ``cols``),
+        else as its rows (up to ``rows``); the rest of the tile zero. ``signed``: the tile
+        holds int8, else uint8. No data beats."""
+        return self.instr(isa.Opcode.UB_TO_WEIGHTS, ub_addr=ub, tile=tile, count=count,
+                          transpose=transpose, signed=signed)
 
     def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False,
                accumulate: bool = False, signed: bool = True) -> list[int]:

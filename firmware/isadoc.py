@@ -57,6 +57,15 @@ FIELD_MEANINGS = {
     "error": "an instruction failed: `code` says why, `instr_index` which one",
 }
 
+#: Where one opcode's field means something else than :data:`FIELD_MEANINGS` says.
+OPCODE_FIELD_MEANINGS = {
+    (isa.Opcode.UB_TO_WEIGHTS, "tile"): "the weight tile written",
+    (isa.Opcode.UB_TO_WEIGHTS, "count"): "number of unified-buffer rows, 1 to `cols` with "
+                                         "`transpose`, 1 to `rows` without; else BAD_FIELD",
+    (isa.Opcode.UB_TO_WEIGHTS, "transpose"): "1: buffer row `i` becomes column `i` of the "
+                                             "tile; 0: row `i`",
+}
+
 
 def _md(text: str) -> str:
     """reST-flavoured docstring text to Markdown."""
@@ -164,7 +173,8 @@ def _layout_table(layout: type[data.Struct], opcode: isa.Opcode | None = None) -
             meaning = "reserved: ignored, write 0"
         else:
             flag = flags.get(name) if field.width == 1 else None
-            meaning = (comments.get(name) or flag or FIELD_MEANINGS.get(name)
+            meaning = (OPCODE_FIELD_MEANINGS.get((opcode, name)) or comments.get(name)
+                       or flag or FIELD_MEANINGS.get(name)
                        or ("signed" if Shape.cast(shape).signed else ""))
         if name in ALIASES:
             meaning += f" (assembler: `{ALIASES[name]}`)"
@@ -196,6 +206,7 @@ DATA_LINES = {
         "then `.bias` and `.mult` (`cols` int32 each), and for per-column shifts a third "
         f"line `.shift` (`cols` shifts, {SHIFT_RANGE[0]} to {SHIFT_RANGE[1]}), which sets "
         "`column_shifts`; `shift=` is then left out. `rounding` defaults to `half_up`"),
+    isa.Opcode.UB_TO_WEIGHTS: "no data lines (the rows come from the unified buffer)",
 }
 
 
@@ -227,13 +238,15 @@ def generate() -> str:
         "## Configurations",
         "",
         "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
-        "`host_width` bits. The presets in `hdl/presets.py`:",
+        "`host_width` bits; without `ub_to_weights` opcode 12 is UNKNOWN_OPCODE. The "
+        "presets in `hdl/presets.py`:",
         "",
         _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
-                "weight_mem_tiles", "weight_fifo_depth", "param_slots"],
+                "weight_mem_tiles", "weight_fifo_depth", "param_slots", "ub_to_weights"],
                [[f"`{name}`", f"{c.rows} x {c.cols}", str(c.ub_row), str(c.host_width),
                  str(c.ub_depth), str(c.acc_depth), str(c.weight_mem_tiles),
-                 str(c.weight_fifo_depth), str(c.param_slots)]
+                 str(c.weight_fifo_depth), str(c.param_slots),
+                 "yes" if c.ub_to_weights else "no"]
                 for name, c in PRESETS.items()]),
         "",
         "## Semantics",

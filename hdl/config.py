@@ -130,6 +130,11 @@ class TPUConfig:
         and an accumulator range each, four compares against an instruction's two ranges). A MATMUL
         waits for a free slot, so with fewer, short MATMULs back to back wait for the oldest to
         drain from the array. Same results.
+    ub_to_weights : bool
+        Build UB_TO_WEIGHTS (:class:`hdl.isa.UbToWeights`): unified-buffer rows into a weight
+        tile, transposed or not, through a tile buffer of ``rows x cols`` bytes in flip-flops
+        (attention's Kᵀ and V without the host link). ``False``, for parts with no logic to
+        spare (the iCEBreaker's): the opcode is then unknown (``ErrorCode.UNKNOWN_OPCODE``).
     """
 
     rows: int = 8
@@ -150,6 +155,7 @@ class TPUConfig:
     pipeline: str = "reference"
     operands: str = "any"
     matmul_slots: int = 4
+    ub_to_weights: bool = True
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -208,6 +214,7 @@ class TPUConfig:
                               "operand and product registers, so the PE cannot take the fast "
                               "build's registers around it); allowed: 'reference' or 'compact'")
         one_of("operands", OPERAND_KINDS)
+        check("ub_to_weights", isinstance(self.ub_to_weights, bool), "True or False")
         if self.multiplier == "ice40" and self.operands != "int8":
             raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
                               f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "

@@ -12,6 +12,7 @@ from hdl.control.hazards import HAZARD_RULES, HazardTracker
 from hdl.control.host_writer import HostWriter
 from hdl.control.matrix_engine import MatrixEngine
 from hdl.control.weight_loader import WeightLoader
+from hdl.control.weight_mover import WeightMover
 from hdl.datapath.accumulators import Accumulators
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import SerialActivationUnit
@@ -42,7 +43,11 @@ class Core(wiring.Component):
                     |   |                                 -> accumulators
                     |   HazardTracker    ActivationEngine -> accumulators -> activation
                     |                                        unit -> unified buffer
+                    |                    WeightMover   -> unified buffer -> weight memory
                     +--beats-->          HostWriter -> unified buffer -> o_host
+
+    The weight mover (UB_TO_WEIGHTS) is built only with
+    :attr:`~hdl.config.TPUConfig.ub_to_weights`.
 
     Members
     -------
@@ -80,7 +85,8 @@ class Core(wiring.Component):
         # The front end dispatches only ranges that fit the memories: compare that wide.
         m.submodules.hazards = hz = HazardTracker(end_bits=cfg.range_end_bits,
                                                   slots=cfg.matmul_slots,
-                                                  late=fast)
+                                                  late=fast,
+                                                  ub_to_weights=cfg.ub_to_weights)
         m.submodules.weight_loader = wl = WeightLoader(cfg)
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)
@@ -89,10 +95,10 @@ class Core(wiring.Component):
                                                   width=cfg.counter_bits)
         m.submodules.unified_buffer = ub = UnifiedBuffer(
             depth=cfg.ub_depth, row_elems=cfg.ub_row, data_width=cfg.data_width,
-            pipelined=fast)
+            pipelined=fast, weights_reader=cfg.ub_to_weights)
         m.submodules.weight_memory = wm = WeightMemory(
             tiles=cfg.weight_mem_tiles, rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width,
-            pipelined=fast)
+            pipelined=fast, mover=cfg.ub_to_weights)
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
@@ -119,7 +125,16 @@ class Core(wiring.Component):
         wiring.connect(m, fe.o_activate, ae.i_activate)
         wiring.connect(m, fe.o_write_host, hw.i_write_host)
         wiring.connect(m, fe.o_param_write, ae.i_param_write)
+        if cfg.ub_to_weights:
+            m.submodules.weight_mover = mv = WeightMover(cfg)
+            wiring.connect(m, fe.o_ub_to_weights, mv.i_move)
+            wiring.connect(m, mv.o_ub, ub.r[UnifiedBuffer.WEIGHTS_READ])
+            wiring.connect(m, mv.o_wm, wm.w[1])
+            mover_busy = mv.o_busy
+        else:
+            mover_busy = 0
         m.d.comb += [
+            fe.i_ub_to_weights_busy.eq(mover_busy),
             hz.i_matmul_retire.eq(me.o_retire),
             hz.i_activate_busy.eq(ae.o_busy),
             hz.i_write_host_busy.eq(hw.o_busy),
@@ -171,6 +186,6 @@ class Core(wiring.Component):
             ev.array_active.eq(me.o_array_active),
             ev.weight_stall.eq(mu.o_status.weight_stall),
             ev.weight_shift.eq(mu.o_status.weight_shift),
-            ev.other_work.eq(ae.o_busy | hw.o_busy | fe.o_host_work),
+            ev.other_work.eq(ae.o_busy | hw.o_busy | fe.o_host_work | mover_busy),
         ]
         return m

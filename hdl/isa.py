@@ -8,7 +8,8 @@ disagree about a field.
 The host stream carries one *beat* per instruction or data row: a beat is
 ``TPUConfig.host_width`` bits, wide enough for an instruction, a unified-buffer row, a weight
 row or a row of ``cols`` int32 values, each in the low bits of the beat. Instructions that move
-data (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) are followed in the stream by their data beats.
+data from the host (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) are followed in the stream by their
+data beats; UB_TO_WEIGHTS moves data on chip (unified buffer to weight memory) and has none.
 The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS and HALT send,
 and with an error beat when an instruction fails its checks.
 
@@ -23,13 +24,14 @@ __all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COU
            "COUNTER_BITS",
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
-           "ClearCounters", "FORMATS", "Status", "decode"]
+           "ClearCounters", "UbToWeights", "FORMATS", "Status", "decode"]
 
 INSTR_BITS = 64
 
 
 class Opcode(enum.Enum, shape=unsigned(4)):
-    """Operation of an instruction word. Values 12 to 15 are reserved (UNKNOWN_OPCODE)."""
+    """Operation of an instruction word. Values 13 to 15 are reserved (UNKNOWN_OPCODE), and so
+    is 12 on a core built without UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`)."""
     NOP           = 0   # do nothing
     HALT          = 1   # end of program: wait until idle, send a DONE beat
     SYNC          = 2   # wait until every unit is idle
@@ -42,6 +44,7 @@ class Opcode(enum.Enum, shape=unsigned(4)):
     LOAD_PARAMS   = 9   # host -> requantisation parameter slot
     READ_COUNTERS = 10  # performance counters -> host
     CLEAR_COUNTERS = 11  # zero the performance counters
+    UB_TO_WEIGHTS = 12  # unified buffer -> one weight tile, optionally transposed (attention)
 
 
 class Func(enum.Enum, shape=unsigned(3)):
@@ -72,7 +75,7 @@ class Pool(enum.Enum, shape=unsigned(2)):
 class ErrorCode(enum.Enum, shape=unsigned(4)):
     """Why the core stopped. Every check happens before the instruction has any effect."""
     NONE             = 0
-    UNKNOWN_OPCODE   = 1   # opcode 12..15
+    UNKNOWN_OPCODE   = 1   # opcode 13..15 (12 too on a core without UB_TO_WEIGHTS)
     UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth
     ACC_RANGE        = 3   # accumulator rows past acc_depth
     WEIGHT_RANGE     = 4   # weight tiles past weight_mem_tiles
@@ -80,9 +83,10 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
     WEIGHT_EMPTY     = 6   # MATMUL needs a tile (switch, or none active) but none is queued
     WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
     BAD_FIELD        = 8   # function, pooling, rounding or slot out of range, count not
-                           # a multiple of the pooling window
-    SIGNEDNESS       = 9   # LOAD_WEIGHTS or MATMUL of uint8 operands (signed clear) on a
-                           # core built for int8 only (TPUConfig.operands="int8")
+                           # a multiple of the pooling window, UB_TO_WEIGHTS count past
+                           # the tile's columns (transpose) or rows
+    SIGNEDNESS       = 9   # LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL of uint8 operands (signed
+                           # clear) on a core built for int8 only (TPUConfig.operands="int8")
 
 
 #: Performance counters, in the order READ_COUNTERS sends them (one beat each, 48 bits).
@@ -94,7 +98,8 @@ COUNTERS = (
     "useful_macs",     # multiply-accumulates of those rows: rows * cols each
     "weight_stall",    # cycles a MATMUL row waited for its weight tile to shift in
     "weight_shift",    # cycles a weight row shifted into the array's shadow registers
-    "non_matrix",      # cycles the array was idle while ACTIVATE or host transfers ran
+    "non_matrix",      # cycles the array was idle while ACTIVATE, UB_TO_WEIGHTS or host
+                       # transfers ran
     "raw_stall",       # cycles an instruction waited on a unified-buffer/accumulator hazard
     "host_stall",      # cycles the core waited for a beat from the host
 )
@@ -263,6 +268,31 @@ class ReadCounters(data.Struct):
     _pad:   60
 
 
+class UbToWeights(data.Struct):
+    """Unified-buffer rows ``ub_addr..ub_addr+count-1`` into weight tile ``tile``, so that an
+    activation the core computed (attention's K and V) becomes a weight tile without crossing
+    the host link. With ``transpose`` set, buffer row ``i`` becomes column ``i`` of the tile
+    (its first ``rows`` elements; ``count`` at most ``cols``): ``tile[r][i] = ub[ub_addr+i][r]``,
+    Kᵀ for Q·Kᵀ. Clear, it becomes row ``i`` (its first ``cols`` elements; ``count`` at most
+    ``rows``): ``tile[i][c] = ub[ub_addr+i][c]``, V for P·V. The tile's other columns (rows)
+    are zero, so a sequence shorter than the array needs no padding rows. ``signed``: the tile
+    holds int8, else uint8. Marks the tile written, as LOAD_WEIGHTS does; tiles already queued
+    by READ_WEIGHTS keep what they held.
+    Timing: runs in the front end: the rows are read a row a cycle through the unified
+    buffer's second read port (shared with WRITE_HOST) into a tile buffer, then written to
+    the weight memory a row a cycle (``count + rows`` cycles and the read latency); waits
+    while an unfinished ACTIVATE writes any of its buffer rows or a READ_WEIGHTS reads the
+    tile."""
+    opcode:    Opcode
+    signed:    1
+    transpose: 1
+    _flags:    2
+    ub_addr:   16
+    tile:      16
+    count:     16
+    _c:        8
+
+
 class ClearCounters(data.Struct):
     """Zero every performance counter. Timing: waits until every unit is idle."""
     opcode: Opcode
@@ -276,6 +306,7 @@ FORMATS = {
     Opcode.LOAD_WEIGHTS: LoadWeights, Opcode.READ_WEIGHTS: ReadWeights,
     Opcode.MATMUL: Matmul, Opcode.ACTIVATE: Activate, Opcode.LOAD_PARAMS: LoadParams,
     Opcode.READ_COUNTERS: ReadCounters, Opcode.CLEAR_COUNTERS: ClearCounters,
+    Opcode.UB_TO_WEIGHTS: UbToWeights,
 }
 
 

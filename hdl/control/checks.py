@@ -17,6 +17,7 @@ from hdl.isa import (
     LoadWeights,
     Matmul,
     Opcode,
+    UbToWeights,
 )
 
 __all__ = ["Checks"]
@@ -87,6 +88,7 @@ class Checks(wiring.Component):
         av = data.View(Activate, word)
         lw = data.View(LoadWeights, word)
         lp = data.View(LoadParams, word)
+        uw = data.View(UbToWeights, word)
         a, b, count = instr.a, instr.b, instr.count
         a_end, b_end = self.o_a_end, self.o_b_end
         window_log = Signal(2)
@@ -101,16 +103,24 @@ class Checks(wiring.Component):
             b_ends = [b + (count >> k) for k in range(3)]
             b_shifted = Mux(window_log[1], b_ends[2], Mux(window_log[0], b_ends[1], b_ends[0]))
             ends += [a_end.eq(a + count),
-                     b_end.eq(Mux(op == Opcode.ACTIVATE, b_shifted, b_ends[0]))]
+                     b_end.eq(Mux(op == Opcode.ACTIVATE, b_shifted,
+                                  Mux(op == Opcode.UB_TO_WEIGHTS, b + 1, b_ends[0])))]
         else:
+            # UB_TO_WEIGHTS: b is its one tile.
             ends += [a_end.eq(a + count),
-                     b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
+                     b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log,
+                                      Mux(op == Opcode.UB_TO_WEIGHTS, 1, count)))]
 
         is_ = {o: op == o for o in Opcode}
-        unknown = ~Cat(*is_.values()).any()
+        # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) does not know its opcode.
+        built = [o for o in Opcode if cfg.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
+        unknown = ~Cat(*(is_[o] for o in built)).any()
+        if not cfg.ub_to_weights:
+            is_[Opcode.UB_TO_WEIGHTS] = Const(0)
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
-                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
+                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE] |
+                       is_[Opcode.UB_TO_WEIGHTS])
         window_mask = Signal(2)
         m.d.comb += window_mask.eq((1 << window_log) - 1)
         bad_field = (
@@ -120,25 +130,35 @@ class Checks(wiring.Component):
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |
             (is_[Opcode.LOAD_PARAMS] & ((lp.slot >= cfg.param_slots) |
-                                        (lp.rounding.as_value() == 3))))
+                                        (lp.rounding.as_value() == 3))) |
+            # A buffer row per column of the tile (transpose), else per row.
+            (is_[Opcode.UB_TO_WEIGHTS] & Mux(uw.transpose, count > cfg.cols,
+                                             count > cfg.rows)))
         # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
-        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
+        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed) |
+                      (is_[Opcode.UB_TO_WEIGHTS] & ~uw.signed)
                       if cfg.operands == "int8" else Const(0))
         # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
-        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) &
-                     (a_end > cfg.ub_depth)) |
+        # UB_TO_WEIGHTS: a = ub_addr, b = tile.
+        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL] |
+                      is_[Opcode.UB_TO_WEIGHTS]) & (a_end > cfg.ub_depth)) |
                     (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
         acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
-        weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
-                        (a_end > cfg.weight_mem_tiles))
+        weight_range = (((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
+                         (a_end > cfg.weight_mem_tiles)) |
+                        (is_[Opcode.UB_TO_WEIGHTS] & (b_end > cfg.weight_mem_tiles)))
         # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
         # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
         tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
         ones = Const((1 << tiles) - 1, tiles)
         tile_mask = self.o_tile_mask
-        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
-                                 ~(ones << a_end[:tile_bits])[:tiles])
+        if cfg.ub_to_weights:
+            tile_lo = Mux(is_[Opcode.UB_TO_WEIGHTS], b, a)[:tile_bits]
+            tile_hi = Mux(is_[Opcode.UB_TO_WEIGHTS], b_end, a_end)[:tile_bits]
+        else:
+            tile_lo, tile_hi = a[:tile_bits], a_end[:tile_bits]
+        m.d.comb += tile_mask.eq((ones << tile_lo)[:tiles] & ~(ones << tile_hi)[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~self.i_written) != 0)
         queued = self.i_queued
         weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~self.i_have_active)

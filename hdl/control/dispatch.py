@@ -12,7 +12,8 @@ __all__ = ["Dispatch", "ENGINE_OPCODES"]
 
 #: The opcodes the front end hands to an engine on a dispatch stream, in ``i_engine_ready``
 #: order.
-ENGINE_OPCODES = (Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE, Opcode.WRITE_HOST)
+ENGINE_OPCODES = (Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE, Opcode.WRITE_HOST,
+                  Opcode.UB_TO_WEIGHTS)
 
 
 class Dispatch(wiring.Component):

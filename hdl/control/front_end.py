@@ -23,6 +23,7 @@ from hdl.isa import (
     Opcode,
     ReadWeights,
     Status,
+    UbToWeights,
     WriteHost,
 )
 from hdl.layouts import weight_row_layout
@@ -34,7 +35,9 @@ class FrontEnd(wiring.Component):
     """Takes the host's beats one instruction at a time, checks each before it has any
     effect, and either runs it (host transfers, which own the input stream: READ_HOST,
     LOAD_WEIGHTS, LOAD_PARAMS; READ_COUNTERS, CLEAR_COUNTERS, HALT, SYNC, NOP) or hands it
-    to its engine on a dispatch stream (READ_WEIGHTS, MATMUL, ACTIVATE, WRITE_HOST).
+    to its engine on a dispatch stream (READ_WEIGHTS, MATMUL, ACTIVATE, WRITE_HOST; and
+    UB_TO_WEIGHTS, which it waits for in its MOVE state: the next instruction is taken once
+    the weight mover is done, so that nothing needs to wait on the mover's ranges).
 
     Contract:
 
@@ -74,8 +77,12 @@ class FrontEnd(wiring.Component):
         Clears a pending error (out of band).
     o_hazards : Out(HazardQuerySignature())
         The instruction at the front end, its dispatch, and the tracker's answer.
-    o_read_weights, o_matmul, o_activate, o_write_host : Out(stream.Signature(layout))
+    o_read_weights, o_matmul, o_activate, o_write_host, o_ub_to_weights : \
+            Out(stream.Signature(layout))
         Dispatch to the engines (the instruction word in its opcode's layout).
+    i_ub_to_weights_busy : In(1)
+        The weight mover still runs the UB_TO_WEIGHTS it took (low on a core built without
+        it).
     o_ub_write : Out(MemWriteSignature(ub_bits, ub_row))
         READ_HOST rows into the unified buffer.
     o_wm_write : Out(MemWriteSignature(wm_bits, weight_row_layout))
@@ -114,6 +121,8 @@ class FrontEnd(wiring.Component):
             "o_matmul":          Out(stream.Signature(Matmul)),
             "o_activate":        Out(stream.Signature(Activate)),
             "o_write_host":      Out(stream.Signature(WriteHost)),
+            "o_ub_to_weights":   Out(stream.Signature(UbToWeights)),
+            "i_ub_to_weights_busy": In(1),
             "o_ub_write":        Out(MemWriteSignature(self.ub_bits, ub_row)),
             "o_wm_write":        Out(MemWriteSignature(
                 self.wm_bits, weight_row_layout(cfg.cols, cfg.data_width))),
@@ -167,7 +176,8 @@ class FrontEnd(wiring.Component):
         # Dispatch: whether the instruction at fetch issues or fails now, and in which cycle
         # the front end acts on what it sees (see Dispatch).
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
-                   Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host}
+                   Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host,
+                   Opcode.UB_TO_WEIGHTS: self.o_ub_to_weights}
         m.submodules.dispatch = decide = Dispatch(cfg)
         m.d.comb += [
             decide.i_valid.eq(self.i_host.valid),
@@ -240,7 +250,7 @@ class FrontEnd(wiring.Component):
                 with m.Elif(dispatch):
                     m.d.comb += [host_ready.eq(1), xfer.i_issue.eq(decide.o_issue)]
                     m.d.sync += [halted.eq(0), index.eq(index + 1)]
-                    with m.If(issue[Opcode.LOAD_WEIGHTS]):
+                    with m.If(issue[Opcode.LOAD_WEIGHTS] | issue[Opcode.UB_TO_WEIGHTS]):
                         m.d.sync += written.eq(written | checks.o_tile_mask)
                     with m.If(issue[Opcode.READ_WEIGHTS]):
                         m.d.sync += queued.eq(queued + instr.count)
@@ -248,6 +258,8 @@ class FrontEnd(wiring.Component):
                         m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
                     with m.If(Cat(*(issue[o] for o in TRANSFER_OPCODES)).any()):
                         m.next = "TRANSFER"
+                    with m.If(issue[Opcode.UB_TO_WEIGHTS]):
+                        m.next = "MOVE"
                 with m.Else():
                     m.d.comb += self.o_raw_stall.eq(decide.o_raw_stall)
             with m.State("TRANSFER"):
@@ -255,6 +267,10 @@ class FrontEnd(wiring.Component):
                 with m.If(xfer.o_halted):
                     m.d.sync += [halted.eq(1), index.eq(0)]
                 with m.If(xfer.o_done):
+                    m.next = "FETCH"
+            # UB_TO_WEIGHTS runs to its end (the mover is busy from the next cycle on).
+            with m.State("MOVE"):
+                with m.If(~self.i_ub_to_weights_busy):
                     m.next = "FETCH"
             # The error beat follows the output of every earlier instruction.
             with m.State("ERROR_BEAT"):

@@ -32,6 +32,8 @@ HAZARD_RULES = (
     "activate_raw_matmul_acc",      # ACTIVATE reads accumulator rows a MATMUL writes
     "activate_war_matmul",          # ACTIVATE writes buffer rows a MATMUL reads
     "activate_war_write_host",      # ... a WRITE_HOST reads
+    "ub_to_weights_raw_activate",   # UB_TO_WEIGHTS reads buffer rows an ACTIVATE writes
+    "ub_to_weights_war_read_weights",  # ... writes a tile a READ_WEIGHTS reads
 )
 
 
@@ -112,7 +114,15 @@ class HazardTracker(wiring.Component):
       read);
     - ACTIVATE reads accumulator rows and writes buffer rows: waits while a MATMUL writes
       those accumulator rows (read after write) or reads those buffer rows (write after
-      read), or a WRITE_HOST reads them (write after read).
+      read), or a WRITE_HOST reads them (write after read);
+    - UB_TO_WEIGHTS reads buffer rows and writes a tile: waits while an ACTIVATE writes
+      those buffer rows (read after write) or a READ_WEIGHTS reads the tile (write after
+      read).
+
+    UB_TO_WEIGHTS runs to its end before the front end takes the next instruction, so no
+    later instruction waits for it and it needs no range of its own here: a READ_WEIGHTS
+    after it reads the tile it wrote, a READ_HOST or an ACTIVATE after it writes rows it
+    has read.
 
     Two MATMULs never wait for each other (their accumulator writes land in order) and the
     engines run one ACTIVATE, one WRITE_HOST and one READ_WEIGHTS at a time. The rules hold
@@ -134,6 +144,10 @@ class HazardTracker(wiring.Component):
     slots : int
         MATMULs in flight the matrix engine allows (default :data:`MATMUL_SLOTS`, 1 to 8);
         the core passes :attr:`~hdl.config.TPUConfig.matmul_slots`.
+    ub_to_weights : bool
+        The core runs UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`); without
+        it the instruction never reaches the tracker (an unknown opcode), and its two rules
+        are constant low (their compares cost logic).
     late : bool
         Also answer ``hazard_late``: a flip-flop more for each range compare and opcode a
         rule has (29 with four MATMUL slots).
@@ -152,7 +166,7 @@ class HazardTracker(wiring.Component):
     """
 
     def __init__(self, *, end_bits: int = ADDR_END_BITS, slots: int = MATMUL_SLOTS,
-                 late: bool = False):
+                 late: bool = False, ub_to_weights: bool = True):
         if not isinstance(end_bits, int) or not 1 <= end_bits <= ADDR_END_BITS:
             raise ValueError(f"end_bits={end_bits!r} is not supported; allowed: 1 to "
                              f"{ADDR_END_BITS}")
@@ -161,6 +175,7 @@ class HazardTracker(wiring.Component):
         self.end_bits = end_bits
         self.slots = slots
         self.late = late
+        self.ub_to_weights = ub_to_weights
         super().__init__({
             "i_query":             In(HazardQuerySignature()),
             "i_matmul_retire":     In(1),
@@ -235,7 +250,14 @@ class HazardTracker(wiring.Component):
             "activate_raw_matmul_acc":       (Opcode.ACTIVATE, hits(mm_acc, a, a_end)),
             "activate_war_matmul":           (Opcode.ACTIVATE, hits(mm_ub, b, b_end)),
             "activate_war_write_host":       (Opcode.ACTIVATE, hits([ho_ub], b, b_end)),
+            "ub_to_weights_raw_activate":    (Opcode.UB_TO_WEIGHTS,
+                                              hits([act_ub], a, a_end)),
+            "ub_to_weights_war_read_weights": (Opcode.UB_TO_WEIGHTS,
+                                               hits([rw_tiles], b, b_end)),
         }
+        if not self.ub_to_weights:
+            for name in ("ub_to_weights_raw_activate", "ub_to_weights_war_read_weights"):
+                rules[name] = (Opcode.UB_TO_WEIGHTS, [Const(0)])
         assert tuple(rules) == HAZARD_RULES
         for i, (opcode, hit) in enumerate(rules.values()):
             m.d.comb += self.o_rules[i].eq((op == opcode) & Cat(*hit).any())

@@ -108,8 +108,12 @@ class RowMemory(wiring.Component):
         Rows.
     row_shape : shape-like
         Shape of one row.
-    readers, writers : int
-        Clients of the read and the write port.
+    readers : int or tuple of int
+        Read clients: an int ``n`` for ``n`` ports with one client each, or the number of
+        clients of each port (``(1, 2)``: a port of its own for client 0, one that clients 1
+        and 2 share round-robin, as :func:`serve_reads` serves them).
+    writers : int
+        Clients of the write port.
     pipelined : bool
         The rows in a :class:`~hdl.memory.block_ram.PipelinedMemory`: a read's row leaves the
         block RAM's output register, one cycle later (the fast pipeline), and a write lands a
@@ -128,22 +132,24 @@ class RowMemory(wiring.Component):
         request, in request order.
     """
 
-    def __init__(self, *, depth: int, row_shape, readers: int = 1, writers: int = 1,
-                 pipelined: bool = False):
+    def __init__(self, *, depth: int, row_shape, readers: int | tuple[int, ...] = 1,
+                 writers: int = 1, pipelined: bool = False):
         self.pipelined = pipelined
+        self.port_clients = (1,) * readers if isinstance(readers, int) else tuple(readers)
         self.depth = depth
         self.row_shape = row_shape
         self.addr_bits = max(1, (depth - 1).bit_length())
         super().__init__({
             "w": In(MemWriteSignature(self.addr_bits, row_shape)).array(writers),
-            "r": In(MemReadSignature(self.addr_bits, row_shape)).array(readers),
+            "r": In(MemReadSignature(self.addr_bits, row_shape)).array(
+                sum(self.port_clients)),
         })
 
     def elaborate(self, platform):
         m = Module()
         if self.pipelined:
             m.submodules.mem = mem = PipelinedMemory(shape=self.row_shape, depth=self.depth,
-                                                     readers=len(self.r))
+                                                     readers=len(self.port_clients))
             # The granted write lands a cycle later, from flip-flops beside the arbiter: the
             # grant comes from the clients' valid, deep in the control logic, and would
             # otherwise run on across the die into the block RAMs' data inputs.
@@ -165,10 +171,14 @@ class RowMemory(wiring.Component):
         with m.If(any_w):
             m.d.sync += last_w.eq(grant)
 
-        for index, r in enumerate(self.r):
+        first = 0
+        for index, clients in enumerate(self.port_clients):
+            served = list(self.r)[first:first + clients]
+            first += clients
+            addrs, datas = [r.addr for r in served], [r.data for r in served]
             if self.pipelined:
-                serve_reads(m, mem.r[index], [r.addr], [r.data], name=f"r{index}", latency=2)
+                serve_reads(m, mem.r[index], addrs, datas, name=f"r{index}", latency=2)
                 continue
             port = RegisteredRead(m, mem, f"r{index}_port")
-            serve_reads(m, port, [r.addr], [r.data], name=f"r{index}")
+            serve_reads(m, port, addrs, datas, name=f"r{index}")
         return m

@@ -11,14 +11,15 @@ class WeightMemory(RowMemory):
     """``tiles`` weight tiles of ``rows`` rows, row ``r`` of tile ``t`` at address
     ``t * rows + r``; each row carries ``cols`` raw weights and the tile's signedness.
 
-    One write client ``w[0]`` (the host, LOAD_WEIGHTS) and one read client ``r[0]`` (the
-    weight loader, READ_WEIGHTS), each with its own port; see :class:`RowMemory` for the
-    members and their protocol.
+    Write clients ``w[0]`` (the host, LOAD_WEIGHTS) and, with *mover*, ``w[1]`` (the weight
+    mover, UB_TO_WEIGHTS), sharing the write port; one read client ``r[0]`` (the weight
+    loader, READ_WEIGHTS) with a port of its own; see :class:`RowMemory` for the members
+    and their protocol.
     """
 
     def __init__(self, *, tiles: int, rows: int, cols: int, data_width: int = 8,
-                 pipelined: bool = False):
+                 pipelined: bool = False, mover: bool = False):
         self.tiles = tiles
         self.rows = rows
         super().__init__(depth=tiles * rows, row_shape=weight_row_layout(cols, data_width),
-                         pipelined=pipelined)
+                         writers=2 if mover else 1, pipelined=pipelined)

@@ -34,6 +34,7 @@ from sim.formal.engines import (
     host_writer_harness,
     matrix_engine_harness,
     weight_loader_harness,
+    weight_mover_harness,
 )
 from sim.formal.front_end import front_end_stopped_harness, front_end_streams_harness
 from sim.formal.harness import FORMAL_ROOT, Proof, Result, run, stop_all
@@ -159,6 +160,9 @@ PROOFS: dict[str, Proof] = _table(
              "activation_engine_streams", activation_unit="serial", limit=120),
     _control(host_writer_harness, "host_writer_streams",
              "HostWriter: stream rules on o_ub.addr, o_host; busy contract", limit=120),
+    _control(weight_mover_harness, "weight_mover_streams",
+             "WeightMover (UB_TO_WEIGHTS): stream rules on o_ub.addr, o_wm; busy contract",
+             limit=120),
     _control(front_end_streams_harness, "front_end_streams",
              "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes",
              limit=120),

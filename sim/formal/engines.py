@@ -23,7 +23,7 @@ k-induction close.
 
 from __future__ import annotations
 
-from amaranth.hdl import Assert, Assume, Const, Module, Signal
+from amaranth.hdl import Assert, Assume, Const, Module, Mux, Signal
 
 from hdl.config import TPUConfig
 from hdl.control.activation_engine import ActivationEngine, window_log2
@@ -31,10 +31,11 @@ from hdl.control.host_writer import HostWriter
 from hdl.control.matrix_engine import MatrixEngine
 from hdl.control.param_store import ParamKind
 from hdl.control.weight_loader import WeightLoader
+from hdl.control.weight_mover import WeightMover
 from sim.formal.harness import Harness, Inside, all_stream_rules, past, was_reset
 
 __all__ = ["weight_loader_harness", "matrix_engine_harness", "activation_engine_harness",
-           "host_writer_harness"]
+           "host_writer_harness", "weight_mover_harness"]
 
 
 def _fire(port) -> Signal:
@@ -241,3 +242,37 @@ def host_writer_harness(config: TPUConfig) -> Harness:
         ]
 
     return Harness(HostWriter(config), properties, reset="any")
+
+
+def weight_mover_harness(config: TPUConfig) -> Harness:
+    """Stream rules of :class:`WeightMover` (``o_ub.addr``, ``o_wm``) and its busy contract
+    (UB_TO_WEIGHTS' next instruction waits on ``o_busy``).
+
+    Assumed of the environment: the unified buffer answers only requests it has been sent;
+    the front end dispatches only checked instructions (a ``count`` of 1 to the tile's rows,
+    or its columns when transposed).
+    """
+
+    def properties(m: Module, mv: WeightMover, inside: Inside) -> None:
+        all_stream_rules(m, mv)
+        cmd = mv.i_move.payload
+        most = Signal.like(cmd.count, name="count_most")
+        m.d.comb += [
+            most.eq(Mux(cmd.transpose, config.cols, config.rows)),
+            Assume(~mv.i_move.valid | ((cmd.count != 0) & (cmd.count <= most))),
+        ]
+        reads = _outstanding(m, mv.o_ub, len(cmd.count), name="ub")
+        _busy_contract(m, mv.i_move, mv.o_busy, name="weight mover")
+        _ready_holds(m, mv.i_move, name="weight mover")
+
+        req_left, recv_left = inside.signal("req_left"), inside.signal("recv_left")
+        reading, writing = inside.signal("reading"), inside.signal("writing")
+        m.d.comb += [
+            Assert(recv_left == req_left + reads, "every row is requested or answered"),
+            Assert(mv.o_busy == (reading | writing), "busy while reading or writing"),
+            Assert(~(reading & writing), "reads, then writes"),
+            Assert(~reading | (recv_left != 0), "reading: a row still to come"),
+            Assert(reading | (recv_left == 0), "no row left once reading is done"),
+        ]
+
+    return Harness(WeightMover(config), properties, reset="any")

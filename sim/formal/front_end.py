@@ -2,7 +2,7 @@
 every stream it drives, and that it does nothing while stopped on an error.
 
 Stream rules (:func:`front_end_streams_harness`): every stream the front end drives (the
-four dispatch streams, ``o_beat``, ``o_ub_write``, ``o_wm_write``, ``o_param_write``) keeps
+five dispatch streams, ``o_beat``, ``o_ub_write``, ``o_wm_write``, ``o_param_write``) keeps
 ``valid`` and its payload until the transfer, given that ``i_host`` does. Assumed of the
 rest of :class:`hdl.core.Core`, each a property another proof checks:
 
@@ -74,9 +74,11 @@ def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
     m.d.comb += [
         Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
         Assert(fe("ERROR_BEAT") == xfer("ERROR_BEAT"), "ERROR_BEAT in both"),
-        Assert(~fe("FETCH", "ERROR") | xfer("IDLE"), "no transfer while fetching or stopped"),
+        Assert(~fe("FETCH", "MOVE", "ERROR") | xfer("IDLE"),
+               "no transfer while fetching, moving or stopped"),
         Assert(~fe("SETTLE") | xfer("SCRUB", "IDLE"), "settling: the scrub or nothing"),
-        Assert(fe("SETTLE", "FETCH", "TRANSFER", "ERROR_BEAT", "ERROR"), "a state of its own"),
+        Assert(fe("SETTLE", "FETCH", "TRANSFER", "MOVE", "ERROR_BEAT", "ERROR"),
+               "a state of its own"),
     ]
 
 
@@ -111,7 +113,8 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
                    (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
         ]
         if config.pipeline != "reference":
-            for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host"):
+            for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host",
+                         "o_ub_to_weights"):
                 port = getattr(fe, name)
                 ready_1 = past(m, port.ready, name=f"{name}_ready_1")
                 fired_1 = past(m, _fire(port), name=f"{name}_took_1")
@@ -163,7 +166,8 @@ def front_end_stopped_harness(config: TPUConfig) -> Harness:
         with m.Elif(_fire(beat) & (sent != 3)):
             m.d.sync += sent.eq(sent + 1)
 
-        dispatch_streams = (fe.o_read_weights, fe.o_matmul, fe.o_activate, fe.o_write_host)
+        dispatch_streams = (fe.o_read_weights, fe.o_matmul, fe.o_activate, fe.o_write_host,
+                            fe.o_ub_to_weights)
         with m.If(error):
             m.d.comb += [
                 Assert(~Cat(*(p.valid for p in dispatch_streams)).any(),

@@ -13,8 +13,11 @@ instruction touches ``r`` and how, per :mod:`hdl.isa`:
 - ACTIVATE reads accumulator rows ``acc_addr..+count`` and writes buffer rows
   ``ub_addr..+count/window``; WRITE_HOST reads buffer rows ``ub_addr..+count``;
   READ_WEIGHTS reads tiles ``tile..+count``; each unfinished while its engine is busy;
-- READ_HOST (buffer rows) and LOAD_WEIGHTS (tiles) write in the front end itself, so they
-  are finished before the next instruction is at the front end.
+- READ_HOST (buffer rows) and LOAD_WEIGHTS (tiles) write in the front end itself, and
+  UB_TO_WEIGHTS (reads buffer rows ``ub_addr..+count``, writes tile ``tile``) runs while the
+  front end waits for it, so they are finished before the next instruction is at the front
+  end: as waiting instructions they are checked, as unfinished ones there is nothing to
+  track.
 
 Membership is ``lo <= r < lo + n`` on the instruction's fields, not the tracker's range
 overlap compares. The property, every cycle, for the instruction at the front end: if it
@@ -142,8 +145,8 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         Build the tracker with this range width (as the core does for its memories) and
         assume what the front end's range checks then guarantee: every range the
         instruction names ends below ``2**end_bits`` (``a + count``; for MATMUL and
-        ACTIVATE also ``b`` plus its rows at ``b``). The tracker's default (every 16-bit
-        field) if not given.
+        ACTIVATE also ``b`` plus its rows at ``b``, for UB_TO_WEIGHTS its tile ``b`` + 1).
+        The tracker's default (every 16-bit field) if not given.
     slots : int
         The tracker's MATMUL slots (as the core builds it for its ``matmul_slots``).
     dut_class : type
@@ -170,13 +173,15 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         x = {name: Signal(name=f"x_{name}") for name in
              ("ub_read", "ub_write", "acc_read", "acc_write", "tile_read", "tile_write")}
         m.d.comb += [
-            x["ub_read"].eq((is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]) & within(a, count)),
+            x["ub_read"].eq((is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL] |
+                             is_[Opcode.UB_TO_WEIGHTS]) & within(a, count)),
             x["ub_write"].eq((is_[Opcode.READ_HOST] & within(a, count)) |
                              (is_[Opcode.ACTIVATE] & within(b, windows))),
             x["acc_read"].eq(is_[Opcode.ACTIVATE] & within(a, count)),
             x["acc_write"].eq(is_[Opcode.MATMUL] & within(b, count)),
             x["tile_read"].eq(is_[Opcode.READ_WEIGHTS] & within(a, count)),
-            x["tile_write"].eq(is_[Opcode.LOAD_WEIGHTS] & within(a, count)),
+            x["tile_write"].eq((is_[Opcode.LOAD_WEIGHTS] & within(a, count)) |
+                               (is_[Opcode.UB_TO_WEIGHTS] & within(b, 1))),
         ]
         dispatch = {o: q.dispatch & is_[o] for o in Opcode}
 
@@ -220,14 +225,16 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         if check != "no_rise":
             m.d.comb += [
                 Assume(q.a_end == a + count),
-                Assume(q.b_end == b + Mux(is_[Opcode.ACTIVATE], windows, count)),
+                Assume(q.b_end == b + Mux(is_[Opcode.ACTIVATE], windows,
+                                          Mux(is_[Opcode.UB_TO_WEIGHTS], 1, count))),
             ]
         if small is not None:
             m.d.comb += Assume((a < small) & (b < small) & (count < small))
         if end_bits is not None:
-            b_rows = Mux(is_[Opcode.ACTIVATE], windows, count)
+            b_rows = Mux(is_[Opcode.ACTIVATE], windows, Mux(is_[Opcode.UB_TO_WEIGHTS], 1, count))
             m.d.comb += Assume((a + count < 1 << end_bits) &
-                               (~(is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE]) |
+                               (~(is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE] |
+                                  is_[Opcode.UB_TO_WEIGHTS]) |
                                 (b + b_rows < 1 << end_bits)))
         m.d.comb += [
             Assume(~q.dispatch | ~q.hazard),

@@ -56,7 +56,8 @@ Instructions
 - LOAD_WEIGHTS: ``count * rows`` data beats into tiles ``tile..tile+count-1``, row 0 of each
   tile first; marks each tile written, with the instruction's ``signed`` flag.
 - READ_WEIGHTS: appends copies of tiles ``tile..tile+count-1`` (their contents and signed
-  flags at that moment) to the weight queue. A later LOAD_WEIGHTS does not change queued tiles.
+  flags at that moment) to the weight queue. A later LOAD_WEIGHTS or UB_TO_WEIGHTS does not
+  change queued tiles.
 - MATMUL: if ``switch``, the oldest queued tile becomes the active tile. Then for ``i`` in
   ``0..count-1``: ``x`` = the first ``rows`` elements of unified-buffer row ``ub_addr+i``,
   int8 if ``signed`` else uint8; ``psum = golden.matmul(x, W)`` with the active tile ``W``
@@ -99,6 +100,11 @@ Instructions
   the per-column shift row (the instruction's ``shift`` field is then ignored).
 - READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
 - CLEAR_COUNTERS: zeroes every counter.
+- UB_TO_WEIGHTS: tile ``tile`` becomes all zero bytes; then for ``i`` in ``0..count-1``,
+  with ``u`` = unified-buffer row ``ub_addr+i`` (raw bytes): if ``transpose``,
+  ``tile[r][i] = u[r]`` for ``r`` in ``0..rows-1`` (buffer row ``i`` is tile column ``i``),
+  else ``tile[i][c] = u[c]`` for ``c`` in ``0..cols-1``. Marks the tile written, with the
+  instruction's ``signed`` flag. No data beats: the rows come from the unified buffer.
 
 Rounding modes
 --------------
@@ -186,17 +192,20 @@ Errors
 Each instruction is checked when it is decoded, before it has any effect (before its data
 beats are consumed). The first failing check, in this order, sets the error:
 
-1. UNKNOWN_OPCODE: opcode 12..15.
+1. UNKNOWN_OPCODE: opcode 13..15, and 12 (UB_TO_WEIGHTS) on a core built without it
+   (``ub_to_weights=False``).
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
-   ACTIVATE; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0`` or
-   ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``.
-3. SIGNEDNESS: LOAD_WEIGHTS or MATMUL with ``signed`` clear on a core built for int8 only
-   (``operands="int8"``).
-4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL) or
-   ``count / window`` (ACTIVATE).
+   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0``
+   or ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``;
+   for UB_TO_WEIGHTS ``count > cols`` with ``transpose``, ``count > rows`` without.
+3. SIGNEDNESS: LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL with ``signed`` clear on a core built
+   for int8 only (``operands="int8"``).
+4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL,
+   UB_TO_WEIGHTS) or ``count / window`` (ACTIVATE).
 5. ACC_RANGE: ``acc_addr + count > acc_depth`` (MATMUL, ACTIVATE).
-6. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS).
-7. WEIGHT_UNWRITTEN: READ_WEIGHTS of a tile no LOAD_WEIGHTS has written.
+6. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS),
+   ``tile + 1 > weight_mem_tiles`` (UB_TO_WEIGHTS).
+7. WEIGHT_UNWRITTEN: READ_WEIGHTS of a tile no LOAD_WEIGHTS or UB_TO_WEIGHTS has written.
 8. WEIGHT_EMPTY: MATMUL with ``switch`` and an empty queue, or without ``switch`` and no
    active tile yet.
 9. WEIGHT_OVERFLOW: READ_WEIGHTS that would make the queue longer than
@@ -450,8 +459,9 @@ class IsaSim:
         self._halted = False
         opcode, fields = isa.decode(word)       # the decoder the assembler uses too
         try:
-            if not isinstance(opcode, isa.Opcode):
-                raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)
+            if not isinstance(opcode, isa.Opcode) or (
+                    opcode == isa.Opcode.UB_TO_WEIGHTS and not self.config.ub_to_weights):
+                raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)   # reserved, or not built
             execute = getattr(self, f"_op_{opcode.name.lower()}")
             execute(fields)
         except _Error as error:
@@ -609,6 +619,25 @@ class IsaSim:
 
     def _op_read_counters(self, f) -> None:
         self.output.extend(self.counters().values())
+
+    def _op_ub_to_weights(self, f) -> None:
+        ub_addr, tile, count = f["ub_addr"], f["tile"], f["count"]
+        rows, cols = self.config.rows, self.config.cols
+        self._check_count(count)
+        if count > (cols if f["transpose"] else rows):
+            raise _Error(isa.ErrorCode.BAD_FIELD)
+        self._check_signed(f)
+        self._check_ub(ub_addr, count)
+        self._check_tiles(tile, 1)
+        src = self.ub[ub_addr:ub_addr + count]              # ub_row >= rows, cols
+        w = np.zeros((rows, cols), dtype=np.uint8)
+        if f["transpose"]:
+            w[:, :count] = src[:, :rows].T
+        else:
+            w[:count, :] = src[:, :cols]
+        self.weights[tile] = w                              # queued tiles are copies
+        self.weight_written[tile] = True
+        self.weight_signed[tile] = bool(f["signed"])
 
     def _op_clear_counters(self, f) -> None:
         # The instruction completes after this; CLEAR_COUNTERS itself is not counted.

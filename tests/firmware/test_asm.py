@@ -26,7 +26,7 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
     for _ in range(n):
         choice = rnd.random()
         if choice < 0.04:
-            beats.append(rnd.randrange(12, 16) | rnd.getrandbits(60) << 4)
+            beats.append(rnd.randrange(13, 16) | rnd.getrandbits(60) << 4)
             continue
         opcode = rnd.choice(list(isa.Opcode))
         fields = {}
@@ -278,7 +278,17 @@ def test_truncated_stream_cannot_be_disassembled():
 ERRORS = [
     ("matmull ub=0", "line 1: unknown mnemonic 'matmull'; allowed: nop, halt, sync, "
      "read_host, write_host, load_weights, read_weights, matmul, activate, load_params, "
-     "read_counters, clear_counters, .word"),
+     "read_counters, clear_counters, ub_to_weights, .word"),
+    ("ub_to_weights tile=0 count=1", "line 1: ub_to_weights is missing field ub; required: "
+     "ub, tile, count"),
+    ("ub_to_weights ub=0 tile=0 count=1 switch", "line 1: ub_to_weights has no field "
+     "'switch'; allowed: signed, transpose, ub, tile, count"),
+    ("ub_to_weights ub=0 tile=0 count=1 transpose=2", "line 1: ub_to_weights field "
+     "transpose=2 is out of range; allowed: 0 to 1 (1 bits)"),
+    ("ub_to_weights ub=0 tile=0x10000 count=1", "line 1: ub_to_weights field tile=0x10000 "
+     "is out of range; allowed: 0 to 65535 (16 bits)"),
+    ("ub_to_weights ub=0 tile=0 count=1\n.row 1 2 3 4 5 6 7 8", "line 2: unexpected .row: "
+     "ub_to_weights at line 1 takes 0 data lines; allowed: exactly 0"),
     ("nop\nmatmul ub=0 acc=0 count=1 swtch", "line 2: matmul has no field 'swtch'; allowed: "
      "accumulate, switch, signed, ub, acc, count"),
     ("halt x=1", "line 1: halt has no field 'x'; allowed: none"),
@@ -389,6 +399,54 @@ def test_error_messages(text, message):
     assert str(info.value) == message
 
 
+UB_TO_WEIGHTS_TEXT = """\
+ub_to_weights ub=128 tile=1 count=8 transpose signed
+ub_to_weights ub_addr=0x10 tile=63 count=1
+ub_to_weights ub=65535 tile=65535 count=65535 signed=0 transpose=1 _flags=3
+ub_to_weights ub=0 tile=0 count=9 transpose=0 signed=1   # past the tile: the core's check
+"""
+
+
+def test_ub_to_weights_text_and_builder():
+    """Text (flags bare or as name=0/1, layout names, reserved bits) and the builder give the
+    same words, with the fields where the layout puts them; canonical text round-trips and
+    no data lines follow. Counts past the tile assemble: the core judges them
+    (BAD_FIELD)."""
+    config = PRESETS["wide"]
+    beats = assemble(UB_TO_WEIGHTS_TEXT, config)
+    p = Program(config)
+    assert p.ub_to_weights(128, 1, 8, transpose=True) == beats[:1]
+    p.ub_to_weights(0x10, 63, 1, signed=False)
+    p.ub_to_weights(65535, 65535, 65535, transpose=True, signed=False)
+    p.ub_to_weights(0, 0, 9)
+    assert p.beats[:2] == beats[:2] and p.beats[3] == beats[3]
+    assert beats[2] == p.beats[2] | 3 << 6                      # the reserved bits
+    assert p.instructions == 4 and len(beats) == 4
+    layout = data.Layout.cast(isa.UbToWeights)
+    view = layout.from_bits(beats[0])
+    assert (view.opcode, view.signed, view.transpose, view.ub_addr, view.tile, view.count) == \
+        (isa.Opcode.UB_TO_WEIGHTS, 1, 1, 128, 1, 8)
+    assert beats[0] == 12 | 1 << 4 | 1 << 5 | 128 << 8 | 1 << 24 | 8 << 40
+    assert decode(beats[1]) == (isa.Opcode.UB_TO_WEIGHTS, {
+        "signed": 0, "transpose": 0, "_flags": 0, "ub_addr": 16, "tile": 63, "count": 1,
+        "_c": 0})
+    text = disassemble(beats, config)
+    assert text.splitlines() == [
+        "ub_to_weights ub=128 tile=1 count=8 signed transpose",
+        "ub_to_weights ub=16 tile=63 count=1",
+        "ub_to_weights ub=65535 tile=65535 count=65535 transpose _flags=0x3",
+        "ub_to_weights ub=0 tile=0 count=9 signed"]
+    assert assemble(text, config) == beats
+    assert p.text() == text.replace(" _flags=0x3", "")
+    # No data beats: the next beat is the next instruction.
+    mixed = Program(config)
+    mixed.ub_to_weights(0, 0, 4)
+    mixed.read_weights(0)
+    mixed.halt()
+    assert disassemble(mixed.beats, config).splitlines() == [
+        "ub_to_weights ub=0 tile=0 count=4 signed", "read_weights tile=0 count=1", "halt"]
+
+
 def test_program_api_errors():
     p = Program(PRESETS["tiny"])
     with pytest.raises(AsmError, match=r"matmul field count=65536 is out of range"):
@@ -405,6 +463,23 @@ def test_program_api_errors():
         p.load_params(0, [2**31 * 1000], [0])
     with pytest.raises(AsmError, match=r"beat 0x1" + "0" * 16 + " is out of range"):
         p.word(1 << 64)
+    for kwargs, message in [
+            (dict(ub=-1, tile=0, count=1), r"^ub_to_weights field ub=-1 is out of range; "
+                                           r"allowed: 0 to 65535 \(16 bits\)$"),
+            (dict(ub=0, tile=1 << 16, count=1), r"^ub_to_weights field tile=65536 is out of "
+                                                r"range; allowed: 0 to 65535 \(16 bits\)$"),
+            (dict(ub=0, tile=0, count=65536), r"^ub_to_weights field count=65536 is out of "
+                                              r"range; allowed: 0 to 65535 \(16 bits\)$"),
+            (dict(ub=0, tile=0, count=1, transpose=2), r"^ub_to_weights field transpose=2 is "
+                                                       r"out of range; allowed: 0 to 1 "
+                                                       r"\(1 bits\)$"),
+            (dict(ub=0, tile=0, count=1, signed="yes"), r"^ub_to_weights field "
+                                                        r"signed='yes' is not an integer; "
+                                                        r"allowed: 0 to 1 \(1 bits\)$"),
+            (dict(ub=0.5, tile=0, count=1), r"^ub_to_weights field ub=0.5 is not an "
+                                            r"integer; allowed: 0 to 65535 \(16 bits\)$")]:
+        with pytest.raises(AsmError, match=message):
+            p.ub_to_weights(**kwargs)
     assert p.beats == [] and p.instructions == 0
 
 

@@ -43,7 +43,8 @@ FENCES = frozenset({isa.Opcode.SYNC, isa.Opcode.HALT, isa.Opcode.READ_COUNTERS,
 #: rows), ``acc`` (accumulator rows) or ``tile`` (weight tiles).
 MEMORY_ACCESSES = (("read_host", "ub"), ("write_host", "ub"), ("matmul", "ub"),
                    ("matmul", "acc"), ("activate", "acc"), ("activate", "ub"),
-                   ("load_weights", "tile"), ("read_weights", "tile"))
+                   ("load_weights", "tile"), ("read_weights", "tile"),
+                   ("ub_to_weights", "ub"), ("ub_to_weights", "tile"))
 
 #: Per rule of HAZARD_RULES: (waiting instruction, its memory, unfinished instruction, its
 #: memory), ``ub``, ``acc`` or ``tile``; the rows of each that meet.
@@ -58,6 +59,8 @@ RULE_ACCESSES = {
     "activate_raw_matmul_acc":       ("activate", "acc", "matmul", "acc"),
     "activate_war_matmul":           ("activate", "ub", "matmul", "ub"),
     "activate_war_write_host":       ("activate", "ub", "write_host", "ub"),
+    "ub_to_weights_raw_activate":    ("ub_to_weights", "ub", "activate", "ub"),
+    "ub_to_weights_war_read_weights": ("ub_to_weights", "tile", "read_weights", "tile"),
 }
 assert tuple(RULE_ACCESSES) == HAZARD_RULES
 
@@ -147,6 +150,8 @@ def _reachable_full(config: TPUConfig, op: str, memory: str) -> bool:
         return any(ub * w <= acc for w in windows)
     if op == "read_weights":
         return tiles <= config.weight_fifo_depth + 1
+    if op == "ub_to_weights":       # one tile, of at most max(rows, cols) buffer rows
+        return (ub <= max(config.rows, config.cols)) if memory == "ub" else tiles == 1
     raise ValueError(op)
 
 
@@ -156,12 +161,19 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     stall and overlap points too); ``max_count``: the longest transfer it draws, if not the
     whole memory (then a transfer of all of a deeper memory is not promised)."""
     depths = {"ub": config.ub_depth, "acc": config.acc_depth, "tile": config.weight_mem_tiles}
-    points = [f"op.{op.name.lower()}" for op in isa.Opcode] + ["resync_word"]
+    moves = config.ub_to_weights        # a core without UB_TO_WEIGHTS refuses it
+    ops = [op for op in isa.Opcode if moves or op != isa.Opcode.UB_TO_WEIGHTS]
+    rules = [rule for rule in HAZARD_RULES if moves or not rule.startswith("ub_to_weights")]
+    points = [f"op.{op.name.lower()}" for op in ops] + ["resync_word"]
     # A core for int8 only refuses signed=0 (a SIGNEDNESS error): valid programs set it.
     signs = (1,) if config.operands == "int8" else (0, 1)
     points += [f"matmul.{flag}={v}" for flag in ("switch", "accumulate") for v in (0, 1)]
     points += [f"matmul.signed={v}" for v in signs]
     points += [f"load_weights.signed={v}" for v in signs]
+    if moves:
+        points += [f"ub_to_weights.signed={v}" for v in signs]
+        points += [f"ub_to_weights.transpose={v}" for v in (0, 1)]
+        points += ["ub_to_weights.whole_tile", "ub_to_weights.part_tile"]
     points += [f"activate.func={f.name.lower()}" for f in isa.Func]
     points += [f"activate.pool={p.name.lower()}" for p in isa.Pool]
     points += ["activate.longer_than_matmul_latency"]
@@ -172,6 +184,8 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     points += ["load_params.column_shifts", "load_params.column_shift=0",
                "load_params.column_shift=63", "load_params.column_shift_tie_multiplier"]
     for op, memory in MEMORY_ACCESSES:
+        if op == "ub_to_weights" and not moves:
+            continue
         for point in ("first", "last", "single", "full"):
             if point != "full" or (_reachable_full(config, op, memory) and (
                     max_count is None or depths[memory] <= max_count)):
@@ -182,10 +196,10 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     if config.host_width > isa.INSTR_BITS:
         points += ["instr_bits_above_64"]
     points += ["data_bits_above_row"]
-    points += [f"setup.{rule}" for rule in HAZARD_RULES]
+    points += [f"setup.{rule}" for rule in rules]
     points += ["setup.one_row_overlap", "setup.adjacent_no_overlap"]
     if rtl:
-        points += [f"rtl.stall.{rule}" for rule in HAZARD_RULES]
+        points += [f"rtl.stall.{rule}" for rule in rules]
         points += [f"rtl.overlap.{a}+{b}" for a, b in OVERLAPS]
     return points
 
@@ -313,6 +327,13 @@ class ProgramObserver:
                 if count > cfg.rows + cfg.cols + 4:
                     hit("activate.longer_than_matmul_latency")
                 self._slot("activate", f["slot"])
+            elif opcode == isa.Opcode.UB_TO_WEIGHTS:
+                ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count)
+                ranges["tile"] = (f["tile"], f["tile"] + 1)
+                hit(f"ub_to_weights.signed={int(f['signed'])}")
+                hit(f"ub_to_weights.transpose={int(f['transpose'])}")
+                whole = cfg.cols if f["transpose"] else cfg.rows
+                hit("ub_to_weights.whole_tile" if count == whole else "ub_to_weights.part_tile")
             elif opcode == isa.Opcode.LOAD_PARAMS:
                 data_beats, row = 2 + f["column_shifts"], "param"
                 self._slot("load_params", f["slot"])

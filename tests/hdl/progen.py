@@ -11,9 +11,10 @@ from its random generator, that
   *motifs*, a long instruction followed by one whose rows meet its rows (one motif per rule
   of :data:`hdl.control.hazards.HAZARD_RULES`: a short MATMUL into the last accumulator rows
   of a long ACTIVATE, a READ_HOST into rows a WRITE_HOST still sends, a LOAD_WEIGHTS into a
-  tile a READ_WEIGHTS still reads, ...), the target row being the producer's first, its last
-  or any; or two long instructions for two different engines; or bursts of MATMULs, a weight
-  queue filled and drained, a LOAD_PARAMS behind an ACTIVATE of the same slot;
+  tile a READ_WEIGHTS still reads, a UB_TO_WEIGHTS of rows an ACTIVATE still writes, ...),
+  the target row being the producer's first, its last or any; or two long instructions for
+  two different engines; or bursts of MATMULs, a weight queue filled and drained, a
+  LOAD_PARAMS behind an ACTIVATE of the same slot;
 - sometimes sets bits the core must ignore: reserved instruction fields, instruction bits
   above 64, data bits above the row, the bits above each per-column shift; and sends the
   resynchronisation word mid-program;
@@ -267,6 +268,23 @@ class _Generator:
         self.queued += count
         return {"tile": (tile, count)}
 
+    def ub_to_weights(self, ub: int | None = None, count: int | None = None,
+                      tile: int | None = None) -> Ranges:
+        """A UB_TO_WEIGHTS, transposed or not, of ``count`` buffer rows (drawn up to the
+        tile's columns or rows) into ``tile``."""
+        cfg = self.cfg
+        transpose = self.chance(0.5)
+        count = count or self.count(cfg.cols if transpose else cfg.rows)
+        if count > (cfg.cols if transpose else cfg.rows):
+            transpose = not transpose       # a count given for the other form
+        ub = self.start(cfg.ub_depth, count) if ub is None else ub
+        tile = self.start(cfg.weight_mem_tiles, 1) if tile is None else tile
+        signed = cfg.operands == "int8" or self.chance(0.5)
+        self._emit(lambda: self.prog.ub_to_weights(ub, tile, count, transpose=transpose,
+                                                   signed=signed), isa.Opcode.UB_TO_WEIGHTS)
+        self.written.add(tile)
+        return {"ub": (ub, count), "tile": (tile, 1)}
+
     def prime_weights(self) -> None:
         """Make a MATMUL possible: a tile queued or active."""
         if self.have_active or self.queued:
@@ -359,12 +377,13 @@ class _Generator:
     # Single instructions -------------------------------------------------------------------
 
     def random_instruction(self) -> None:
-        kind = self.rng.choice(["read_host", "load_weights", "read_weights", "matmul",
-                                "matmul", "matmul", "activate", "activate", "load_params",
-                                "write_host", "write_host", "nop", "sync", "read_counters",
-                                "clear_counters", "resync"],
-                               p=[0.1, 0.06, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.07,
-                                  0.04, 0.02, 0.02, 0.02, 0.02, 0.02])
+        kinds = {"read_host": 0.1, "load_weights": 0.06, "read_weights": 0.08, "matmul": 0.3,
+                 "activate": 0.2, "load_params": 0.05, "write_host": 0.11, "nop": 0.02,
+                 "sync": 0.02, "read_counters": 0.02, "clear_counters": 0.02, "resync": 0.02}
+        if self.cfg.ub_to_weights:
+            kinds["ub_to_weights"] = 0.05
+        weights = np.array(list(kinds.values()))
+        kind = self.rng.choice(list(kinds), p=weights / weights.sum())
         if kind == "read_weights":
             if self.read_weights() is None:
                 self.load_weights()
@@ -432,6 +451,18 @@ class _Generator:
         elif rule == "activate_war_write_host":
             t = ub_row(self.write_host(long=True))
             self._activate_into(t)
+        elif rule == "ub_to_weights_raw_activate":
+            t = ub_row(self.activate(long=True))
+            count = self.count(max(cfg.rows, cfg.cols))
+            self.ub_to_weights(ub=self.around(t, count, ub_most), count=count)
+        elif rule == "ub_to_weights_war_read_weights":
+            if self.queued == self.capacity:
+                self.matmul(switch=True)             # room for the READ_WEIGHTS
+            if not self.written:
+                self.load_weights()
+            ranges = self.read_weights(most=self.chance(0.5))
+            assert ranges is not None
+            self.ub_to_weights(tile=self.target(*ranges["tile"]))
         else:
             raise ValueError(rule)
 
@@ -514,7 +545,9 @@ class _Generator:
     def step(self) -> None:
         r = self.rng.random()
         if r < 0.45:
-            self.hazard(HAZARD_RULES[self.integer(0, len(HAZARD_RULES) - 1)])
+            rules = [rule for rule in HAZARD_RULES
+                     if self.cfg.ub_to_weights or not rule.startswith("ub_to_weights")]
+            self.hazard(rules[self.integer(0, len(rules) - 1)])
         elif r < 0.55:
             a, b = self.rng.choice(len(ACTIVITY), 2, replace=False)
             self.overlap((ACTIVITY[a], ACTIVITY[b]))

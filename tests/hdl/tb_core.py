@@ -100,9 +100,11 @@ class Testbench:
                 tile_rows = min(count, cfg.weight_mem_tiles) * cfg.rows
                 self._data_left = {Opcode.READ_HOST: count,
                                    Opcode.LOAD_WEIGHTS: count * cfg.rows,
-                                   Opcode.LOAD_PARAMS: 2}.get(opcode, 0)
+                                   Opcode.LOAD_PARAMS: 2 + fields.get("column_shifts", 0)
+                                   }.get(opcode, 0)
                 self._rows += {Opcode.WRITE_HOST: rows,
                                Opcode.READ_WEIGHTS: tile_rows,
+                               Opcode.UB_TO_WEIGHTS: min(count, cfg.ub_depth) + cfg.rows,
                                Opcode.MATMUL: rows + cfg.rows + cfg.cols,
                                Opcode.ACTIVATE: rows + cfg.cols,
                                Opcode.READ_COUNTERS: len(COUNTERS)}.get(opcode, 0)
@@ -494,9 +496,9 @@ async def test_error_clears_halted(dut):
     tb.send(p.beats)
     await tb.check("nop, halt")
     assert tb.status()["halted"] == 1
-    tb.ref.feed([12])
+    tb.ref.feed([13])
     tb.expected.extend(tb.ref.output[len(tb.expected):])
-    tb.drive([12])
+    tb.drive([13])
     await tb.check("the reserved opcode's error beat", fail_on_error=False)
     bits = int(dut.o_status.value)
     assert bits == tb.ref.status.as_bits() == 0x03, f"status {bits:#x}, ISA 0x03"

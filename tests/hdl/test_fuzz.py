@@ -109,7 +109,7 @@ def test_resync_through_the_rtl_transport(rtl_device):
     rtl = rtl_device("tiny")
     ref = IsaSimDevice(rtl.config)
     for dev in (ref, rtl):
-        dev.send([12])
+        dev.send([13])
         with pytest.raises(DeviceError) as info:
             dev.receive(1)
         assert info.value.status.code == isa.ErrorCode.UNKNOWN_OPCODE

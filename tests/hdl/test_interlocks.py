@@ -96,6 +96,15 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
                         p.activate(16, 9 if hit else 10, 4, pool=Pool.MAX4))),
     ("activate_war_write_host", "",
      lambda p, c, hit: (p.write_host(0, 20), p.activate(16, 19 if hit else 20, 1))),
+    ("ub_to_weights_raw_activate", "",
+     lambda p, c, hit: (p.activate(0, 30, 10), p.ub_to_weights(39 if hit else 40, 1, 1))),
+    ("ub_to_weights_raw_activate", "transpose",   # its last row the ACTIVATE's first
+     lambda p, c, hit: (p.activate(0, 30, 10),
+                        p.ub_to_weights(30 - c.cols + (1 if hit else 0),
+                                        1, c.cols, transpose=True))),
+    ("ub_to_weights_war_read_weights", "",  # the queue's capacity: 5 tiles
+     lambda p, c, hit: (p.read_weights(1, c.weight_fifo_depth + 1),
+                        p.ub_to_weights(0, c.weight_fifo_depth + (1 if hit else 2), 2))),
 ]
 assert {rule for rule, _, _ in SCENARIOS} == set(HAZARD_RULES)
 

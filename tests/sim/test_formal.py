@@ -288,6 +288,33 @@ def test_hazard_rules_hold_with_the_rule(tmp_path: Path):
     assert result.status == "bounded", result.report()
 
 
+class _MoveRuleDroppedTracker(HazardTracker):
+    """A broken tracker: UB_TO_WEIGHTS does not wait while an ACTIVATE runs (``"raw"``) or
+    while a READ_WEIGHTS runs (``"war"``)."""
+
+    drop = "raw"
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        busy = self.i_activate_busy if self.drop == "raw" else self.i_read_weights_busy
+        with m.If((self.i_query.instr.opcode == Opcode.UB_TO_WEIGHTS) & busy):
+            m.d.comb += self.i_query.hazard.eq(0)
+        return m
+
+
+@pytest.mark.parametrize("drop, what", [("raw", "read after write"),
+                                        ("war", "write after read")])
+def test_ub_to_weights_rule_dropped_fails(drop: str, what: str, tmp_path: Path):
+    """The shadow model knows UB_TO_WEIGHTS' reads (buffer rows) and its write (a tile): a
+    tracker without either of its rules is caught."""
+    broken = type(f"MoveRuleDropped_{drop}", (_MoveRuleDroppedTracker,), {"drop": drop})
+    result = run(f"hazards_move_{drop}_bug",
+                 hazards_harness("rules", small=4, dut_class=broken),
+                 mode="bmc", depth=4, build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/hazards.py")
+    assert any(what in where for where in result.failed), result.failed
+
+
 class _RisingTracker(HazardTracker):
     """A broken tracker: a READ_HOST that has waited a cycle (nothing dispatched) gets a
     hazard, as from a range recorded a cycle after its dispatch."""

@@ -11,6 +11,7 @@ from firmware.asm import Program, encode
 from hdl import isa
 from hdl.beats import DONE_MAGIC
 from hdl.config import TPUConfig
+from hdl.presets import PRESETS
 from sim.models import golden
 from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
 
@@ -217,6 +218,137 @@ def test_matmul_accumulate_wraps_at_int32():
     exact = 130 * 256 * 255 * 255
     assert exact > 2**31
     assert sim.acc[0, 0] == exact - 2**32
+
+
+# UB_TO_WEIGHTS ----------------------------------------------------------------------------------
+
+def expected_tile(ub_rows: np.ndarray, rows: int, cols: int, transpose: bool) -> np.ndarray:
+    """The tile UB_TO_WEIGHTS makes of ``ub_rows`` (raw bytes), element by element."""
+    tile = np.zeros((rows, cols), dtype=np.int64)
+    for i, row in enumerate(ub_rows):
+        if transpose:
+            for r in range(rows):
+                tile[r][i] = row[r]
+        else:
+            for c in range(cols):
+                tile[i][c] = row[c]
+    return tile
+
+
+def as_int(raw: np.ndarray, signed: bool) -> np.ndarray:
+    """Raw bytes as int8 (``signed``) or uint8 values, in int64."""
+    raw = np.asarray(raw, dtype=np.int64)
+    return np.where(raw >= 128, raw - 256, raw) if signed else raw
+
+
+U2W_CONFIGS = {"default": DEFAULT, "wide": PRESETS["wide"], "tall": TALL}
+
+
+@pytest.mark.parametrize("config_name", list(U2W_CONFIGS))
+@pytest.mark.parametrize("transpose", [False, True], ids=["rows", "transpose"])
+@pytest.mark.parametrize("size", ["one", "partial", "full"])
+@pytest.mark.parametrize("signed", [True, False], ids=["int8", "uint8"])
+def test_ub_to_weights(config_name, transpose, size, signed):
+    """Buffer rows into a tile, as its columns (transpose) or its rows, the rest zero, with
+    the instruction's signed flag; READ_WEIGHTS and MATMUL then multiply by it: the
+    accumulators equal numpy's product of the rows and the tile built element by element.
+    The tile is first loaded with other bytes of the other signedness (one, partial: the
+    zero fill shows) or never written (full: the written flag shows)."""
+    c = U2W_CONFIGS[config_name]
+    rng = rng_for(f"u2w {config_name} {transpose} {size} {signed}")
+    limit = c.cols if transpose else c.rows
+    count = {"one": 1, "partial": int(rng.integers(2, limit)), "full": limit}[size]
+    ub_addr, tile, acc_addr = 5, 2, 3
+    src = rng.integers(0, 256, (count, c.ub_row))             # raw bytes, every element
+    x = random_bytes(rng, (6, c.rows), signed)
+    p = Program(c)
+    p.read_host(ub_addr, src)
+    p.read_host(40, x)
+    if size != "full":
+        p.load_weights(tile, rng.integers(1, 128, (c.rows, c.cols)), signed=not signed)
+    p.load_weights(tile + 1, np.full((c.rows, c.cols), 9))
+    p.ub_to_weights(ub_addr, tile, count, transpose=transpose, signed=signed)
+    p.read_weights(tile)
+    p.matmul(40, acc_addr, len(x), switch=True, signed=signed)
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    want = expected_tile(src, c.rows, c.cols, transpose)
+    assert np.array_equal(sim.weights[tile], want)
+    assert sim.weight_written[tile] and sim.weight_signed[tile] == signed
+    assert (sim.weights[tile + 1] == 9).all() and sim.weight_signed[tile + 1]
+    assert not sim.weights[:tile].any() and not sim.weights[tile + 2:].any()
+    assert np.array_equal(sim.ub[ub_addr:ub_addr + count], src), "the buffer is only read"
+    zero = np.ones((c.rows, c.cols), dtype=bool)
+    if transpose:
+        zero[:, :count] = False
+    else:
+        zero[:count, :] = False
+    assert not want[zero].any() and not sim.weights[tile][zero].any()
+    product = x.astype(np.int64) @ as_int(want, signed)
+    assert np.array_equal(sim.acc[acc_addr:acc_addr + len(x)], product)
+    assert not sim.acc[:acc_addr].any() and not sim.acc[acc_addr + len(x):].any()
+    assert sim.counters()["instructions"] == p.instructions
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["int8", "uint8"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["rows", "transpose"])
+def test_ub_to_weights_extremes(signed, transpose):
+    """The extreme bytes (-128 and 127 as int8, 255 and 0 as uint8) through UB_TO_WEIGHTS
+    and MATMUL against extreme activations, equal to numpy's exact product."""
+    c = DEFAULT
+    lo, hi = (-128, 127) if signed else (0, 255)
+    src = np.array([[lo, hi] * (c.ub_row // 2), [hi] * c.ub_row, [lo] * c.ub_row,
+                    [hi, lo] * (c.ub_row // 2)] * 2)             # 8 rows
+    x = np.array([[lo] * c.rows, [hi] * c.rows, [lo, hi] * (c.rows // 2)])
+    p = Program(c)
+    p.read_host(0, src)
+    p.read_host(10, x)
+    p.ub_to_weights(0, 0, len(src), transpose=transpose, signed=signed)
+    p.read_weights(0)
+    p.matmul(10, 0, len(x), switch=True, signed=signed)
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    w = src.T if transpose else src                     # 8 x 8: every element moved
+    assert np.array_equal(as_int(sim.weights[0], signed), w)
+    assert np.array_equal(sim.acc[:len(x)], x @ w)
+    if transpose:                                      # tile columns 1, 2: all hi, all lo
+        assert sim.acc[1, 1] == c.rows * hi * hi and sim.acc[0, 2] == c.rows * lo * lo
+
+
+def test_ub_to_weights_leaves_queued_and_active_tiles_alone():
+    """READ_WEIGHTS copies a tile: a UB_TO_WEIGHTS into it afterwards changes neither the
+    queued copy nor the active one; the next READ_WEIGHTS takes the new content."""
+    c = TALL
+    old = np.arange(c.rows * c.cols).reshape(c.rows, c.cols) % 7 - 3
+    new_rows = np.arange(6 * c.ub_row).reshape(6, c.ub_row) % 11 - 5
+    x = np.array([[1, -2, 3, -4, 5, -6, 7, -8]])
+    p = Program(c)
+    p.read_host(0, new_rows)
+    p.read_host(20, x)
+    p.load_weights(0, old)
+    p.read_weights(0)
+    p.read_weights(0)
+    p.ub_to_weights(0, 0, c.cols, transpose=True)     # into tile 0, twice queued
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    assert np.array_equal(as_int(sim.weights[0], True), new_rows[:c.cols, :c.rows].T)
+    assert len(sim.queue) == 2
+    assert all(np.array_equal(as_int(t, True), old) and s for t, s in sim.queue)
+    p2 = Program(c)
+    p2.matmul(20, 0, 1, switch=True)                    # the first copy: old
+    p2.ub_to_weights(4, 0, 2, signed=False)             # again, while it is active
+    p2.read_weights(0)                                  # now the tile of the second move
+    p2.matmul(20, 1, 1)                                 # still the active (old) tile
+    p2.matmul(20, 2, 1, switch=True)                    # the second copy: old
+    p2.matmul(20, 3, 1, switch=True)                    # the new tile
+    sim.run(p2.beats)
+    new = np.zeros((c.rows, c.cols), dtype=np.int64)
+    new[:2] = new_rows[4:6, :c.cols] % 256              # uint8
+    assert np.array_equal(sim.weights[0], new)
+    assert sim.acc[0].tolist() == (x @ old)[0].tolist()
+    assert sim.acc[1].tolist() == (x @ old)[0].tolist()
+    assert sim.acc[2].tolist() == (x @ old)[0].tolist()
+    assert sim.acc[3].tolist() == (x @ new)[0].tolist()
 
 
 # ACTIVATE and LOAD_PARAMS --------------------------------------------------------------------
@@ -435,7 +567,7 @@ E = isa.ErrorCode
 # (name, set-up, failing instruction word, expected error). TALL: ub_depth 64, acc_depth 64,
 # 8 weight tiles, FIFO depth 2 (queue limit 3), 2 parameter slots.
 ERROR_CASES = [
-    ("opcode12", None, 12, E.UNKNOWN_OPCODE),
+    ("opcode13", None, 13, E.UNKNOWN_OPCODE),
     ("opcode15", None, 0xFFFF_FFFF_FFFF_FFFF, E.UNKNOWN_OPCODE),
     ("read_host_count0", None, encode(isa.Opcode.READ_HOST, ub_addr=0, count=0), E.BAD_FIELD),
     ("write_host_count0", None, encode(isa.Opcode.WRITE_HOST, ub_addr=99, count=0),
@@ -487,21 +619,22 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[case[0] for case in ERROR_CASES])
-def test_error(case):
-    name, setup, word, code = case
+def check_error(config: TPUConfig, name: str, setup, word: int, code: isa.ErrorCode):
+    """After a set-up (buffer rows 0..3 random, a parameter slot, then ``setup``), ``word``
+    fails with ``code``: the error beat, the status, every later beat discarded until the
+    clear, and the state exactly as before the word."""
     rng = rng_for(name)
-    p = Program(TALL)
-    p.read_host(0, random_bytes(rng, (4, TALL.ub_row)))
-    p.load_params(0, rng.integers(-9, 9, TALL.cols), rng.integers(-9, 9, TALL.cols), zp=3)
+    p = Program(config)
+    p.read_host(0, random_bytes(rng, (4, config.ub_row)))
+    p.load_params(0, rng.integers(-9, 9, config.cols), rng.integers(-9, 9, config.cols), zp=3)
     p.nop()
     if setup is not None:
         setup(p)
     index = p.instructions
-    sim = IsaSim(TALL)
+    sim = IsaSim(config)
     assert sim.feed(p.beats) == 0 and not sim.status.error
     before = snapshot(sim)
-    trailing = Program(TALL).read_host(0, np.full((2, TALL.ub_row), 7))   # 3 beats
+    trailing = Program(config).read_host(0, np.full((2, config.ub_row), 7))   # 3 beats
     assert sim.feed([word] + trailing) == 3
     status = sim.status
     assert (status.error, status.code, status.instr_index, status.halted) == \
@@ -509,11 +642,80 @@ def test_error(case):
     after = snapshot(sim)
     assert after.pop("output") == before.pop("output") + [error_beat(code, index)]
     assert_same_state(before | {"output": []}, after | {"output": []})
-    assert sim.feed(Program(TALL).halt()) == 1        # discarded until cleared
+    assert sim.feed(Program(config).halt()) == 1        # discarded until cleared
     sim.clear()
     assert not sim.status.error and sim.status.instr_index == 0
-    sim.feed(Program(TALL).halt())
+    sim.feed(Program(config).halt())
     assert sim.output[-1] == done(1)
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[case[0] for case in ERROR_CASES])
+def test_error(case):
+    name, setup, word, code = case
+    check_error(TALL, name, setup, word, code)
+
+
+def _u2w(**fields) -> int:
+    return encode(isa.Opcode.UB_TO_WEIGHTS, **fields)
+
+
+ICEBREAKER, WIDE = PRESETS["icebreaker"], PRESETS["wide"]
+# (name, config, failing word, expected error). The set-up has written tile 0 and queued it
+# (buffer rows 0..3 random), so a word that ran would change tile 0. WIDE: rows 4, cols 8,
+# ub_depth 256, 16 tiles; ICEBREAKER: built without UB_TO_WEIGHTS, int8 operands only.
+UB_TO_WEIGHTS_ERRORS = [
+    ("u2w_not_built", ICEBREAKER, _u2w(tile=0, count=1, signed=1), E.UNKNOWN_OPCODE),
+    ("u2w_not_built_transpose", ICEBREAKER, _u2w(tile=0, count=4, signed=1, transpose=1),
+     E.UNKNOWN_OPCODE),
+    ("u2w_not_built_before_bad_field", ICEBREAKER, _u2w(count=0, tile=99), E.UNKNOWN_OPCODE),
+    ("u2w_opcode13_built", WIDE, 13 | _u2w(tile=0, count=1, signed=1) & ~0xF,
+     E.UNKNOWN_OPCODE),
+    ("u2w_count0", WIDE, _u2w(tile=0, count=0, signed=1), E.BAD_FIELD),
+    ("u2w_count0_transpose", WIDE, _u2w(tile=0, count=0, transpose=1, signed=1), E.BAD_FIELD),
+    # Past the tile: transposed, count is the tile's columns (8); else its rows (4).
+    ("u2w_transpose_count_past_cols", WIDE, _u2w(tile=0, count=9, transpose=1, signed=1),
+     E.BAD_FIELD),
+    ("u2w_count_past_rows", WIDE, _u2w(tile=0, count=5, signed=1), E.BAD_FIELD),
+    ("u2w_count_cols_not_transposed", WIDE, _u2w(tile=0, count=8, signed=1), E.BAD_FIELD),
+    ("u2w_bad_field_before_ranges", WIDE, _u2w(ub_addr=999, tile=99, count=9, transpose=1),
+     E.BAD_FIELD),
+    ("u2w_signedness", ICEBREAKER.replace(ub_to_weights=True), _u2w(tile=0, count=1),
+     E.SIGNEDNESS),
+    ("u2w_signedness_before_ranges", ICEBREAKER.replace(ub_to_weights=True),
+     _u2w(ub_addr=256, tile=8, count=1), E.SIGNEDNESS),
+    ("u2w_ub_range", WIDE, _u2w(ub_addr=253, tile=0, count=4, signed=1), E.UB_RANGE),
+    ("u2w_ub_range_transpose", WIDE, _u2w(ub_addr=250, tile=0, count=7, transpose=1),
+     E.UB_RANGE),
+    ("u2w_ub_range_before_weight_range", WIDE, _u2w(ub_addr=256, tile=16, count=1),
+     E.UB_RANGE),
+    ("u2w_weight_range", WIDE, _u2w(ub_addr=0, tile=16, count=1, signed=1), E.WEIGHT_RANGE),
+    ("u2w_weight_range_far", WIDE, _u2w(ub_addr=0, tile=0xFFFF, count=8, transpose=1),
+     E.WEIGHT_RANGE),
+]
+
+
+@pytest.mark.parametrize("case", UB_TO_WEIGHTS_ERRORS,
+                         ids=[case[0] for case in UB_TO_WEIGHTS_ERRORS])
+def test_ub_to_weights_error(case):
+    """Each check of UB_TO_WEIGHTS, in ErrorCode order, before any effect: tile 0 (written
+    and queued), its flags and the buffer stay as they were."""
+    name, config, word, code = case
+    check_error(config, name, lambda p: _queued(p, 1), word, code)
+
+
+def test_ub_to_weights_limits_are_inclusive():
+    """The largest fields each check lets through run: count = cols transposed and rows not
+    (WIDE: 8 and 4), the last buffer rows, the last tile; and on the int8-only core with the
+    opcode built, a signed one."""
+    for config, word in [
+            (WIDE, _u2w(ub_addr=248, tile=15, count=8, transpose=1, signed=1)),
+            (WIDE, _u2w(ub_addr=252, tile=15, count=4)),
+            (ICEBREAKER.replace(ub_to_weights=True), _u2w(ub_addr=252, tile=7, count=4,
+                                                          transpose=1, signed=1))]:
+        sim = IsaSim(config)
+        sim.feed([word])
+        assert not sim.status.error, (config.name, sim.status)
+        assert sim.weight_written.tolist() == [False] * (config.weight_mem_tiles - 1) + [True]
 
 
 def test_resync_word_recovers_in_band():
@@ -554,7 +756,7 @@ def test_error_clears_halted():
     p.halt()
     sim.feed(p.beats)
     assert sim.status.halted
-    sim.feed([12])
+    sim.feed([13])
     assert sim.status.as_bits() == 0x03
     sim.clear()
     assert sim.status.as_bits() == 0x00
@@ -598,11 +800,13 @@ def test_requantise_shift_63_extreme():
     assert got.tolist() == [1]
 
 
-@pytest.mark.parametrize("case", ["load_weights", "matmul", "count0_first", "ub_range_after"])
+@pytest.mark.parametrize("case", ["load_weights", "matmul", "count0_first", "ub_range_after",
+                                  "ub_to_weights", "ub_to_weights_count_first",
+                                  "ub_to_weights_ub_range_after"])
 def test_signedness_on_int8_core(case: str):
-    """``operands="int8"``: LOAD_WEIGHTS or MATMUL with ``signed`` clear fails with SIGNEDNESS
-    before any effect; BAD_FIELD (count 0) is checked before it, UB_RANGE after it. The same
-    instructions on a core for both kinds run."""
+    """``operands="int8"``: LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL with ``signed`` clear fails
+    with SIGNEDNESS before any effect; BAD_FIELD (count 0, or past the tile) is checked
+    before it, UB_RANGE after it. The same instructions on a core for both kinds run."""
     cfg = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=16, weight_mem_tiles=2,
                     operands="int8")
     E = isa.ErrorCode
@@ -618,12 +822,18 @@ def test_signedness_on_int8_core(case: str):
         "count0_first": (encode(isa.Opcode.MATMUL, count=0, switch=1, signed=0), E.BAD_FIELD),
         "ub_range_after": (encode(isa.Opcode.MATMUL, ub_addr=15, count=2, switch=1, signed=0),
                            E.SIGNEDNESS),
+        "ub_to_weights": (encode(isa.Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=1, count=2,
+                                 transpose=1, signed=0), E.SIGNEDNESS),
+        "ub_to_weights_count_first": (encode(isa.Opcode.UB_TO_WEIGHTS, tile=1, count=3,
+                                             signed=0), E.BAD_FIELD),
+        "ub_to_weights_ub_range_after": (encode(isa.Opcode.UB_TO_WEIGHTS, ub_addr=16, tile=1,
+                                                count=1, signed=0), E.SIGNEDNESS),
     }[case]
     sim = IsaSim(cfg)
     sim.feed(setup.beats + [bad])
     assert (sim.status.error, sim.status.code, sim.status.instr_index) == (True, code, 3)
     assert sim.queue and sim.active is None and not sim.weight_written[1]
-    if case in ("load_weights", "matmul"):
+    if case in ("load_weights", "matmul", "ub_to_weights"):
         both = IsaSim(cfg.replace(operands="any"))
         both.feed(setup.beats + [bad])
         assert not both.status.error
