@@ -105,6 +105,43 @@ def test_attention_scores_on_chip(pair, config_key: str):
     pair.check_state(what)
 
 
+@pytest.mark.parametrize("config_key", list(CONFIGS))
+def test_next_instruction_waits(pair, config_key: str):
+    """The instruction right behind a UB_TO_WEIGHTS sees it done: a READ_WEIGHTS of the
+    tile it writes reads the new rows (read after write through the weight memory), and a
+    READ_HOST or an ACTIVATE into the rows it reads does not change what it moves (write
+    after read through the unified buffer). The front end waits for the mover (no rule of
+    the tracker covers these), which a front end that did not would fail here."""
+    pair = pair(config_key)
+    cfg = pair.config
+    rows, cols = cfg.rows, cfg.cols
+    seed = SEED + 20 + list(CONFIGS).index(config_key)
+    print(f"seed {seed}, {cfg.name}")
+    rng = np.random.default_rng(seed)
+    n = max(rows, cols)
+    p = Program(cfg)
+    p.load_weights(0, rng.integers(-128, 128, (3, rows, cols)))
+    p.read_host(0, rng.integers(-128, 128, (n + 8, cfg.ub_row)))
+    p.read_weights(0, 1)
+    p.matmul(0, 0, 4, switch=True)                      # accumulator rows for the ACTIVATE
+    p.load_params(0, [0] * cols, [1] * cols)
+    p.sync()
+    p.ub_to_weights(0, 1, rows)                         # tile 1, then read at once
+    p.read_weights(1, 1)
+    p.ub_to_weights(0, 2, cols, transpose=True)         # rows 0.. moved, then overwritten
+    p.read_host(0, np.full((n, cfg.ub_row), 0x55))
+    p.ub_to_weights(0, 0, rows)                         # and overwritten by an ACTIVATE
+    p.activate(0, 0, 4)
+    p.read_weights(0, 1)
+    p.read_weights(2, 1)
+    for i in range(3):
+        p.matmul(n, 8 + 8 * i, 8, switch=True)
+    p.halt()
+    what = f"seed {seed}, {cfg.name}:\n{describe(p.beats, cfg)}"
+    pair.run(p.beats, what)
+    pair.check_state(what)
+
+
 def _padded(x: np.ndarray, pad: np.ndarray) -> np.ndarray:
     out = pad.copy()
     out[:, :x.shape[1]] = x
