@@ -229,7 +229,15 @@ class _Fuzzer:
             p.activate(n(0, cfg.acc_depth - count), n(0, cfg.ub_depth - count // window),
                        count, func=Func(n(0, 4)), pool=pool, slot=n(0, cfg.param_slots - 1))
 
+        def ub_to_weights(p):
+            transpose = bool(n(0, 1))
+            count = n(1, cfg.cols if transpose else cfg.rows)
+            p.ub_to_weights(n(0, cfg.ub_depth - count), n(0, cfg.weight_mem_tiles - 1), count,
+                            transpose=transpose, signed=cfg.operands == "int8" or bool(n(0, 1)))
+
         choices += [read_host, write_host, load_weights, load_params, activate]
+        if cfg.ub_to_weights:
+            choices.append(ub_to_weights)
         if sim.queue or sim.active is not None:
             def matmul(p):
                 ub, count = span(min(cfg.ub_depth, cfg.acc_depth))
@@ -257,7 +265,7 @@ class _Fuzzer:
         ub, acc, tiles = cfg.ub_depth, cfg.acc_depth, cfg.weight_mem_tiles
         big = (1 << 16) - 1
         counted = [Opcode.READ_HOST, Opcode.WRITE_HOST, Opcode.LOAD_WEIGHTS,
-                   Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE]
+                   Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE, Opcode.UB_TO_WEIGHTS]
         op = counted[n(0, len(counted) - 1)]
         makers: list[Callable[[], int]] = [
             lambda: encode(op, count=0),
@@ -281,12 +289,24 @@ class _Fuzzer:
             lambda: encode(Opcode.READ_WEIGHTS, tile=n(0, tiles - 1), count=1),  # unwritten?
             lambda: encode(Opcode.READ_WEIGHTS, tile=0, count=cfg.weight_fifo_depth + 1),
             lambda: encode(Opcode.MATMUL, ub_addr=0, acc_addr=0, count=1, switch=1),  # empty?
+            # UB_TO_WEIGHTS (UNKNOWN_OPCODE on a core without it): a count past the tile's
+            # rows, or columns when transposed; rows past the buffer; a tile past the
+            # weight memory; uint8 (refused by an int8-only core).
+            lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=0, count=n(cfg.rows + 1, big)),
+            lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=0, transpose=1,
+                           count=n(cfg.cols + 1, big)),
+            lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=n(ub - 1, big), tile=0, count=2,
+                           transpose=int(cfg.rows < 2)),
+            lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=n(tiles, big), count=1),
+            lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=0, count=1, signed=0),
         ]
         return [makers[n(0, len(makers) - 1)]() | self.high()]
 
     def reserved(self) -> list[int]:
         while True:
-            word = (self.bits.getrandbits(60) << 4) | self.n(12, 15)
+            # (12 is UB_TO_WEIGHTS, reserved only on a core without it.)
+            word = (self.bits.getrandbits(60) << 4) | self.n(
+                13 if self.cfg.ub_to_weights else 12, 15)
             if word != isa.RESYNC_WORD:
                 return [word | self.high()]
 

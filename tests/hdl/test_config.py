@@ -61,6 +61,7 @@ def test_frozen():
     ("matmul_slots", 9, "1 to 8"),
     ("rows", 4.0, "an int"),
     ("cols", True, "an int"),
+    ("ub_to_weights", 1, "True or False"),
 ])
 def test_rejects_bad_values_with_a_clear_message(field, value, allowed):
     with pytest.raises(ConfigError) as info:

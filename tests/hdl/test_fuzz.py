@@ -40,9 +40,10 @@ HERE = Path(__file__).parent
 
 #: (configuration, first seed, seeds) for the RTL transport and for the cocotb bench;
 #: ``make test-all`` (``slow``) runs the transport's next seeds too.
-TRANSPORT_SEEDS = (("tiny", 7000, 24), ("wide", 7200, 6))
-TRANSPORT_SEEDS_SLOW = (("tiny", 7024, 24), ("wide", 7206, 6))
-COCOTB_SEEDS = (("tiny", 7500, 12),)
+#: (Chosen so that each set stops on both bad fields below at least once.)
+TRANSPORT_SEEDS = (("tiny", 7080, 24), ("wide", 7200, 6))
+TRANSPORT_SEEDS_SLOW = (("tiny", 7104, 24), ("wide", 7206, 6))
+COCOTB_SEEDS = (("tiny", 7520, 12),)
 
 
 @pytest.mark.parametrize("config_key, seed", [
@@ -86,21 +87,25 @@ def _stopping_instruction(case) -> tuple[int, isa.ErrorCode]:
     raise AssertionError(f"{case.summary()}: no error")
 
 
-def test_ci_seeds_stop_on_a_bad_rounding_mode():
+def test_ci_seeds_stop_on_rare_bad_fields():
     """Among the seeds CI runs through the RTL transport and through the cocotb bench, some
-    stop on a LOAD_PARAMS with rounding 3 (BAD_FIELD in the ISA simulator), so the core's
-    check of it is fuzzed too. ISA level only: no RTL runs here."""
+    stop on a LOAD_PARAMS with rounding 3 (BAD_FIELD in the ISA simulator) and some on a bad
+    UB_TO_WEIGHTS, so the core's checks of them are fuzzed too. ISA level only: no RTL runs
+    here."""
     for seeds in (TRANSPORT_SEEDS, COCOTB_SEEDS):
-        stops = []
+        rounding, moves = [], []
         for key, first, n in seeds:
             for seed in range(first, first + n):
                 word, code = _stopping_instruction(fuzz_case(get_config(key), seed))
                 opcode, fields = isa.decode(word)
                 if opcode == isa.Opcode.LOAD_PARAMS and fields["rounding"] == 3:
                     assert code == isa.ErrorCode.BAD_FIELD, (key, seed, code)
-                    stops.append((key, seed))
-        print(f"{seeds}: stops on rounding=3: {stops}")
-        assert stops, f"no seed of {seeds} stops on a LOAD_PARAMS with rounding=3"
+                    rounding.append((key, seed))
+                if opcode == isa.Opcode.UB_TO_WEIGHTS:
+                    moves.append((key, seed, code.name))
+        print(f"{seeds}: stops on rounding=3: {rounding}; on UB_TO_WEIGHTS: {moves}")
+        assert rounding, f"no seed of {seeds} stops on a LOAD_PARAMS with rounding=3"
+        assert moves, f"no seed of {seeds} stops on a UB_TO_WEIGHTS"
 
 
 def test_resync_through_the_rtl_transport(rtl_device):

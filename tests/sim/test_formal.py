@@ -290,13 +290,15 @@ def test_hazard_rules_hold_with_the_rule(tmp_path: Path):
 
 class _MoveRuleDroppedTracker(HazardTracker):
     """A broken tracker: UB_TO_WEIGHTS does not wait while an ACTIVATE runs (``"raw"``) or
-    while a READ_WEIGHTS runs (``"war"``)."""
+    while a READ_WEIGHTS runs (``"war"``), the other engine idle (so that the counterexample
+    is the dropped rule's)."""
 
     drop = "raw"
 
     def elaborate(self, platform):
         m = super().elaborate(platform)
-        busy = self.i_activate_busy if self.drop == "raw" else self.i_read_weights_busy
+        act, rw = self.i_activate_busy, self.i_read_weights_busy
+        busy = act & ~rw if self.drop == "raw" else rw & ~act
         with m.If((self.i_query.instr.opcode == Opcode.UB_TO_WEIGHTS) & busy):
             m.d.comb += self.i_query.hazard.eq(0)
         return m
