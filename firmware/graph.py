@@ -39,7 +39,11 @@ the padding, one "image" per output position), so that stride, asymmetric paddin
 cost the compiler nothing; a grouped (depthwise) convolution runs one block of ``cols`` output
 channels at a time, each block a dense layer over the patches of its own input channels.
 The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
-:mod:`firmware.quant` does. :func:`run_graph` runs the steps on a device.
+:mod:`firmware.quant` does. On a core with UB_TO_WEIGHTS
+(:attr:`~hdl.config.TPUConfig.ub_to_weights`) an :class:`AttentionScores` becomes a
+:class:`ScoresStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
+(:mod:`firmware.attention`); elsewhere it runs on the host. :func:`placement` says which
+operator ran where. :func:`run_graph` runs the steps on a device.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", 
            "Dequantize", "Constant", "AttentionScores", "Lookup", "AttentionValues",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
            "requant_from_real", "Segment",
-           "HostStep", "CoreStep", "lower", "GraphRun", "run_graph"]
+           "HostStep", "CoreStep", "ScoresStep", "lower", "placement", "GraphRun",
+           "run_graph"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -752,6 +757,17 @@ class HostStep:
     op: Op
 
 
+@dataclass(eq=False)
+class ScoresStep:
+    """An :class:`AttentionScores` on the core (:class:`firmware.attention.ScoresExecutable`):
+    ``q`` and ``k`` in, the int8 scores out."""
+    op: Op
+
+    @property
+    def ops(self) -> list[Op]:
+        return [self.op]
+
+
 def _qparams(graph: Graph, name: str) -> QParams:
     t = graph.tensors[name]
     if t.dtype not in ("int8", "uint8"):
@@ -776,14 +792,18 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
                    r.clamp_hi)
 
 
-def lower(graph: Graph, config) -> list[CoreStep | HostStep]:
+def lower(graph: Graph, config) -> list[CoreStep | ScoresStep | HostStep]:
     """The graph as core steps and host steps for ``config`` (see the module notes)."""
-    steps: list[CoreStep | HostStep] = []
+    steps: list[CoreStep | ScoresStep | HostStep] = []
     outputs = set(graph.outputs)
     i = 0
     ops = graph.ops
     while i < len(ops):
         op = ops[i]
+        if isinstance(op, AttentionScores) and config.ub_to_weights:
+            steps.append(ScoresStep(op))
+            i += 1
+            continue
         if not op.core:
             steps.append(HostStep(op))
             i += 1
@@ -862,6 +882,16 @@ class GraphRun:
         return None if not c else self.macs / (c * self.array_cells)
 
 
+def placement(graph: Graph, config) -> dict[str, str]:
+    """Where each operator of ``graph`` runs on ``config``, by name: ``"core"`` or
+    ``"host"``."""
+    where = {op.name: "host" for op in graph.ops}
+    for step in lower(graph, config):
+        if not isinstance(step, HostStep):
+            where.update((op.name, "core") for op in step.ops)
+    return where
+
+
 def _segment_input(step: CoreStep, seg: Segment, x: np.ndarray) -> np.ndarray:
     op = step.ops[0]
     if isinstance(op, Conv2D):
@@ -878,6 +908,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
     ``compiled``: a dict the caller keeps to reuse the lowering and the compiled segments
     between calls for the same graph and configuration. Raises
     :class:`firmware.compiler.CompileError` naming the segment when one does not fit."""
+    from firmware.attention import ScoresExecutable
     from firmware.compiler import compile_network
     from firmware.device import open_device
     from firmware.runtime import run
@@ -896,6 +927,10 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
             executables = {id(seg): compile_network(seg.network, config)
                            for step in steps if isinstance(step, CoreStep)
                            for seg in step.segments}
+            for step in steps:
+                if isinstance(step, ScoresStep):
+                    _, t, c = graph.tensors[step.op.inputs[0]].shape
+                    executables[id(step)] = ScoresExecutable(step.op, config, t, c)
             cache[key] = (graph, steps, executables)
         _, steps, executables = cache[key]
         result = GraphRun({}, values, macs=0, array_cells=config.rows * config.cols)
@@ -905,6 +940,18 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                 for name, v in zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
                                    strict=True):
                     values[name] = v
+                continue
+            if isinstance(step, ScoresStep):
+                op = step.op
+                q, k = (values[t] for t in op.inputs)
+                if q.shape != k.shape:
+                    raise GraphError(f"{op.name}: q {q.shape} and k {k.shape} must match")
+                r = run(device, executables[id(step)], np.stack([q, k], axis=1))
+                values[op.outputs[0]] = r.outputs
+                result.segments.append({"name": op.name, "counters": r.counters,
+                                        "images": r.images})
+                result.macs += op.macs(graph) * len(q) // graph.tensors[
+                    graph.inputs[0]].shape[0]
                 continue
             x = values[step.input]
             out_t = graph.tensors[step.output]

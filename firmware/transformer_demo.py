@@ -1,11 +1,11 @@
 """``amtpu demo --net transformer``: the digits Transformer encoder
 (:mod:`firmware.models.transformer`, committed float weights) quantised to its int8 graph and
 run with :func:`firmware.graph.run_graph`: the embedding, the Q, K, V and output projections,
-the FFN (residual adds included, as extra matmul rows) and the classifier on the core; the
-operators the core cannot run yet (each head's ``q k^T`` and ``e v``, exp's table, softmax's
-division, LayerNorm) on the host between the core's steps, each with its integer semantics
-(:mod:`firmware.graph`). Every tensor the core computes is compared with the integer
-reference, element by element.
+the FFN (residual adds included, as extra matmul rows), the classifier and, on a core with
+UB_TO_WEIGHTS, each head's ``q k^T`` (``k^T`` made on chip) on the core; the operators the
+core cannot run yet (each head's ``e v``, exp's table, softmax's division, LayerNorm) on the
+host between the core's steps, each with its integer semantics (:mod:`firmware.graph`).
+Every tensor the core computes is compared with the integer reference, element by element.
 """
 
 from __future__ import annotations
@@ -23,18 +23,22 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
     """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
     ``n`` sequences; and the bytes that cross between host and core for them (each core
     step's input goes to the core and its output comes back), lowered for ``config``."""
-    from firmware.graph import CoreStep, lower
+    from firmware.graph import CoreStep, ScoresStep, lower
+    from firmware.graph import placement as where
 
     core_io = set()
     for step in lower(graph, config):
         if isinstance(step, CoreStep):
             core_io.update((step.input, step.output))
+        elif isinstance(step, ScoresStep):
+            core_io.update((*step.op.inputs, *step.op.outputs))
+    runs_on = where(graph, config)
     rows = []
     for op in graph.ops:
         out = graph.tensors[op.outputs[0]]
         elements = int(np.prod(out.shape[1:])) * n
         rows.append({"name": op.name, "op": type(op).__name__,
-                     "runs on": "core" if op.core else "host",
+                     "runs on": runs_on[op.name],
                      "macs": op.macs(graph) * n // graph.tensors[graph.inputs[0]].shape[0],
                      "elements": elements})
     link = sum(int(np.prod(graph.tensors[t].shape[1:])) * n for t in core_io)
@@ -106,6 +110,13 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
         print(f"  core cycles per sequence: {cycles / n:,.1f} ({cycles:,} cycles for {n} "
               f"sequences, {len(result.segments)} core steps; the host's operators are "
               f"not in these cycles)")
+        steps: dict[str, int] = {}
+        for seg in result.segments:
+            c = seg["counters"].get("cycles")
+            if c is not None:
+                steps[seg["name"]] = steps.get(seg["name"], 0) + c
+        print("  core cycles by step (share of the core's): " + ", ".join(
+            f"{name} {c / n:,.1f} ({100 * c / cycles:.1f} %)" for name, c in steps.items()))
         if print_counters is not None:
             print_counters(result.counters, config, n)
         print(f"  array utilisation over the core's cycles: {result.macs:,} MACs / "

@@ -77,6 +77,8 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
                             "firmware.quant", "firmware.graph"),
         "firmware.quant": ("hdl", "sim", "firmware.nn"),
         "firmware.gemm": ("hdl", "sim", "firmware.asm"),
+        "firmware.attention": ("hdl", "sim", "firmware.asm", "firmware.runtime",
+                               "firmware.compiler"),
         "firmware.isadoc": ("hdl", "sim", "firmware.asm"),
         "firmware.compiler": ("hdl", "sim", "firmware.asm", "firmware.nn", "firmware.quant",
                               "firmware.runtime"),
@@ -84,7 +86,8 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         # compiler, run through the runtime), and the importers that produce it.
         "firmware.fixedpoint": ("hdl", "sim"),
         "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
-                           "firmware.compiler", "firmware.runtime", "firmware.device"),
+                           "firmware.compiler", "firmware.runtime", "firmware.device",
+                           "firmware.attention"),
         "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.nn",
                                "firmware.quant", "firmware.graph"),
         # The ONNX demo: a digits MLP exported, imported and run on a device.

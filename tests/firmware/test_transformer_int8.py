@@ -196,6 +196,13 @@ def test_core_steps_on_the_isa_simulator_equal_the_reference_on_every_tensor():
         assert np.array_equal(run.tensors[name], want), name
     core = [row["name"] for row in graph.summary() if row["runs on"] == "core"]
     assert core == ["embed", "l0_q", "l0_k", "l0_v", "l0_o", "l0_ff1", "l0_ff2", "cls"]
+    # On a core with UB_TO_WEIGHTS (the default) each head's q @ k.T runs on the array too;
+    # where the core has none (the iCEBreaker's), on the host.
+    from hdl.presets import get_config
+    placed = g.placement(graph, get_config("default"))
+    assert [name for name, where in placed.items() if where == "core"] == [
+        "embed", "l0_q", "l0_k", "l0_v", "l0_scores", "l0_o", "l0_ff1", "l0_ff2", "cls"]
+    assert g.placement(graph, get_config("icebreaker"))["l0_scores"] == "host"
 
 
 def test_core_steps_on_the_rtl_equal_the_reference():
@@ -217,8 +224,9 @@ def test_demo_on_the_rtl_core(capsys):
     assert main(["demo", "--net", "transformer", "--images", "30", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "rtl outputs equal to the int8 reference: every one of 300 logits" in out
-    assert "l0_scores    AttentionScores  host" in out
-    assert "on the host: 6 operators" in out
+    assert "l0_scores    AttentionScores  core" in out
+    assert "on the host: 5 operators" in out
+    assert "core cycles by step" in out and "l0_scores" in out
     assert "core cycles per sequence" in out
 
 

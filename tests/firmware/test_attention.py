@@ -1,0 +1,123 @@
+"""Each head's ``q @ k.T`` on the core (firmware/attention.py): ``k.T`` made on chip by
+UB_TO_WEIGHTS, every score ``==`` the integer reference (:class:`firmware.graph.AttentionScores`)
+on the ISA simulator for awkward shapes (token counts and head sizes that are not multiples
+of the array), a few on the RTL, and a clear error where the core cannot run it."""
+
+import numpy as np
+import pytest
+
+from firmware import graph as g
+from firmware.attention import ScoresExecutable
+from firmware.compiler import CompileError
+from firmware.device import open_device
+from firmware.runtime import run
+from hdl.presets import get_config
+
+SEED = 20261206
+
+
+def _case(seed: int, n: int, tokens: int, heads: int, d: int, real: float):
+    """An AttentionScores operator and int8 q, k with the extremes in them."""
+    rng = np.random.default_rng(seed)
+    op = g.AttentionScores("scores", ["q", "k"], ["s"], heads=heads,
+                           requant=g.requant_from_real(real, int(rng.integers(-20, 20)),
+                                                       where="scores"))
+    q = rng.integers(-128, 128, (n, tokens, heads * d))
+    k = rng.integers(-128, 128, (n, tokens, heads * d))
+    q[0, 0] = -128                       # a row of -128 * -128 products: saturates
+    k[0, :] = -128
+    q[-1, -1] = 127
+    k[-1, 0] = -128
+    return op, q, k
+
+
+def _run(device, op, q, k):
+    ex = ScoresExecutable(op, device.config, q.shape[1], q.shape[2])
+    result = run(device, ex, np.stack([q, k], axis=1))
+    return result, ex
+
+
+#: (sequences, tokens, heads, head size): one of each awkward kind on the 8x8 default, and
+#: 3x5 arrays (rows != cols) in the random sweep.
+SHAPES = [(3, 8, 2, 8), (2, 11, 3, 5), (1, 5, 1, 19), (2, 17, 2, 9), (4, 1, 1, 1),
+          (1, 64, 1, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"n{n}-T{t}-H{h}-d{d}" for n, t, h, d in SHAPES])
+def test_scores_on_the_isa_simulator_equal_the_reference(shape):
+    n, tokens, heads, d = shape
+    seed = SEED + SHAPES.index(shape)
+    print(f"seed {seed}, {shape}")
+    op, q, k = _case(seed, n, tokens, heads, d, 384 / (16384 * d))   # -128 rows saturate
+    device = open_device("isa", get_config("default"))
+    result, _ = _run(device, op, q, k)
+    want = op.reference(q, k)[0]
+    assert result.outputs.shape == want.shape
+    assert np.array_equal(result.outputs, want), f"seed {seed}, {shape}: scores differ"
+    assert (want == 127).any() or (want == -128).any(), "no saturated score: weak case"
+
+
+def test_random_shapes_on_odd_arrays():
+    """Random token counts, heads and head sizes on a 3x5 and a 5x3 array: every score
+    equal."""
+    base = get_config("default")
+    for j, (rows, cols) in enumerate(((3, 5), (5, 3))):
+        config = base.replace(rows=rows, cols=cols, host_width=192)
+        device = open_device("isa", config)
+        for i in range(6):
+            seed = SEED + 100 + 10 * j + i
+            rng = np.random.default_rng(seed)
+            shape = (int(rng.integers(1, 4)), int(rng.integers(1, 20)),
+                     int(rng.integers(1, 4)), int(rng.integers(1, 12)))
+            print(f"seed {seed}, {rows}x{cols}, {shape}")
+            op, q, k = _case(seed, *shape, float(rng.uniform(0.0005, 0.01)))
+            result, _ = _run(device, op, q, k)
+            assert np.array_equal(result.outputs, op.reference(q, k)[0]), \
+                f"seed {seed}, {rows}x{cols}, {shape}: scores differ"
+
+
+@pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),
+                                               ("default", (2, 11, 2, 9))])
+def test_scores_on_the_rtl_equal_the_reference(rtl_device, config_key, shape):
+    seed = SEED + 200
+    print(f"seed {seed}, {config_key}, {shape}")
+    op, q, k = _case(seed, *shape, 0.003)
+    result, _ = _run(rtl_device(config_key), op, q, k)
+    assert np.array_equal(result.outputs, op.reference(q, k)[0]), \
+        f"seed {seed}, {config_key}, {shape}: scores differ"
+    counters = result.counters
+    print(f"counters: {counters}")
+    # Only q and k came from the host: k.T was made on chip (no LOAD_WEIGHTS in the programs).
+    assert counters["array_active"] == shape[0] * shape[2] * shape[1] * \
+        -(-shape[1] // get_config(config_key).cols) * -(-shape[3] // get_config(config_key).rows)
+
+
+def test_programs_move_k_on_chip_and_load_no_weights():
+    """The programs' instructions: UB_TO_WEIGHTS transposed, and no LOAD_WEIGHTS at all."""
+    from firmware.asm import disassemble
+
+    op, q, k = _case(SEED, 2, 11, 2, 9, 0.003)
+    config = get_config("default")
+    ex = ScoresExecutable(op, config, 11, 18)
+    beats = ex.setup_program()[0] + [b for batch in ex.batches(np.stack([q, k], axis=1))
+                                     for b in batch.beats]
+    mnemonics = [line.split()[0] for line in disassemble(beats, config).splitlines()
+                 if line and not line.startswith(".")]
+    moves = [line for line in disassemble(beats, config).splitlines()
+             if line.startswith("ub_to_weights")]
+    assert all(line.endswith("transpose") for line in moves), moves
+    assert "load_weights" not in mnemonics
+    # 2 sequences x 2 heads x 2 key blocks x 2 chunks of 9 channels on 8 rows.
+    assert len(moves) == 16
+
+
+def test_clear_errors_where_it_does_not_fit():
+    op, _, _ = _case(SEED, 1, 8, 2, 8, 0.01)
+    with pytest.raises(CompileError, match="no UB_TO_WEIGHTS"):
+        ScoresExecutable(op, get_config("icebreaker"), 8, 16)
+    with pytest.raises(CompileError, match=r"scores: .*unified buffer holds 64"):
+        ScoresExecutable(op, get_config("tiny"), 8, 16)
+    with pytest.raises(CompileError, match=r"scores: 300 tokens .*accumulators hold 512"):
+        ScoresExecutable(op, get_config("default"), 300, 16)
+    with pytest.raises(CompileError, match="do not split into 2 heads"):
+        ScoresExecutable(op, get_config("default"), 8, 15)
