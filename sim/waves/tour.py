@@ -54,7 +54,9 @@ from hdl.presets import get_config
 from sim.rtl.gtkw import enum_filter, fst_signals, write_enum_filters
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
 
-__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "Trace", "tour_stages",
+__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "ATTENTION_EVENTS", "TOURS",
+           "TourStop", "markers", "attention_program", "attention_stages", "Trace",
+           "tour_stages",
            "TourProgram", "tour_program", "decode_rows", "write_tour_gtkw", "TourResult",
            "run_tour", "open_gtkwave", "main"]
 
@@ -280,6 +282,155 @@ def decode_rows(beats: Sequence[int], n: int) -> np.ndarray:
     return np.where(out >= 128, out - 256, out)
 
 
+# The attention stop: k.T built on chip --------------------------------------------------
+
+#: The attention stop's events (as :data:`EVENTS`): the move, its buffer reads, its tile
+#: rows into the weight memory, then the product as in the matmul tour.
+ATTENTION_EVENTS: dict[str, tuple[str, dict[str, int]]] = {
+    "read_host": ("READ_HOST", {"unified_buffer.w__0__valid": 1,
+                                "front_end.transfers.scrubbing": 0}),
+    "move": ("UB_TO_WEIGHTS", {"weight_mover.i_move__valid": 1}),
+    "move_read": ("k row read", {"weight_mover.o_ub__data__valid": 1}),
+    "move_write": ("tile row 0", {"weight_mover.o_wm__valid": 1}),
+    "tile_ready": ("tile ready", {"matrix_unit.array.o_shadow_full": 1}),
+    "matmul": ("MATMUL", {"matrix_unit.array.valid_in": 1}),
+    "write_host": ("WRITE_HOST", {"o_host__valid": 1, "o_host__ready": 1}),
+}
+
+
+def attention_program(config: TPUConfig) -> TourProgram:
+    """The attention stop's program: ``q @ k.T`` with ``k.T`` made on chip, for ``rows``
+    tokens of ``rows`` channels (one tile)::
+
+        read_host ub=0 count=R                  Q, R tokens (R data beats)
+        read_host ub=8 count=R                  K, R tokens (R data beats)
+        load_params slot=0 shift=0 zp=0 clamp=127
+        ub_to_weights ub=8 tile=0 count=R signed transpose
+        read_weights tile=0 count=1
+        matmul ub=0 acc=0 count=R switch signed
+        activate acc=0 ub=16 count=R func=identity pool=none slot=0
+        write_host ub=16 count=R
+        halt
+
+    The scores come back as ``Q @ K.T`` (bias 0, multiplier 1, shift 0: saturation only)."""
+    rows, cols, ub = config.rows, config.cols, config.ub_row
+    t = min(rows, cols)                   # tokens: keys are the tile's columns
+    rng = np.random.default_rng(11)
+    q = rng.integers(-3, 4, (t, rows))
+    k = rng.integers(-3, 4, (t, rows))
+    byte = unsigned(DATA_BITS)
+    int32 = unsigned(32)
+    p = TourProgram(x=q, w=k)
+    p.add(f"read_host ub=0 count={t}",
+          _word(isa.ReadHost, opcode=Opcode.READ_HOST, ub_addr=0, count=t),
+          [_row(q[i], byte, ub) for i in range(t)])
+    p.add(f"read_host ub=8 count={t}",
+          _word(isa.ReadHost, opcode=Opcode.READ_HOST, ub_addr=8, count=t),
+          [_row(k[i], byte, ub) for i in range(t)])
+    p.add("load_params slot=0 shift=0 zp=0 clamp=127",
+          _word(isa.LoadParams, opcode=Opcode.LOAD_PARAMS, slot=0, shift=0, zero_point=0,
+                clamp_hi=127),
+          [_row([0] * cols, int32, cols), _row([1] * cols, int32, cols)])
+    p.add(f"ub_to_weights ub=8 tile=0 count={t} signed transpose",
+          _word(isa.UbToWeights, opcode=Opcode.UB_TO_WEIGHTS, signed=1, transpose=1,
+                ub_addr=8, tile=0, count=t))
+    p.add("read_weights tile=0 count=1",
+          _word(isa.ReadWeights, opcode=Opcode.READ_WEIGHTS, tile=0, count=1))
+    p.add(f"matmul ub=0 acc=0 count={t} switch signed",
+          _word(isa.Matmul, opcode=Opcode.MATMUL, ub_addr=0, acc_addr=0, count=t, switch=1,
+                signed=1))
+    p.add(f"activate acc=0 ub=16 count={t} func=identity pool=none slot=0",
+          _word(isa.Activate, opcode=Opcode.ACTIVATE, acc_addr=0, ub_addr=16, count=t,
+                func=Func.IDENTITY, pool=Pool.NONE, slot=0))
+    p.add(f"write_host ub=16 count={t}",
+          _word(isa.WriteHost, opcode=Opcode.WRITE_HOST, ub_addr=16, count=t))
+    p.add("halt", _word(isa.Halt, opcode=Opcode.HALT))
+    scores = np.zeros((t, cols), dtype=np.int64)
+    scores[:, :t] = q @ k.T
+    p.expected = np.clip(scores, -128, 127)
+    p.expected_beats = t + 1
+    return p
+
+
+def attention_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
+    """The attention stop's save file (as :func:`tour_stages`): the host, the front end
+    waiting while the mover runs, the mover's buffer reads and tile buffer, its rows into
+    the weight memory, the tile into the array, the scores out."""
+    rows, cols = config.rows, config.cols
+    mv = "weight_mover."
+    return [
+        ("i_host", "1  host -> core: Q, K, the program", [
+            _t("i_host__valid", "valid", "bin"), _t("i_host__ready", "ready", "bin"),
+            _t("i_host__payload", "beat"),
+        ]),
+        ("front_end", "2  front end: issues UB_TO_WEIGHTS, waits for the mover", [
+            _t("front_end.fetch_opcode", "instruction"),
+            _t("front_end.\\o_hazards__instr.a", "a (ub)", "dec"),
+            _t("front_end.\\o_hazards__instr.b", "b (tile)", "dec"),
+            _t("front_end.\\o_hazards__instr.count", "count", "dec"),
+            _t("front_end.dispatch", "dispatch", "bin"),
+            _t("front_end.i_ub_to_weights_busy", "mover busy", "bin"),
+        ]),
+        ("mover_read", "3  mover: K's rows out of the unified buffer", [
+            _t(mv + "i_move__valid", "UB_TO_WEIGHTS taken", "bin"),
+            _t(mv + "transpose", "transpose", "bin"),
+            _t(mv + "o_ub__addr__valid", "row request", "bin"),
+            _t(mv + "o_ub__addr__payload", "buffer row", "dec"),
+            _t(mv + "o_ub__data__valid", "row arrives", "bin"),
+            _t(mv + "o_ub__data__payload", "K row (bytes)"),
+            _t(mv + "recv", "rows received", "dec"),
+        ]),
+        ("mover_tile", "4  mover: the tile buffer, K's rows as its columns", [
+            *[_t(mv + f"\\buf[{r}]", f"tile row {r} (bytes)") for r in range(rows)],
+        ]),
+        ("mover_write", "5  mover: tile rows into the weight memory", [
+            _t(mv + "o_wm__valid", "row write", "bin"),
+            _t(mv + "\\o_wm__payload.addr", "weight memory row", "dec"),
+            _t(mv + "\\o_wm__payload.data.data", "row (bytes)"),
+        ]),
+        ("weights", "6  the tile -> shadow registers", [
+            _t("weight_loader.o_weight__valid", "row into FIFO", "bin"),
+            _t(_ARRAY + "o_weight_shift", "row shifts in", "bin"),
+            _t(_ARRAY + "\\i_weight__payload.data", "weight row (bytes)"),
+            _t(_ARRAY + "o_shadow_full", "shadow tile full", "bin"),
+        ]),
+        ("o_psum", "7  Q's rows in, scores out", [
+            _t(_ARRAY + "valid_in", "Q row accepted", "bin"),
+            _t(_ARRAY + "o_psum__valid", "score row", "bin"),
+            *[_t(_ARRAY + f"\\o_psum__payload[{c}]", f"key {c}", "signed")
+              for c in range(cols)],
+        ]),
+        ("o_host", "8  core -> host: the scores", [
+            _t("o_host__valid", "valid", "bin"), _t("o_host__ready", "ready", "bin"),
+            _t("o_host__payload", "beat"),
+        ]),
+    ]
+
+
+@dataclass(frozen=True)
+class TourStop:
+    """One stop of the tour: its program, its save file's stages and markers."""
+    title: str
+    program: object            # (config) -> TourProgram
+    stages: object             # (config) -> stages, as tour_stages
+    events: dict
+
+
+#: The tour's stops by name (``--stop``): ``matmul`` (docs/tour.md's main walk) and
+#: ``attention`` (k.T made on chip, docs/tour.md's attention section).
+TOURS: dict[str, TourStop] = {
+    "matmul": TourStop("one matmul", tour_program, tour_stages, EVENTS),
+    "attention": TourStop("q @ k.T with k.T made on chip", attention_program,
+                          attention_stages, ATTENTION_EVENTS),
+}
+
+
+def markers(stop: str = "matmul") -> list[tuple[str, str]]:
+    """The save file's markers for ``stop`` (as :data:`MARKERS`)."""
+    return [*((name, label) for name, (label, _) in TOURS[stop].events.items()),
+            ("done", "DONE")]
+
+
 #: GTKWave's window (and the screenshot's) size in pixels, and the signal pane's width.
 WINDOW = (1800, 2050)
 SIGNALS_WIDTH = 300
@@ -295,7 +446,8 @@ def _zoom(span_ps: float, pixels: int) -> float:
 
 def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[str, float],
                     start: float, end: float, signals: dict[str, str] | None = None,
-                    filters: dict[str, Path] | None = None) -> list[str]:
+                    filters: dict[str, Path] | None = None, stop: str = "matmul"
+                    ) -> list[str]:
     """Write the tour's save file for the waveform *fst*: the clock, then each stage of
     :func:`tour_stages` (a comment line naming it and a group of its traces), the named
     markers at *events* (times in ps, by :data:`MARKERS` name), the view from *start* to *end*
@@ -310,17 +462,18 @@ def write_tour_gtkw(fst: Path, gtkw: Path, config: TPUConfig, *, events: dict[st
     if filters is None:
         filters = write_enum_filters(Path(gtkw).parent)
     top = "core"
-    stages = tour_stages(config)
+    stages = TOURS[stop].stages(config)
     missing = [trace.path for _, _, traces in stages for trace in traces
                if f"{top}.{trace.path}" not in signals]
     if missing:
         raise ValueError(f"not in {fst}: {', '.join(missing)}")
     traces: list[str] = []
     width, height = WINDOW
-    labels = [(label, events[name]) for name, label in MARKERS if name in events]
+    labels = [(label, events[name]) for name, label in markers(stop) if name in events]
     with open(gtkw, "w") as f:
         save = GTKWSave(f)
-        save.comment(f"amtpu guided tour: one matmul on the {config.name} core (docs/tour.md)")
+        save.comment(f"amtpu guided tour: {TOURS[stop].title} on the {config.name} core "
+                     f"(docs/tour.md)")
         # The dump by its path from the save file, which GTKWave resolves from [savefile].
         save.dumpfile(os.path.relpath(Path(fst).resolve(), Path(gtkw).resolve().parent),
                       abspath=False)
@@ -364,15 +517,18 @@ class TourResult:
     end: int
     traces: list[str]
     period: int = 10_000        # the clock period, ps
+    stop: str = "matmul"
 
     def cycles(self) -> dict[str, int]:
-        """The events (:attr:`events`, by :data:`MARKERS` name) in cycles counted from the
-        first instruction's issue (LOAD_WEIGHTS, marker A), as docs/tour.md counts them."""
-        first = self.events["load_weights"]
+        """The events (:attr:`events`, by marker name) in cycles counted from marker A (the
+        matmul stop: LOAD_WEIGHTS issues; the attention stop: Q's first row is written), as
+        docs/tour.md counts them."""
+        first = self.events["load_weights" if self.stop == "matmul" else "read_host"]
         return {name: (time - first) // self.period for name, time in self.events.items()}
 
 
-def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourResult:
+def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR,
+             stop: str = "matmul") -> TourResult:
     """Run the tour's program on the RTL core under Icarus with an FST waveform, check the
     output beats against :class:`sim.models.isa_sim.IsaSim` with ``==`` (raises
     :class:`AssertionError` if they differ) and write the save file; returns what it made."""
@@ -381,38 +537,39 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
     from sim.rtl.runner import run
 
     config = get_config(config_key)
-    program = tour_program(config)
+    program = TOURS[stop].program(config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "tour.json"
     report.unlink(missing_ok=True)
-    fst = out_dir / "tour.fst"
+    name = "tour" if stop == "matmul" else f"tour-{stop}"
+    fst = out_dir / f"{name}.fst"
     # The simulation's build folder and its waveform's path are shared by every run of the
     # tour (two test workers, or `make tour` beside the tests): one at a time.
     BUILD_ROOT.mkdir(parents=True, exist_ok=True)
     with open(BUILD_ROOT / "tour.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         generic = run("core", lambda: Core(config), config_key, "sim.waves.tour_bench", REPO_ROOT,
-                      "tour", extra_env={"AMTPU_TOUR_OUT": str(report)}, label="tour",
-                      waves=True, sim="icarus", config=config)
+                      "tour", extra_env={"AMTPU_TOUR_OUT": str(report), "AMTPU_TOUR": stop},
+                      label=name, waves=True, sim="icarus", config=config)
         if generic is not None:
             generic.unlink()          # the runner's own save file: the tour writes its own
         # The waveform beside the save file, which names it by a relative path (the folder
         # can move).
-        shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-tour.fst", fst)
+        shutil.move(BUILD_ROOT / "waves" / f"core-{config_key}-{name}.fst", fst)
     result = json.loads(report.read_text())
     received = result["received"]
     expected = IsaSim(config).run(program.beats)
     assert received == expected, \
         f"the core sent {[hex(b) for b in received]}, the ISA simulator {expected}"
     rows = decode_rows(received[:-1], config.cols)
-    assert np.array_equal(rows, program.expected), f"relu(X @ W) is {program.expected}"
+    assert np.array_equal(rows, program.expected), f"the rows should be {program.expected}"
     # The view: from two cycles before the first beat is taken to four after the last one
     # sent (the dump goes on for longer).
     period = result["period"]
     start = result["taken_at"][0] - 2 * period
     end = result["received_at"][-1] + 4 * period
-    gtkw = out_dir / "tour.gtkw"
+    gtkw = out_dir / f"{name}.gtkw"
     filters = write_enum_filters(out_dir)
     # The bench's events, and the DONE beat (the last beat the core sends).
     events = {**result["events"], "done": result["received_at"][-1]}
@@ -422,10 +579,10 @@ def run_tour(config_key: str = TOUR_CONFIG, out_dir: Path = TOUR_DIR) -> TourRes
         gtkw, traces = None, []
     else:
         traces = write_tour_gtkw(fst, gtkw, config, events=events, start=start, end=end,
-                                 filters=filters)
+                                 filters=filters, stop=stop)
     return TourResult(fst=fst, gtkw=gtkw, filters=filters, program=program,
                       received=received, expected=expected, events=events,
-                      start=start, end=end, traces=traces, period=period)
+                      start=start, end=end, traces=traces, period=period, stop=stop)
 
 
 def open_gtkwave(gtkw: Path) -> bool:
@@ -449,20 +606,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.waves.tour",
                                      description=__doc__.split("\n", 1)[0])
     parser.add_argument("--no-gui", action="store_true", help="do not open GTKWave")
+    parser.add_argument("--stop", choices=sorted(TOURS), default="matmul",
+                        help="which stop: one matmul (default), or q @ k.T with k.T made on "
+                             "chip (docs/tour.md)")
     parser.add_argument("--screenshot", type=Path, metavar="PNG",
                         help="also save a picture of GTKWave on the save file (under Xvfb)")
     args = parser.parse_args(argv)
-    result = run_tour()
+    result = run_tour(stop=args.stop)
     program = result.program
     print(f"tour: {len(program.listing)} instructions, {len(program.beats)} beats in; "
           f"{len(result.received)} beats out, equal to the ISA simulator's")
     for text, data_beats in program.listing:
         print(f"    {text}" + (f"   + {data_beats} data beats" if data_beats else ""))
-    print(f"tour: relu(X @ W) =\n{program.expected}")
+    print(f"tour: {'relu(X @ W)' if args.stop == 'matmul' else 'Q @ K.T'} =\n"
+          f"{program.expected}")
     # The markers, with cycles counted from the first instruction's (as docs/tour.md does).
     print("tour: markers (10 ns clock)")
     cycles = result.cycles()
-    for i, (name, label) in enumerate(MARKERS):
+    for i, (name, label) in enumerate(markers(args.stop)):
         if name in result.events:
             print(f"    {chr(ord('A') + i)} {label:12} {result.events[name] / 1000:6.0f} ns  "
                   f"cycle {cycles[name]}")

@@ -1,11 +1,12 @@
 """cocotb test module of the guided tour (:mod:`sim.waves.tour`): one small program on the core.
 
 Run inside the simulator by :func:`sim.waves.tour.run_tour` with :class:`hdl.core.Core` as the
-toplevel. The single test, :func:`tour`, resets the core, sends the tour's program
-(:func:`sim.waves.tour.tour_program`) on ``i_host`` and takes every beat on ``o_host`` without
-back-pressure, so the waveform shows the core at full speed. Every cycle it samples a few
-internal signals (by their names in the Verilog hierarchy, :data:`sim.waves.tour.EVENTS`) and
-notes the first cycle each event happens, for the save file's markers. It writes the beats
+toplevel. The single test, :func:`tour`, resets the core, sends the program of the tour's
+stop (``AMTPU_TOUR``, :data:`sim.waves.tour.TOURS`, the matmul by default) on ``i_host`` and
+takes every beat on ``o_host`` without back-pressure, so the waveform shows the core at full
+speed. Every cycle it samples a few internal signals (by their names in the Verilog
+hierarchy, the stop's events) and notes the first cycle each event happens, for the save
+file's markers. It writes the beats
 it received, their times and the events' times to the JSON file named by
 ``AMTPU_TOUR_OUT``; :func:`sim.waves.tour.run_tour` compares the beats with the ISA simulator's.
 """
@@ -22,7 +23,7 @@ from cocotb.utils import get_sim_time
 
 from sim.rtl.runner import config_from_env
 from sim.rtl.streams import StreamDriver, StreamMonitor, reset, start_clock
-from sim.waves.tour import EVENTS, tour_program
+from sim.waves.tour import TOURS
 
 #: Cycles the test allows from the reset to the last beat (the buffer's clearing included).
 TIMEOUT_CYCLES = 5_000
@@ -52,7 +53,8 @@ def _equals(handle, value: int) -> bool:
 async def tour(dut):
     """The tour's program, from reset to its DONE beat."""
     config = config_from_env()
-    program = tour_program(config)
+    stop = TOURS[os.environ.get("AMTPU_TOUR", "matmul")]
+    program = stop.program(config)
     start_clock(dut)
     dut.i_clear.value = 0
     host = unsigned(config.host_width)
@@ -63,7 +65,7 @@ async def tour(dut):
     driver.extend(program.beats)
 
     probes = {name: [(_handle(dut, path), value) for path, value in signals.items()]
-              for name, (_, signals) in EVENTS.items()}
+              for name, (_, signals) in stop.events.items()}
     first: dict[str, int] = {}
     received_at: list[int] = []
     taken_at: list[int] = []

@@ -19,7 +19,16 @@ from hdl.presets import get_config
 from sim.models.isa_sim import IsaSim
 from sim.rtl.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
 from sim.waves.screenshot import decode_xwd, encode_png
-from sim.waves.tour import EVENTS, MARKERS, TOUR_CONFIG, run_tour, tour_program, write_tour_gtkw
+from sim.waves.tour import (
+    EVENTS,
+    MARKERS,
+    TOUR_CONFIG,
+    attention_program,
+    markers,
+    run_tour,
+    tour_program,
+    write_tour_gtkw,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None,
                                 reason="the tour runs on Icarus Verilog (iverilog)")
@@ -183,3 +192,57 @@ def test_xwd_decoder():
     pixels = [0x102030, 0xFF0000, 0x00FF00, 0x0000FF]
     raw = header + b"".join(struct.pack("<I", p) for p in pixels)
     assert decode_xwd(raw).tolist() == [[[16, 32, 48], [255, 0, 0]], [[0, 255, 0], [0, 0, 255]]]
+
+
+# The attention stop --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def attention(tmp_path_factory):
+    if shutil.which("fst2vcd") is None:
+        pytest.skip("fst2vcd (Debian package gtkwave) is needed to read the waveform's names")
+    return run_tour(out_dir=tmp_path_factory.mktemp("tour"), stop="attention")
+
+
+def test_attention_program_is_the_documented_one():
+    """The attention stop's listing is the disassembler's and docs/tour.md's."""
+    config = get_config(TOUR_CONFIG)
+    program = attention_program(config)
+    text = disassemble(program.beats, config).splitlines()
+    listing = [line for line, _ in program.listing]
+    assert [line for line in text if not line.startswith(".")] == listing
+    doc = TOUR_DOC.read_text()
+    block = doc[doc.index("## Attention"):]
+    block = block[block.index("```") + 4:]
+    block = block[:block.index("```")]
+    assert [" ".join(line.split()[:len(want.split())]) for line, want in
+            zip(block.splitlines(), listing, strict=True)] == listing
+
+
+def test_attention_scores_and_names(attention):
+    """q @ k.T, k.T made on chip, equals the ISA simulator's beats and numpy's product; every
+    trace of its save file is in its dump."""
+    config = get_config(TOUR_CONFIG)
+    program = attention.program
+    assert attention.received == IsaSim(config).run(program.beats)
+    q, k = program.x, program.w
+    t = len(q)
+    assert np.array_equal(program.expected[:, :t], np.clip(q @ k.T, -128, 127))
+    text = attention.gtkw.read_text()
+    traces = gtkw_traces(text)
+    available = set(fst_signals(attention.fst).values())
+    assert traces == attention.traces and not [x for x in traces if x not in available]
+    assert any("weight_mover" in x and "buf" in x for x in traces)
+    names = re.findall(r"^\[markername\] ([A-Z])(.*)$", text, re.MULTILINE)
+    assert [label for _, label in names] == [label for _, label in markers("attention")]
+
+
+def test_attention_doc_cycles_match_run(attention):
+    """docs/tour.md's attention marker table is the run's."""
+    text = TOUR_DOC.read_text()
+    table = [(letter, label, int(ns), int(cycle)) for letter, label, ns, cycle in re.findall(
+        r"^\| ([A-Z]) \| `([^`]+)` \| (\d+) ns \| (\d+) \|", text, re.MULTILINE)]
+    cycles = attention.cycles()
+    assert table == [(chr(ord("A") + i), label, attention.events[name] // 1000, cycles[name])
+                     for i, (name, label) in enumerate(markers("attention"))]
+    assert _number(r"counted from marker A \(`\(time - (\d+) ns\) / 10 ns`\)", text) == \
+        [attention.events["read_host"] // 1000]
