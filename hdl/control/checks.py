@@ -153,12 +153,8 @@ class Checks(wiring.Component):
         tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()
         ones = Const((1 << tiles) - 1, tiles)
         tile_mask = self.o_tile_mask
-        if cfg.ub_to_weights:
-            tile_lo = Mux(is_[Opcode.UB_TO_WEIGHTS], b, a)[:tile_bits]
-            tile_hi = Mux(is_[Opcode.UB_TO_WEIGHTS], b_end, a_end)[:tile_bits]
-        else:
-            tile_lo, tile_hi = a[:tile_bits], a_end[:tile_bits]
-        m.d.comb += tile_mask.eq((ones << tile_lo)[:tiles] & ~(ones << tile_hi)[:tiles])
+        m.d.comb += tile_mask.eq((ones << a[:tile_bits])[:tiles] &
+                                 ~(ones << a_end[:tile_bits])[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~self.i_written) != 0)
         queued = self.i_queued
         weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~self.i_have_active)

@@ -1,6 +1,6 @@
 """The front end: fetch, decode, error checks, dispatch, host transfers and status."""
 
-from amaranth.hdl import Cat, Module, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -173,6 +173,14 @@ class FrontEnd(wiring.Component):
                      self.o_hazards.a_end.eq(checks.o_a_end),
                      self.o_hazards.b_end.eq(checks.o_b_end)]
 
+        # The tile a UB_TO_WEIGHTS writes, one-hot (a decode of its field: a mask shared with
+        # LOAD_WEIGHTS' range, selected by the opcode, ran too long into `written` at the
+        # ULX3S's clock).
+        moved_tile = Signal(cfg.weight_mem_tiles)
+        tile_bits = cfg.weight_mem_tiles.bit_length()
+        m.d.comb += moved_tile.eq((Const(1, cfg.weight_mem_tiles) << instr.b[:tile_bits])
+                                  [:cfg.weight_mem_tiles])
+
         # Dispatch: whether the instruction at fetch issues or fails now, and in which cycle
         # the front end acts on what it sees (see Dispatch).
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
@@ -250,16 +258,18 @@ class FrontEnd(wiring.Component):
                 with m.Elif(dispatch):
                     m.d.comb += [host_ready.eq(1), xfer.i_issue.eq(decide.o_issue)]
                     m.d.sync += [halted.eq(0), index.eq(index + 1)]
-                    with m.If(issue[Opcode.LOAD_WEIGHTS] | issue[Opcode.UB_TO_WEIGHTS]):
+                    with m.If(issue[Opcode.LOAD_WEIGHTS]):
                         m.d.sync += written.eq(written | checks.o_tile_mask)
+                    if cfg.ub_to_weights:       # (else its opcode is unknown)
+                        with m.If(issue[Opcode.UB_TO_WEIGHTS]):
+                            m.d.sync += written.eq(written | moved_tile)
+                            m.next = "MOVE"
                     with m.If(issue[Opcode.READ_WEIGHTS]):
                         m.d.sync += queued.eq(queued + instr.count)
                     with m.If(issue[Opcode.MATMUL] & mm.switch):
                         m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
                     with m.If(Cat(*(issue[o] for o in TRANSFER_OPCODES)).any()):
                         m.next = "TRANSFER"
-                    with m.If(issue[Opcode.UB_TO_WEIGHTS]):
-                        m.next = "MOVE"
                 with m.Else():
                     m.d.comb += self.o_raw_stall.eq(decide.o_raw_stall)
             with m.State("TRANSFER"):
