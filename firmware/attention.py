@@ -1,23 +1,29 @@
-"""Attention's first product on the core: each head's ``q @ k.T``, with ``k.T`` made on chip.
+r"""Attention's two products on the core, with the activation that serves as weights moved on
+chip.
 
-:class:`ScoresExecutable` runs a :class:`firmware.graph.AttentionScores` operator as core
-programs (it is an :class:`firmware.runtime.Executable`, run by :func:`firmware.runtime.run`).
-The array's stationary operand is a weight tile, so ``q @ k.T`` needs ``k.T`` in the weight
-memory; UB_TO_WEIGHTS with ``transpose`` builds it from ``k``'s unified-buffer rows, so ``k``
-goes through the array without a transposition on the host or a LOAD_WEIGHTS of it.
+The array's stationary operand is a weight tile, and attention multiplies two activations:
+``q @ k.T`` and ``p @ v``. UB_TO_WEIGHTS builds the tile from unified-buffer rows, so neither
+``k.T`` nor ``v`` needs a transposition on the host or a LOAD_WEIGHTS of it:
+
+- :class:`ScoresExecutable` runs a :class:`firmware.graph.AttentionScores`: ``k``'s rows
+  moved transposed (tile column ``s`` is key ``s``);
+- :class:`MixExecutable` runs a :class:`firmware.graph.AttentionMix`: ``v``'s rows moved as
+  they are (tile row ``s`` is token ``s``), ``p`` (uint8) streamed through the array.
+
+Both are :class:`firmware.runtime.Executable`\ s, run by :func:`firmware.runtime.run`.
 
 Tiling, per sequence and head (a *unit*), with ``T`` tokens, head size ``d``, an array of
-``rows x cols``:
+``rows x cols``, for the scores (the mix is the same with ``p``'s key chunks and ``v``'s
+channel blocks, :class:`MixExecutable`):
 
 - the head's channels split into ``KC = ceil(d / rows)`` chunks; ``q``'s chunk ``kc`` and
   ``k``'s are each ``T`` unified-buffer rows (token ``t`` a row; channels ``kc * rows ..`` in
   its first ``rows`` elements, zeros after the head's last channel);
 - the keys split into ``SB = ceil(T / cols)`` blocks of up to ``cols`` tokens. A *job* is one
-  key block of one unit: for each chunk, UB_TO_WEIGHTS of the block's ``k`` rows into a tile
-  (transposed: tile column ``s`` is key ``s``), READ_WEIGHTS, MATMUL of the chunk's ``T``
-  ``q`` rows (accumulating after the first chunk) into the job's accumulator region; then
-  ACTIVATE (the operator's requantisation, one parameter slot) into the job's output region
-  and WRITE_HOST.
+  key block of one unit: for each chunk, UB_TO_WEIGHTS of the block's ``k`` rows into a tile,
+  READ_WEIGHTS, MATMUL of the chunk's ``T`` ``q`` rows (accumulating after the first chunk)
+  into the job's accumulator region; then ACTIVATE (the operator's requantisation, one
+  parameter slot) into the job's output region and WRITE_HOST.
 
 The program is software-pipelined, as the core issues in order: each tile is moved and read
 two MATMULs ahead of the one that uses it (it shifts into the array while the MATMUL before
@@ -42,37 +48,37 @@ from firmware.asm import Program
 from firmware.runtime import Batch
 from hdl.config import TPUConfig
 
-__all__ = ["ScoresExecutable"]
+__all__ = ["ScoresExecutable", "MixExecutable"]
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class ScoresExecutable:
-    """:class:`firmware.graph.AttentionScores` ``op`` for ``tokens`` tokens of ``channels``
-    channels (``heads`` of ``channels // heads``) on a core of ``config``. Its input, for
-    :meth:`batches`, is ``q`` and ``k`` stacked: ``(n, 2, tokens, channels)`` int8; its
-    output ``(n, heads, tokens, tokens)`` int8."""
+class _HeadsExecutable:
+    """What both executables share: the checks, the regions, the parameter slot, and the
+    software-pipelined program of *jobs*, each a few MATMULs (one per contraction chunk, its
+    tile moved on chip) into an accumulator region, then ACTIVATE and WRITE_HOST."""
 
-    def __init__(self, op, config: TPUConfig, tokens: int, channels: int):
+    #: What the operator's product needs (for the errors).
+    product = ""
+
+    def __init__(self, op, config: TPUConfig, tokens: int, channels: int, heads: int):
         from firmware.compiler import CompileError
 
         self.op, self.config = op, config
-        self.tokens, self.channels, self.heads = tokens, channels, op.heads
+        self.tokens, self.channels, self.heads = tokens, channels, heads
         name = op.name
         if not config.ub_to_weights:
             raise CompileError(f"{name}: the {config.name} core has no UB_TO_WEIGHTS "
-                               f"(TPUConfig.ub_to_weights), which q @ k.T on the core needs")
-        if channels % self.heads:
-            raise CompileError(f"{name}: {channels} channels do not split into "
-                               f"{self.heads} heads")
-        self.d = channels // self.heads
-        self.kc = _ceil_div(self.d, config.rows)
-        self.sb = _ceil_div(tokens, config.cols)
+                               f"(TPUConfig.ub_to_weights), which {self.product} on the "
+                               f"core needs")
+        if channels % heads:
+            raise CompileError(f"{name}: {channels} channels do not split into {heads} heads")
+        self.d = channels // heads
         req = op.requant
         if req.multiplier.size != 1 and not (req.multiplier == req.multiplier[0]).all():
-            raise CompileError(f"{name}: one requantisation multiplier for every score is "
+            raise CompileError(f"{name}: one requantisation multiplier for every output is "
                                f"needed, not {req.multiplier.size}")
         t = tokens
         #: Tiles moved and read ahead of the MATMUL that uses them (within the weight
@@ -81,10 +87,10 @@ class ScoresExecutable:
         if 2 * t > config.acc_depth:
             raise CompileError(
                 f"{name}: {t} tokens need two accumulator regions of {t} rows (a region per "
-                f"key block, two to overlap), {2 * t} rows; the {config.name} core's "
+                f"job, two to overlap), {2 * t} rows; the {config.name} core's "
                 f"accumulators hold {config.acc_depth}")
-        self.unit_rows = 2 * self.kc * t               # q's and k's chunks
-        seq_rows = self.heads * self.unit_rows
+        self.unit_rows = self._unit_rows()
+        seq_rows = heads * self.unit_rows
         #: Accumulator and output regions the jobs rotate through (up to 4: a job's
         #: ACTIVATE and WRITE_HOST run while the next ones' MATMULs do).
         self.regions = max(2, min(4, config.acc_depth // t,
@@ -92,12 +98,10 @@ class ScoresExecutable:
         self.sequences_per_program = (config.ub_depth - self.regions * t) // seq_rows
         if self.sequences_per_program < 1:
             raise CompileError(
-                f"{name}: one sequence needs {seq_rows} unified-buffer rows for q and k "
-                f"({self.heads} head(s) of {self.kc} chunk(s) of {t} tokens, each twice) and "
-                f"{2 * t} for the scores, {seq_rows + 2 * t}; the {config.name} core's "
-                f"unified buffer holds {config.ub_depth}")
-
-    # Executable --------------------------------------------------------------------------
+                f"{name}: one sequence needs {seq_rows} unified-buffer rows for its inputs "
+                f"({heads} head(s) of {self.unit_rows} rows) and {2 * t} for the outputs, "
+                f"{seq_rows + 2 * t}; the {config.name} core's unified buffer holds "
+                f"{config.ub_depth}")
 
     def setup_program(self) -> tuple[list[int], int]:
         """LOAD_PARAMS of the requantisation into slot 0 (bias 0), then HALT."""
@@ -108,6 +112,73 @@ class ScoresExecutable:
                       rounding=req.rounding)
         p.halt()
         return p.beats, 1
+
+    def _rows(self, values: np.ndarray) -> np.ndarray:
+        """``(T, k)`` values as ``T`` buffer rows (zeros after them)."""
+        rows = np.zeros((self.tokens, self.config.ub_row), dtype=np.int64)
+        rows[:, :values.shape[1]] = values
+        return rows
+
+    def _emit(self, p: Program, units: int, jobs_per_unit: int, chunks: int, move,
+              act_rows, signed: bool) -> int:
+        """The pipelined jobs after the inputs are in: ``move(m, unit, job_in_unit, chunk,
+        tile)`` emits item ``m``'s UB_TO_WEIGHTS, ``act_rows(unit, chunk)`` is the first
+        buffer row of the MATMUL's activations. Returns the jobs."""
+        cfg, t = self.config, self.tokens
+        out_base = units * self.unit_rows
+        regions, ahead, tiles = self.regions, self.ahead, cfg.weight_mem_tiles
+        items = [(i * jobs_per_unit + j, i, j, c) for i in range(units)
+                 for j in range(jobs_per_unit) for c in range(chunks)]
+
+        def fetch(m: int) -> None:
+            # Tile m mod the weight memory: a move never waits for its tile's READ_WEIGHTS.
+            _, i, j, c = items[m]
+            move(m, i, j, c, m % tiles)
+            p.read_weights(m % tiles, 1)
+
+        def finish(job: int) -> None:
+            acc, out = (job % regions) * t, out_base + (job % regions) * t
+            p.activate(acc, out, t, func=self.op.requant.func, slot=0)
+            p.write_host(out, t)
+
+        for m in range(min(ahead, len(items))):
+            fetch(m)
+        for m, (job, i, _, c) in enumerate(items):
+            if m + ahead < len(items):
+                fetch(m + ahead)
+            p.matmul(act_rows(i, c), (job % regions) * t, t, switch=True,
+                     accumulate=c > 0, signed=signed)
+            # The job before this one's results, once this one's first MATMUL is in.
+            if c == 0 and job > 0:
+                finish(job - 1)
+        jobs = units * jobs_per_unit
+        finish(jobs - 1)
+        p.halt()
+        return jobs
+
+    def _out_rows(self, beats: list[int], jobs: int) -> np.ndarray:
+        """The WRITE_HOST rows of ``jobs`` jobs: ``(jobs, T, cols)`` int8."""
+        cfg, t = self.config, self.tokens
+        raw = np.frombuffer(b"".join(int(v).to_bytes(cfg.ub_row, "little")
+                                     for v in beats[:jobs * t]), dtype=np.int8)
+        return raw.reshape(jobs, t, cfg.ub_row)[..., :cfg.cols].astype(np.int64)
+
+
+class ScoresExecutable(_HeadsExecutable):
+    """:class:`firmware.graph.AttentionScores` ``op`` for ``tokens`` tokens of ``channels``
+    channels (``heads`` of ``channels // heads``) on a core of ``config``. Its input, for
+    :meth:`batches`, is ``q`` and ``k`` stacked: ``(n, 2, tokens, channels)`` int8; its
+    output ``(n, heads, tokens, tokens)`` int8."""
+
+    product = "q @ k.T"
+
+    def __init__(self, op, config: TPUConfig, tokens: int, channels: int):
+        self.kc = _ceil_div(channels // max(op.heads, 1), config.rows)
+        self.sb = _ceil_div(tokens, config.cols)
+        super().__init__(op, config, tokens, channels, op.heads)
+
+    def _unit_rows(self) -> int:
+        return 2 * self.kc * self.tokens               # q's and k's chunks
 
     def batches(self, inputs: np.ndarray) -> Iterator[Batch]:
         x = np.asarray(inputs, dtype=np.int64)
@@ -122,70 +193,120 @@ class ScoresExecutable:
             yield self._program(x, [(b, h) for b in range(start, min(start + per, len(x)))
                                     for h in range(self.heads)])
 
-    # The program -------------------------------------------------------------------------
-
     def _chunk(self, x: np.ndarray, b: int, which: int, h: int, kc: int) -> np.ndarray:
         """``T`` buffer rows of chunk ``kc`` of head ``h`` of q (``which`` 0) or k (1)."""
-        cfg = self.config
-        lo = h * self.d + kc * cfg.rows
-        hi = min((h + 1) * self.d, lo + cfg.rows)
-        rows = np.zeros((self.tokens, cfg.ub_row), dtype=np.int64)
-        rows[:, :hi - lo] = x[b, which, :, lo:hi]
-        return rows
+        rows = self.config.rows
+        lo = h * self.d + kc * rows
+        hi = min((h + 1) * self.d, lo + rows)
+        return self._rows(x[b, which, :, lo:hi])
 
     def _program(self, x: np.ndarray, units: list[tuple[int, int]]) -> Batch:
         cfg = self.config
-        t, kc_n = self.tokens, self.kc
+        t, kc_n, ur = self.tokens, self.kc, self.unit_rows
         p = Program(cfg)
         for i, (b, h) in enumerate(units):
-            base = i * self.unit_rows
             for kc in range(kc_n):
-                p.read_host(base + kc * t, self._chunk(x, b, 0, h, kc))
-                p.read_host(base + (kc_n + kc) * t, self._chunk(x, b, 1, h, kc))
-        out_base = len(units) * self.unit_rows
-        regions = self.regions
-        # Every MATMUL of the program in order: (job, unit, key block, chunk).
-        items = [(i * self.sb + sb, i, sb, kc) for i in range(len(units))
-                 for sb in range(self.sb) for kc in range(kc_n)]
-        jobs = len(units) * self.sb
-        ahead = self.ahead
-        tiles = cfg.weight_mem_tiles
+                p.read_host(i * ur + kc * t, self._chunk(x, b, 0, h, kc))
+                p.read_host(i * ur + (kc_n + kc) * t, self._chunk(x, b, 1, h, kc))
 
-        def move(m: int) -> None:
-            """UB_TO_WEIGHTS and READ_WEIGHTS of item ``m``'s tile (tile ``m`` mod the
-            weight memory's tiles: a move never waits for the READ_WEIGHTS before it)."""
-            _, i, sb, kc = items[m]
+        def move(m, i, sb, kc, tile):
+            # k's rows of key block sb as the tile's columns: tile column s is key s.
             first = sb * cfg.cols
-            p.ub_to_weights(i * self.unit_rows + (kc_n + kc) * t + first, m % tiles,
+            p.ub_to_weights(i * ur + (kc_n + kc) * t + first, tile,
                             min(cfg.cols, t - first), transpose=True)
-            p.read_weights(m % tiles, 1)
 
-        def finish(job: int) -> None:
-            acc, out = (job % regions) * t, out_base + (job % regions) * t
-            p.activate(acc, out, t, func=self.op.requant.func, slot=0)
-            p.write_host(out, t)
-
-        for m in range(min(ahead, len(items))):
-            move(m)
-        for m, (job, i, _, kc) in enumerate(items):
-            if m + ahead < len(items):
-                move(m + ahead)
-            p.matmul(i * self.unit_rows + kc * t, (job % regions) * t, t, switch=True,
-                     accumulate=kc > 0)
-            # The job before this one's results, once this one's first MATMUL is in.
-            if kc == 0 and job > 0:
-                finish(job - 1)
-        finish(jobs - 1)
-        p.halt()
+        jobs = self._emit(p, len(units), self.sb, kc_n, move,
+                          lambda i, kc: i * ur + kc * t, signed=True)
         n_units = len(units)
 
         def decode(beats: list[int]) -> np.ndarray:
-            raw = np.frombuffer(b"".join(int(v).to_bytes(cfg.ub_row, "little")
-                                         for v in beats[:jobs * t]), dtype=np.int8)
-            rows = raw.reshape(n_units, self.sb, t, cfg.ub_row).astype(np.int64)
-            scores = rows[..., :cfg.cols].transpose(0, 2, 1, 3).reshape(
-                n_units, t, self.sb * cfg.cols)[..., :t]
-            return scores.reshape(-1, self.heads, t, t)
+            rows = self._out_rows(beats, jobs).reshape(n_units, self.sb, t, cfg.cols)
+            scores = rows.transpose(0, 2, 1, 3).reshape(n_units, t, self.sb * cfg.cols)
+            return scores[..., :t].reshape(-1, self.heads, t, t)
+
+        return Batch(beats=p.beats, output_beats=jobs * t + 1, instructions=p.instructions,
+                     images=n_units // self.heads, decode=decode)
+
+
+class MixExecutable(_HeadsExecutable):
+    """:class:`firmware.graph.AttentionMix` ``op``: each head's ``p @ v`` with ``v`` moved
+    into weight tiles on chip (as the tile's rows: tile row ``s`` is token ``s``), for
+    ``tokens`` tokens and ``channels`` channels of ``v`` in ``heads`` heads. Its input, for
+    :meth:`batches`, is ``p`` (uint8, ``(n, heads, tokens, tokens)``) and ``v`` (int8,
+    ``(n, tokens, channels)``) flattened side by side, ``(n, heads * tokens**2 + tokens *
+    channels)`` (:meth:`pack`); its output ``(n, tokens, channels)`` int8.
+
+    Per head: ``p``'s keys split into ``ceil(T / rows)`` chunks (``T`` buffer rows each, the
+    chunk's keys in a row's first ``rows`` elements) and ``v``'s channels into ``ceil(d /
+    cols)`` blocks (``T`` buffer rows each, the block's channels first); a job is one block:
+    per chunk, UB_TO_WEIGHTS of the chunk's tokens of the block (plain), READ_WEIGHTS and a
+    MATMUL of ``p``'s chunk (uint8 activations)."""
+
+    product = "p @ v"
+
+    def __init__(self, op, config: TPUConfig, tokens: int, channels: int, heads: int):
+        from firmware.compiler import CompileError
+
+        if config.operands == "int8":
+            raise CompileError(f"{op.name}: the probabilities are uint8, which the "
+                               f"{config.name} core (operands='int8') refuses")
+        self.sc = _ceil_div(tokens, config.rows)
+        self.db = _ceil_div(channels // max(heads, 1), config.cols)
+        super().__init__(op, config, tokens, channels, heads)
+
+    def _unit_rows(self) -> int:
+        return (self.sc + self.db) * self.tokens       # p's chunks and v's blocks
+
+    @staticmethod
+    def pack(p: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``p`` and ``v`` as :meth:`batches` takes them."""
+        p, v = np.asarray(p, np.int64), np.asarray(v, np.int64)
+        return np.concatenate([p.reshape(len(p), -1), v.reshape(len(v), -1)], axis=1)
+
+    def batches(self, inputs: np.ndarray) -> Iterator[Batch]:
+        x = np.asarray(inputs, dtype=np.int64)
+        t, c, h = self.tokens, self.channels, self.heads
+        if x.ndim != 2 or x.shape[1] != h * t * t + t * c:
+            raise ValueError(f"{self.op.name}: inputs are {x.shape[1:]} per sequence; p "
+                             f"{(h, t, t)} and v {(t, c)} packed are ({h * t * t + t * c},)")
+        p, v = x[:, :h * t * t].reshape(-1, h, t, t), x[:, h * t * t:].reshape(-1, t, c)
+        if p.size and (p.min() < 0 or p.max() > 255):
+            raise ValueError(f"{self.op.name}: p must be uint8")
+        if v.size and (v.min() < -128 or v.max() > 127):
+            raise ValueError(f"{self.op.name}: v must be int8")
+        per = self.sequences_per_program
+        for start in range(0, len(x), per):
+            yield self._program(p, v, [(b, hh) for b in range(start, min(start + per, len(x)))
+                                       for hh in range(h)])
+
+    def _program(self, pr: np.ndarray, v: np.ndarray, units: list[tuple[int, int]]) -> Batch:
+        cfg = self.config
+        t, d, ur, sc_n = self.tokens, self.d, self.unit_rows, self.sc
+        p = Program(cfg)
+        for i, (b, h) in enumerate(units):
+            for sc in range(sc_n):
+                p.read_host(i * ur + sc * t,
+                            self._rows(pr[b, h, :, sc * cfg.rows:(sc + 1) * cfg.rows]))
+            for db in range(self.db):
+                lo = h * d + db * cfg.cols
+                p.read_host(i * ur + (sc_n + db) * t,
+                            self._rows(v[b, :, lo:min((h + 1) * d, lo + cfg.cols)]))
+
+        def move(m, i, db, sc, tile):
+            # v's tokens of chunk sc, block db, as the tile's rows.
+            first = sc * cfg.rows
+            p.ub_to_weights(i * ur + (sc_n + db) * t + first, tile,
+                            min(cfg.rows, t - first))
+
+        jobs = self._emit(p, len(units), self.db, sc_n, move,
+                          lambda i, sc: i * ur + sc * t, signed=False)
+        n_units = len(units)
+
+        def decode(beats: list[int]) -> np.ndarray:
+            rows = self._out_rows(beats, jobs).reshape(n_units, self.db, t, cfg.cols)
+            out = rows.transpose(0, 2, 1, 3).reshape(n_units, t, self.db * cfg.cols)[..., :d]
+            out = out.reshape(-1, self.heads, t, d).transpose(0, 2, 1, 3)
+            return out.reshape(-1, t, self.heads * d)
 
         return Batch(beats=p.beats, output_beats=jobs * t + 1, instructions=p.instructions,
                      images=n_units // self.heads, decode=decode)

@@ -41,8 +41,10 @@ channels at a time, each block a dense layer over the patches of its own input c
 The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
 :mod:`firmware.quant` does. On a core with UB_TO_WEIGHTS
 (:attr:`~hdl.config.TPUConfig.ub_to_weights`) an :class:`AttentionScores` becomes a
-:class:`ScoresStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
-(:mod:`firmware.attention`); elsewhere it runs on the host. :func:`placement` says which
+:class:`AttentionStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
+(:mod:`firmware.attention`), and so does an :class:`AttentionMix` (``p @ v``, ``v`` moved
+into weight tiles on chip) where the core takes uint8 activations; elsewhere they run on the
+host. :func:`placement` says which
 operator ran where. :func:`run_graph` runs the steps on a device.
 """
 
@@ -60,10 +62,11 @@ from sim.models import golden
 
 __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", "Reshape",
            "MaxPool2D", "AveragePool2D", "Add", "Softmax", "Quantize", "Requantize",
-           "Dequantize", "Constant", "AttentionScores", "Lookup", "AttentionValues",
+           "Dequantize", "Constant", "AttentionScores", "Lookup",
+           "SoftmaxNormalise", "AttentionMix",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
            "requant_from_real", "Segment",
-           "HostStep", "CoreStep", "ScoresStep", "lower", "placement", "GraphRun",
+           "HostStep", "CoreStep", "AttentionStep", "lower", "placement", "GraphRun",
            "run_graph"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -564,31 +567,42 @@ class Lookup(Op):
 
 
 @dataclass(eq=False)
-class AttentionValues(Op):
-    """Softmax's normalisation and the weighted sum of the values, per head: ``e``
-    ``(n, H, T, T)`` non-negative weights (exp's table), ``v`` int8 ``(n, T, H * d)``;
-    ``num = e_j @ v_j`` (int32) and ``den`` the row sums of ``e_j``; the output, heads side
-    by side ``(n, T, H * d)``, is ``clamp(round_div(num * multiplier, den * 2**shift))``
-    in int8, where ``multiplier / 2**shift`` is ``v``'s scale over the output's (``e``'s
-    scale cancels); a row whose weights are all zero gives 0."""
-    multiplier: int = 1
-    shift: int = 0
+class SoftmaxNormalise(Op):
+    """Softmax's division: ``e`` ``(n, H, T, T)`` non-negative weights (exp's table) to the
+    probabilities ``p = min(255, round_div(255 * e, den))`` in uint8 (scale 1/255), ``den``
+    the row's sum; a row whose weights are all zero gives zeros. A host operator: the core
+    has no per-row scale."""
 
-    def parts(self, e, v) -> tuple[np.ndarray, np.ndarray]:
-        e, v = np.asarray(e, np.int64), np.asarray(v, np.int64)
-        heads = e.shape[1]
-        if e.ndim != 4 or v.ndim != 3 or v.shape[-1] % heads or e.shape[3] != v.shape[1]:
-            raise GraphError(f"{self.name}: weights {e.shape} and values {v.shape} do not "
-                             f"match (n, H, T, T) and (n, T, H * d)")
-        num = golden.wrap(np.einsum("nhts,nhsd->nhtd", e, _heads(v, heads)), 32)
-        return num, e.sum(axis=-1, keepdims=True)
+    def reference(self, e):
+        e = np.asarray(e, np.int64)
+        if e.ndim != 4 or (e.size and e.min() < 0):
+            raise GraphError(f"{self.name}: the weights must be non-negative (n, H, T, T)")
+        den = e.sum(axis=-1, keepdims=True)
+        p = np.where(den > 0, round_div(255 * e, np.maximum(den, 1)), 0)
+        return [np.minimum(p, 255)]
 
-    def reference(self, e, v):
-        num, den = self.parts(e, v)
-        out = np.where(den > 0, round_div(num * self.multiplier,
-                                          np.maximum(den, 1) << self.shift), 0)
+
+@dataclass(eq=False)
+class AttentionMix(Op):
+    """Each head's ``p_j @ v_j``: uint8 probabilities ``p`` ``(n, H, T, T)`` (query rows, key
+    columns) and int8 ``v`` ``(n, T, H * d)`` (zero point 0) to int32 ``(n, H, T, d)``,
+    requantised by ``requant`` (one multiplier: ``p``'s scale times ``v``'s over the
+    output's) to int8, heads side by side ``(n, T, H * d)``."""
+    requant: Requant = None
+
+    def accumulate(self, p, v) -> np.ndarray:
+        p, v = np.asarray(p, np.int64), np.asarray(v, np.int64)
+        heads = p.shape[1] if p.ndim == 4 else 0
+        if p.ndim != 4 or v.ndim != 3 or not heads or v.shape[-1] % heads or \
+                p.shape[3] != v.shape[1] or p.shape[2] != v.shape[1]:
+            raise GraphError(f"{self.name}: probabilities {p.shape} and values {v.shape} do "
+                             f"not match (n, H, T, T) and (n, T, H * d)")
+        return golden.wrap(np.einsum("nhts,nhsd->nhtd", p, _heads(v, heads)), 32)
+
+    def reference(self, p, v):
+        out = self.requant.apply(self.accumulate(p, v)[..., None])[..., 0]
         n, h, t, d = out.shape
-        return [np.clip(out, -128, 127).transpose(0, 2, 1, 3).reshape(n, t, h * d)]
+        return [out.transpose(0, 2, 1, 3).reshape(n, t, h * d)]
 
     def macs(self, graph):
         n, t, c = graph.tensors[self.inputs[1]].shape
@@ -758,9 +772,10 @@ class HostStep:
 
 
 @dataclass(eq=False)
-class ScoresStep:
-    """An :class:`AttentionScores` on the core (:class:`firmware.attention.ScoresExecutable`):
-    ``q`` and ``k`` in, the int8 scores out."""
+class AttentionStep:
+    """One of attention's products on the core (:mod:`firmware.attention`): an
+    :class:`AttentionScores` (``q`` and ``k`` in, the int8 scores out) or an
+    :class:`AttentionMix` (``p`` and ``v`` in, the int8 output out)."""
     op: Op
 
     @property
@@ -792,16 +807,17 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
                    r.clamp_hi)
 
 
-def lower(graph: Graph, config) -> list[CoreStep | ScoresStep | HostStep]:
+def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | HostStep]:
     """The graph as core steps and host steps for ``config`` (see the module notes)."""
-    steps: list[CoreStep | ScoresStep | HostStep] = []
+    steps: list[CoreStep | AttentionStep | HostStep] = []
     outputs = set(graph.outputs)
     i = 0
     ops = graph.ops
     while i < len(ops):
         op = ops[i]
-        if isinstance(op, AttentionScores) and config.ub_to_weights:
-            steps.append(ScoresStep(op))
+        if config.ub_to_weights and (isinstance(op, AttentionScores) or (
+                isinstance(op, AttentionMix) and config.operands != "int8")):
+            steps.append(AttentionStep(op))
             i += 1
             continue
         if not op.core:
@@ -908,7 +924,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
     ``compiled``: a dict the caller keeps to reuse the lowering and the compiled segments
     between calls for the same graph and configuration. Raises
     :class:`firmware.compiler.CompileError` naming the segment when one does not fit."""
-    from firmware.attention import ScoresExecutable
+    from firmware.attention import MixExecutable, ScoresExecutable
     from firmware.compiler import compile_network
     from firmware.device import open_device
     from firmware.runtime import run
@@ -928,9 +944,15 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                            for step in steps if isinstance(step, CoreStep)
                            for seg in step.segments}
             for step in steps:
-                if isinstance(step, ScoresStep):
-                    _, t, c = graph.tensors[step.op.inputs[0]].shape
-                    executables[id(step)] = ScoresExecutable(step.op, config, t, c)
+                if isinstance(step, AttentionStep):
+                    op = step.op
+                    if isinstance(op, AttentionScores):
+                        _, t, c = graph.tensors[op.inputs[0]].shape
+                        executables[id(step)] = ScoresExecutable(op, config, t, c)
+                    else:
+                        _, h, t, _ = graph.tensors[op.inputs[0]].shape
+                        c = graph.tensors[op.inputs[1]].shape[-1]
+                        executables[id(step)] = MixExecutable(op, config, t, c, h)
             cache[key] = (graph, steps, executables)
         _, steps, executables = cache[key]
         result = GraphRun({}, values, macs=0, array_cells=config.rows * config.cols)
@@ -941,16 +963,20 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                                    strict=True):
                     values[name] = v
                 continue
-            if isinstance(step, ScoresStep):
+            if isinstance(step, AttentionStep):
                 op = step.op
-                q, k = (values[t] for t in op.inputs)
-                if q.shape != k.shape:
-                    raise GraphError(f"{op.name}: q {q.shape} and k {k.shape} must match")
-                r = run(device, executables[id(step)], np.stack([q, k], axis=1))
+                a, b = (values[t] for t in op.inputs)
+                if isinstance(op, AttentionScores):
+                    if a.shape != b.shape:
+                        raise GraphError(f"{op.name}: q {a.shape} and k {b.shape} must match")
+                    x = np.stack([a, b], axis=1)
+                else:
+                    x = MixExecutable.pack(a, b)
+                r = run(device, executables[id(step)], x)
                 values[op.outputs[0]] = r.outputs
                 result.segments.append({"name": op.name, "counters": r.counters,
                                         "images": r.images})
-                result.macs += op.macs(graph) * len(q) // graph.tensors[
+                result.macs += op.macs(graph) * len(a) // graph.tensors[
                     graph.inputs[0]].shape[0]
                 continue
             x = values[step.input]

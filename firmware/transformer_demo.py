@@ -23,14 +23,14 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
     """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
     ``n`` sequences; and the bytes that cross between host and core for them (each core
     step's input goes to the core and its output comes back), lowered for ``config``."""
-    from firmware.graph import CoreStep, ScoresStep, lower
+    from firmware.graph import AttentionStep, CoreStep, lower
     from firmware.graph import placement as where
 
     core_io = set()
     for step in lower(graph, config):
         if isinstance(step, CoreStep):
             core_io.update((step.input, step.output))
-        elif isinstance(step, ScoresStep):
+        elif isinstance(step, AttentionStep):
             core_io.update((*step.op.inputs, *step.op.outputs))
     runs_on = where(graph, config)
     rows = []

@@ -161,7 +161,7 @@ def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:
 
 #: The input's scale: the digits' pixels are sixteenths (0 to 16), so ``x * 16`` is exact.
 INPUT_SCALE = 1 / 16
-#: Fraction bits of AttentionValues' multiplier and LayerNorm's gain.
+#: Fraction bits of LayerNorm's gain.
 MULT_SHIFT = 16
 #: Images of the training split that calibrate the scales and choose exp's offset.
 CALIBRATION = 512
@@ -194,7 +194,8 @@ def exp_table(score_scale: float, offset: int) -> np.ndarray:
 def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
     """The int8 graph (:class:`firmware.graph.Graph`) of the float model: every matmul a
     core operator or (attention's two) an operator for the array, softmax as exp's table
-    and a normalisation, LayerNorm in integers (see :mod:`firmware.graph`).
+    and a normalisation to uint8 probabilities (scale 1/255) before ``p @ v``, LayerNorm
+    in integers (see :mod:`firmware.graph`).
 
     Scales are per tensor (zero point 0), from the float model's largest magnitude on
     ``x_calib``; weights per output channel. A residual add is the next matmul's extra
@@ -260,9 +261,12 @@ def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
                                 [tensor(L + "e", (HEADS, TOKENS, TOKENS), "uint8", 1 / 255)],
                                 table=exp_table(sc("s"), 127)))
         ops.append(exp_ops[-1])
-        ops.append(g.AttentionValues(
-            L + "softmax", [L + "e", v], [tensor(L + "att", (TOKENS, D_MODEL), s=sc("att"))],
-            multiplier=int(round(sc("v") / sc("att") * 2 ** MULT_SHIFT)), shift=MULT_SHIFT))
+        ops.append(g.SoftmaxNormalise(
+            L + "softmax", [L + "e"], [tensor(L + "p", (HEADS, TOKENS, TOKENS), "uint8",
+                                              1 / 255)]))
+        ops.append(g.AttentionMix(
+            L + "mix", [L + "p", v], [tensor(L + "att", (TOKENS, D_MODEL), s=sc("att"))],
+            requant=g.requant_from_real(sc("v") / (255 * sc("att")), 0, where=L + "mix")))
         h = residual(L + "o", L + "att", sc("att"), h, s_h, p[L + "o_w"], p[L + "o_b"],
                      L + "h1", sc("h1"))
         s_h = sc("h1")

@@ -1,13 +1,15 @@
-"""Each head's ``q @ k.T`` on the core (firmware/attention.py): ``k.T`` made on chip by
-UB_TO_WEIGHTS, every score ``==`` the integer reference (:class:`firmware.graph.AttentionScores`)
-on the ISA simulator for awkward shapes (token counts and head sizes that are not multiples
-of the array), a few on the RTL, and a clear error where the core cannot run it."""
+"""Attention's two products on the core (firmware/attention.py): ``q @ k.T`` with ``k.T``
+made on chip by UB_TO_WEIGHTS, and ``p @ v`` with ``v``'s rows moved on chip as tiles. Every
+output ``==`` the integer reference (:class:`firmware.graph.AttentionScores`,
+:class:`firmware.graph.AttentionMix`) on the ISA simulator for awkward shapes (token counts
+and head sizes that are not multiples of the array, arrays with rows != cols), a few on the
+RTL, and a clear error where the core cannot run them."""
 
 import numpy as np
 import pytest
 
 from firmware import graph as g
-from firmware.attention import ScoresExecutable
+from firmware.attention import MixExecutable, ScoresExecutable
 from firmware.compiler import CompileError
 from firmware.device import open_device
 from firmware.runtime import run
@@ -121,3 +123,72 @@ def test_clear_errors_where_it_does_not_fit():
         ScoresExecutable(op, get_config("default"), 300, 16)
     with pytest.raises(CompileError, match="do not split into 2 heads"):
         ScoresExecutable(op, get_config("default"), 8, 15)
+
+
+# p @ v: v moved on chip as tiles ------------------------------------------------------------
+
+def _mix_case(seed: int, n: int, tokens: int, heads: int, d: int, real: float):
+    rng = np.random.default_rng(seed)
+    op = g.AttentionMix("mix", ["p", "v"], ["o"],
+                        requant=g.requant_from_real(real, int(rng.integers(-20, 20)),
+                                                    where="mix"))
+    p = rng.integers(0, 256, (n, heads, tokens, tokens))
+    v = rng.integers(-128, 128, (n, tokens, heads * d))
+    p[0, 0] = 255                        # a row of 255 * -128 products: saturates
+    v[0] = -128
+    v[-1, -1] = 127
+    return op, p, v
+
+
+def _run_mix(device, op, p, v):
+    ex = MixExecutable(op, device.config, p.shape[2], v.shape[2], p.shape[1])
+    return run(device, ex, MixExecutable.pack(p, v))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"n{n}-T{t}-H{h}-d{d}" for n, t, h, d in SHAPES])
+def test_mix_on_the_isa_simulator_equals_the_reference(shape):
+    n, tokens, heads, d = shape
+    seed = SEED + 300 + SHAPES.index(shape)
+    print(f"seed {seed}, {shape}")
+    op, p, v = _mix_case(seed, n, tokens, heads, d, 3 / (255 * tokens))
+    result = _run_mix(open_device("isa", get_config("default")), op, p, v)
+    want = op.reference(p, v)[0]
+    assert np.array_equal(result.outputs, want), f"seed {seed}, {shape}: outputs differ"
+    assert (want == -128).any(), "no saturated output: weak case"
+
+
+def test_mix_random_shapes_on_odd_arrays():
+    base = get_config("default")
+    for j, (rows, cols) in enumerate(((3, 5), (5, 3))):
+        device = open_device("isa", base.replace(rows=rows, cols=cols, host_width=192))
+        for i in range(6):
+            seed = SEED + 400 + 10 * j + i
+            rng = np.random.default_rng(seed)
+            shape = (int(rng.integers(1, 4)), int(rng.integers(1, 20)),
+                     int(rng.integers(1, 4)), int(rng.integers(1, 12)))
+            print(f"seed {seed}, {rows}x{cols}, {shape}")
+            op, p, v = _mix_case(seed, *shape, float(rng.uniform(0.0001, 0.002)))
+            result = _run_mix(device, op, p, v)
+            assert np.array_equal(result.outputs, op.reference(p, v)[0]), \
+                f"seed {seed}, {rows}x{cols}, {shape}: outputs differ"
+
+
+@pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),
+                                               ("default", (2, 11, 2, 9))])
+def test_mix_on_the_rtl_equals_the_reference(rtl_device, config_key, shape):
+    seed = SEED + 500
+    print(f"seed {seed}, {config_key}, {shape}")
+    op, p, v = _mix_case(seed, *shape, 0.0005)
+    result = _run_mix(rtl_device(config_key), op, p, v)
+    assert np.array_equal(result.outputs, op.reference(p, v)[0]), \
+        f"seed {seed}, {config_key}, {shape}: outputs differ"
+
+
+def test_mix_refused_where_the_core_cannot_run_it():
+    op, _, _ = _mix_case(SEED, 1, 8, 2, 8, 0.001)
+    with pytest.raises(CompileError, match="no UB_TO_WEIGHTS"):
+        MixExecutable(op, get_config("default").replace(ub_to_weights=False), 8, 16, 2)
+    with pytest.raises(CompileError, match="uint8"):
+        MixExecutable(op, get_config("icebreaker").replace(ub_to_weights=True), 8, 16, 2)
+    with pytest.raises(CompileError, match=r"mix: .*unified buffer holds 64"):
+        MixExecutable(op, get_config("tiny"), 16, 16, 2)

@@ -102,19 +102,33 @@ def test_attention_scores_are_each_heads_dot_products():
         op.accumulate(q, k[:, :, :5])
 
 
-def test_attention_values_divides_by_the_row_sum_with_rounding():
-    heads, t = 1, 2
-    e = np.array([[[[3, 1], [0, 0]]]])             # second query: all weights zero
-    v = np.array([[[10, -7], [2, 127]]])
-    op = g.AttentionValues("av", ["e", "v"], ["o"], multiplier=3, shift=1)   # v scale x1.5
-    out = op.reference(e, v)[0]
-    # (3 * 10 + 1 * 2) / 4 * 1.5 = 12; (3 * -7 + 127) / 4 * 1.5 = 39.75 -> 40.
-    assert out.tolist() == [[[12, 40], [0, 0]]]
-    big = np.full((1, 1, 1, 2), 255)
-    assert op.reference(big, np.array([[[127, -128], [127, -128]]]))[0].tolist() == \
-        [[[127, -128]]]                           # saturates at int8
+def test_softmax_normalise_rounds_to_255ths_and_zero_rows_give_zeros():
+    e = np.array([[[[3, 1, 0], [0, 0, 0], [255, 255, 255]]]])
+    out = g.SoftmaxNormalise("n", ["e"], ["p"]).reference(e)[0]
+    # 255 * 3 / 4 = 191.25 -> 191; 255 / 4 = 63.75 -> 64; 255 / 3 = 85.
+    assert out.tolist() == [[[[191, 64, 0], [0, 0, 0], [85, 85, 85]]]]
+    with pytest.raises(g.GraphError, match="non-negative"):
+        g.SoftmaxNormalise("n", ["e"], ["p"]).reference(-e)
+
+
+def test_attention_mix_is_p_at_v_per_head_requantised():
+    rng_ = rng(7)
+    heads, t, d = 2, 3, 4
+    p = rng_.integers(0, 256, (2, heads, t, t))
+    p[0, 0] = 255
+    v = rng_.integers(-128, 128, (2, t, heads * d))
+    v[0] = -128
+    req = g.requant_from_real(1 / 512, 0, where="mix")
+    op = g.AttentionMix("m", ["p", "v"], ["o"], requant=req)
+    out = op.reference(p, v)[0]
+    assert out.shape == (2, t, heads * d)
+    for j in range(heads):
+        cols = slice(j * d, (j + 1) * d)
+        want = req.apply((p[:, j] @ v[:, :, cols])[..., None])[..., 0]
+        assert (out[:, :, cols] == want).all()
+    assert out[0, 0, 0] == -128                   # 3 * 255 * -128 / 512 saturates
     with pytest.raises(g.GraphError, match="do not match"):
-        op.reference(np.zeros((1, heads, t, 3)), v)
+        op.reference(np.zeros((1, heads, t, t + 1)), v)
 
 
 def test_lookup_maps_every_int8_and_refuses_bad_tables_and_inputs():
@@ -196,13 +210,15 @@ def test_core_steps_on_the_isa_simulator_equal_the_reference_on_every_tensor():
         assert np.array_equal(run.tensors[name], want), name
     core = [row["name"] for row in graph.summary() if row["runs on"] == "core"]
     assert core == ["embed", "l0_q", "l0_k", "l0_v", "l0_o", "l0_ff1", "l0_ff2", "cls"]
-    # On a core with UB_TO_WEIGHTS (the default) each head's q @ k.T runs on the array too;
-    # where the core has none (the iCEBreaker's), on the host.
+    # On a core with UB_TO_WEIGHTS (the default) each head's q @ k.T and p @ v run on the
+    # array too; where the core has none (the iCEBreaker's), on the host.
     from hdl.presets import get_config
     placed = g.placement(graph, get_config("default"))
     assert [name for name, where in placed.items() if where == "core"] == [
-        "embed", "l0_q", "l0_k", "l0_v", "l0_scores", "l0_o", "l0_ff1", "l0_ff2", "cls"]
-    assert g.placement(graph, get_config("icebreaker"))["l0_scores"] == "host"
+        "embed", "l0_q", "l0_k", "l0_v", "l0_scores", "l0_mix", "l0_o", "l0_ff1", "l0_ff2",
+        "cls"]
+    on_ice = g.placement(graph, get_config("icebreaker"))
+    assert (on_ice["l0_scores"], on_ice["l0_mix"]) == ("host", "host")
 
 
 def test_core_steps_on_the_rtl_equal_the_reference():
