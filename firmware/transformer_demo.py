@@ -115,8 +115,18 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
             c = seg["counters"].get("cycles")
             if c is not None:
                 steps[seg["name"]] = steps.get(seg["name"], 0) + c
-        print("  core cycles by step (share of the core's): " + ", ".join(
-            f"{name} {c / n:,.1f} ({100 * c / cycles:.1f} %)" for name, c in steps.items()))
+        macs = {r["name"]: r["macs"] for r in rows}
+        cells = config.rows * config.cols
+
+        def used(name: str, c: int) -> str:
+            # The step's MACs over the array's slots in its cycles (a step named for one
+            # operator; a chain's segment is named for its first and last).
+            return f", array {100 * macs[name] / (cells * c):.1f} %" if name in macs else ""
+
+        print("  core cycles per sequence by step (share of the core's cycles, array "
+              "utilisation in the step):")
+        for name, c in steps.items():
+            print(f"    {name:<12} {c / n:>8,.1f} ({100 * c / cycles:4.1f} %{used(name, c)})")
         if print_counters is not None:
             print_counters(result.counters, config, n)
         print(f"  array utilisation over the core's cycles: {result.macs:,} MACs / "
