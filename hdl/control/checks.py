@@ -103,13 +103,10 @@ class Checks(wiring.Component):
             b_ends = [b + (count >> k) for k in range(3)]
             b_shifted = Mux(window_log[1], b_ends[2], Mux(window_log[0], b_ends[1], b_ends[0]))
             ends += [a_end.eq(a + count),
-                     b_end.eq(Mux(op == Opcode.ACTIVATE, b_shifted,
-                                  Mux(op == Opcode.UB_TO_WEIGHTS, b + 1, b_ends[0])))]
+                     b_end.eq(Mux(op == Opcode.ACTIVATE, b_shifted, b_ends[0]))]
         else:
-            # UB_TO_WEIGHTS: b is its one tile.
             ends += [a_end.eq(a + count),
-                     b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log,
-                                      Mux(op == Opcode.UB_TO_WEIGHTS, 1, count)))]
+                     b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
 
         is_ = {o: op == o for o in Opcode}
         # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) does not know its opcode.
@@ -147,7 +144,9 @@ class Checks(wiring.Component):
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
         weight_range = (((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
                          (a_end > cfg.weight_mem_tiles)) |
-                        (is_[Opcode.UB_TO_WEIGHTS] & (b_end > cfg.weight_mem_tiles)))
+                        # (its one tile b: compared as it is, no range end on the path
+                        # into the tracker's registers)
+                        (is_[Opcode.UB_TO_WEIGHTS] & (b >= cfg.weight_mem_tiles)))
         # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
         # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
         tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()

@@ -88,6 +88,14 @@ class _Range:
             return self.valid & greater_than(hi, self.lo) & greater_than(self.hi, lo)
         return self.valid & (self.lo < hi) & (lo < self.hi)
 
+    def holds(self, x):
+        """``x`` is in the range (a point: no ``x + 1`` needed)."""
+        if self.trees:
+            width = len(self.lo)
+            x = Cat(x, Const(0, max(0, width - len(Value.cast(x)))))[:width]
+            return self.valid & ~greater_than(self.lo, x) & greater_than(self.hi, x)
+        return self.valid & (self.lo <= x) & (x < self.hi)
+
     def record(self, lo, hi):
         return [self.lo.eq(lo), self.hi.eq(hi)]
 
@@ -253,7 +261,7 @@ class HazardTracker(wiring.Component):
             "ub_to_weights_raw_activate":    (Opcode.UB_TO_WEIGHTS,
                                               hits([act_ub], a, a_end)),
             "ub_to_weights_war_read_weights": (Opcode.UB_TO_WEIGHTS,
-                                               hits([rw_tiles], b, b_end)),
+                                               [rw_tiles.holds(b)]),
         }
         if not self.ub_to_weights:
             for name in ("ub_to_weights_raw_activate", "ub_to_weights_war_read_weights"):

@@ -225,8 +225,7 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         if check != "no_rise":
             m.d.comb += [
                 Assume(q.a_end == a + count),
-                Assume(q.b_end == b + Mux(is_[Opcode.ACTIVATE], windows,
-                                          Mux(is_[Opcode.UB_TO_WEIGHTS], 1, count))),
+                Assume(q.b_end == b + Mux(is_[Opcode.ACTIVATE], windows, count)),
             ]
         if small is not None:
             m.d.comb += Assume((a < small) & (b < small) & (count < small))
