@@ -77,9 +77,9 @@ class FrontEnd(wiring.Component):
         Clears a pending error (out of band).
     o_hazards : Out(HazardQuerySignature())
         The instruction at the front end, its dispatch, and the tracker's answer.
-    o_read_weights, o_matmul, o_activate, o_write_host, o_ub_to_weights : \
-            Out(stream.Signature(layout))
-        Dispatch to the engines (the instruction word in its opcode's layout).
+    o_read_weights, o_matmul, o_activate, o_write_host, o_ub_to_weights : Out(stream)
+        Dispatch to the engines: ``stream.Signature`` of the instruction word in its
+        opcode's layout.
     i_ub_to_weights_busy : In(1)
         The weight mover still runs the UB_TO_WEIGHTS it took (low on a core built without
         it).
