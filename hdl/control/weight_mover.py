@@ -24,7 +24,7 @@ class WeightMover(wiring.Component):
     into ``rows`` weight rows in ``count + rows`` cycles (and the read latency), where writing
     the weight memory a byte at a time would take ``rows x count``. The plain form goes
     through the buffer too, so that both forms fill the rest of the tile with zeros the same
-    way: the buffer is cleared as an instruction is taken.
+    way: the buffer is cleared while the mover is idle.
 
     Contract: takes an instruction on ``i_move`` only when idle (``ready`` is ``~o_busy``);
     ``o_busy`` is high from the cycle after it takes one (with ``count`` at least 1, which the
@@ -63,7 +63,7 @@ class WeightMover(wiring.Component):
         m = Module()
         cmd = self.i_move
         tile_layout = data.ArrayLayout(data.ArrayLayout(cfg.data_width, cols), rows)
-        # The tile being assembled (reset-less: cleared as an instruction is taken).
+        # The tile being assembled (reset-less: cleared while idle).
         buf = Signal(tile_layout, reset_less=True)
         transpose = Signal()
         signed = Signal()
@@ -78,15 +78,20 @@ class WeightMover(wiring.Component):
         writing = Signal()
         m.d.comb += cmd.ready.eq(~busy)
 
-        with m.If(cmd.valid & cmd.ready):
+        # While idle the registers follow the offered instruction every cycle, so that only
+        # `busy` and `reading` depend on its `valid` (the front end's dispatch, a long path
+        # across the die on the ULX3S when it enabled every one of these registers).
+        with m.If(~busy):
             p = cmd.payload
             m.d.sync += [
                 buf.eq(0), transpose.eq(p.transpose), signed.eq(p.signed),
                 ub_addr.eq(p.ub_addr[:self.ub_bits]),
                 wm_addr.eq(times_constant(p.tile, rows)[:self.wm_bits]),
                 req_left.eq(p.count), recv_left.eq(p.count), recv.eq(0), out_row.eq(0),
-                busy.eq(1), reading.eq(1), writing.eq(0),
+                writing.eq(0),
             ]
+            with m.If(cmd.valid):
+                m.d.sync += [busy.eq(1), reading.eq(1)]
 
         # Read: a request a cycle while any is left; each row into the buffer as it arrives.
         m.d.comb += [self.o_ub.addr.valid.eq(reading & (req_left != 0)),

@@ -272,7 +272,8 @@ def weight_mover_harness(config: TPUConfig) -> Harness:
             Assert(mv.o_busy == (reading | writing), "busy while reading or writing"),
             Assert(~(reading & writing), "reads, then writes"),
             Assert(~reading | (recv_left != 0), "reading: a row still to come"),
-            Assert(reading | (recv_left == 0), "no row left once reading is done"),
+            Assert(~writing | (recv_left == 0), "no row left once reading is done"),
+            Assert(mv.o_busy | (reads == 0), "no read outstanding while idle"),
         ]
 
     return Harness(WeightMover(config), properties, reset="any")
