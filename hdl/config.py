@@ -133,8 +133,8 @@ class TPUConfig:
     ub_to_weights : bool
         Build UB_TO_WEIGHTS (:class:`hdl.isa.UbToWeights`): unified-buffer rows into a weight
         tile, transposed or not, through a tile buffer of ``rows x cols`` bytes in flip-flops
-        (attention's Kᵀ and V without the host link). ``False``, for parts with no logic to
-        spare (the iCEBreaker's): the opcode is then unknown (``ErrorCode.UNKNOWN_OPCODE``).
+        (attention's Kᵀ and V without the host link). ``False`` (both board presets for now):
+        the opcode is then unknown (``ErrorCode.UNKNOWN_OPCODE``).
     """
 
     rows: int = 8

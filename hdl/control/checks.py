@@ -108,16 +108,18 @@ class Checks(wiring.Component):
             ends += [a_end.eq(a + count),
                      b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
 
-        is_ = {o: op == o for o in Opcode}
-        # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) does not know its opcode.
-        built = [o for o in Opcode if cfg.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
-        unknown = ~Cat(*(is_[o] for o in built)).any()
-        if not cfg.ub_to_weights:
-            is_[Opcode.UB_TO_WEIGHTS] = Const(0)
+        # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) does not know its opcode,
+        # and builds none of its checks (so that its netlist is the one without the
+        # instruction).
+        moves = cfg.ub_to_weights
+        is_ = {o: op == o for o in Opcode if moves or o != Opcode.UB_TO_WEIGHTS}
+        unknown = ~Cat(*is_.values()).any()
+
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
-                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE] |
-                       is_[Opcode.UB_TO_WEIGHTS])
+                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
+        if moves:
+            needs_count = needs_count | is_[Opcode.UB_TO_WEIGHTS]
         window_mask = Signal(2)
         m.d.comb += window_mask.eq((1 << window_log) - 1)
         bad_field = (
@@ -127,26 +129,29 @@ class Checks(wiring.Component):
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |
             (is_[Opcode.LOAD_PARAMS] & ((lp.slot >= cfg.param_slots) |
-                                        (lp.rounding.as_value() == 3))) |
-            # A buffer row per column of the tile (transpose), else per row.
-            (is_[Opcode.UB_TO_WEIGHTS] & Mux(uw.transpose, count > cfg.cols,
-                                             count > cfg.rows)))
+                                        (lp.rounding.as_value() == 3))))
+        if moves:   # a buffer row per column of the tile (transpose), else per row
+            bad_field = bad_field | (is_[Opcode.UB_TO_WEIGHTS] &
+                                     Mux(uw.transpose, count > cfg.cols, count > cfg.rows))
         # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
-        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed) |
-                      (is_[Opcode.UB_TO_WEIGHTS] & ~uw.signed)
+        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
                       if cfg.operands == "int8" else Const(0))
+        if moves and cfg.operands == "int8":
+            signedness = signedness | (is_[Opcode.UB_TO_WEIGHTS] & ~uw.signed)
         # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
         # UB_TO_WEIGHTS: a = ub_addr, b = tile.
-        ub_range = (((is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL] |
-                      is_[Opcode.UB_TO_WEIGHTS]) & (a_end > cfg.ub_depth)) |
+        reads_a = is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]
+        if moves:
+            reads_a = reads_a | is_[Opcode.UB_TO_WEIGHTS]
+        ub_range = ((reads_a & (a_end > cfg.ub_depth)) |
                     (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
         acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
-        weight_range = (((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
-                         (a_end > cfg.weight_mem_tiles)) |
-                        # (its one tile b: compared as it is, no range end on the path
-                        # into the tracker's registers)
-                        (is_[Opcode.UB_TO_WEIGHTS] & (b >= cfg.weight_mem_tiles)))
+        weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
+                        (a_end > cfg.weight_mem_tiles))
+        if moves:   # its one tile b, compared as it is (no range end on the tracker's path)
+            weight_range = weight_range | (is_[Opcode.UB_TO_WEIGHTS] &
+                                           (b >= cfg.weight_mem_tiles))
         # Tiles a .. a_end - 1, used only once weight_range passes (so from the fields' low
         # bits): two thermometer codes, LUTs where a compare per tile took two carry chains.
         tiles, tile_bits = cfg.weight_mem_tiles, cfg.weight_mem_tiles.bit_length()

@@ -72,8 +72,9 @@ class Dispatch(wiring.Component):
         Some check fails (``i_error`` is not NONE), this cycle.
     i_hazard, i_hazard_late : In(1)
         The hazard tracker's answer, this cycle, and a cycle later (used with ``"fast"``).
-    i_engine_ready : In(len(ENGINE_OPCODES))
-        Each engine's ``ready`` (:data:`ENGINE_OPCODES` order).
+    i_engine_ready : In(len(engine_opcodes))
+        Each engine's ``ready`` (:attr:`engine_opcodes` order: :data:`ENGINE_OPCODES`, without
+        UB_TO_WEIGHTS on a core built without it).
     i_activate_busy, i_idle : In(1)
     o_error : Out(ErrorCode)
         The checks' answer acted on (registered but with ``"reference"``).
@@ -93,6 +94,8 @@ class Dispatch(wiring.Component):
 
     def __init__(self, config: TPUConfig):
         self.config = config
+        self.engine_opcodes = tuple(o for o in ENGINE_OPCODES
+                                    if config.ub_to_weights or o != Opcode.UB_TO_WEIGHTS)
         super().__init__({
             "i_valid":         In(1),
             "i_waiting":       In(1),
@@ -104,7 +107,7 @@ class Dispatch(wiring.Component):
             "i_failed":        In(1),
             "i_hazard":        In(1),
             "i_hazard_late":   In(1),
-            "i_engine_ready":  In(len(ENGINE_OPCODES)),
+            "i_engine_ready":  In(len(self.engine_opcodes)),
             "i_activate_busy": In(1),
             "i_idle":          In(1),
             "o_error":         Out(ErrorCode),
@@ -124,7 +127,7 @@ class Dispatch(wiring.Component):
         is_ = {o: op == o for o in Opcode}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
         with m.Switch(op):
-            for o, ready in zip(ENGINE_OPCODES, self.i_engine_ready, strict=True):
+            for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
                 with m.Case(o):
                     m.d.comb += busy.eq(~ready)
             with m.Case(Opcode.LOAD_PARAMS):

@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
 from hdl.control.checks import Checks
-from hdl.control.dispatch import ENGINE_OPCODES, Dispatch
+from hdl.control.dispatch import Dispatch
 from hdl.control.hazards import HazardQuerySignature
 from hdl.control.host_transfers import INDEX_BITS, TRANSFER_OPCODES, HostTransfers
 from hdl.control.param_store import param_write_layout
@@ -177,16 +177,18 @@ class FrontEnd(wiring.Component):
         # LOAD_WEIGHTS' range, selected by the opcode, ran too long into `written` at the
         # ULX3S's clock).
         moved_tile = Signal(cfg.weight_mem_tiles)
-        tile_bits = cfg.weight_mem_tiles.bit_length()
-        m.d.comb += moved_tile.eq((Const(1, cfg.weight_mem_tiles) << instr.b[:tile_bits])
-                                  [:cfg.weight_mem_tiles])
+        if cfg.ub_to_weights:
+            tile_bits = cfg.weight_mem_tiles.bit_length()
+            m.d.comb += moved_tile.eq((Const(1, cfg.weight_mem_tiles) << instr.b[:tile_bits])
+                                      [:cfg.weight_mem_tiles])
 
         # Dispatch: whether the instruction at fetch issues or fails now, and in which cycle
         # the front end acts on what it sees (see Dispatch).
+        m.submodules.dispatch = decide = Dispatch(cfg)
         engines = {Opcode.READ_WEIGHTS: self.o_read_weights, Opcode.MATMUL: self.o_matmul,
                    Opcode.ACTIVATE: self.o_activate, Opcode.WRITE_HOST: self.o_write_host,
                    Opcode.UB_TO_WEIGHTS: self.o_ub_to_weights}
-        m.submodules.dispatch = decide = Dispatch(cfg)
+        engines = {o: engines[o] for o in decide.engine_opcodes}
         m.d.comb += [
             decide.i_valid.eq(self.i_host.valid),
             decide.i_waiting.eq(fetching & self.i_host.valid),
@@ -198,7 +200,7 @@ class FrontEnd(wiring.Component):
             decide.i_failed.eq(checks.o_failed),
             decide.i_hazard.eq(self.o_hazards.hazard),
             decide.i_hazard_late.eq(self.o_hazards.hazard_late),
-            decide.i_engine_ready.eq(Cat(*(engines[o].ready for o in ENGINE_OPCODES))),
+            decide.i_engine_ready.eq(Cat(*(port.ready for port in engines.values()))),
             decide.i_activate_busy.eq(self.i_activate_busy),
             decide.i_idle.eq(self.i_idle),
             self.o_hazards.instr.eq(decide.o_query),
@@ -279,9 +281,10 @@ class FrontEnd(wiring.Component):
                 with m.If(xfer.o_done):
                     m.next = "FETCH"
             # UB_TO_WEIGHTS runs to its end (the mover is busy from the next cycle on).
-            with m.State("MOVE"):
-                with m.If(~self.i_ub_to_weights_busy):
-                    m.next = "FETCH"
+            if cfg.ub_to_weights:
+                with m.State("MOVE"):
+                    with m.If(~self.i_ub_to_weights_busy):
+                        m.next = "FETCH"
             # The error beat follows the output of every earlier instruction.
             with m.State("ERROR_BEAT"):
                 with m.If(xfer.o_done):

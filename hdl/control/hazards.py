@@ -263,13 +263,17 @@ class HazardTracker(wiring.Component):
             "ub_to_weights_war_read_weights": (Opcode.UB_TO_WEIGHTS,
                                                [rw_tiles.holds(b)]),
         }
-        if not self.ub_to_weights:
-            for name in ("ub_to_weights_raw_activate", "ub_to_weights_war_read_weights"):
-                rules[name] = (Opcode.UB_TO_WEIGHTS, [Const(0)])
         assert tuple(rules) == HAZARD_RULES
-        for i, (opcode, hit) in enumerate(rules.values()):
-            m.d.comb += self.o_rules[i].eq((op == opcode) & Cat(*hit).any())
+        # Without UB_TO_WEIGHTS its rules are left out (their o_rules bits stay low), so that
+        # the tracker is the one built before the instruction existed.
+        built = {name: rule for name, rule in rules.items()
+                 if self.ub_to_weights or not name.startswith("ub_to_weights")}
+        for i, name in enumerate(HAZARD_RULES):
+            if name in built:
+                opcode, hit = built[name]
+                m.d.comb += self.o_rules[i].eq((op == opcode) & Cat(*hit).any())
         m.d.comb += q.hazard.eq(self.o_rules.any())
+        rules = built
         if self.late:
             # hazard_late is o_rules' OR a cycle later. What is registered is each range's
             # hit (a carry-chain compare and a LUT) and the opcode's decode; the OR over the

@@ -71,13 +71,14 @@ def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
     xfer = functools.partial(inside.in_state, "transfers.transfers_state")
     rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "PARAM_SHIFTS",
             "SEND_COUNTERS", "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
+    moving = ("MOVE",) if config.ub_to_weights else ()     # UB_TO_WEIGHTS' state, if built
     m.d.comb += [
         Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
         Assert(fe("ERROR_BEAT") == xfer("ERROR_BEAT"), "ERROR_BEAT in both"),
-        Assert(~fe("FETCH", "MOVE", "ERROR") | xfer("IDLE"),
+        Assert(~fe("FETCH", *moving, "ERROR") | xfer("IDLE"),
                "no transfer while fetching, moving or stopped"),
         Assert(~fe("SETTLE") | xfer("SCRUB", "IDLE"), "settling: the scrub or nothing"),
-        Assert(fe("SETTLE", "FETCH", "TRANSFER", "MOVE", "ERROR_BEAT", "ERROR"),
+        Assert(fe("SETTLE", "FETCH", "TRANSFER", *moving, "ERROR_BEAT", "ERROR"),
                "a state of its own"),
     ]
 
