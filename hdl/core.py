@@ -130,11 +130,8 @@ class Core(wiring.Component):
             wiring.connect(m, fe.o_ub_to_weights, mv.i_move)
             wiring.connect(m, mv.o_ub, ub.r[UnifiedBuffer.WEIGHTS_READ])
             wiring.connect(m, mv.o_wm, wm.w[1])
-            mover_busy = mv.o_busy
-        else:
-            mover_busy = 0
+            m.d.comb += fe.i_ub_to_weights_busy.eq(mv.o_busy)
         m.d.comb += [
-            fe.i_ub_to_weights_busy.eq(mover_busy),
             hz.i_matmul_retire.eq(me.o_retire),
             hz.i_activate_busy.eq(ae.o_busy),
             hz.i_write_host_busy.eq(hw.o_busy),
@@ -174,6 +171,9 @@ class Core(wiring.Component):
         ]
 
         # Performance counters.
+        other_work = ae.o_busy | hw.o_busy | fe.o_host_work
+        if cfg.ub_to_weights:
+            other_work = other_work | mv.o_busy
         ev = pc.i_events
         m.d.comb += [
             fe.i_counter_value.eq(pc.o_value),
@@ -186,6 +186,6 @@ class Core(wiring.Component):
             ev.array_active.eq(me.o_array_active),
             ev.weight_stall.eq(mu.o_status.weight_stall),
             ev.weight_shift.eq(mu.o_status.weight_shift),
-            ev.other_work.eq(ae.o_busy | hw.o_busy | fe.o_host_work | mover_busy),
+            ev.other_work.eq(other_work),
         ]
         return m

@@ -124,7 +124,11 @@ class Dispatch(wiring.Component):
         pipeline = self.config.pipeline
         m = Module()
         op = self.i_opcode
-        is_ = {o: op == o for o in Opcode}
+        # (A core without UB_TO_WEIGHTS decodes nothing of it: its netlist is the one
+        # before the instruction.)
+        opcodes = [o for o in Opcode
+                   if self.config.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
+        is_ = {o: op == o for o in opcodes}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
         with m.Switch(op):
             for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
@@ -145,7 +149,7 @@ class Dispatch(wiring.Component):
                 self.o_take_stopped.eq(1),
                 self.o_query.eq(self.i_word),
             ]
-            for o in Opcode:
+            for o in opcodes:
                 m.d.comb += self.o_issue[o.value].eq(self.o_dispatch & is_[o])
         else:
             resync_q = Signal()
@@ -186,7 +190,7 @@ class Dispatch(wiring.Component):
             settled = Signal()
             m.d.sync += [stayed.eq(stays), failed_q.eq(self.i_failed), settled.eq(held),
                          ready_go.eq(held & ~busy)]
-            for o in Opcode:
+            for o in opcodes:
                 m.d.sync += ready_issue[o.value].eq(held & ~busy & is_[o])
             own = Signal()          # the answers are the beat's own and may be acted on
             m.d.comb += own.eq(settled & stayed)

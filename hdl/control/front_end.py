@@ -159,8 +159,10 @@ class FrontEnd(wiring.Component):
         instr = data.View(Instr, word)
         op = instr.opcode
         mm = data.View(Matmul, word)
-        is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in Opcode}
-        for o in Opcode:
+        # (A core without UB_TO_WEIGHTS decodes nothing of it.)
+        opcodes = [o for o in Opcode if cfg.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
+        is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in opcodes}
+        for o in opcodes:
             m.d.comb += is_[o].eq(op == o)
         resync = Signal()       # the beat at the front end is the resynchronisation word
         m.d.comb += resync.eq(word == RESYNC_WORD)
@@ -207,10 +209,10 @@ class FrontEnd(wiring.Component):
         ]
         dispatch = Signal()     # the instruction issues (as the front end takes it)
         fail = Signal()         # the instruction fails a check (as the front end takes it)
-        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in Opcode}
+        issue = {o: Signal(name=f"issue_{o.name.lower()}") for o in opcodes}
         m.d.comb += [dispatch.eq(decide.o_dispatch), fail.eq(decide.o_fail),
                      self.o_hazards.dispatch.eq(dispatch)]
-        for o in Opcode:
+        for o in opcodes:
             m.d.comb += issue[o].eq(decide.o_issue[o.value])
         for o, port in engines.items():
             m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
