@@ -107,6 +107,12 @@ _CORE = _ARRAY + "core."
 _PE = _CORE + "pe_1_1."
 
 
+def _host_stream(port: str) -> list[Trace]:
+    """A host stream's handshake and beat (``i_host`` or ``o_host``)."""
+    return [_t(f"{port}__valid", "valid", "bin"), _t(f"{port}__ready", "ready", "bin"),
+            _t(f"{port}__payload", "beat")]
+
+
 def tour_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
     """The save file's stages along the data's path: (group name, the comment line that
     names the stage, its traces). Every name must be in the dump (:func:`write_tour_gtkw`
@@ -114,8 +120,7 @@ def tour_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
     rows, cols = config.rows, config.cols
     return [
         ("i_host", "1  host -> core: instructions, data", [
-            _t("i_host__valid", "valid", "bin"), _t("i_host__ready", "ready", "bin"),
-            _t("i_host__payload", "beat"),
+            *_host_stream("i_host"),
         ]),
         ("front_end", "2  front end: decode, issue", [
             _t("front_end.fetch_opcode", "instruction"),
@@ -186,8 +191,7 @@ def tour_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
             _t("activation_engine.\\o_ub__payload.addr", "into buffer row", "dec"),
         ]),
         ("o_host", "11 core -> host", [
-            _t("o_host__valid", "valid", "bin"), _t("o_host__ready", "ready", "bin"),
-            _t("o_host__payload", "beat"),
+            *_host_stream("o_host"),
         ]),
     ]
 
@@ -360,8 +364,7 @@ def attention_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
     mv = "weight_mover."
     return [
         ("i_host", "1  host -> core: Q, K, the program", [
-            _t("i_host__valid", "valid", "bin"), _t("i_host__ready", "ready", "bin"),
-            _t("i_host__payload", "beat"),
+            *_host_stream("i_host"),
         ]),
         ("front_end", "2  front end: issues UB_TO_WEIGHTS, waits for the mover", [
             _t("front_end.fetch_opcode", "instruction"),
@@ -401,8 +404,7 @@ def attention_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
               for c in range(cols)],
         ]),
         ("o_host", "8  core -> host: the scores", [
-            _t("o_host__valid", "valid", "bin"), _t("o_host__ready", "ready", "bin"),
-            _t("o_host__payload", "beat"),
+            *_host_stream("o_host"),
         ]),
     ]
 

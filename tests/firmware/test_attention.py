@@ -59,23 +59,30 @@ def test_scores_on_the_isa_simulator_equal_the_reference(shape):
     assert (want == 127).any() or (want == -128).any(), "no saturated score: weak case"
 
 
-def test_random_shapes_on_odd_arrays():
-    """Random token counts, heads and head sizes on a 3x5 and a 5x3 array: every score
-    equal."""
+def _odd_array_cases(first_seed: int):
+    """Six random shapes (sequences, tokens, heads, head size) on a 3x5 and on a 5x3 array
+    of ISA simulators: ``(device, seed, rng, shape, what)``, the seed printed."""
     base = get_config("default")
     for j, (rows, cols) in enumerate(((3, 5), (5, 3))):
-        config = base.replace(rows=rows, cols=cols, host_width=192)
-        device = open_device("isa", config)
+        device = open_device("isa", base.replace(rows=rows, cols=cols, host_width=192))
         for i in range(6):
-            seed = SEED + 100 + 10 * j + i
+            seed = first_seed + 10 * j + i
             rng = np.random.default_rng(seed)
             shape = (int(rng.integers(1, 4)), int(rng.integers(1, 20)),
                      int(rng.integers(1, 4)), int(rng.integers(1, 12)))
-            print(f"seed {seed}, {rows}x{cols}, {shape}")
-            op, q, k = _case(seed, *shape, float(rng.uniform(0.0005, 0.01)))
-            result, _ = _run(device, op, q, k)
-            assert np.array_equal(result.outputs, op.reference(q, k)[0]), \
-                f"seed {seed}, {rows}x{cols}, {shape}: scores differ"
+            what = f"seed {seed}, {rows}x{cols}, {shape}"
+            print(what)
+            yield device, seed, rng, shape, what
+
+
+def test_random_shapes_on_odd_arrays():
+    """Random token counts, heads and head sizes on a 3x5 and a 5x3 array: every score
+    equal."""
+    for device, seed, rng, shape, what in _odd_array_cases(SEED + 100):
+        op, q, k = _case(seed, *shape, float(rng.uniform(0.0005, 0.01)))
+        result, _ = _run(device, op, q, k)
+        assert np.array_equal(result.outputs, op.reference(q, k)[0]), \
+            f"{what}: scores differ"
 
 
 @pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),
@@ -158,19 +165,11 @@ def test_mix_on_the_isa_simulator_equals_the_reference(shape):
 
 
 def test_mix_random_shapes_on_odd_arrays():
-    base = get_config("default")
-    for j, (rows, cols) in enumerate(((3, 5), (5, 3))):
-        device = open_device("isa", base.replace(rows=rows, cols=cols, host_width=192))
-        for i in range(6):
-            seed = SEED + 400 + 10 * j + i
-            rng = np.random.default_rng(seed)
-            shape = (int(rng.integers(1, 4)), int(rng.integers(1, 20)),
-                     int(rng.integers(1, 4)), int(rng.integers(1, 12)))
-            print(f"seed {seed}, {rows}x{cols}, {shape}")
-            op, p, v = _mix_case(seed, *shape, float(rng.uniform(0.0001, 0.002)))
-            result = _run_mix(device, op, p, v)
-            assert np.array_equal(result.outputs, op.reference(p, v)[0]), \
-                f"seed {seed}, {rows}x{cols}, {shape}: outputs differ"
+    for device, seed, rng, shape, what in _odd_array_cases(SEED + 400):
+        op, p, v = _mix_case(seed, *shape, float(rng.uniform(0.0001, 0.002)))
+        result = _run_mix(device, op, p, v)
+        assert np.array_equal(result.outputs, op.reference(p, v)[0]), \
+            f"{what}: outputs differ"
 
 
 @pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),

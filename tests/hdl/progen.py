@@ -421,13 +421,7 @@ class _Generator:
             count = self.count(ub_most)
             self.write_host(self.around(t, count, ub_most), count)
         elif rule == "load_weights_war_read_weights":
-            if self.queued == self.capacity:
-                self.matmul(switch=True)             # room for the READ_WEIGHTS
-            if not self.written:
-                self.load_weights()
-            ranges = self.read_weights(most=self.chance(0.5))
-            assert ranges is not None
-            t = self.target(*ranges["tile"])
+            t = self._tile_being_read()
             count = self.count(cfg.weight_mem_tiles)
             self.load_weights(self.around(t, count, cfg.weight_mem_tiles), count)
         elif rule == "matmul_raw_activate":
@@ -456,15 +450,20 @@ class _Generator:
             count = self.count(max(cfg.rows, cfg.cols))
             self.ub_to_weights(ub=self.around(t, count, ub_most), count=count)
         elif rule == "ub_to_weights_war_read_weights":
-            if self.queued == self.capacity:
-                self.matmul(switch=True)             # room for the READ_WEIGHTS
-            if not self.written:
-                self.load_weights()
-            ranges = self.read_weights(most=self.chance(0.5))
-            assert ranges is not None
-            self.ub_to_weights(tile=self.target(*ranges["tile"]))
+            self.ub_to_weights(tile=self._tile_being_read())
         else:
             raise ValueError(rule)
+
+    def _tile_being_read(self) -> int:
+        """A READ_WEIGHTS (after a MATMUL that makes room, a LOAD_WEIGHTS if no tile is
+        written), and a tile of its range for a writer to meet: its first, last or any."""
+        if self.queued == self.capacity:
+            self.matmul(switch=True)             # room for the READ_WEIGHTS
+        if not self.written:
+            self.load_weights()
+        ranges = self.read_weights(most=self.chance(0.5))
+        assert ranges is not None
+        return self.target(*ranges["tile"])
 
     def _activate_into(self, row: int) -> None:
         """An ACTIVATE whose output rows include unified-buffer row ``row``."""
