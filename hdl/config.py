@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from hdl.isa import Opcode
+
 __all__ = ["TPUConfig", "ConfigError", "MULTIPLIERS", "ACTIVATION_UNITS", "PARAM_STORES",
            "PIPELINES", "OPERAND_KINDS"]
 
@@ -135,6 +137,11 @@ class TPUConfig:
         tile, transposed or not, through a tile buffer of ``rows x cols`` bytes in flip-flops
         (attention's Kᵀ and V without the host link). ``False`` (both board presets for now):
         the opcode is then unknown (``ErrorCode.UNKNOWN_OPCODE``).
+    lookup_table : bool
+        Build the activation unit's programmable table (LOAD_TABLE, :class:`hdl.isa.LoadTable`,
+        and ACTIVATE's function TABLE): 256 bytes, a copy per column in the pipelined unit (a
+        block RAM each), one in the serial unit's table memory. ``False``: LOAD_TABLE's opcode
+        is unknown and the function TABLE a bad field.
     """
 
     rows: int = 8
@@ -156,6 +163,7 @@ class TPUConfig:
     operands: str = "any"
     matmul_slots: int = 4
     ub_to_weights: bool = True
+    lookup_table: bool = True
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -215,6 +223,7 @@ class TPUConfig:
                               "build's registers around it); allowed: 'reference' or 'compact'")
         one_of("operands", OPERAND_KINDS)
         check("ub_to_weights", isinstance(self.ub_to_weights, bool), "True or False")
+        check("lookup_table", isinstance(self.lookup_table, bool), "True or False")
         if self.multiplier == "ice40" and self.operands != "int8":
             raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
                               f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "
@@ -298,6 +307,15 @@ class TPUConfig:
         whose PEs register the operands twice before the multiplier and the product twice
         after it, see :class:`hdl.datapath.pe.PE`)."""
         return self.rows + self.cols + (6 if self.pipeline == "fast" else 2)
+
+    @property
+    def opcodes(self) -> tuple:
+        """The :class:`~hdl.isa.Opcode` members a core of this configuration decodes: all of
+        them but those of instructions it is built without (UB_TO_WEIGHTS,
+        :attr:`ub_to_weights`; LOAD_TABLE, :attr:`lookup_table`), which are unknown to it."""
+        left_out = {Opcode.UB_TO_WEIGHTS: self.ub_to_weights,
+                    Opcode.LOAD_TABLE: self.lookup_table}
+        return tuple(o for o in Opcode if left_out.get(o, True))
 
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again)."""

@@ -104,12 +104,14 @@ class Core(wiring.Component):
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
             registered=fast)
         if cfg.activation_unit == "serial":
-            au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width)
+            au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
+                                      table=cfg.lookup_table)
         else:
             # Its 18x18 partial products on MULT18X18D with the ECP5 build; inferred otherwise
             # (an SB_MAC16's dual 8x8 mode does not suit them).
             au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
-                                multiplier="ecp5" if cfg.multiplier == "ecp5" else "infer")
+                                multiplier="ecp5" if cfg.multiplier == "ecp5" else "infer",
+                                table=cfg.lookup_table)
         m.submodules.activation = au
 
         # Host side.
@@ -157,6 +159,8 @@ class Core(wiring.Component):
         wiring.connect(m, ae.o_acc, acc.r)
         wiring.connect(m, ae.o_row, au.i_row)
         wiring.connect(m, au.o_row, ae.i_out)
+        if cfg.lookup_table:
+            wiring.connect(m, ae.o_table, au.i_table)
         if cfg.activation_unit == "serial":
             wiring.connect(m, au.params, ae.params)
         else:

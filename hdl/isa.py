@@ -9,7 +9,8 @@ The host stream carries one *beat* per instruction or data row: a beat is
 ``TPUConfig.host_width`` bits, wide enough for an instruction, a unified-buffer row, a weight
 row or a row of ``cols`` int32 values, each in the low bits of the beat. Instructions that move
 data from the host (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) are followed in the stream by their
-data beats; UB_TO_WEIGHTS moves data on chip (unified buffer to weight memory) and has none.
+data beats, and so is LOAD_TABLE (the activation unit's programmable table); UB_TO_WEIGHTS
+moves data on chip (unified buffer to weight memory) and has none.
 The core answers on its output stream with the beats WRITE_HOST, READ_COUNTERS and HALT send,
 and with an error beat when an instruction fails its checks.
 
@@ -24,14 +25,16 @@ __all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COU
            "COUNTER_BITS",
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
-           "ClearCounters", "UbToWeights", "FORMATS", "Status", "decode"]
+           "ClearCounters", "UbToWeights", "LoadTable", "TABLE_ENTRIES", "table_beats",
+           "FORMATS", "Status", "decode"]
 
 INSTR_BITS = 64
 
 
 class Opcode(enum.Enum, shape=unsigned(4)):
-    """Operation of an instruction word. Values 13 to 15 are reserved (UNKNOWN_OPCODE), and so
-    is 12 on a core built without UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`)."""
+    """Operation of an instruction word. Values 14 and 15 are reserved (UNKNOWN_OPCODE), and so
+    are 12 on a core built without UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`)
+    and 13 on one without the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`)."""
     NOP           = 0   # do nothing
     HALT          = 1   # end of program: wait until idle, send a DONE beat
     SYNC          = 2   # wait until every unit is idle
@@ -45,15 +48,18 @@ class Opcode(enum.Enum, shape=unsigned(4)):
     READ_COUNTERS = 10  # performance counters -> host
     CLEAR_COUNTERS = 11  # zero the performance counters
     UB_TO_WEIGHTS = 12  # unified buffer -> one weight tile, optionally transposed (attention)
+    LOAD_TABLE    = 13  # host -> the activation unit's programmable table (exp, GELU, ...)
 
 
 class Func(enum.Enum, shape=unsigned(3)):
-    """Activation function applied after requantisation. Values 5 to 7 are invalid."""
+    """Activation function applied after requantisation. Values 6 and 7 are invalid, and so is
+    5 on a core built without the programmable table."""
     IDENTITY = 0
     RELU     = 1   # max(q, zero_point)
     CLAMP    = 2   # min(max(q, zero_point), clamp_hi), ReLU6 when clamp_hi encodes 6.0
     SIGMOID  = 3   # table: input scale 1/16, output scale 1/256, zero point -128
     TANH     = 4   # table: input scale 1/16, output scale 1/128, zero point 0
+    TABLE    = 5   # the programmable table (LOAD_TABLE): entry q + 128, as an int8
 
 
 class Rounding(enum.Enum, shape=unsigned(2)):
@@ -75,14 +81,16 @@ class Pool(enum.Enum, shape=unsigned(2)):
 class ErrorCode(enum.Enum, shape=unsigned(4)):
     """Why the core stopped. Every check happens before the instruction has any effect."""
     NONE             = 0
-    UNKNOWN_OPCODE   = 1   # opcode 13..15 (12 too on a core without UB_TO_WEIGHTS)
+    UNKNOWN_OPCODE   = 1   # opcode 14 or 15 (12 on a core without UB_TO_WEIGHTS, 13 on
+                           # one without the programmable table)
     UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth
     ACC_RANGE        = 3   # accumulator rows past acc_depth
     WEIGHT_RANGE     = 4   # weight tiles past weight_mem_tiles
     WEIGHT_UNWRITTEN = 5   # READ_WEIGHTS of a tile no LOAD_WEIGHTS has written
     WEIGHT_EMPTY     = 6   # MATMUL needs a tile (switch, or none active) but none is queued
     WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
-    BAD_FIELD        = 8   # function, pooling, rounding or slot out of range, count not
+    BAD_FIELD        = 8   # function (TABLE too on a core without the table), pooling,
+                           # rounding or slot out of range, count not
                            # a multiple of the pooling window, UB_TO_WEIGHTS count past
                            # the tile's columns (transpose) or rows
     SIGNEDNESS       = 9   # LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL of uint8 operands (signed
@@ -293,6 +301,31 @@ class UbToWeights(data.Struct):
     _c:        8
 
 
+#: Entries of the programmable table: one per int8 input.
+TABLE_ENTRIES = 256
+
+
+def table_beats(cols: int) -> int:
+    """Data beats that follow a LOAD_TABLE on a core with ``cols`` columns: ``4 * cols``
+    entries each (a parameter row's 32 bits per column)."""
+    return -(-TABLE_ENTRIES // (4 * cols))
+
+
+class LoadTable(data.Struct):
+    """The activation unit's programmable table, which ACTIVATE's function TABLE reads: 256
+    entries, entry ``k`` the output byte for the requantised value ``q = k - 128``, so that
+    exp, GELU or any function of an int8 value runs on chip. The entries follow from the host
+    in :func:`table_beats` beats of ``4 * cols`` entries each, as a parameter row's bytes
+    (entry ``k`` in beat ``k // (4 * cols)``, bits ``[8 * (k % (4 * cols)), +8)``; a last
+    beat's bits past entry 255 are ignored). The whole table is replaced; after a reset it
+    holds zeros. Every column has a copy of it (the pipelined activation unit looks up a row's
+    ``cols`` values in one cycle).
+    Timing: runs in the front end, a beat every ``4 * cols`` cycles (the entries are written
+    one a cycle, into every copy at once); waits until no ACTIVATE runs."""
+    opcode: Opcode
+    _pad:   60
+
+
 class ClearCounters(data.Struct):
     """Zero every performance counter. Timing: waits until every unit is idle."""
     opcode: Opcode
@@ -306,7 +339,7 @@ FORMATS = {
     Opcode.LOAD_WEIGHTS: LoadWeights, Opcode.READ_WEIGHTS: ReadWeights,
     Opcode.MATMUL: Matmul, Opcode.ACTIVATE: Activate, Opcode.LOAD_PARAMS: LoadParams,
     Opcode.READ_COUNTERS: ReadCounters, Opcode.CLEAR_COUNTERS: ClearCounters,
-    Opcode.UB_TO_WEIGHTS: UbToWeights,
+    Opcode.UB_TO_WEIGHTS: UbToWeights, Opcode.LOAD_TABLE: LoadTable,
 }
 
 

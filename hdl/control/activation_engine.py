@@ -1,13 +1,13 @@
 """The activation engine: ACTIVATE, accumulators -> activation unit -> unified buffer, and the
 requantisation parameter store LOAD_PARAMS fills (:mod:`hdl.control.param_store`)."""
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.control.param_store import column_store, param_write_layout, row_store
+from hdl.control.param_store import column_store, param_write_layout, row_store, table_writer
 from hdl.isa import Activate, Func, Pool
 from hdl.layouts import acc_row_layout
 from hdl.ports import (
@@ -31,8 +31,9 @@ class ActivationEngine(wiring.Component):
     result row to the next unified-buffer row from ``ub_addr`` (``cols`` results, the rest
     of the row zero); ``o_busy`` is high from the cycle after it takes an instruction until
     its last row is written. ``o_params`` is the slot of the running ACTIVATE and its
-    function. ``i_param_write`` is always ready and writes one part of a slot (the front
-    end sends them only while no ACTIVATE runs). After a reset it first zeroes every slot
+    function. ``i_param_write`` is always ready and writes one part of a slot, or takes a
+    LOAD_TABLE beat once its entries are written (the front end sends them only while no
+    ACTIVATE runs). After a reset it first zeroes every slot
     (``o_busy`` high meanwhile). ``count`` is at most ``acc_depth`` and its results at most
     ``ub_depth`` (the front end's range checks): the engine keeps counts that wide.
 
@@ -61,6 +62,10 @@ class ActivationEngine(wiring.Component):
         read). A bias or multiplier row is written a column a cycle: the engine takes it
         (``ready``) in the cycle it writes the last column. (One narrow block RAM takes far
         fewer blocks than a memory per row kind, and no registered rows.)
+    o_table : Out(MemWriteSignature(8, unsigned(8)))
+        With :attr:`~hdl.config.TPUConfig.lookup_table`: LOAD_TABLE's entries into the
+        activation unit's table, one a cycle (:func:`~hdl.control.param_store.table_writer`;
+        zeros to every entry after a reset, ``o_busy`` high meanwhile).
     o_busy : Out(1)
     """
 
@@ -81,6 +86,8 @@ class ActivationEngine(wiring.Component):
             "o_ub":          Out(MemWriteSignature(self.ub_bits, ub_row)),
             **({"params": In(ParamColumnSignature(cfg.cols))} if self.column_store else
                {"o_params": Out(requant_params_layout(cfg.cols))}),
+            **({"o_table": Out(MemWriteSignature(8, unsigned(8)))} if cfg.lookup_table
+               else {}),
             "o_busy":        Out(1),
         })
 
@@ -102,13 +109,25 @@ class ActivationEngine(wiring.Component):
 
         # The parameter store: after a reset it zeroes every slot (``scrubbing``), then takes
         # LOAD_PARAMS' writes; ``params_ready`` says, while an ACTIVATE waits to run, that
-        # its slot's parameters are presented from the next cycle.
+        # its slot's parameters are presented from the next cycle. LOAD_TABLE's beats go to
+        # the table writer instead.
+        pw = self.i_param_write
+        if cfg.lookup_table:
+            store_pw = stream.Signature(pw.payload.shape()).create()
+            table_pw = stream.Signature(pw.payload.shape()).create()
+            for part, chosen in ((store_pw, ~pw.payload.table), (table_pw, pw.payload.table)):
+                m.d.comb += [part.payload.eq(pw.payload), part.valid.eq(pw.valid & chosen)]
+            m.d.comb += pw.ready.eq(Mux(pw.payload.table, table_pw.ready, store_pw.ready))
+            table_scrubbing = table_writer(m, cfg, table_pw, self.o_table)
+        else:
+            store_pw, table_scrubbing = pw, 0
         if self.column_store:
-            scrubbing, params_ready = column_store(m, cfg, self.i_param_write, self.params,
+            scrubbing, params_ready = column_store(m, cfg, store_pw, self.params,
                                                    slot, func, busy, run, take)
         else:
-            scrubbing, params_ready = row_store(m, cfg, self.i_param_write, self.o_params,
+            scrubbing, params_ready = row_store(m, cfg, store_pw, self.o_params,
                                                 slot, func)
+        scrubbing = scrubbing | table_scrubbing
         m.d.comb += self.o_busy.eq(busy | scrubbing)
 
         cmd = self.i_activate

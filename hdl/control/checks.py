@@ -108,12 +108,13 @@ class Checks(wiring.Component):
             ends += [a_end.eq(a + count),
                      b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
 
-        # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) does not know its opcode,
-        # and builds none of its checks (so that its netlist is the one without the
-        # instruction).
+        # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) or the programmable table
+        # (lookup_table) does not know its opcode, and builds none of its checks (so that its
+        # netlist is the one without the instruction).
         moves = cfg.ub_to_weights
-        is_ = {o: op == o for o in Opcode if moves or o != Opcode.UB_TO_WEIGHTS}
+        is_ = {o: op == o for o in cfg.opcodes}
         unknown = ~Cat(*is_.values()).any()
+        last_func = Func.TABLE if cfg.lookup_table else Func.TANH
 
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
@@ -124,7 +125,7 @@ class Checks(wiring.Component):
         m.d.comb += window_mask.eq((1 << window_log) - 1)
         bad_field = (
             (needs_count & (count == 0)) |
-            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > Func.TANH.value) |
+            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > last_func.value) |
                                      (av.pool.as_value() == 3) |
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |

@@ -19,10 +19,11 @@ ENGINE_OPCODES = (Opcode.READ_WEIGHTS, Opcode.MATMUL, Opcode.ACTIVATE, Opcode.WR
 class Dispatch(wiring.Component):
     """Decides, for the instruction waiting at the front end's fetch, whether it issues (its
     checks pass, the hazard tracker reports no conflict, and its engine can take it: for SYNC,
-    HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS no ACTIVATE
-    runs) or fails a check. Which cycle is the config's :attr:`~hdl.config.TPUConfig.pipeline`'s,
-    and this component owns every such decision of the front end (the checks register their
-    own answers to suit, :class:`~hdl.control.checks.Checks`):
+    HALT, READ_COUNTERS and CLEAR_COUNTERS every engine is idle, for LOAD_PARAMS and
+    LOAD_TABLE no ACTIVATE runs) or fails a check. Which cycle is the config's
+    :attr:`~hdl.config.TPUConfig.pipeline`'s, and this component owns every such decision of
+    the front end (the checks register their own answers to suit,
+    :class:`~hdl.control.checks.Checks`):
 
     - ``"reference"``: on this cycle's answers; a beat may issue in its first cycle.
     - ``"compact"``: the front end registers the beat's range ends and the word it asks the
@@ -124,17 +125,17 @@ class Dispatch(wiring.Component):
         pipeline = self.config.pipeline
         m = Module()
         op = self.i_opcode
-        # (A core without UB_TO_WEIGHTS decodes nothing of it: its netlist is the one
-        # before the instruction.)
-        opcodes = [o for o in Opcode
-                   if self.config.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
+        # (A core without UB_TO_WEIGHTS or LOAD_TABLE decodes nothing of them: its netlist is
+        # the one before the instruction.)
+        opcodes = self.config.opcodes
         is_ = {o: op == o for o in opcodes}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
         with m.Switch(op):
             for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
                 with m.Case(o):
                     m.d.comb += busy.eq(~ready)
-            with m.Case(Opcode.LOAD_PARAMS):
+            # (The parameters and the table must not change under a running ACTIVATE.)
+            with m.Case(*(o for o in (Opcode.LOAD_PARAMS, Opcode.LOAD_TABLE) if o in opcodes)):
                 m.d.comb += busy.eq(self.i_activate_busy)
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)

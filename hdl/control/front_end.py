@@ -34,16 +34,18 @@ __all__ = ["FrontEnd"]
 class FrontEnd(wiring.Component):
     """Takes the host's beats one instruction at a time, checks each before it has any
     effect, and either runs it (host transfers, which own the input stream: READ_HOST,
-    LOAD_WEIGHTS, LOAD_PARAMS; READ_COUNTERS, CLEAR_COUNTERS, HALT, SYNC, NOP) or hands it
-    to its engine on a dispatch stream (READ_WEIGHTS, MATMUL, ACTIVATE, WRITE_HOST; and
-    UB_TO_WEIGHTS, which it waits for in its MOVE state: the next instruction is taken once
-    the weight mover is done, so that nothing needs to wait on the mover's ranges).
+    LOAD_WEIGHTS, LOAD_PARAMS, LOAD_TABLE; READ_COUNTERS, CLEAR_COUNTERS, HALT, SYNC, NOP)
+    or hands it to its engine on a dispatch stream (READ_WEIGHTS, MATMUL, ACTIVATE,
+    WRITE_HOST; and UB_TO_WEIGHTS, which it waits for in its MOVE state: the next instruction
+    is taken once the weight mover is done, so that nothing needs to wait on the mover's
+    ranges).
 
     Contract:
 
     - an instruction issues (dispatch) when it passes every check, the hazard tracker
       reports no conflict, and its engine takes it (or, for SYNC, HALT, READ_COUNTERS and
-      CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS, no ACTIVATE runs); until then
+      CLEAR_COUNTERS, every engine is idle; for LOAD_PARAMS and LOAD_TABLE, no ACTIVATE
+      runs); until then
       it waits, counting ``raw_stall`` cycles while the tracker reports a conflict. In
       which cycle is the :attr:`~hdl.config.TPUConfig.pipeline`'s, decided by
       :class:`~hdl.control.dispatch.Dispatch`: with ``"reference"`` in its first cycle at
@@ -88,7 +90,8 @@ class FrontEnd(wiring.Component):
     o_wm_write : Out(MemWriteSignature(wm_bits, weight_row_layout))
         LOAD_WEIGHTS rows into the weight memory.
     o_param_write : Out(stream.Signature(param_write_layout))
-        LOAD_PARAMS into the activation engine's parameter store.
+        LOAD_PARAMS into the activation engine's parameter store, LOAD_TABLE's beats into its
+        table.
     i_idle : In(1)
         Every engine is idle.
     i_activate_busy, i_write_host_busy : In(1)
@@ -159,8 +162,8 @@ class FrontEnd(wiring.Component):
         instr = data.View(Instr, word)
         op = instr.opcode
         mm = data.View(Matmul, word)
-        # (A core without UB_TO_WEIGHTS decodes nothing of it.)
-        opcodes = [o for o in Opcode if cfg.ub_to_weights or o != Opcode.UB_TO_WEIGHTS]
+        # (A core without UB_TO_WEIGHTS or LOAD_TABLE decodes nothing of them.)
+        opcodes = cfg.opcodes
         is_ = {o: Signal(name=f"is_{o.name.lower()}") for o in opcodes}
         for o in opcodes:
             m.d.comb += is_[o].eq(op == o)
@@ -272,7 +275,8 @@ class FrontEnd(wiring.Component):
                         m.d.sync += queued.eq(queued + instr.count)
                     with m.If(issue[Opcode.MATMUL] & mm.switch):
                         m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
-                    with m.If(Cat(*(issue[o] for o in TRANSFER_OPCODES)).any()):
+                    with m.If(Cat(*(issue[o] for o in TRANSFER_OPCODES
+                                    if o in opcodes)).any()):
                         m.next = "TRANSFER"
                 with m.Else():
                     m.d.comb += self.o_raw_stall.eq(decide.o_raw_stall)

@@ -24,6 +24,7 @@ from hdl.isa import (
     LoadWeights,
     Opcode,
     Status,
+    table_beats,
 )
 from hdl.layouts import weight_row_layout
 from hdl.lib.arith import times_constant
@@ -33,7 +34,7 @@ __all__ = ["HostTransfers", "TRANSFER_OPCODES", "INDEX_BITS"]
 
 #: The opcodes whose work is a transfer here (the front end waits in TRANSFER meanwhile).
 TRANSFER_OPCODES = (Opcode.READ_HOST, Opcode.LOAD_WEIGHTS, Opcode.LOAD_PARAMS,
-                    Opcode.READ_COUNTERS, Opcode.HALT)
+                    Opcode.READ_COUNTERS, Opcode.HALT, Opcode.LOAD_TABLE)
 
 #: Width of the program's instruction index (:class:`~hdl.isa.Status`).
 INDEX_BITS = data.Layout.cast(Status)["instr_index"].width
@@ -48,6 +49,9 @@ class HostTransfers(wiring.Component):
       :attr:`~hdl.config.TPUConfig.scale_tiles_late` in a cycle of its own);
     - LOAD_PARAMS: its scalars in the cycle it issues, then the bias and multiplier beats
       and, with ``column_shifts``, the shift row's;
+    - LOAD_TABLE (with :attr:`~hdl.config.TPUConfig.lookup_table`): its
+      :func:`~hdl.isa.table_beats` beats of entries, to the activation engine's table
+      writer, which takes each as it has written its entries;
     - READ_COUNTERS: a beat per counter, each sampled when the counter bank shows it;
     - HALT: the DONE beat; a failed check: the error beat, once no WRITE_HOST runs;
     - after a reset: zeros into every unified-buffer row (``o_scrubbing``).
@@ -83,7 +87,8 @@ class HostTransfers(wiring.Component):
         A transfer waits for a beat from the host.
     o_host_work : Out(1)
         A transfer moves a beat: a data row (READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS's bias and
-        multiplier rows; not the instruction beat) or a beat to the host.
+        multiplier rows, LOAD_TABLE's entries; not the instruction beat) or a beat to the
+        host (each cycle a row is offered, so a LOAD_TABLE beat counts ``4 * cols``).
     """
 
     def __init__(self, config: TPUConfig):
@@ -147,7 +152,8 @@ class HostTransfers(wiring.Component):
         beat_word = Signal(64 if beat_in_register else COUNTER_BITS)
         counter_held = Signal()
         scrubbing = Signal()
-        param_rows = Signal()       # LOAD_PARAMS's bias or multiplier row is offered
+        param_rows = Signal()       # LOAD_PARAMS's (or LOAD_TABLE's) row is offered
+        first = Signal()            # LOAD_TABLE's first beat is offered
         scrub_addr = Signal(range(cfg.ub_depth))
         beat_out = self.o_beat
 
@@ -205,6 +211,10 @@ class HostTransfers(wiring.Component):
                     ]
                     m.d.sync += [slot.eq(lp.slot), shifts_follow.eq(lp.column_shifts)]
                     m.next = "PARAM_BIAS"
+                if cfg.lookup_table:
+                    with m.If(issue[Opcode.LOAD_TABLE]):
+                        m.d.sync += [left.eq(table_beats(cfg.cols)), first.eq(1)]
+                        m.next = "TABLE_ROWS"
                 with m.If(issue[Opcode.READ_COUNTERS]):
                     m.d.sync += [counter.eq(0), counter_held.eq(0)]
                     m.next = "SEND_COUNTERS"
@@ -259,6 +269,21 @@ class HostTransfers(wiring.Component):
                         else:
                             m.d.comb += self.o_done.eq(after == "IDLE")
                             m.next = after
+            if cfg.lookup_table:
+                with m.State("TABLE_ROWS"):
+                    m.d.comb += [
+                        self.o_host_wait.eq(~self.i_host.valid),
+                        self.o_param_write.valid.eq(self.i_host.valid),
+                        param_rows.eq(self.i_host.valid),
+                        self.o_param_write.payload.table.eq(1),
+                        self.o_param_write.payload.first.eq(first),
+                        self.i_host.ready.eq(self.o_param_write.ready),
+                    ]
+                    with m.If(self.i_host.valid & self.o_param_write.ready):
+                        m.d.sync += [left.eq(left - 1), first.eq(0)]
+                        with m.If(left == 1):
+                            m.d.comb += self.o_done.eq(1)
+                            m.next = "IDLE"
             with m.State("SEND_COUNTERS"):
                 with m.If(counter_held):
                     m.d.comb += beat_out.valid.eq(1)

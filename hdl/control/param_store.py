@@ -7,11 +7,11 @@ from amaranth.lib import data, enum, memory
 
 from hdl.beats import param_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import LoadParams, Rounding
+from hdl.isa import TABLE_ENTRIES, LoadParams, Rounding
 from hdl.memory.row_memory import RegisteredRead
 from hdl.ports import ColumnWord
 
-__all__ = ["ParamKind", "param_write_layout", "row_store", "column_store"]
+__all__ = ["ParamKind", "param_write_layout", "row_store", "column_store", "table_writer"]
 
 _LP = data.Layout.cast(LoadParams)
 
@@ -25,10 +25,14 @@ class ParamKind(enum.Enum, shape=unsigned(2)):
 
 
 def param_write_layout(cols: int, slots: int) -> data.StructLayout:
-    """One write into the parameter store."""
+    """One write into the parameter store, or (``table``) a beat of LOAD_TABLE's entries into
+    the programmable table (``row``'s bytes; ``first``: its first beat, the entries restart
+    at 0; the other fields unused)."""
     return data.StructLayout({
         "slot":       unsigned(max(1, (slots - 1).bit_length())),
         "kind":       ParamKind,
+        "table":      1,
+        "first":      1,
         "row":        param_row_beat(cols),
         "shift":      _LP["shift"].shape,
         "rounding":   Rounding,
@@ -219,3 +223,39 @@ def column_store(m: Module, cfg: TPUConfig, pw, sel, slot, func, busy, run, take
         sel.func.eq(func),
     ]
     return scrubbing, fetched
+
+
+def table_writer(m: Module, cfg: TPUConfig, pw, tw):
+    """LOAD_TABLE's beats (*pw*, the engine's ``i_param_write`` with ``table`` set) written
+    into the programmable table an entry at a time (*tw*, the activation unit's ``i_table``,
+    which takes one every cycle): a beat of ``4 * cols`` entries is taken as its last entry
+    is written (every column's copy of the table has one write port, so the entries go one
+    at a time; a whole table takes 256 cycles, once per program). After a reset it writes
+    zeros to every entry first: ``scrubbing``, returned."""
+    per_beat = 4 * cfg.cols
+    p = pw.payload
+    byte = Signal(range(per_beat))          # the beat's entry being written
+    entry = Signal(range(TABLE_ENTRIES + per_beat))     # the table's next entry
+    at = Signal.like(entry)
+    last_byte = byte == per_beat - 1
+    scrubbing = Signal(init=1)
+    entries = p.row.as_value()
+    m.d.comb += at.eq(Mux(p.first & (byte == 0), 0, entry))
+    with m.If(scrubbing):
+        m.d.comb += [tw.valid.eq(1), tw.payload.addr.eq(entry), tw.payload.data.eq(0)]
+        with m.If(tw.ready):
+            m.d.sync += entry.eq(entry + 1)
+            with m.If(entry == TABLE_ENTRIES - 1):
+                m.d.sync += scrubbing.eq(0)
+    with m.Else():
+        # Entries past 255 (a last beat's spare bytes) are dropped, a cycle each.
+        inside = at < TABLE_ENTRIES
+        m.d.comb += [
+            tw.valid.eq(pw.valid & inside),
+            tw.payload.addr.eq(at),
+            tw.payload.data.eq(entries.word_select(byte, 8)),
+            pw.ready.eq(last_byte & (tw.ready | ~inside)),
+        ]
+        with m.If(pw.valid & (tw.ready | ~inside)):
+            m.d.sync += [byte.eq(Mux(last_byte, 0, byte + 1)), entry.eq(at + 1)]
+    return scrubbing

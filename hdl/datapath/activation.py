@@ -1,19 +1,19 @@
 """Activation unit: requantisation, activation function and max-pooling."""
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import table_quarter
 from hdl.datapath.pooling import pool_column, pool_controls
 from hdl.datapath.rounding import rounding_controls, rounding_shift
 from hdl.datapath.wide_product import biased_product
-from hdl.isa import Func, Rounding
+from hdl.isa import TABLE_ENTRIES, Func, Rounding
 from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
 from hdl.lib.registers import register_copies
 from hdl.lib.vendor import ecp5_mult_instance
-from hdl.ports import requant_params_layout
+from hdl.ports import MemWriteSignature, requant_params_layout
 
 __all__ = ["ActivationUnit"]
 
@@ -32,7 +32,8 @@ class ActivationUnit(wiring.Component):
     4. ``q = saturate_int8(saturate_int32(r) + zero_point)``;
     5. the function: IDENTITY ``q``; RELU ``max(q, zero_point)``; CLAMP
        ``min(max(q, zero_point), clamp_hi)``; SIGMOID and TANH a fixed table indexed by
-       ``q`` (see :func:`~hdl.datapath.activation_table.lut_table`);
+       ``q`` (see :func:`~hdl.datapath.activation_table.lut_table`); TABLE (with ``table``)
+       the programmable table's entry ``q + 128``;
     6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
        sent as one output row.
 
@@ -55,6 +56,10 @@ class ActivationUnit(wiring.Component):
     ----------
     cols, acc_width : int
         Columns, sum width (32).
+    table : bool
+        Build the programmable table (LOAD_TABLE, function TABLE): a 256-byte memory per
+        column (a block RAM each; the row's ``cols`` lookups happen in one cycle), all
+        written together from ``i_table``.
     multiplier : str
         ``"infer"``: the partial products are ``*`` between fabric registers (any part).
         ``"ecp5"``: each is an ECP5 ``MULT18X18D`` with registered inputs and output, as
@@ -70,6 +75,9 @@ class ActivationUnit(wiring.Component):
         Activations, one row per pooling window.
     i_params : In(requant_params_layout(cols))
         The requantisation parameters and the function (``func``).
+    i_table : In(MemWriteSignature(8, unsigned(8)))
+        With ``table``: an entry of the programmable table (always ready; written a cycle
+        later, from registers, into every column's copy).
     o_busy : Out(1)
         A row is in the pipeline or an output row waits.
     """
@@ -82,7 +90,8 @@ class ActivationUnit(wiring.Component):
     #: that closed no window: with a window closing every cycle it is exact.)
     FIFO_DEPTH = STAGES + 2
 
-    def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer"):
+    def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer",
+                 table: bool = False):
         if acc_width != 32:
             raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
         if multiplier not in ("infer", "ecp5"):
@@ -91,10 +100,12 @@ class ActivationUnit(wiring.Component):
         self.cols = cols
         self.acc_width = acc_width
         self.multiplier = multiplier
+        self.table = table
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
             "i_params": In(requant_params_layout(cols)),
+            **({"i_table": In(MemWriteSignature(8, unsigned(8)))} if table else {}),
             "o_busy":   Out(1),
         })
 
@@ -159,7 +170,7 @@ class ActivationUnit(wiring.Component):
         func = prm.func
         scalars = data.StructLayout({"zero_point": signed(8), "clamp_hi": signed(8),
                                      "zp_above": 1, "table": 1, "tanh": 1, "relu": 1,
-                                     "clamp": 1})
+                                     "clamp": 1, **({"program": 1} if self.table else {})})
         shared = Signal(scalars)
         m.d.sync += [
             shared.zero_point.eq(prm.zero_point),
@@ -170,6 +181,14 @@ class ActivationUnit(wiring.Component):
             shared.relu.eq(func == Func.RELU),
             shared.clamp.eq(func == Func.CLAMP),
         ]
+        if self.table:
+            m.d.comb += self.i_table.ready.eq(1)
+            m.d.sync += shared.program.eq(func == Func.TABLE)
+            # An entry is written a cycle after it arrives, from registers: the write fans out
+            # to every column's block RAM.
+            table_write = Signal.like(self.i_table.payload)
+            table_en = Signal()
+            m.d.sync += [table_write.eq(self.i_table.payload), table_en.eq(self.i_table.valid)]
         # Four copies per column: for the coarse shift (it drives a 64-bit multiplexer), for
         # the fine shift, for the table's function bit (an input of every table LUT) and for
         # the rest: one copy for all of it is a long route into the compares with the zero
@@ -213,6 +232,7 @@ class ActivationUnit(wiring.Component):
             above = reg(1, "above")                    #      quarter of the index range
             quarters = [reg(unsigned(8), f"tbl{k}") for k in range(4)]
             result = reg(signed(8), "result")          # s15: the function's result
+            program = reg(signed(8), "program")        # s14: the programmable table's entry
 
             # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
             p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], prm.multiplier[j],
@@ -284,8 +304,19 @@ class ActivationUnit(wiring.Component):
                       Mux(top[0], quarters[1], quarters[0]))
             relu = Mux(gt_zp, q_14, cp.zero_point)
             clamp = Mux(above, cp.clamp_hi, relu)
-            m.d.sync += result.eq(Mux(is_table, tbl,
-                                      Mux(is_relu, relu, Mux(is_clamp, clamp, q_14))))
+            chosen = Mux(is_table, tbl, Mux(is_relu, relu, Mux(is_clamp, clamp, q_14)))
+            if self.table:
+                # The programmable table, read with the value saturated in s13 (the block
+                # RAM's address register is s13, its output registered in s14).
+                lookup = memory.Memory(shape=unsigned(8), depth=TABLE_ENTRIES, init=[])
+                m.submodules[f"table_{j}"] = lookup
+                write, read = lookup.write_port(), lookup.read_port(transparent_for=())
+                m.d.comb += [write.addr.eq(table_write.addr), write.data.eq(table_write.data),
+                             write.en.eq(table_en),
+                             read.addr.eq(Cat(saturated[:7], ~saturated[7]))]
+                m.d.sync += program.eq(read.data)
+                chosen = Mux(cp.program, program, chosen)
+            m.d.sync += result.eq(chosen)
 
             pool_column(m, j, result, p1[j], closes, single, pooled[j])
 

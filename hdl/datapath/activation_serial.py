@@ -1,13 +1,13 @@
 """Activation unit for small parts: one requantisation datapath time-shared over the columns."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import lut_table
-from hdl.isa import Func, Rounding
+from hdl.isa import TABLE_ENTRIES, Func, Rounding
 from hdl.layouts import acc_row_layout
-from hdl.ports import ColumnWord, ParamColumnSignature
+from hdl.ports import ColumnWord, MemWriteSignature, ParamColumnSignature
 
 __all__ = ["SerialActivationUnit", "element_cycles"]
 
@@ -50,19 +50,24 @@ class SerialActivationUnit(wiring.Component):
     params : Out(ParamColumnSignature(cols))
         The requantisation parameters, a column's word at a time, and the function (held
         while a row is in flight).
+    i_table : In(MemWriteSignature(8, unsigned(8)))
+        With ``table``: an entry of the programmable table (function TABLE), which shares the
+        fixed tables' memory (always ready; written a cycle later, from registers).
     o_busy : Out(1)
         A row is being worked on.
     """
 
-    def __init__(self, *, cols: int, acc_width: int = 32):
+    def __init__(self, *, cols: int, acc_width: int = 32, table: bool = False):
         if acc_width != 32:
             raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
         self.cols = cols
         self.acc_width = acc_width
+        self.table = table
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
             "params":   Out(ParamColumnSignature(cols)),
+            **({"i_table": In(MemWriteSignature(8, unsigned(8)))} if table else {}),
             "o_busy":   Out(1),
         })
 
@@ -148,13 +153,25 @@ class SerialActivationUnit(wiring.Component):
         f_next = Mux(params.func == Func.RELU, relu,
                      Mux(params.func == Func.CLAMP, clamp, q))
 
-        # The table functions: SIGMOID at 0..255, TANH at 256..511, index q + 128.
+        # The table functions: SIGMOID at 0..255, TANH at 256..511, index q + 128; with
+        # ``table``, the programmable table (TABLE) at 512..767, written by LOAD_TABLE.
         rom_init = [x & 0xff for x in lut_table(Func.SIGMOID) + lut_table(Func.TANH)]
-        m.submodules.lut = rom = memory.Memory(shape=unsigned(8), depth=512, init=rom_init)
+        depth = 512 + (TABLE_ENTRIES if self.table else 0)
+        m.submodules.lut = rom = memory.Memory(shape=unsigned(8), depth=depth, init=rom_init)
         rd = rom.read_port()
         # Addressed with the value about to be registered: the data lands in POOL.
-        m.d.comb += rd.addr.eq(Cat(q[:7], ~q[7], params.func == Func.TANH))
         is_table = (params.func == Func.SIGMOID) | (params.func == Func.TANH)
+        if self.table:
+            program = params.func == Func.TABLE
+            m.d.comb += rd.addr.eq(Cat(q[:7], ~q[7], params.func == Func.TANH, program))
+            is_table = is_table | program
+            write = rom.write_port()
+            entry = self.i_table.payload
+            m.d.comb += self.i_table.ready.eq(1)
+            m.d.sync += [write.addr.eq(Cat(entry.addr, Const(0, 1), Const(1, 1))),
+                         write.data.eq(entry.data), write.en.eq(self.i_table.valid)]
+        else:
+            m.d.comb += rd.addr.eq(Cat(q[:7], ~q[7], params.func == Func.TANH))
         result = Mux(is_table, rd.data.as_signed(), f)
         best = Mux(window_open & (pooled[col] > result), pooled[col], result)
 

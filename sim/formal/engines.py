@@ -194,9 +194,11 @@ def activation_engine_harness(config: TPUConfig) -> Harness:
         m.d.comb += Assume(~ae.i_out.valid | (owed != 0))
         _busy_contract(m, cmd, ae.o_busy, name="activation engine")
         _ready_holds(m, cmd, name="activation engine")
-        # A bias or multiplier row may take a cycle a column (the serial unit's store); the
-        # front end sends LOAD_PARAMS' first write, its scalars, without looking at ready.
-        scalars = ae.i_param_write.payload.kind == ParamKind.SCALARS
+        # A bias or multiplier row may take a cycle a column (the serial unit's store), a
+        # LOAD_TABLE beat a cycle an entry; the front end sends LOAD_PARAMS' first write, its
+        # scalars, without looking at ready.
+        pw = ae.i_param_write.payload
+        scalars = (pw.kind == ParamKind.SCALARS) & ~pw.table
         m.d.comb += Assert(ae.o_busy | ae.i_param_write.ready | ~scalars,
                            "a scalar parameter write is taken whenever the engine is not "
                            "busy")

@@ -54,7 +54,7 @@ from hdl.beats import ERROR_MAGIC, ErrorBeat
 from hdl.config import TPUConfig
 from hdl.control.front_end import FrontEnd
 from hdl.control.param_store import ParamKind
-from hdl.isa import INSTR_BITS, RESYNC_WORD
+from hdl.isa import INSTR_BITS, RESYNC_WORD, Opcode
 from sim.formal.harness import Harness, Inside, all_stream_rules, past, was_reset
 
 __all__ = ["front_end_streams_harness", "front_end_stopped_harness"]
@@ -71,6 +71,7 @@ def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
     xfer = functools.partial(inside.in_state, "transfers.transfers_state")
     rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "PARAM_SHIFTS",
             "SEND_COUNTERS", "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
+    rows += ("TABLE_ROWS",) if config.lookup_table else ()    # LOAD_TABLE's beats, if built
     moving = ("MOVE",) if config.ub_to_weights else ()     # UB_TO_WEIGHTS' state, if built
     m.d.comb += [
         Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
@@ -111,7 +112,8 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
         m.d.comb += [
             Assume(fresh | ~(fe.i_write_host_busy & ~busy_1) | took_1),
             Assume(fe.i_activate_busy | fe.o_param_write.ready |
-                   (fe.o_param_write.payload.kind != ParamKind.SCALARS)),
+                   (fe.o_param_write.payload.kind != ParamKind.SCALARS) |
+                   fe.o_param_write.payload.table),
         ]
         if config.pipeline != "reference":
             for name in ("o_read_weights", "o_matmul", "o_activate", "o_write_host",
@@ -131,11 +133,15 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             m.d.comb += [
                 Assume(fresh | ~(fe.i_activate_busy & ~act_busy_1) | act_took_1),
                 Assume(fresh | ~idle_1 | fe.i_idle | dispatch_1),
-                # Invariant: LOAD_PARAMS issues after a cycle no ACTIVATE ran or started.
-                Assert(fresh | ~inside.signal("issue_load_params") |
-                       (~act_busy_1 & ~act_took_1),
-                       "LOAD_PARAMS issues after a cycle the activation engine was idle"),
             ]
+            # Invariant: LOAD_PARAMS (LOAD_TABLE) issues after a cycle no ACTIVATE ran or
+            # started.
+            for o in (Opcode.LOAD_PARAMS, Opcode.LOAD_TABLE):
+                if o in config.opcodes:
+                    m.d.comb += Assert(fresh | ~inside.signal(f"issue_{o.name.lower()}") |
+                                       (~act_busy_1 & ~act_took_1),
+                                       f"{o.name} issues after a cycle the activation engine "
+                                       f"was idle")
 
     return Harness(FrontEnd(config), properties, reset="any")
 
