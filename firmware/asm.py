@@ -25,6 +25,10 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
     matmul ub=0 acc=16 count=64 switch accumulate signed
     activate acc=0 ub=128 count=64 func=relu pool=max2 slot=0
     ub_to_weights ub=128 tile=1 count=8 transpose signed  # no data lines: rows from the buffer
+    load_table                    # then table_beats(cols) lines of 4 * cols entries
+    .table -128 -127 -126 ...     # entries 0 to 31 (8 columns)
+    ...
+    activate acc=64 ub=0 count=8 func=table pool=none slot=0
     write_host ub=128 count=32
     halt
 
@@ -40,6 +44,9 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
 - Data lines follow the instruction that takes them: ``count`` lines after ``read_host``
   (``ub_row`` bytes each), ``count * rows`` after ``load_weights`` (``cols`` bytes each),
   none after ``ub_to_weights`` (its rows come from the unified buffer),
+  ``table_beats(cols)`` lines after ``load_table`` (:func:`hdl.isa.table_beats`: ``4 * cols``
+  entries each, entry 0 first; the last line only the entries up to 255, so 16 of them when
+  ``cols`` is 5), each ``.table`` (bytes) or ``.hex``;
   ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each), then optionally
   ``.shift`` (``cols`` shifts, 0 to 63): per-column shifts, which set the ``column_shifts``
   flag and replace ``shift``, so ``shift=`` is then left out (given, it is an error: the
@@ -55,11 +62,11 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
 
 :func:`disassemble` prints canonical text: layout field order, value fields then flags, short
 names, fields with a default only when they differ from it (after the others), reserved
-fields only when non-zero, ``read_host`` rows as int8, ``load_weights`` rows as int8 or uint8
-per the ``signed`` flag, per-column shifts as a ``.shift`` line (``column_shifts`` is printed
-only when that beat is a ``.word``; a ``load_params`` with ``column_shifts`` and a non-zero
-``shift`` is a ``.word``). ``assemble(disassemble(beats)) == beats`` for any stream made of
-whole instructions.
+fields only when non-zero, ``read_host`` rows and ``load_table`` entries as int8,
+``load_weights`` rows as int8 or uint8 per the ``signed`` flag, per-column shifts as a
+``.shift`` line (``column_shifts`` is printed only when that beat is a ``.word``; a
+``load_params`` with ``column_shifts`` and a non-zero ``shift`` is a ``.word``).
+``assemble(disassemble(beats)) == beats`` for any stream made of whole instructions.
 
 Command line::
 
@@ -82,11 +89,11 @@ from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
 from hdl import isa
-from hdl.beats import param_row_beat, ub_row_beat, weight_row_beat
+from hdl.beats import DATA_BITS, param_row_beat, ub_row_beat, weight_row_beat
 from hdl.config import TPUConfig
 from hdl.presets import get_config
 
-__all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "assemble",
+__all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "data_beats", "assemble",
            "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "DEFAULTS",
            "SHIFT_RANGE", "main"]
 
@@ -251,11 +258,15 @@ def decode(word: int) -> tuple[isa.Opcode | int, dict[str, int]]:
 @dataclass(frozen=True)
 class _Data:
     """What one data beat after an instruction carries."""
-    kind: str        # "ub", "weight", "bias", "mult", "shift"
+    kind: str        # "ub", "weight", "bias", "mult", "shift", "table"
     signed: bool = True
+    first: int = 0   # "table": the beat's first entry
+    entries: int = 0  # "table": the entries it holds (fewer than 4 * cols in the last beat)
 
     def size(self, config: TPUConfig) -> tuple[int, int]:
-        """(elements, bits per element), from the beat layouts of :mod:`hdl.isa`."""
+        """(elements, bits per element), from the beat layouts of :mod:`hdl.beats`."""
+        if self.kind == "table":
+            return self.entries, DATA_BITS
         if self.kind == "ub":
             layout = ub_row_beat(config.ub_row)
         elif self.kind == "weight":
@@ -287,8 +298,23 @@ class _Data:
 
     @property
     def directives(self) -> tuple[str, ...]:
-        return {"ub": (".row", ".hex"), "weight": (".row", ".hex"),
+        return {"ub": (".row", ".hex"), "weight": (".row", ".hex"), "table": (".table", ".hex"),
                 "bias": (".bias",), "mult": (".mult",), "shift": (".shift",)}[self.kind]
+
+    def where(self) -> str:
+        """Which values of the instruction the beat holds, for error messages."""
+        if self.kind != "table":
+            return ""
+        return f" (table entries {self.first} to {self.first + self.entries - 1})"
+
+
+def _table_beats(config: TPUConfig) -> list[_Data]:
+    """LOAD_TABLE's data beats: each a parameter row's bytes, entries ``4 * cols`` at a time
+    (:func:`hdl.isa.table_beats`), the last beat only up to entry 255."""
+    per_beat = data.Layout.cast(param_row_beat(config.cols)).size // DATA_BITS
+    return [_Data("table", first=b * per_beat,
+                  entries=min(per_beat, isa.TABLE_ENTRIES - b * per_beat))
+            for b in range(isa.table_beats(config.cols))]
 
 
 def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data]:
@@ -298,7 +324,19 @@ def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data
         return [_Data("weight", bool(fields["signed"]))] * (fields["count"] * config.rows)
     if opcode == isa.Opcode.LOAD_PARAMS:
         return [_Data("bias"), _Data("mult")] + [_Data("shift")] * fields["column_shifts"]
+    if opcode == isa.Opcode.LOAD_TABLE:
+        return _table_beats(config)
     return []
+
+
+def data_beats(word: int, config: TPUConfig) -> int:
+    """How many data beats follow instruction word ``word`` (its low 64 bits) in the host
+    stream of a core with ``config``: ``count`` (READ_HOST), ``count * rows`` (LOAD_WEIGHTS),
+    2 or 3 (LOAD_PARAMS, with ``column_shifts``), ``table_beats(cols)`` (LOAD_TABLE), else 0
+    (an unknown opcode too). For the core's own parse the opcode must be built: a core
+    without the table refuses LOAD_TABLE (UNKNOWN_OPCODE) and takes no data for it."""
+    opcode, fields = decode(word)
+    return len(_data_beats(opcode, fields, config))
 
 
 def _pack_row(values: Sequence[int], bits: int) -> int:
@@ -415,7 +453,7 @@ class _Assembler:
         self.data_done()
 
     def data(self, lineno: int, head: str, args: list[str]):
-        known = (".row", ".hex", ".bias", ".mult", ".shift", ".word")
+        known = (".row", ".hex", ".table", ".bias", ".mult", ".shift", ".word")
         if head not in known:
             self.error(lineno, f"unknown directive {head!r}; allowed: {', '.join(known)}")
         if head == ".shift" and self.open_shift is not None:
@@ -433,7 +471,8 @@ class _Assembler:
         if not self.expect:
             if self.owner is None:
                 self.error(lineno, f"{head} without an instruction that takes data; allowed: "
-                                   f"data lines after read_host, load_weights, load_params")
+                                   f"data lines after read_host, load_weights, load_params, "
+                                   f"load_table")
             line, mnemonic, total = self.owner
             self.error(lineno, f"unexpected {head}: {mnemonic} at line {line} takes "
                                f"{total} data lines; allowed: exactly {total}")
@@ -451,11 +490,13 @@ class _Assembler:
                 self.error(lineno, f".hex {digits!r} is not hex bytes; allowed: {n} bytes "
                                    f"as 2 hex digits each, element 0 first")
             if len(raw) != n:
-                self.error(lineno, f".hex has {len(raw)} bytes; allowed: exactly {n} bytes")
+                self.error(lineno, f".hex has {len(raw)} bytes; allowed: exactly {n} "
+                                   f"bytes{kind.where()}")
             values = list(raw)
         else:
             if len(args) != n:
-                self.error(lineno, f"{head} has {len(args)} values; allowed: exactly {n}")
+                self.error(lineno, f"{head} has {len(args)} values; allowed: exactly "
+                                   f"{n}{kind.where()}")
             values = []
             lo, hi = kind.value_range(self.config)
             for token in args:
@@ -741,6 +782,34 @@ class Program:
                  _row_beat(_Data("mult"), np.asarray(multiplier).tolist(), self.config)]
         if per_column:
             beats.append(_row_beat(_Data("shift"), np.asarray(shift).tolist(), self.config))
+        return self._emit(beats)
+
+    def load_table(self, values) -> list[int]:
+        """LOAD_TABLE of the programmable table that ACTIVATE's ``func=TABLE`` reads:
+        ``values`` holds its 256 entries (:data:`hdl.isa.TABLE_ENTRIES`), entry ``k`` the
+        output for the requantised value ``q = k - 128``, each an int8 (-128..127) or its
+        raw byte (0..255; ``bytes`` too), sent in :func:`hdl.isa.table_beats` data beats.
+        Raises :class:`AsmError` (a ValueError) for another number of entries or a value
+        out of range."""
+        if isinstance(values, bytes | bytearray):
+            values = list(values)
+        entries = np.asarray(values, dtype=object)
+        if entries.shape != (isa.TABLE_ENTRIES,):
+            raise AsmError(f"load_table takes {isa.TABLE_ENTRIES} entries, got "
+                           f"{entries.shape[0] if entries.ndim == 1 else entries.shape}; "
+                           f"allowed: exactly {isa.TABLE_ENTRIES} (entry k for q = k - 128)")
+        lo, hi = _value_range(DATA_BITS)
+        for k, value in enumerate(entries):
+            if not isinstance(value, int | np.integer):
+                raise AsmError(f"load_table entry {k} = {value!r} is not an integer; "
+                               f"allowed: {lo} to {hi} (a byte, int8 or uint8)")
+            if not lo <= value <= hi:
+                raise AsmError(f"load_table entry {k} = {value} is out of range; allowed: "
+                               f"{lo} to {hi} (a byte, int8 or uint8)")
+        beats = [encode(isa.Opcode.LOAD_TABLE)]
+        for kind in _table_beats(self.config):
+            beats.append(_pack_row(entries[kind.first:kind.first + kind.entries].tolist(),
+                                   DATA_BITS))
         return self._emit(beats)
 
 

@@ -207,6 +207,10 @@ DATA_LINES = {
         f"line `.shift` (`cols` shifts, {SHIFT_RANGE[0]} to {SHIFT_RANGE[1]}), which sets "
         "`column_shifts`; `shift=` is then left out. `rounding` defaults to `half_up`"),
     isa.Opcode.UB_TO_WEIGHTS: "no data lines (the rows come from the unified buffer)",
+    isa.Opcode.LOAD_TABLE: (
+        "then `table_beats(cols)` lines `.table` (`4 * cols` entries each, a byte -128 to 255: "
+        "int8 or its raw byte) or `.hex`, entry 0 first; the last line holds only the "
+        "entries up to 255 (16 of them with 5 columns)"),
 }
 
 
@@ -238,15 +242,19 @@ def generate() -> str:
         "## Configurations",
         "",
         "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
-        "`host_width` bits; without `ub_to_weights` opcode 12 is UNKNOWN_OPCODE. The "
-        "presets in `hdl/presets.py`:",
+        "`host_width` bits; without `ub_to_weights` opcode 12 is UNKNOWN_OPCODE, without "
+        "`lookup_table` opcode 13 (LOAD_TABLE) is UNKNOWN_OPCODE and ACTIVATE's function "
+        "TABLE is BAD_FIELD. LOAD_TABLE takes `table_beats(cols)` data beats. The presets in "
+        "`hdl/presets.py`:",
         "",
         _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
-                "weight_mem_tiles", "weight_fifo_depth", "param_slots", "ub_to_weights"],
+                "weight_mem_tiles", "weight_fifo_depth", "param_slots", "ub_to_weights",
+                "lookup_table", "table_beats"],
                [[f"`{name}`", f"{c.rows} x {c.cols}", str(c.ub_row), str(c.host_width),
                  str(c.ub_depth), str(c.acc_depth), str(c.weight_mem_tiles),
                  str(c.weight_fifo_depth), str(c.param_slots),
-                 "yes" if c.ub_to_weights else "no"]
+                 "yes" if c.ub_to_weights else "no", "yes" if c.lookup_table else "no",
+                 str(isa.table_beats(c.cols)) if c.lookup_table else "-"]
                 for name, c in PRESETS.items()]),
         "",
         "## Semantics",

@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "MatrixUnitModel",
            "matrix_unit_stream",
            "saturate", "rounding_shift", "requantise", "activate", "max_pool_rows",
-           "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE"]
+           "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE", "table_values"]
 
 
 def operand_range(signed: bool, width: int = 8) -> tuple[int, int]:
@@ -222,8 +222,32 @@ SIGMOID_LUT = _lut(lambda x: 1 / (1 + np.exp(-x)), SIGMOID_OUTPUT)
 TANH_LUT = _lut(np.tanh, TANH_OUTPUT)
 
 
-def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127) -> np.ndarray:
-    """Apply function ``func`` (:class:`hdl.isa.Func` value) to requantised int8 values."""
+def table_values(table) -> np.ndarray:
+    """The programmable table's 256 entries (:data:`hdl.isa.TABLE_ENTRIES`, entry ``k`` for
+    ``q = k - 128``) as int8 values in int64: each given as an int8 (-128..127) or as its
+    raw byte (0..255, two's complement: 255 is -1); ``bytes`` are raw bytes. Raises
+    :class:`ValueError` for another length or a value outside -128..255."""
+    if isinstance(table, bytes | bytearray):
+        table = list(table)
+    values = np.asarray(table)
+    if values.shape != (256,):
+        raise ValueError(f"the table has shape {values.shape}; allowed: 256 entries "
+                         f"(entry k for q = k - 128)")
+    if values.dtype.kind not in "iu":
+        raise ValueError(f"the table holds {values.dtype} values; allowed: integers "
+                         f"-128 to 255")
+    values = values.astype(np.int64)
+    if values.min() < -128 or values.max() > 255:
+        raise ValueError(f"the table holds values outside -128..255 (int8 or uint8): "
+                         f"min {values.min()}, max {values.max()}")
+    return from_raw(values, signed=True)
+
+
+def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127,
+             table=None) -> np.ndarray:
+    """Apply function ``func`` (:class:`hdl.isa.Func` value) to requantised int8 values.
+    TABLE (5) looks ``q`` up in ``table`` (256 entries, int8 or raw bytes, see
+    :func:`table_values`): ``table[q + 128]`` as an int8."""
     q = np.asarray(q, dtype=np.int64)
     if func == 0:    # IDENTITY
         return q
@@ -235,7 +259,11 @@ def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127) -> np.ndarr
         return SIGMOID_LUT[q + 128]
     if func == 4:    # TANH
         return TANH_LUT[q + 128]
-    raise ValueError(f"func={func} is not an activation function; allowed: 0 to 4")
+    if func == 5:    # TABLE
+        if table is None:
+            raise ValueError("func=5 (TABLE) needs the table: table=, 256 entries")
+        return table_values(table)[q + 128]
+    raise ValueError(f"func={func} is not an activation function; allowed: 0 to 5")
 
 
 def max_pool_rows(values, window: int) -> np.ndarray:

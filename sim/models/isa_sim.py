@@ -9,8 +9,8 @@ Beats
 -----
 The host stream is a sequence of beats of ``host_width`` bits. A beat is either an
 instruction (the low 64 bits; higher bits are ignored) or one of the data beats that follow
-READ_HOST, LOAD_WEIGHTS and LOAD_PARAMS. Data rows sit in the low bits of their beat; bits
-above the row are ignored.
+READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS and LOAD_TABLE. Data rows sit in the low bits of their
+beat; bits above the row are ignored.
 
 - Unified-buffer row (READ_HOST, WRITE_HOST): ``ub_row = max(rows, cols)`` elements, element
   ``i`` at bits ``[8i, 8i+8)`` as a raw byte (int8 and uint8 share the 8 bits).
@@ -19,6 +19,12 @@ above the row are ignored.
   two's complement. The per-column shift row (LOAD_PARAMS's third beat, with
   ``column_shifts``) has the same layout; column ``j``'s shift is bits ``[32j, 32j+6)`` and
   the lane's other 26 bits are ignored.
+- Table row (LOAD_TABLE): a parameter row's ``4 * cols`` bytes, each an entry of the table
+  (raw, int8 in two's complement): beat ``b`` (``0..table_beats(cols)-1``,
+  ``hdl.isa.table_beats(cols) = ceil(256 / (4 * cols))``) holds entries
+  ``4 * cols * b ..``, entry ``k`` at bits ``[8i, 8i+8)`` with ``i = k - 4 * cols * b``;
+  the last beat's bits past entry 255 are ignored (``cols = 3``: 22 beats of 12 entries,
+  the last holding entries 252..255 in its low 32 bits).
 - Counter beat (READ_COUNTERS): the 48-bit counter value.
 - DONE beat (HALT, :class:`hdl.beats.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
   of instructions in the program, the HALT included.
@@ -26,8 +32,8 @@ above the row are ignored.
 
 A *program* is the instructions from reset, from the last HALT, the last error clear or the
 last resynchronisation word up to and including the next HALT; its instructions are indexed
-from 0. Memories, the weight queue, parameter slots and counters persist from one program to
-the next.
+from 0. Memories, the weight queue, parameter slots, the table and counters persist from one
+program to the next.
 
 State
 -----
@@ -44,7 +50,10 @@ until written, as their written flags are cleared):
 - the active tile: the one MATMUL multiplies by (none until the first switch);
 - ``param_slots`` parameter slots: per-column int32 ``bias`` and ``multiplier``, a
   per-column ``shift`` (0..63), the ``rounding`` mode (:class:`hdl.isa.Rounding`, HALF_UP at
-  reset), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields).
+  reset), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields);
+- the programmable table: 256 raw bytes, entry ``k`` the int8 output for the requantised
+  value ``q = k - 128`` (all zero at reset, so TABLE gives 0 until a LOAD_TABLE; a core
+  built without it, ``lookup_table=False``, has none).
 
 Instructions
 ------------
@@ -83,9 +92,11 @@ Instructions
   4. ``q = clamp(clamp(r, -2**31, 2**31 - 1) + z, -128, 127)``: the zero point is added
      after the shift and before the function;
   5. ``f = q`` (IDENTITY), ``max(q, z)`` (RELU), ``min(max(q, z), clamp_hi)`` (CLAMP),
-     ``SIGMOID_LUT[q + 128]`` (SIGMOID) or ``TANH_LUT[q + 128]`` (TANH): the table is looked
-     up with the zero point already added, so a program that wants the tables' input scale
-     1/16 centred on 0 uses ``z = 0``. With ``x = (k - 128) / 16`` for ``k`` in 0..255 and
+     ``SIGMOID_LUT[q + 128]`` (SIGMOID), ``TANH_LUT[q + 128]`` (TANH) or ``table[q + 128]``
+     (TABLE: the programmable table's byte as an int8, ``golden.activate``'s ``table``):
+     the tables are looked up with the zero point already added, so a program that wants
+     the fixed tables' input scale 1/16 centred on 0 uses ``z = 0``. With
+     ``x = (k - 128) / 16`` for ``k`` in 0..255 and
      ``round`` rounding halves away from zero,
      ``SIGMOID_LUT[k] = clamp(round(256 / (1 + exp(-x))) - 128, -128, 127)`` and
      ``TANH_LUT[k] = clamp(round(128 * tanh(x)), -128, 127)``;
@@ -98,6 +109,8 @@ Instructions
   instruction, and with ``column_shifts`` clear its ``shift`` for every column; then two
   data beats, the bias row and the multiplier row, and with ``column_shifts`` set a third,
   the per-column shift row (the instruction's ``shift`` field is then ignored).
+- LOAD_TABLE: ``table_beats(cols)`` data beats (Table row above), which replace all 256
+  entries of the table.
 - READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
 - CLEAR_COUNTERS: zeroes every counter.
 - UB_TO_WEIGHTS: tile ``tile`` becomes all zero bytes; then for ``i`` in ``0..count-1``,
@@ -192,12 +205,14 @@ Errors
 Each instruction is checked when it is decoded, before it has any effect (before its data
 beats are consumed). The first failing check, in this order, sets the error:
 
-1. UNKNOWN_OPCODE: opcode 13..15, and 12 (UB_TO_WEIGHTS) on a core built without it
-   (``ub_to_weights=False``).
+1. UNKNOWN_OPCODE: opcode 14, 15; 12 (UB_TO_WEIGHTS) on a core built without it
+   (``ub_to_weights=False``), 13 (LOAD_TABLE) on a core built without the table
+   (``lookup_table=False``).
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
-   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func > 4``, ``pool == 3``, ``count % window != 0``
-   or ``slot >= param_slots``; for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``;
-   for UB_TO_WEIGHTS ``count > cols`` with ``transpose``, ``count > rows`` without.
+   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func > 5`` (``func == 5``, TABLE, too on a core
+   without the table), ``pool == 3``, ``count % window != 0`` or ``slot >= param_slots``;
+   for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``; for UB_TO_WEIGHTS
+   ``count > cols`` with ``transpose``, ``count > rows`` without.
 3. SIGNEDNESS: LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL with ``signed`` clear on a core built
    for int8 only (``operands="int8"``).
 4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL,
@@ -212,7 +227,8 @@ beats are consumed). The first failing check, in this order, sets the error:
    ``weight_fifo_depth + 1`` tiles.
 
 The status then holds the error code and the failing instruction's index (``halted`` is
-cleared); memories, queue, parameters and counters are as they were before that instruction.
+cleared); memories, queue, parameters, the table and counters are as they were before that
+instruction.
 The core sends an *error beat* (:class:`hdl.beats.ErrorBeat`: ``ERROR_MAGIC << 32 | code << 24
 | index``) after the output of every earlier instruction, then discards every beat it
 receives until the error is cleared, in band by the resynchronisation word
@@ -259,13 +275,17 @@ from hdl.config import TPUConfig
 from sim.models import golden
 
 __all__ = ["IsaSim", "SimStatus", "ParamSlot", "DETERMINISTIC_COUNTERS", "POOL_WINDOW",
-           "beats_match", "error_beat"]
+           "OPTIONAL", "beats_match", "error_beat"]
 
 #: Counters whose values the ISA level determines; the rest depend on timing.
 DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight_shift")
 
 #: Rows each pooling mode reduces to one.
 POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
+
+#: Opcodes a core may be built without, and the :class:`~hdl.config.TPUConfig` flag that
+#: builds each; without it the opcode is unknown (UNKNOWN_OPCODE).
+OPTIONAL = {isa.Opcode.UB_TO_WEIGHTS: "ub_to_weights", isa.Opcode.LOAD_TABLE: "lookup_table"}
 
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 
@@ -345,6 +365,8 @@ class IsaSim:
     active : (ndarray, bool) or None
         The active tile.
     params : list of ParamSlot
+    table : ndarray, (256,) uint8
+        The programmable table, raw bytes (zero until a LOAD_TABLE).
     """
 
     def __init__(self, config: TPUConfig | None = None):
@@ -367,6 +389,7 @@ class IsaSim:
                                  np.zeros(c.cols, dtype=np.int64),
                                  np.zeros(c.cols, dtype=np.int64))
                        for _ in range(c.param_slots)]
+        self.table = np.zeros(isa.TABLE_ENTRIES, dtype=np.uint8)
         self.output: list[int | None] = []
         self._counts = dict.fromkeys(DETERMINISTIC_COUNTERS, 0)
         self._error = isa.ErrorCode.NONE
@@ -377,7 +400,7 @@ class IsaSim:
     def clear(self) -> None:
         """The out-of-band clear (``i_clear``): with an error pending, clear it; the next
         beat is instruction 0 of a new program. Without an error it does nothing. Memories,
-        queue, parameters and counters stay."""
+        queue, parameters, the table and counters stay."""
         if self._error == isa.ErrorCode.NONE:
             return
         self._error = isa.ErrorCode.NONE
@@ -460,7 +483,7 @@ class IsaSim:
         opcode, fields = isa.decode(word)       # the decoder the assembler uses too
         try:
             if not isinstance(opcode, isa.Opcode) or (
-                    opcode == isa.Opcode.UB_TO_WEIGHTS and not self.config.ub_to_weights):
+                    opcode in OPTIONAL and not getattr(self.config, OPTIONAL[opcode])):
                 raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)   # reserved, or not built
             execute = getattr(self, f"_op_{opcode.name.lower()}")
             execute(fields)
@@ -578,7 +601,8 @@ class IsaSim:
         count, func, pool, slot = f["count"], f["func"], f["pool"], f["slot"]
         self._check_count(count)
         if (not isinstance(func, isa.Func) or not isinstance(pool, isa.Pool)
-                or count % POOL_WINDOW[pool] or slot >= self.config.param_slots):
+                or count % POOL_WINDOW[pool] or slot >= self.config.param_slots
+                or func == isa.Func.TABLE and not self.config.lookup_table):
             raise _Error(isa.ErrorCode.BAD_FIELD)
         window = POOL_WINDOW[pool]
         self._check_ub(f["ub_addr"], count // window)
@@ -586,8 +610,8 @@ class IsaSim:
         p = self.params[slot]
         q = golden.requantise(self.acc[f["acc_addr"]:f["acc_addr"] + count], p.bias,
                               p.multiplier, p.shift, p.zero_point, p.rounding.value)
-        y = golden.max_pool_rows(golden.activate(q, func.value, p.zero_point, p.clamp_hi),
-                                 window)
+        y = golden.max_pool_rows(golden.activate(q, func.value, p.zero_point, p.clamp_hi,
+                                                 table=self.table), window)
         out = self.ub[f["ub_addr"]:f["ub_addr"] + count // window]
         out[:, :self.config.cols] = golden.to_raw(y)
         out[:, self.config.cols:] = 0
@@ -616,6 +640,16 @@ class IsaSim:
             p.shift = _row(beat, size, np.dtype("<u4")).astype(np.int64) & shift_mask
 
         self._pending = [bias, multiplier] + [shifts] * f["column_shifts"]
+
+    def _op_load_table(self, f) -> None:
+        per_beat = data.Layout.cast(param_row_beat(self.config.cols)).size // 8
+
+        def entries(first: int, beat: int) -> None:
+            n = min(per_beat, isa.TABLE_ENTRIES - first)     # the last beat: up to entry 255
+            self.table[first:first + n] = _row(beat, 8 * n, np.uint8)
+
+        self._pending = [lambda beat, first=b * per_beat: entries(first, beat)
+                         for b in range(isa.table_beats(self.config.cols))]
 
     def _op_read_counters(self, f) -> None:
         self.output.extend(self.counters().values())

@@ -16,7 +16,8 @@ from hdl.presets import PRESETS
 
 SEED = 20261202
 CONFIGS = [PRESETS["default"], PRESETS["tiny"], PRESETS["wide"],
-           TPUConfig(rows=8, cols=4, host_width=320)]   # beats wider than any row
+           TPUConfig(rows=8, cols=4, host_width=320),   # beats wider than any row
+           TPUConfig(rows=3, cols=5)]                    # LOAD_TABLE's last beat: 16 entries
 
 
 def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
@@ -26,7 +27,7 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
     for _ in range(n):
         choice = rnd.random()
         if choice < 0.04:
-            beats.append(rnd.randrange(13, 16) | rnd.getrandbits(60) << 4)
+            beats.append(rnd.randrange(14, 16) | rnd.getrandbits(60) << 4)
             continue
         opcode = rnd.choice(list(isa.Opcode))
         fields = {}
@@ -45,10 +46,13 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
         _, decoded = decode(word)
         n_data = {isa.Opcode.READ_HOST: decoded.get("count", 0),
                   isa.Opcode.LOAD_WEIGHTS: decoded.get("count", 0) * config.rows,
-                  isa.Opcode.LOAD_PARAMS: 2 + decoded.get("column_shifts", 0)}.get(opcode, 0)
+                  isa.Opcode.LOAD_PARAMS: 2 + decoded.get("column_shifts", 0),
+                  isa.Opcode.LOAD_TABLE: isa.table_beats(config.cols)}.get(opcode, 0)
         row_bits = {isa.Opcode.READ_HOST: 8 * config.ub_row,
                     isa.Opcode.LOAD_WEIGHTS: 8 * config.cols}.get(opcode, 32 * config.cols)
-        for _ in range(n_data):
+        for i in range(n_data):
+            if opcode == isa.Opcode.LOAD_TABLE and i == n_data - 1:   # up to entry 255
+                row_bits = 8 * (256 - 4 * config.cols * i)
             bits = config.host_width if rnd.random() < 0.05 else row_bits
             beats.append(rnd.getrandbits(bits))
     return beats
@@ -278,7 +282,7 @@ def test_truncated_stream_cannot_be_disassembled():
 ERRORS = [
     ("matmull ub=0", "line 1: unknown mnemonic 'matmull'; allowed: nop, halt, sync, "
      "read_host, write_host, load_weights, read_weights, matmul, activate, load_params, "
-     "read_counters, clear_counters, ub_to_weights, .word"),
+     "read_counters, clear_counters, ub_to_weights, load_table, .word"),
     ("ub_to_weights tile=0 count=1", "line 1: ub_to_weights is missing field ub; required: "
      "ub, tile, count"),
     ("ub_to_weights ub=0 tile=0 count=1 switch", "line 1: ub_to_weights has no field "
@@ -313,8 +317,8 @@ ERRORS = [
     ("matmul ub=0 acc=0 count=1 signed=2", "line 1: matmul field signed=2 is out of range; "
      "allowed: 0 to 1 (1 bits)"),
     ("activate acc=0 ub=0 count=1 func=gelu pool=none slot=0", "line 1: activate field "
-     "func='gelu' is not a value; allowed: identity, relu, clamp, sigmoid, tanh or 0 to 7 "
-     "(3 bits)"),
+     "func='gelu' is not a value; allowed: identity, relu, clamp, sigmoid, tanh, table or "
+     "0 to 7 (3 bits)"),
     ("activate acc=0 ub=0 count=1 func=relu pool=4 slot=0", "line 1: activate field pool=4 "
      "is out of range; allowed: none, max2, max4 or 0 to 3 (2 bits)"),
     ("read_host ub=0 count=2\n.row 1 2 3 4 5 6 7 8\nhalt", "line 1: read_host needs 2 data "
@@ -325,7 +329,7 @@ ERRORS = [
     ("load_weights tile=0 count=1\n.row 0 0 0 0 0 0 0 0", "line 1: load_weights needs 8 "
      "data lines (.row/.hex or .word), got 1 before line 3; allowed: exactly 8"),
     (".row 1 2", "line 1: .row without an instruction that takes data; allowed: data lines "
-     "after read_host, load_weights, load_params"),
+     "after read_host, load_weights, load_params, load_table"),
     ("read_host ub=0 count=1\n.row 1 2 3", "line 2: .row has 3 values; allowed: exactly 8"),
     ("read_host ub=0 count=1\n.row 1 2 3 4 5 6 7 256", "line 2: .row value 256 is out of "
      "range; allowed: -128 to 255 (a byte, int8 or uint8)"),
@@ -372,14 +376,14 @@ ERRORS = [
      ".mult 0 0 0 0 0 0 0 0\nhalt\n.shift 1 1 1 1 1 1 1 1", "line 5: unexpected .shift: "
      "halt at line 4 takes 0 data lines; allowed: exactly 0"),
     (".shift 1", "line 1: .shift without an instruction that takes data; allowed: data lines "
-     "after read_host, load_weights, load_params"),
+     "after read_host, load_weights, load_params, load_table"),
     ("load_params slot=0 shift=1 zp=0 clamp=0 rounding=nearest", "line 1: load_params field "
      "rounding='nearest' is not a value; allowed: half_up, half_even, double or 0 to 3 "
      "(2 bits)"),
     ("load_params slot=0 shift=1 zp=0 clamp=0 rounding=4", "line 1: load_params field "
      "rounding=4 is out of range; allowed: half_up, half_even, double or 0 to 3 (2 bits)"),
-    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .bias, .mult, "
-     ".shift, .word"),
+    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .table, .bias, "
+     ".mult, .shift, .word"),
     (".word 1 2", "line 1: .word takes 1 value, got 2; allowed: one beat, 0 to "
      "0xffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"),
     (".word -1", "line 1: .word value -1 is out of range; allowed: 0 to "
@@ -445,6 +449,149 @@ def test_ub_to_weights_text_and_builder():
     mixed.halt()
     assert disassemble(mixed.beats, config).splitlines() == [
         "ub_to_weights ub=0 tile=0 count=4 signed", "read_weights tile=0 count=1", "halt"]
+
+
+def _table_text(config: TPUConfig, table) -> str:
+    """load_table and its .table lines, ``4 * cols`` entries each, written out here."""
+    per_beat = 4 * config.cols
+    lines = ["load_table"] + [".table " + " ".join(map(str, table[i:i + per_beat]))
+                              for i in range(0, 256, per_beat)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("cols", [1, 2, 3, 5, 8, 64, 100])
+def test_load_table_text_and_builder(cols):
+    """The builder and the text give the same beats: the word, then ``table_beats(cols)``
+    beats of ``4 * cols`` entries (entry 0 in the low byte), the last only up to entry 255
+    (one beat for 64 columns and more); raw bytes and int8 values give the same beats; the
+    disassembler prints the entries as int8 and its text assembles back."""
+    config = TPUConfig(rows=2, cols=cols)
+    raw = [(k * 29 + 3) % 256 for k in range(256)]
+    raw[0], raw[255], raw[128] = 0x80, 0xFF, 0x7F
+    int8 = [v - 256 if v >= 128 else v for v in raw]
+    p = Program(config)
+    beats = p.load_table(raw)
+    assert p.instructions == 1 and beats == p.beats
+    assert Program(config).load_table(int8) == beats
+    assert Program(config).load_table(np.array(int8, dtype=np.int8)) == beats
+    assert Program(config).load_table(bytes(raw)) == beats
+    n = isa.table_beats(cols)
+    assert len(beats) == 1 + n
+    assert beats[0] == encode(isa.Opcode.LOAD_TABLE) == isa.Opcode.LOAD_TABLE.value
+    per_beat = 4 * cols
+    for b, beat in enumerate(beats[1:]):
+        assert beat == int.from_bytes(bytes(raw[b * per_beat:(b + 1) * per_beat]), "little")
+    assert beats[-1] >> (8 * (256 - (n - 1) * per_beat)) == 0
+    text = _table_text(config, int8)
+    assert p.text() == text
+    assert assemble(text, config) == beats
+    assert assemble(_table_text(config, raw), config) == beats
+    hex_text = "load_table\n" + "".join(
+        ".hex " + bytes(raw[i:i + per_beat]).hex() + "\n" for i in range(0, 256, per_beat))
+    assert assemble(hex_text, config) == beats
+    assert asm.data_beats(beats[0], config) == n
+
+
+def test_load_table_in_a_program():
+    """LOAD_TABLE between other instructions (5 columns: 13 beats, the last of 16 entries),
+    ``func=table`` by name or number; a last beat with bits set past entry 255 comes out
+    as a ``.word`` and assembles back."""
+    config = TPUConfig(rows=3, cols=5)
+    table = list(range(-128, 128))
+    p = Program(config)
+    p.load_params(0, [0] * 5, [1] * 5, shift=0)
+    p.load_table(table)
+    p.activate(0, 8, 4, func=isa.Func.TABLE, pool=isa.Pool.MAX2)
+    p.halt()
+    text = p.text()
+    lines = text.splitlines()
+    assert lines[3] == "load_table"
+    assert lines[4] == ".table " + " ".join(map(str, range(-128, -108)))
+    assert lines[16] == ".table " + " ".join(map(str, range(112, 128)))
+    assert lines[17:] == ["activate acc=0 ub=8 count=4 func=table pool=max2 slot=0", "halt"]
+    assert assemble(text, config) == p.beats
+    assert assemble(text.replace("func=table", "func=5"), config) == p.beats
+    beats = list(p.beats)
+    beats[16] |= 1 << 128                               # past entry 255
+    odd = disassemble(beats, config)
+    assert odd.splitlines()[16] == f".word {beats[16]:#x}"
+    assert assemble(odd, config) == beats
+
+
+LOAD_TABLE_ERRORS = [
+    ("load_table\n.table 1 2 3", "line 2: .table has 3 values; allowed: exactly 32 (table "
+     "entries 0 to 31)"),
+    ("load_table\n.table " + "0 " * 32 + "\n.table " + "0 " * 31 + "256", "line 3: .table "
+     "value 256 is out of range; allowed: -128 to 255 (a byte, int8 or uint8)"),
+    ("load_table\n" + (".table " + "0 " * 32 + "\n") * 7 + ".table " + "0 " * 31 + "-129",
+     "line 9: .table value -129 is out of range; allowed: -128 to 255 (a byte, int8 or "
+     "uint8)"),
+    ("load_table\n" + (".table " + "0 " * 32 + "\n") * 7 + ".hex 00", "line 9: .hex has 1 "
+     "bytes; allowed: exactly 32 bytes (table entries 224 to 255)"),
+    ("load_table\n" + (".table " + "0 " * 32 + "\n") * 3 + "halt", "line 1: load_table "
+     "needs 8 data lines (.table/.hex or .word), got 3 before line 5; allowed: exactly 8"),
+    ("load_table\n" + (".table " + "0 " * 32 + "\n") * 9, "line 10: unexpected .table: "
+     "load_table at line 1 takes 8 data lines; allowed: exactly 8"),
+    ("load_table\n.row " + "0 " * 32, "line 2: load_table expects .table/.hex here, got "
+     ".row; allowed: .table or .hex or .word"),
+    ("read_host ub=0 count=1\n.table 1 2 3 4 5 6 7 8", "line 2: read_host expects .row/.hex "
+     "here, got .table; allowed: .row or .hex or .word"),
+    (".table 1", "line 1: .table without an instruction that takes data; allowed: data lines "
+     "after read_host, load_weights, load_params, load_table"),
+    ("load_table slot=0", "line 1: load_table has no field 'slot'; allowed: none"),
+]
+
+
+@pytest.mark.parametrize("text, message", LOAD_TABLE_ERRORS)
+def test_load_table_error_messages(text, message):
+    with pytest.raises(AsmError) as info:
+        assemble(text)
+    assert str(info.value) == message
+
+
+def test_load_table_odd_columns_error_says_the_entries():
+    """With 5 columns the last line holds entries 240 to 255: 16 values, and the message
+    says so."""
+    config = TPUConfig(rows=3, cols=5)
+    text = "load_table\n" + (".table " + "0 " * 20 + "\n") * 12 + ".table " + "0 " * 20
+    with pytest.raises(AsmError, match=r"^line 14: \.table has 20 values; allowed: exactly "
+                                       r"16 \(table entries 240 to 255\)$"):
+        assemble(text, config)
+
+
+@pytest.mark.parametrize("values, message", [
+    (list(range(255)), r"^load_table takes 256 entries, got 255; allowed: exactly 256 "
+                       r"\(entry k for q = k - 128\)$"),
+    (list(range(257)), r"^load_table takes 256 entries, got 257; allowed: exactly 256"),
+    ([], r"^load_table takes 256 entries, got 0; allowed"),
+    (np.zeros((16, 16), dtype=np.int64), r"^load_table takes 256 entries, got \(16, 16\); "
+                                         r"allowed: exactly 256"),
+    ([0] * 100 + [256] + [0] * 155, r"^load_table entry 100 = 256 is out of range; allowed: "
+                                    r"-128 to 255 \(a byte, int8 or uint8\)$"),
+    ([-129] + [0] * 255, r"^load_table entry 0 = -129 is out of range; allowed: -128 to 255"),
+    ([0] * 255 + [0.5], r"^load_table entry 255 = 0.5 is not an integer; allowed: -128 to "
+                        r"255 \(a byte, int8 or uint8\)$"),
+])
+def test_load_table_builder_errors(values, message):
+    p = Program(PRESETS["tiny"])
+    with pytest.raises(AsmError, match=message):
+        p.load_table(values)
+    with pytest.raises(ValueError):
+        p.load_table(values)
+    assert p.beats == [] and p.instructions == 0
+
+
+def test_data_beats():
+    """How many data beats follow each instruction: the count the assembler expects."""
+    config = TPUConfig(rows=4, cols=3)
+    assert asm.data_beats(encode(isa.Opcode.READ_HOST, count=5), config) == 5
+    assert asm.data_beats(encode(isa.Opcode.LOAD_WEIGHTS, count=2), config) == 8
+    assert asm.data_beats(encode(isa.Opcode.LOAD_PARAMS), config) == 2
+    assert asm.data_beats(encode(isa.Opcode.LOAD_PARAMS, column_shifts=1), config) == 3
+    assert asm.data_beats(encode(isa.Opcode.LOAD_TABLE), config) == 22
+    assert asm.data_beats(encode(isa.Opcode.LOAD_TABLE), TPUConfig(rows=2, cols=1)) == 64
+    assert asm.data_beats(encode(isa.Opcode.UB_TO_WEIGHTS, count=3), config) == 0
+    assert asm.data_beats(14, config) == asm.data_beats(encode(isa.Opcode.HALT), config) == 0
 
 
 def test_program_api_errors():

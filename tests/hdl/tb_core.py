@@ -20,10 +20,20 @@ from amaranth.lib import data
 from cocotb.triggers import FallingEdge
 from progen import check_counter_invariants, check_counter_timing, random_bytes, random_program
 
-from firmware.asm import Program, decode, disassemble
+from firmware.asm import Program, data_beats, decode, disassemble
 from firmware.gemm import gemm_program, gemm_reference
 from hdl.beats import DONE_MAGIC
-from hdl.isa import COUNTERS, INSTR_BITS, RESYNC_WORD, ErrorCode, Func, Opcode, Pool, Status
+from hdl.isa import (
+    COUNTERS,
+    INSTR_BITS,
+    RESYNC_WORD,
+    TABLE_ENTRIES,
+    ErrorCode,
+    Func,
+    Opcode,
+    Pool,
+    Status,
+)
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 from sim.rtl.runner import config_from_env
 from sim.rtl.streams import StreamDriver, StreamMonitor, random_stalls, reset, start_clock
@@ -98,15 +108,14 @@ class Testbench:
                 count = fields.get("count", 0)
                 rows = min(count, cfg.ub_depth)    # more fails its range check
                 tile_rows = min(count, cfg.weight_mem_tiles) * cfg.rows
-                self._data_left = {Opcode.READ_HOST: count,
-                                   Opcode.LOAD_WEIGHTS: count * cfg.rows,
-                                   Opcode.LOAD_PARAMS: 2 + fields.get("column_shifts", 0)
-                                   }.get(opcode, 0)
+                self._data_left = data_beats(beat, cfg)
                 self._rows += {Opcode.WRITE_HOST: rows,
                                Opcode.READ_WEIGHTS: tile_rows,
                                Opcode.UB_TO_WEIGHTS: min(count, cfg.ub_depth) + cfg.rows,
                                Opcode.MATMUL: rows + cfg.rows + cfg.cols,
                                Opcode.ACTIVATE: rows + cfg.cols,
+                               # (its entries are written one a cycle, whatever the beats)
+                               Opcode.LOAD_TABLE: TABLE_ENTRIES,
                                Opcode.READ_COUNTERS: len(COUNTERS)}.get(opcode, 0)
             self.stream.append(beat)
         self._unchecked += len(beats)
@@ -335,7 +344,7 @@ def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
     loaded = cfg.weight_fifo_depth + 1
     ok = p.instructions
     if case == "UNKNOWN_OPCODE":
-        p.word(13)
+        p.word(14)      # reserved (13 is LOAD_TABLE where the table is built)
     elif case == "BAD_FIELD":
         p.activate(0, 8, 3, pool=Pool.MAX2)               # 3 rows do not split into pairs
     elif case == "UB_RANGE":
@@ -496,9 +505,9 @@ async def test_error_clears_halted(dut):
     tb.send(p.beats)
     await tb.check("nop, halt")
     assert tb.status()["halted"] == 1
-    tb.ref.feed([13])
+    tb.ref.feed([14])
     tb.expected.extend(tb.ref.output[len(tb.expected):])
-    tb.drive([13])
+    tb.drive([14])
     await tb.check("the reserved opcode's error beat", fail_on_error=False)
     bits = int(dut.o_status.value)
     assert bits == tb.ref.status.as_bits() == 0x03, f"status {bits:#x}, ISA 0x03"

@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from sim.models.golden import MatrixUnitModel, from_raw, matmul, operand_range, to_raw, wrap
+from sim.models.golden import (
+    MatrixUnitModel,
+    activate,
+    from_raw,
+    matmul,
+    operand_range,
+    table_values,
+    to_raw,
+    wrap,
+)
 
 SEED = 20261130
 
@@ -79,3 +88,38 @@ def test_matrix_unit_model_needs_a_switch_first():
     model = MatrixUnitModel(rows=1, cols=1)
     with pytest.raises(ValueError, match="before the first tile switch"):
         model.push_act([1], signed=True, switch=False)
+
+
+def test_activate_table_takes_bytes_or_int8():
+    """Function 5 (TABLE) reads ``table[q + 128]`` as an int8, the table given as raw bytes
+    (a list, an array or ``bytes``) or as int8 values; the extremes of both ends."""
+    raw = (np.arange(256) * 37 + 11) % 256
+    raw[[0, 255, 128]] = [0x80, 0xFF, 0x7F]
+    int8 = np.where(raw >= 128, raw - 256, raw)
+    q = np.array([[-128, 127], [0, -1]])
+    want = [[-128, -1], [127, int8[127]]]
+    for table in (raw, raw.tolist(), bytes(raw.tolist()), int8, int8.astype(np.int8)):
+        assert activate(q, 5, table=table).tolist() == want
+    assert activate(np.arange(-128, 128), 5, table=raw).tolist() == int8.tolist()
+    assert table_values(raw).tolist() == int8.tolist()
+
+
+@pytest.mark.parametrize("table, message", [
+    (None, r"func=5 \(TABLE\) needs the table"),
+    (np.zeros(255), r"the table has shape \(255,\); allowed: 256 entries"),
+    (np.zeros((2, 128)), r"the table has shape \(2, 128\)"),
+    (np.full(256, 0.5), r"the table holds float64 values; allowed: integers -128 to 255"),
+    (np.full(256, 256), r"the table holds values outside -128..255 \(int8 or uint8\): "
+                        r"min 256, max 256"),
+    (np.full(256, -129), r"outside -128..255"),
+])
+def test_activate_table_errors(table, message):
+    with pytest.raises(ValueError, match=message):
+        activate([0], 5, table=table)
+
+
+def test_activate_functions_6_and_7_are_not_functions():
+    for func in (6, 7):
+        with pytest.raises(ValueError, match=rf"func={func} is not an activation function; "
+                                             r"allowed: 0 to 5"):
+            activate([0], func, table=np.zeros(256, dtype=np.int64))

@@ -36,13 +36,14 @@ def snapshot(sim: IsaSim) -> dict:
         "ub": sim.ub.copy(), "acc": sim.acc.copy(), "weights": sim.weights.copy(),
         "signed": sim.weight_signed.copy(), "written": sim.weight_written.copy(),
         "queue": copy.deepcopy(sim.queue), "active": copy.deepcopy(sim.active),
-        "params": copy.deepcopy(sim.params), "counters": sim.counters(),
+        "params": copy.deepcopy(sim.params), "table": sim.table.copy(),
+        "counters": sim.counters(),
         "output": list(sim.output),
     }
 
 
 def assert_same_state(a: dict, b: dict):
-    for key in ("ub", "acc", "weights", "signed", "written"):
+    for key in ("ub", "acc", "weights", "signed", "written", "table"):
         assert np.array_equal(a[key], b[key]), key
     assert len(a["queue"]) == len(b["queue"])
     for (ta, sa), (tb, sb) in zip(a["queue"], b["queue"], strict=True):
@@ -77,6 +78,7 @@ def test_reset_state_is_zero():
     assert all(not p.bias.any() and not p.multiplier.any() and not p.shift.any()
                and p.shift.shape == (4,) and p.rounding == isa.Rounding.HALF_UP
                and p.zero_point == p.clamp_hi == 0 for p in sim.params)
+    assert sim.table.shape == (isa.TABLE_ENTRIES,) and not sim.table.any()
     assert sim.status.error is False and sim.status.code == isa.ErrorCode.NONE
     assert sim.status.instr_index == 0 and sim.status.halted is False
     assert sim.counters() == {name: 0 if name in DETERMINISTIC_COUNTERS else None
@@ -372,13 +374,16 @@ def test_activate_matches_golden(func, pool):
     p.read_weights(0)
     p.matmul(0, 4, count, switch=True)
     p.load_params(1, bias, mult, shift=shift, zp=zp, clamp=clamp)
+    table = rng.integers(0, 256, isa.TABLE_ENTRIES)
+    p.load_table(table)
     p.activate(4, 30, count, func=func, pool=pool, slot=1)
     sim = IsaSim(c)
     sim.feed(p.beats)
     assert not sim.status.error
     acc = golden.matmul(x, tile)
     want = golden.max_pool_rows(golden.activate(
-        golden.requantise(acc, bias, mult, shift, zp), func.value, zp, clamp), window)
+        golden.requantise(acc, bias, mult, shift, zp), func.value, zp, clamp, table=table),
+        window)
     n = count // window
     assert np.array_equal(golden.from_raw(sim.ub[30:30 + n, :c.cols], True), want)
     assert not sim.ub[30:30 + n, c.cols:].any()
@@ -496,6 +501,208 @@ def test_rounding_modes_and_per_column_shifts_match_golden(rounding, per_column)
                 want, golden.requantise(acc, bias, mult, shift, zp, r.value)), r
 
 
+# LOAD_TABLE and ACTIVATE's TABLE --------------------------------------------------------------
+
+def as_int8(raw) -> np.ndarray:
+    """Raw bytes as int8 values, in int64 (written out, not golden's)."""
+    raw = np.asarray(raw, dtype=np.int64) & 0xFF
+    return np.where(raw >= 128, raw - 256, raw)
+
+
+def random_table(rng) -> np.ndarray:
+    """256 raw bytes with the extremes planted: 0x80 (-128), 0xff (-1), 0x7f, 0x00 at both
+    ends of the table and in the middle (q = -128, 127, 0)."""
+    table = rng.integers(0, 256, isa.TABLE_ENTRIES)
+    table[[0, 255, 128, 1, 254, 127]] = [0x80, 0xFF, 0x7F, 0x7F, 0x00, 0x80]
+    return table
+
+
+def table_reference(acc, bias, mult, shift, zp, table, window: int) -> np.ndarray:
+    """numpy's ACTIVATE with function TABLE: requantise, ``table[q + 128]`` as int8, then
+    the maximum over each window of rows."""
+    q = golden.requantise(acc, bias, mult, shift, zp)
+    f = as_int8(np.asarray(table)[q + 128])
+    return f.reshape(-1, window, f.shape[1]).max(axis=1)
+
+
+#: Columns 1 (64 beats of 4 entries), 3 and 5 (a partial last beat: 4 and 16 entries), 4
+#: (rows > cols) and 8 (8 beats of 32).
+TABLE_CONFIGS = {"1col": TPUConfig(rows=2, cols=1), "3col": TPUConfig(rows=4, cols=3),
+                 "5col": TPUConfig(rows=3, cols=5), "tall": TPUConfig(rows=8, cols=4),
+                 "default": DEFAULT}
+
+
+@pytest.mark.parametrize("config_name", list(TABLE_CONFIGS))
+@pytest.mark.parametrize("entries", ["bytes", "int8"])
+def test_load_table_then_activate_table(config_name, entries):
+    """Every requantised value -128..127 through a random table (extremes planted): column 0
+    sees each q once (bias 0, multiplier 1, shift 0, so q = the activation), the others
+    random requantisations that saturate at both ends; slot 1 adds a zero point. The
+    unified buffer equals numpy's lookup, the table is the bytes sent (int8 entries are
+    sent as their bytes), and the program has ``1 + table_beats(cols)`` beats for it."""
+    c = TABLE_CONFIGS[config_name]
+    rng = rng_for(f"table {config_name} {entries}")
+    table = random_table(rng)
+    sent = as_int8(table) if entries == "int8" else table
+    rows = 256
+    x = np.zeros((rows, c.rows), dtype=np.int64)
+    x[:, 0] = rng.permutation(np.arange(-128, 128))
+    tile = np.zeros((c.rows, c.cols), dtype=np.int64)
+    tile[0, :] = 1                                  # every column: acc = x[:, 0]
+    bias = rng.integers(-300, 300, c.cols)
+    mult = rng.integers(1, 2**20, c.cols)
+    shift = rng.integers(0, 21, c.cols)
+    bias[0], mult[0], shift[0] = 0, 1, 0
+    acc_row, ub_out = 0, rows
+    p = Program(c)
+    p.read_host(0, x)
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, acc_row, rows, switch=True)
+    p.load_params(0, bias, mult, shift=shift.tolist())
+    p.load_params(1, bias, mult, shift=shift.tolist(), zp=-37)
+    table_beats = p.load_table(sent)
+    p.activate(acc_row, ub_out, rows, func=isa.Func.TABLE, slot=0)
+    p.activate(acc_row, ub_out + rows, rows, func=isa.Func.TABLE, slot=1)
+    p.halt()
+    assert len(table_beats) == 1 + isa.table_beats(c.cols)
+    assert isa.table_beats(c.cols) == -(-256 // (4 * c.cols))
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    assert sim.table.tolist() == (np.asarray(table) & 0xFF).tolist()
+    acc = golden.matmul(x, tile)
+    for slot, zp in ((0, 0), (1, -37)):
+        got = as_int8(sim.ub[ub_out + slot * rows:ub_out + (slot + 1) * rows, :c.cols])
+        want = table_reference(acc, bias, mult, shift, zp, table, 1)
+        assert np.array_equal(got, want), slot
+    q = golden.requantise(acc, bias, mult, shift, 0)
+    assert sorted(q[:, 0].tolist()) == list(range(-128, 128)), "column 0 sees every q"
+    got0 = as_int8(sim.ub[ub_out:ub_out + rows, 0])
+    assert np.array_equal(got0, as_int8(table[x[:, 0] + 128]))
+    # The extremes: q = -128 reads entry 0 (0x80: -128), q = 127 entry 255 (0xff: -1).
+    assert got0[x[:, 0] == -128].tolist() == [-128] and got0[x[:, 0] == 127].tolist() == [-1]
+    if c.cols > 1:
+        assert (q == -128).any() and (q == 127).any(), "saturated at both ends"
+
+
+def test_table_output_is_pooled_as_int8():
+    """Pooling compares the table's outputs as int8 and comes after the lookup: windows of
+    outputs {-1, 1, -128, 127} give 127 (0xff would win unsigned), {-128, -1, -128, -128}
+    give -1, all -128 give -128; a table that falls (q = 10 -> 50, q = 20 -> -50) gives 50,
+    which pooling the q first (20) and looking up after would not."""
+    c = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=2)
+    table = np.zeros(isa.TABLE_ENTRIES, dtype=np.int64)
+    for q, out in {-3: 0xFF, 1: 0x01, -128: 0x80, 127: 0x7F, 10: 50, 20: 256 - 50}.items():
+        table[q + 128] = out
+    x = np.array([[-3, 0], [1, 0], [-128, 0], [127, 0],
+                  [-128, 0], [-3, 0], [-128, 0], [-128, 0],
+                  [-128, 0], [-128, 0], [-128, 0], [-128, 0],
+                  [10, 0], [20, 0], [20, 0], [20, 0]])
+    p = Program(c)
+    p.read_host(0, x)
+    p.load_weights(0, [[1, 1], [0, 0]])
+    p.read_weights(0)
+    p.matmul(0, 0, len(x), switch=True)
+    p.load_params(0, [0, 0], [1, 1], shift=0)
+    p.load_table(table)
+    p.activate(0, 32, len(x), func=isa.Func.TABLE, pool=isa.Pool.MAX4)
+    p.activate(0, 40, len(x), func=isa.Func.TABLE, pool=isa.Pool.MAX2)
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    assert as_int8(sim.ub[32:36, 0]).tolist() == [127, -1, -128, 50]
+    assert as_int8(sim.ub[40:48, 0]).tolist() == [1, 127, -1, -128, -128, -128, 50, -50]
+    assert as_int8(sim.ub[32:36, :c.cols]).tolist() == \
+        table_reference(x[:, [0, 0]], [0, 0], [1, 1], [0, 0], 0, table, 4).tolist()
+    assert (sim.ub[32:36, 0] != np.asarray(golden.to_raw(x[:, 0])).reshape(4, 4).max(1)).any()
+
+
+@pytest.mark.parametrize("config_name", ["1col", "3col", "5col"])
+def test_load_table_beats_one_by_one(config_name):
+    """``table_beats(cols)`` data beats (64 for one column), entries ``4 * cols`` a beat in
+    order; each beat's bits past its entries (past entry 255 in the last, and past the row
+    of ``4 * cols`` bytes) are ignored; the instruction completes (``instructions``) with
+    its last beat, and the beat after it is an instruction again."""
+    c = TABLE_CONFIGS[config_name]
+    per_beat = 4 * c.cols
+    n = isa.table_beats(c.cols)
+    table = np.arange(isa.TABLE_ENTRIES) * 7 % 256
+    beats = Program(c).load_table(table)
+    assert len(beats) == 1 + n and n == {1: 64, 3: 22, 5: 13}[c.cols]
+    for b, beat in enumerate(beats[1:]):
+        entries = table[b * per_beat:(b + 1) * per_beat]
+        assert beat == int.from_bytes(bytes(entries.tolist()), "little")
+    last = isa.TABLE_ENTRIES - (n - 1) * per_beat
+    assert last == {1: 4, 3: 4, 5: 16}[c.cols]
+    junk = list(beats)
+    top = (1 << c.host_width) - 1
+    junk[-1] |= top >> (8 * last) << (8 * last)             # past entry 255
+    for b in range(1, n):
+        junk[b] |= top >> (8 * per_beat) << (8 * per_beat)   # above the row, if any
+    assert junk[-1] != beats[-1]
+    sim = IsaSim(c)
+    sim.feed(junk[:1])
+    assert sim.expecting_data == n and sim.status.instr_index == 1
+    for b, beat in enumerate(junk[1:]):
+        assert sim.counters()["instructions"] == 0
+        sim.feed([beat])
+        assert sim.expecting_data == n - 1 - b
+        assert sim.table[:(b + 1) * per_beat].tolist() == table[:(b + 1) * per_beat].tolist()
+    assert sim.counters()["instructions"] == 1
+    assert sim.table.tolist() == table.tolist()
+    sim.feed(Program(c).halt())
+    assert sim.output == [done(2)] and not sim.status.error
+
+
+def test_load_table_replaces_the_whole_table_and_reserved_bits_are_ignored():
+    c = TALL
+    first, second = np.full(256, 0x55), np.arange(256)[::-1]
+    p = Program(c)
+    p.load_table(first)
+    p.load_table(second)
+    p.beats[1 + isa.table_beats(c.cols)] |= ((1 << 60) - 1) << 4   # the word's _pad
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    assert sim.table.tolist() == second.tolist()
+
+
+def test_table_is_zero_after_reset_and_kept_across_halt_clear_and_resync():
+    """Before any LOAD_TABLE the function TABLE gives 0; a loaded table stays through a
+    HALT, an error cleared by ``i_clear`` or by the resynchronisation word, and a resync
+    without an error; :meth:`IsaSim.reset` zeroes it."""
+    c = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=2)
+    table = (np.arange(256) * 3 + 1) % 256
+
+    def activate_table(sim: IsaSim) -> list[int]:
+        """ACTIVATE TABLE of accumulator rows 0..3 (q = -128, -1, 0, 127) into rows 8..11."""
+        sim.run(Program(c).activate(0, 8, 4, func=isa.Func.TABLE))
+        return as_int8(sim.ub[8:12, 0]).tolist()
+
+    setup = Program(c)
+    setup.read_host(0, [[-128, 0], [-1, 0], [0, 0], [127, 0]])
+    setup.load_weights(0, [[1, 1], [0, 0]])
+    setup.read_weights(0)
+    setup.matmul(0, 0, 4, switch=True)
+    setup.load_params(0, [0, 0], [1, 1], shift=0)
+    loaded = as_int8(table[[0, 127, 128, 255]]).tolist()
+    sim = IsaSim(c)
+    sim.run(setup.beats)
+    assert activate_table(sim) == [0, 0, 0, 0]
+    sim.run(Program(c).load_table(table) + Program(c).halt())
+    assert activate_table(sim) == loaded
+    sim.feed([14])                                         # UNKNOWN_OPCODE
+    assert sim.status.error
+    sim.clear()
+    assert activate_table(sim) == loaded
+    sim.feed([14, isa.RESYNC_WORD])
+    assert not sim.status.error and activate_table(sim) == loaded
+    sim.feed([isa.RESYNC_WORD])
+    assert activate_table(sim) == loaded
+    sim.reset()
+    assert not sim.table.any()
+    sim.run(setup.beats)
+    assert activate_table(sim) == [0, 0, 0, 0]
+
+
 # Counters ------------------------------------------------------------------------------------
 
 def counter_beats(**values) -> list[int | None]:
@@ -567,7 +774,7 @@ E = isa.ErrorCode
 # (name, set-up, failing instruction word, expected error). TALL: ub_depth 64, acc_depth 64,
 # 8 weight tiles, FIFO depth 2 (queue limit 3), 2 parameter slots.
 ERROR_CASES = [
-    ("opcode13", None, 13, E.UNKNOWN_OPCODE),
+    ("opcode14", None, 14, E.UNKNOWN_OPCODE),
     ("opcode15", None, 0xFFFF_FFFF_FFFF_FFFF, E.UNKNOWN_OPCODE),
     ("read_host_count0", None, encode(isa.Opcode.READ_HOST, ub_addr=0, count=0), E.BAD_FIELD),
     ("write_host_count0", None, encode(isa.Opcode.WRITE_HOST, ub_addr=99, count=0),
@@ -578,7 +785,7 @@ ERROR_CASES = [
      E.BAD_FIELD),
     ("matmul_count0", None, encode(isa.Opcode.MATMUL, count=0, switch=1), E.BAD_FIELD),
     ("activate_count0", None, encode(isa.Opcode.ACTIVATE, count=0, ub_addr=999), E.BAD_FIELD),
-    ("activate_func5", None, encode(isa.Opcode.ACTIVATE, count=1, func=5), E.BAD_FIELD),
+    ("activate_func6", None, encode(isa.Opcode.ACTIVATE, count=1, func=6), E.BAD_FIELD),
     ("activate_func7", None, encode(isa.Opcode.ACTIVATE, count=1, func=7), E.BAD_FIELD),
     ("activate_pool3", None, encode(isa.Opcode.ACTIVATE, count=4, pool=3), E.BAD_FIELD),
     ("activate_window", None, encode(isa.Opcode.ACTIVATE, count=6, pool=isa.Pool.MAX4),
@@ -668,7 +875,7 @@ UB_TO_WEIGHTS_ERRORS = [
     ("u2w_not_built_transpose", ICEBREAKER, _u2w(tile=0, count=4, signed=1, transpose=1),
      E.UNKNOWN_OPCODE),
     ("u2w_not_built_before_bad_field", ICEBREAKER, _u2w(count=0, tile=99), E.UNKNOWN_OPCODE),
-    ("u2w_opcode13_built", WIDE, 13 | _u2w(tile=0, count=1, signed=1) & ~0xF,
+    ("u2w_opcode14_built", WIDE, 14 | _u2w(tile=0, count=1, signed=1) & ~0xF,
      E.UNKNOWN_OPCODE),
     ("u2w_count0", WIDE, _u2w(tile=0, count=0, signed=1), E.BAD_FIELD),
     ("u2w_count0_transpose", WIDE, _u2w(tile=0, count=0, transpose=1, signed=1), E.BAD_FIELD),
@@ -718,13 +925,69 @@ def test_ub_to_weights_limits_are_inclusive():
         assert sim.weight_written.tolist() == [False] * (config.weight_mem_tiles - 1) + [True]
 
 
+NO_TABLE = TALL.replace(lookup_table=False)
+
+
+def _table_word(**fields) -> int:
+    return encode(isa.Opcode.LOAD_TABLE, **fields)
+
+
+def _act(**fields) -> int:
+    return encode(isa.Opcode.ACTIVATE, **{"count": 1, **fields})
+
+
+# (name, config, failing word, expected error). The set-up has loaded a table; TALL: ub_depth
+# 64, 2 parameter slots.
+TABLE_ERRORS = [
+    ("load_table_not_built", NO_TABLE, _table_word(), E.UNKNOWN_OPCODE),
+    ("load_table_not_built_pad", NO_TABLE, _table_word(_pad=(1 << 60) - 1), E.UNKNOWN_OPCODE),
+    ("func_table_not_built", NO_TABLE, _act(func=isa.Func.TABLE), E.BAD_FIELD),
+    ("func_table_not_built_before_ub_range", NO_TABLE, _act(func=isa.Func.TABLE, ub_addr=64),
+     E.BAD_FIELD),
+    ("func_table_built_ub_range", TALL, _act(func=isa.Func.TABLE, ub_addr=64), E.UB_RANGE),
+    ("func_table_built_slot", TALL, _act(func=isa.Func.TABLE, slot=2), E.BAD_FIELD),
+    ("func_table_built_count0", TALL, _act(func=isa.Func.TABLE, count=0), E.BAD_FIELD),
+    ("func6_built", TALL, _act(func=6), E.BAD_FIELD),
+    ("func7_built", TALL, _act(func=7), E.BAD_FIELD),
+    ("func6_not_built", NO_TABLE, _act(func=6), E.BAD_FIELD),
+    ("func7_not_built", NO_TABLE, _act(func=7), E.BAD_FIELD),
+    ("opcode14_built", TALL, 14, E.UNKNOWN_OPCODE),
+    ("opcode15_not_built", NO_TABLE, 15, E.UNKNOWN_OPCODE),
+]
+
+
+@pytest.mark.parametrize("case", TABLE_ERRORS, ids=[case[0] for case in TABLE_ERRORS])
+def test_table_error(case):
+    """LOAD_TABLE on a core without the table is an unknown opcode (its would-be data beats
+    discarded with the rest); the function TABLE there is a bad field, checked before the
+    ranges; 6 and 7 are bad fields on either core. Nothing changes, the table included."""
+    name, config, word, code = case
+    table = np.arange(256)[::-1]
+
+    def setup(p: Program) -> None:
+        if config.lookup_table:
+            p.load_table(table)
+
+    check_error(config, name, setup, word, code)
+
+
+def test_table_limits_run():
+    """On a core with the table, ACTIVATE TABLE into the last buffer row with the last slot
+    runs; on one without, every other function still runs."""
+    for config, word in [(TALL, _act(func=isa.Func.TABLE, ub_addr=63, acc_addr=63, slot=1))] + \
+            [(NO_TABLE, _act(func=f)) for f in isa.Func if f != isa.Func.TABLE]:
+        sim = IsaSim(config)
+        sim.feed([word])
+        assert not sim.status.error, (config.lookup_table, word, sim.status)
+
+
 def test_resync_word_recovers_in_band():
     """After an error every beat is discarded until the resynchronisation word, which is
     consumed, clears the error and restarts the program; nothing in between has effect."""
     sim = IsaSim(TALL)
     p = Program(TALL)
     p.nop()
-    p.word(13)                                               # UNKNOWN_OPCODE at index 1
+    p.word(14)                                               # UNKNOWN_OPCODE at index 1
     junk = Program(TALL)
     junk.read_host(0, np.full((3, TALL.ub_row), 5))
     junk.halt()
@@ -756,7 +1019,7 @@ def test_error_clears_halted():
     p.halt()
     sim.feed(p.beats)
     assert sim.status.halted
-    sim.feed([13])
+    sim.feed([14])
     assert sim.status.as_bits() == 0x03
     sim.clear()
     assert sim.status.as_bits() == 0x00
