@@ -6,7 +6,8 @@ The array's stationary operand is a weight tile, and attention multiplies two ac
 ``k.T`` nor ``v`` needs a transposition on the host or a LOAD_WEIGHTS of it:
 
 - :class:`ScoresExecutable` runs a :class:`firmware.graph.AttentionScores`: ``k``'s rows
-  moved transposed (tile column ``s`` is key ``s``);
+  moved transposed (tile column ``s`` is key ``s``), and softmax's exp after it where the
+  core has the programmable table (LOAD_TABLE);
 - :class:`MixExecutable` runs a :class:`firmware.graph.AttentionMix`: ``v``'s rows moved as
   they are (tile row ``s`` is token ``s``), ``p`` (uint8) streamed through the array.
 
@@ -47,6 +48,7 @@ import numpy as np
 from firmware.asm import Program
 from firmware.runtime import Batch
 from hdl.config import TPUConfig
+from hdl.isa import Func
 
 __all__ = ["ScoresExecutable", "MixExecutable"]
 
@@ -103,13 +105,19 @@ class _HeadsExecutable:
                 f"{seq_rows + 2 * t}; the {config.name} core's unified buffer holds "
                 f"{config.ub_depth}")
 
+    #: A :class:`firmware.graph.Lookup` of the output, run by the activation unit's table.
+    lookup = None
+
     def setup_program(self) -> tuple[list[int], int]:
-        """LOAD_PARAMS of the requantisation into slot 0 (bias 0), then HALT."""
+        """LOAD_PARAMS of the requantisation into slot 0 (bias 0) and, with a lookup,
+        LOAD_TABLE of its table; then HALT."""
         cfg, req = self.config, self.op.requant
         p = Program(cfg)
         p.load_params(0, [0] * cfg.cols, [int(req.multiplier[0])] * cfg.cols,
                       shift=int(req.shift[0]), zp=req.zero_point, clamp=req.clamp_hi,
                       rounding=req.rounding)
+        if self.lookup is not None:
+            p.load_table(self.lookup.table.tolist())
         p.halt()
         return p.beats, 1
 
@@ -138,7 +146,8 @@ class _HeadsExecutable:
 
         def finish(job: int) -> None:
             acc, out = (job % regions) * t, out_base + (job % regions) * t
-            p.activate(acc, out, t, func=self.op.requant.func, slot=0)
+            p.activate(acc, out, t, slot=0,
+                       func=self.op.requant.func if self.lookup is None else Func.TABLE)
             p.write_host(out, t)
 
         for m in range(min(ahead, len(items))):
@@ -157,10 +166,13 @@ class _HeadsExecutable:
         return jobs
 
     def _out_rows(self, beats: list[int], jobs: int) -> np.ndarray:
-        """The WRITE_HOST rows of ``jobs`` jobs: ``(jobs, T, cols)`` int8."""
+        """The WRITE_HOST rows of ``jobs`` jobs: ``(jobs, T, cols)``, int8, or uint8 where a
+        lookup's table holds values past 127."""
         cfg, t = self.config, self.tokens
+        unsigned = self.lookup is not None and self.lookup.table.max() > 127
         raw = np.frombuffer(b"".join(int(v).to_bytes(cfg.ub_row, "little")
-                                     for v in beats[:jobs * t]), dtype=np.int8)
+                                     for v in beats[:jobs * t]),
+                            dtype=np.uint8 if unsigned else np.int8)
         return raw.reshape(jobs, t, cfg.ub_row)[..., :cfg.cols].astype(np.int64)
 
 
@@ -168,11 +180,26 @@ class ScoresExecutable(_HeadsExecutable):
     """:class:`firmware.graph.AttentionScores` ``op`` for ``tokens`` tokens of ``channels``
     channels (``heads`` of ``channels // heads``) on a core of ``config``. Its input, for
     :meth:`batches`, is ``q`` and ``k`` stacked: ``(n, 2, tokens, channels)`` int8; its
-    output ``(n, heads, tokens, tokens)`` int8."""
+    output ``(n, heads, tokens, tokens)`` int8. With ``lookup`` (a
+    :class:`firmware.graph.Lookup` of the scores, softmax's exp), the scores' ACTIVATE
+    looks its table up (LOAD_TABLE in the setup program, function TABLE) and the output is
+    the lookup's (uint8 where its table holds values past 127)."""
 
     product = "q @ k.T"
 
-    def __init__(self, op, config: TPUConfig, tokens: int, channels: int):
+    def __init__(self, op, config: TPUConfig, tokens: int, channels: int, lookup=None):
+        from firmware.compiler import CompileError
+
+        if lookup is not None:
+            if not config.lookup_table:
+                raise CompileError(f"{lookup.name}: the {config.name} core has no "
+                                   f"programmable table (TPUConfig.lookup_table), which "
+                                   f"running it with {op.name} needs")
+            if op.requant.func != Func.IDENTITY:
+                raise CompileError(f"{lookup.name}: {op.name}'s function is "
+                                   f"{Func(op.requant.func).name}; a lookup after it on the "
+                                   f"core needs IDENTITY (the table replaces the function)")
+        self.lookup = lookup
         self.kc = _ceil_div(channels // max(op.heads, 1), config.rows)
         self.sb = _ceil_div(tokens, config.cols)
         super().__init__(op, config, tokens, channels, op.heads)

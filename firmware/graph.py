@@ -44,7 +44,9 @@ The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
 :class:`AttentionStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
 (:mod:`firmware.attention`), and so does an :class:`AttentionMix` (``p @ v``, ``v`` moved
 into weight tiles on chip) where the core takes uint8 activations; elsewhere they run on the
-host. :func:`placement` says which
+host. A :class:`Lookup` that alone reads the scores (softmax's exp) joins their step where
+the core has the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`): the
+scores' ACTIVATE looks it up, and only its output leaves the core. :func:`placement` says which
 operator ran where. :func:`run_graph` runs the steps on a device.
 """
 
@@ -775,12 +777,19 @@ class HostStep:
 class AttentionStep:
     """One of attention's products on the core (:mod:`firmware.attention`): an
     :class:`AttentionScores` (``q`` and ``k`` in, the int8 scores out) or an
-    :class:`AttentionMix` (``p`` and ``v`` in, the int8 output out)."""
+    :class:`AttentionMix` (``p`` and ``v`` in, the int8 output out). ``lookup``: a
+    :class:`Lookup` of the scores (softmax's exp) run in the same step, by the activation
+    unit's programmable table, so the scores never leave the core."""
     op: Op
+    lookup: Lookup | None = None
 
     @property
     def ops(self) -> list[Op]:
-        return [self.op]
+        return [self.op] + ([self.lookup] if self.lookup else [])
+
+    @property
+    def output(self) -> str:
+        return self.ops[-1].outputs[0]
 
 
 def _qparams(graph: Graph, name: str) -> QParams:
@@ -817,8 +826,14 @@ def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | HostStep]:
         op = ops[i]
         if config.ub_to_weights and (isinstance(op, AttentionScores) or (
                 isinstance(op, AttentionMix) and config.operands != "int8")):
-            steps.append(AttentionStep(op))
-            i += 1
+            lookup = ops[i + 1] if i + 1 < len(ops) else None
+            if not (isinstance(op, AttentionScores) and config.lookup_table and
+                    isinstance(lookup, Lookup) and lookup.inputs == op.outputs and
+                    op.outputs[0] not in outputs and graph.consumers(op.outputs[0]) == [lookup]
+                    and op.requant.func == Func.IDENTITY):
+                lookup = None
+            steps.append(AttentionStep(op, lookup))
+            i += len(steps[-1].ops)
             continue
         if not op.core:
             steps.append(HostStep(op))
@@ -948,7 +963,8 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                     op = step.op
                     if isinstance(op, AttentionScores):
                         _, t, c = graph.tensors[op.inputs[0]].shape
-                        executables[id(step)] = ScoresExecutable(op, config, t, c)
+                        executables[id(step)] = ScoresExecutable(op, config, t, c,
+                                                                 lookup=step.lookup)
                     else:
                         _, h, t, _ = graph.tensors[op.inputs[0]].shape
                         c = graph.tensors[op.inputs[1]].shape[-1]
@@ -973,7 +989,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                 else:
                     x = MixExecutable.pack(a, b)
                 r = run(device, executables[id(step)], x)
-                values[op.outputs[0]] = r.outputs
+                values[step.output] = r.outputs
                 result.segments.append({"name": op.name, "counters": r.counters,
                                         "images": r.images})
                 result.macs += op.macs(graph) * len(a) // graph.tensors[

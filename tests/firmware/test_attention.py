@@ -1,5 +1,6 @@
 """Attention's two products on the core (firmware/attention.py): ``q @ k.T`` with ``k.T``
-made on chip by UB_TO_WEIGHTS, and ``p @ v`` with ``v``'s rows moved on chip as tiles. Every
+made on chip by UB_TO_WEIGHTS (and exp after it, by the programmable table), and ``p @ v``
+with ``v``'s rows moved on chip as tiles. Every
 output ``==`` the integer reference (:class:`firmware.graph.AttentionScores`,
 :class:`firmware.graph.AttentionMix`) on the ISA simulator for awkward shapes (token counts
 and head sizes that are not multiples of the array, arrays with rows != cols), a few on the
@@ -130,6 +131,71 @@ def test_clear_errors_where_it_does_not_fit():
         ScoresExecutable(op, get_config("default"), 300, 16)
     with pytest.raises(CompileError, match="do not split into 2 heads"):
         ScoresExecutable(op, get_config("default"), 8, 15)
+
+
+# exp after the scores, by the activation unit's table -------------------------------------
+
+def _lookup(seed: int) -> g.Lookup:
+    """A table of uint8 values (exp's kind), most past 127 (negative if read as int8), with
+    the extremes at both ends."""
+    table = np.random.default_rng(seed).integers(128, 256, 256)    # as int8: negative
+    table[[0, 127, 128, 255]] = [0, 255, 128, 127]
+    return g.Lookup("exp", ["s"], ["e"], table=table)
+
+
+def _run_lookup(device, op, lookup, q, k):
+    ex = ScoresExecutable(op, device.config, q.shape[1], q.shape[2], lookup=lookup)
+    return run(device, ex, np.stack([q, k], axis=1))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=[f"n{n}-T{t}-H{h}-d{d}"
+                                                   for n, t, h, d in SHAPES[:4]])
+def test_scores_with_exp_on_the_isa_simulator(shape):
+    """The scores' ACTIVATE looks the table up: the output is the lookup's of the
+    reference's scores, uint8, every element equal, saturated scores included."""
+    n, tokens, heads, d = shape
+    seed = SEED + 300 + SHAPES.index(shape)
+    print(f"seed {seed}, {shape}")
+    op, q, k = _case(seed, n, tokens, heads, d, 384 / (16384 * d))
+    lookup = _lookup(seed)
+    result = _run_lookup(open_device("isa", get_config("default")), op, lookup, q, k)
+    scores = op.reference(q, k)[0]
+    want = lookup.reference(scores)[0]
+    assert np.array_equal(result.outputs, want), f"seed {seed}, {shape}: exp(scores) differ"
+    assert (want > 127).any(), "no entry past 127: the uint8 reading is untested"
+
+
+def test_scores_with_exp_on_odd_arrays():
+    """Random shapes on a 3x5 and a 5x3 array (the table's last beat partial on 5 columns
+    and on 3)."""
+    for device, seed, rng, shape, what in _odd_array_cases(SEED + 400):
+        op, q, k = _case(seed, *shape, float(rng.uniform(0.0005, 0.01)))
+        lookup = _lookup(seed)
+        result = _run_lookup(device, op, lookup, q, k)
+        want = lookup.reference(op.reference(q, k)[0])[0]
+        assert np.array_equal(result.outputs, want), f"{what}: exp(scores) differ"
+
+
+def test_scores_with_exp_on_the_rtl(rtl_device):
+    seed = SEED + 500
+    shape = (2, 7, 2, 5)
+    print(f"seed {seed}, small, {shape}")
+    op, q, k = _case(seed, *shape, 0.003)
+    lookup = _lookup(seed)
+    result = _run_lookup(rtl_device("small"), op, lookup, q, k)
+    want = lookup.reference(op.reference(q, k)[0])[0]
+    assert np.array_equal(result.outputs, want), f"seed {seed}, small, {shape}: differ"
+
+
+def test_lookup_refused_where_the_core_cannot_run_it():
+    op, _, _ = _case(SEED, 1, 8, 2, 8, 0.01)
+    lookup = _lookup(SEED)
+    with pytest.raises(CompileError, match="exp: the 8x8 core has no programmable table"):
+        ScoresExecutable(op, get_config("default").replace(lookup_table=False), 8, 16,
+                         lookup=lookup)
+    op.requant.func = g.Func.RELU
+    with pytest.raises(CompileError, match="exp: scores's function is RELU"):
+        ScoresExecutable(op, get_config("default"), 8, 16, lookup=lookup)
 
 
 # p @ v: v moved on chip as tiles ------------------------------------------------------------
