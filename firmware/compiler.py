@@ -411,6 +411,26 @@ def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
     return _Layout(m, 4 if st.pool else 1, passes, outputs, out_width, col_blocks, host)
 
 
+def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
+    """The one table the network's TABLE stages look up: the core has one."""
+    tables = [(st.name, np.asarray(st.table, dtype=np.int64)) for st in network.stages
+              if st.func == isa.Func.TABLE]
+    if not tables:
+        return None
+    name, table = tables[0]
+    if not config.lookup_table:
+        raise CompileError(f"{name}: its function is a table, and the {config.name} core has "
+                           f"no programmable table (TPUConfig.lookup_table)")
+    for other, t in tables[1:]:
+        if not np.array_equal(t, table):
+            raise CompileError(f"{other}: a second table in {network.name} (after {name}'s); "
+                               f"the core holds one, so a network's stages share it")
+    if table.shape != (isa.TABLE_ENTRIES,):
+        raise CompileError(f"{name}: its table has {table.size} entries; allowed: "
+                           f"{isa.TABLE_ENTRIES}")
+    return table
+
+
 def _weight_tiles(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout]):
     """Every weight tile and parameter set; tile ids ``[stage][pass][column block]`` and
     parameter-set ids ``[stage][column block]``."""
@@ -645,6 +665,9 @@ class CompiledNetwork:
         self.tiles, self._params, _, _ = _weight_tiles(config, network, self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
         self.resident_params = len(self._params) <= config.param_slots
+        #: The programmable table the stages with function TABLE share (LOAD_TABLE in the
+        #: setup program), or None.
+        self.table = _stage_table(config, network)
 
     # Setup ------------------------------------------------------------------------------
 
@@ -659,6 +682,8 @@ class CompiledNetwork:
             for slot, (bias, mult, shift, zp, clamp, rounding) in enumerate(self._params):
                 p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
                               rounding=rounding)
+        if self.table is not None:
+            p.load_table(self.table.tolist())
         for sp in self._plan.stages:
             zero = np.full(c.ub_row, sp.stage.out_q.zero_point, dtype=np.int64)
             for t in sp.outs:
@@ -716,6 +741,8 @@ class CompiledNetwork:
                             dtype=np.int8)
         raw = raw.reshape(-1, out.groups, out.positions, out.unit, row_bytes)
         values = raw[..., :out.width].astype(np.int64)     # (blocks, G, P, unit, g)
+        if not st.out_q.signed:
+            values &= 0xff                                  # uint8 (a table's bytes)
         values = values.transpose(0, 3, 2, 1, 4).reshape(-1, out.positions,
                                                          out.groups * out.width)
         return values[:n, :, :st.n].reshape(n, *st.out_shape)

@@ -44,9 +44,11 @@ The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
 :class:`AttentionStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
 (:mod:`firmware.attention`), and so does an :class:`AttentionMix` (``p @ v``, ``v`` moved
 into weight tiles on chip) where the core takes uint8 activations; elsewhere they run on the
-host. A :class:`Lookup` that alone reads the scores (softmax's exp) joins their step where
-the core has the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`): the
-scores' ACTIVATE looks it up, and only its output leaves the core. :func:`placement` says which
+host. Where the core has the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`)
+a :class:`Lookup` that alone reads the scores (softmax's exp) joins their step, and one that
+alone reads a fully connected operator's output (GELU, sigmoid, any function of an int8)
+joins its run as the stage's function: the ACTIVATE looks it up, and only its output leaves
+the core. :func:`placement` says which
 operator ran where. :func:`run_graph` runs the steps on a device.
 """
 
@@ -800,15 +802,18 @@ def _qparams(graph: Graph, name: str) -> QParams:
     return QParams(q.scale, q.zero_point, t.dtype == "int8")
 
 
-def _stage(name, weight, bias, input_zp, requant: Requant, in_q, out_q) -> Stage:
+def _stage(name, weight, bias, input_zp, requant: Requant, in_q, out_q,
+           table=None) -> Stage:
+    """A dense stage; with ``table``, a Lookup's, as its function (TABLE)."""
     colsum = weight.sum(axis=0)
     folded = golden.wrap(bias - input_zp * colsum, 32)
     n = weight.shape[1]
     return Stage(name=name, kind="dense", weight=weight, bias=folded,
                  multiplier=requant.multiplier, shift=requant.scalar_shift,
-                 zero_point=requant.zero_point, clamp_hi=requant.clamp_hi, func=requant.func,
+                 zero_point=requant.zero_point, clamp_hi=requant.clamp_hi,
+                 func=requant.func if table is None else Func.TABLE,
                  pool=False, pad=(0, 0), in_shape=(weight.shape[0],), out_shape=(n,),
-                 in_q=in_q, out_q=out_q, rounding=requant.rounding)
+                 in_q=in_q, out_q=out_q, rounding=requant.rounding, table=table)
 
 
 def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
@@ -856,17 +861,40 @@ def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | HostStep]:
             steps.append(CoreStep([op], segments))
             i += 1
             continue
-        chain = [op]
-        while (i + len(chain) < len(ops) and isinstance(ops[i + len(chain)], FullyConnected)
-               and chain[-1].outputs[0] not in outputs
-               and graph.consumers(chain[-1].outputs[0]) == [ops[i + len(chain)]]):
-            chain.append(ops[i + len(chain)])
+        # A run of fully connected operators, each output read only by the next; a Lookup
+        # that alone reads one's output joins it as its stage's function (the activation
+        # unit's table: one table a run, so a second, different one ends it).
+        chain: list[Op] = []
+        table = None
+
+        def sole_reader(prev: Op, kind, j: int) -> Op | None:
+            """The operator at ``j`` if it is a ``kind`` and alone reads ``prev``'s output."""
+            nxt = ops[j] if j < len(ops) else None
+            if (isinstance(nxt, kind) and prev.outputs[0] not in outputs
+                    and graph.consumers(prev.outputs[0]) == [nxt]):
+                return nxt
+            return None
+
+        fc = op
+        while fc is not None:
+            chain.append(fc)
+            lookup = sole_reader(fc, Lookup, i + len(chain)) if config.lookup_table else None
+            if lookup is not None and fc.requant.func == Func.IDENTITY:
+                if table is not None and not np.array_equal(table, lookup.table):
+                    chain.pop()     # a segment of its own, with its own table
+                    break
+                chain.append(lookup)
+                table = lookup.table
+            fc = sole_reader(chain[-1], FullyConnected, i + len(chain))
         stages = []
         q = in_q
-        for fc in chain:
-            out_q = _qparams(graph, fc.outputs[0])
+        for k, fc in enumerate(chain):
+            if isinstance(fc, Lookup):
+                continue
+            looked_up = k + 1 < len(chain) and isinstance(chain[k + 1], Lookup)
+            out_q = _qparams(graph, chain[k + looked_up].outputs[0])
             stages.append(_stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q,
-                                 out_q))
+                                 out_q, table=chain[k + 1].table if looked_up else None))
             q = out_q
         net = QuantisedNetwork(chain[0].name if len(chain) == 1 else
                                f"{chain[0].name}..{chain[-1].name}",

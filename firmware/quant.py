@@ -97,6 +97,9 @@ class Stage:
     out_q: QParams
     rounding: Rounding = Rounding.HALF_UP
     stride: int = 1
+    #: With ``func`` TABLE: the 256 entries of the activation unit's programmable table
+    #: (LOAD_TABLE), int8 or uint8 (``out_q``'s), entry ``q + 128`` the output for ``q``.
+    table: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -308,8 +311,10 @@ def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
                                 x_signed=st.in_q.signed)
         q = golden.requantise(acc, st.bias, st.multiplier, st.shift, st.zero_point,
                               st.rounding.value)
-        x = golden.activate(q, st.func.value, st.zero_point, st.clamp_hi)
+        x = golden.activate(q, st.func.value, st.zero_point, st.clamp_hi, table=st.table)
         if st.pool:
-            x = nn.max_pool_2x2(x)
+            x = nn.max_pool_2x2(x)      # (the core compares as int8)
+        if st.func == Func.TABLE and not st.out_q.signed:
+            x = x & 0xff                # a uint8 table's bytes
         outs.append(x)
     return (x, outs) if collect else x

@@ -125,6 +125,82 @@ def test_fully_connected_chain_is_one_segment(rounding):
     np.testing.assert_array_equal(result.outputs["t3"], graph.reference({"t0": x})["t3"])
 
 
+def _table(fn, in_scale: float, out_scale: float, out_zp: int, lo: int, hi: int):
+    """The 256 outputs of ``fn`` for int8 inputs of ``in_scale``, quantised."""
+    x = np.arange(-128, 128) * in_scale
+    return np.clip(np.round(fn(x) / out_scale) + out_zp, lo, hi).astype(np.int64)
+
+
+def lookup_chain(rng, same: bool = True) -> g.Graph:
+    """fc0 -> GELU (an int8 table) -> fc1 -> sigmoid (a uint8 table; GELU's again with
+    ``same``) -> fc2."""
+    gelu = _table(lambda x: 0.5 * x * (1 + np.tanh(0.79788456 * (x + 0.044715 * x ** 3))),
+                  0.05, 0.04, 0, -128, 127)
+    sigmoid = _table(lambda x: 1 / (1 + np.exp(-x)), 0.05, 1 / 255, 0, 0, 255)
+    gelu[[0, 255]] = [-128, 127]                        # the extremes in the table too
+    second = gelu if same else sigmoid
+    dtype = "int8" if same else "uint8"
+    tensors = {"x": g.Tensor("x", (1, 12), "int8", QParams(0.1, 0))}
+    ops = []
+    for i, (k, n, after) in enumerate([(12, 10, gelu), (10, 9, second), (9, 5, None)]):
+        tensors[f"a{i}"] = g.Tensor(f"a{i}", (1, n), "int8", QParams(0.05, 0))
+        ops.append(g.FullyConnected(f"fc{i}", ["x" if i == 0 else f"t{i - 1}"], [f"a{i}"],
+                                    weight=rng.integers(-127, 128, (k, n)),
+                                    bias=rng.integers(-3000, 3000, n), input_zp=0,
+                                    requant=random_requant(rng, n, zp=0)))
+        if after is not None:
+            kind = "int8" if after is gelu else dtype
+            tensors[f"t{i}"] = g.Tensor(f"t{i}", (1, n), kind,
+                                        QParams(0.04 if after is gelu else 1 / 255, 0,
+                                                kind == "int8"))
+            ops.append(g.Lookup(f"f{i}", [f"a{i}"], [f"t{i}"], table=after))
+    return g.Graph("lookups", tensors, ops, ["x"], ["a2"])
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["gelu-gelu", "gelu-sigmoid"])
+def test_lookups_after_fully_connected_run_on_the_table(same):
+    """A Lookup that alone reads a fully connected output joins its stage as the function
+    TABLE (LOAD_TABLE in the setup): the whole run is one segment on a core with the table,
+    every output equal to the reference; a second, different table ends the segment (the
+    core holds one); without the table the lookups run on the host."""
+    seed = 390 + same
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    graph = lookup_chain(rng, same)
+    config = get_config("default")
+    steps = g.lower(graph, config)
+    kinds = [type(s).__name__ for s in steps]
+    if same:
+        assert kinds == ["CoreStep"], kinds
+        stages = steps[0].segments[0].network.stages
+        assert [st.func for st in stages] == [Func.TABLE, Func.TABLE, Func.IDENTITY]
+    else:
+        assert kinds == ["CoreStep", "CoreStep"], kinds
+        assert [op.name for op in steps[1].ops] == ["fc1", "f1", "fc2"]
+    assert g.placement(graph, config)["f0"] == "core"
+    assert g.placement(graph, config.replace(lookup_table=False))["f0"] == "host"
+    x = rng.integers(-128, 128, (9, 12))
+    x[0] = -128
+    x[1] = 127
+    want = graph.reference({"x": x}, collect=True)
+    assert want["a0"].min() == -128 and want["a0"].max() == 127, "no saturation: weak case"
+    result = g.run_graph(graph, {"x": x}, device="isa", config=config)
+    np.testing.assert_array_equal(result.outputs["a2"], want["a2"])
+    for name in result.tensors:
+        np.testing.assert_array_equal(result.tensors[name], want[name], err_msg=name)
+
+
+def test_lookups_on_the_rtl(rtl_device):
+    print("seed 392")
+    rng = np.random.default_rng(392)
+    graph = lookup_chain(rng, same=False)
+    x = rng.integers(-128, 128, (5, 12))
+    result = g.run_graph(graph, {"x": x}, device=rtl_device("small"))
+    want = graph.reference({"x": x}, collect=True)
+    for name in result.tensors:
+        np.testing.assert_array_equal(result.tensors[name], want[name], err_msg=name)
+
+
 def test_requantisation_folds_the_input_zero_point():
     """Teeth: the segment's bias is b - z_in * colsum(W); without the fold the core's
     outputs differ from the reference."""
