@@ -47,10 +47,10 @@ def board(name: str) -> Board:
 def configure(spec: Board, target: str, name: str | None, **changes) -> tuple[str, TPUConfig]:
     """The preset's name and the configuration to build: the preset *name* (default: the
     board build's, or for an array the board's array preset) with *changes* (``rows``,
-    ``cols``, ``lut_multipliers``, ``multiplier``, ``activation_unit``, ``pipeline``; ``None``
-    keeps the
-    preset's). ``multiplier="ice40"`` makes the core int8-only, as its dual products need. An
-    array's products beyond the part's DSP blocks go to LUTs unless *lut_multipliers* says
+    ``cols``, ``lut_multipliers``, ``multiplier``, ``activation_unit``, ``pipeline``,
+    ``ub_to_weights``, ``lookup_table``; ``None`` keeps the preset's).
+    ``multiplier="ice40"`` makes the core int8-only, as its dual products need. An array's
+    products beyond the part's DSP blocks go to LUTs unless *lut_multipliers* says
     otherwise. Raises :class:`ConfigError` naming what is allowed."""
     name = name or (spec.array_config if target == "array" else spec.config)
     config = get_config(name)
@@ -97,6 +97,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="the configuration's activation unit (serial: no multipliers)")
     p.add_argument("--pipeline", choices=PIPELINES,
                    help="the configuration's pipeline policy (TPUConfig.pipeline)")
+    for name, what in (("ub-to-weights", "UB_TO_WEIGHTS (TPUConfig.ub_to_weights)"),
+                       ("lookup-table", "the programmable table, LOAD_TABLE "
+                                        "(TPUConfig.lookup_table)")):
+        p.add_argument(f"--{name}", choices=("yes", "no"),
+                       help=f"build {what} or not (default: the preset's)")
     p.add_argument("--clock", type=float, metavar="MHZ",
                    help="the clock asked for (default: the board build's; a harness's first "
                         "constraint, above the Fmax the board usually reaches)")
@@ -163,7 +168,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m boards") -> in
     part = args.part or spec.default_part
     changes = {"rows": args.rows, "cols": args.cols, "lut_multipliers": args.lut_multipliers,
                "multiplier": args.multiplier, "activation_unit": args.activation_unit,
-               "pipeline": args.pipeline}
+               "pipeline": args.pipeline,
+               **{name: None if value is None else value == "yes"
+                  for name, value in (("ub_to_weights", args.ub_to_weights),
+                                      ("lookup_table", args.lookup_table))}}
     try:
         preset, config = configure(spec, args.target, args.config, **changes)
         if args.target == "array" and args.lut_multipliers is None:
