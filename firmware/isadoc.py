@@ -109,17 +109,20 @@ def _code_blocks(text: str) -> str:
 
 def _comments(source: str) -> dict[str, str]:
     """``name -> comment`` for lines like ``NAME = 1  # comment``, ``name: 4  # comment`` or
-    ``"name",  # comment``, with comment-only continuation lines appended."""
+    ``"name",  # comment``, with comment-only continuation lines appended (those indented
+    past column 20, or whose ``#`` lines up with the comment's)."""
     comments: dict[str, str] = {}
     last = None
+    column = -1
     for line in source.splitlines():
         match = re.match(r'\s*"?(\w+)"?\s*(?:[:=][^#]*|,\s*)#\s*(.*)$', line)
         if match:
             last = match.group(1)
             comments[last] = match.group(2).strip()
+            column = line.index("#")
             continue
         match = re.match(r"\s*#\s*(.*)$", line)
-        if match and last is not None and line.index("#") >= 20:
+        if match and last is not None and (line.index("#") >= 20 or line.index("#") == column):
             comments[last] += " " + match.group(1).strip()
             continue
         last = None
@@ -229,6 +232,30 @@ def _activation_depth() -> str:
         width=92, break_long_words=False, break_on_hyphens=False)
 
 
+def _normalise_constants() -> str:
+    """NORMALISE's reciprocal in figures, from :mod:`hdl.isa`'s constants, so the reference
+    cannot state a precision the definition does not have (tests/firmware/test_isadoc.py
+    checks the figures against :func:`hdl.isa.reciprocal`)."""
+    bits, scale = isa.RECIPROCAL_BITS, isa.RECIPROCAL_SCALE
+    exact = 1 << bits
+    text = (
+        f"Function NORMALISE (a core built with `row_scale`): `RECIPROCAL_BITS` = {bits} and "
+        f"`RECIPROCAL_SCALE` = {scale}, so a row with divisor `d` (its last column's "
+        f"accumulator, before the bias) has the multiplier `recip = round(2**{scale} / m)` "
+        f"(to nearest, ties up), `m` the top {bits} bits of `d`, and the shift "
+        f"`min(63, shift + e)`, `e` the bits cut: `q` is about "
+        f"`z + t / d * 2**({scale} - shift)`. `recip` runs from "
+        f"{isa.reciprocal(1)[0]} (`d` = 1) down to {isa.reciprocal(exact - 1)[0]} "
+        f"(`m` = {exact - 1}); `recip / 2**e` is `2**{scale} / d` rounded to the nearest "
+        f"integer for `d` < {exact}, and within a relative `2**-{bits - 1}` of it for "
+        f"larger `d` (the cut). A divisor of 0 or less gives 0, so the row's outputs are "
+        f"the zero point.")
+    # Wrap between code spans, not inside them.
+    text = re.sub(r"`[^`]+`", lambda m: m.group(0).replace(" ", "\0"), text)
+    return textwrap.fill(text, width=92, break_long_words=False,
+                         break_on_hyphens=False).replace("\0", " ")
+
+
 def generate() -> str:
     """The text of docs/isa.md."""
     out = [
@@ -244,17 +271,18 @@ def generate() -> str:
         "Data rows depend on the configuration; `ub_row = max(rows, cols)` and the beat is "
         "`host_width` bits; without `ub_to_weights` opcode 12 is UNKNOWN_OPCODE, without "
         "`lookup_table` opcode 13 (LOAD_TABLE) is UNKNOWN_OPCODE and ACTIVATE's function "
-        "TABLE is BAD_FIELD. LOAD_TABLE takes `table_beats(cols)` data beats. The presets in "
-        "`hdl/presets.py`:",
+        "TABLE is BAD_FIELD, without `row_scale` ACTIVATE's function NORMALISE is BAD_FIELD. "
+        "LOAD_TABLE takes `table_beats(cols)` data beats. The presets in `hdl/presets.py`:",
         "",
         _table(["Preset", "rows x cols", "ub_row", "host_width", "ub_depth", "acc_depth",
                 "weight_mem_tiles", "weight_fifo_depth", "param_slots", "ub_to_weights",
-                "lookup_table", "table_beats"],
+                "lookup_table", "table_beats", "row_scale"],
                [[f"`{name}`", f"{c.rows} x {c.cols}", str(c.ub_row), str(c.host_width),
                  str(c.ub_depth), str(c.acc_depth), str(c.weight_mem_tiles),
                  str(c.weight_fifo_depth), str(c.param_slots),
                  "yes" if c.ub_to_weights else "no", "yes" if c.lookup_table else "no",
-                 str(isa.table_beats(c.cols)) if c.lookup_table else "-"]
+                 str(isa.table_beats(c.cols)) if c.lookup_table else "-",
+                 "yes" if c.row_scale else "no"]
                 for name, c in PRESETS.items()]),
         "",
         "## Semantics",
@@ -281,7 +309,8 @@ def generate() -> str:
             "",
             _md(layout.__doc__),
             "",
-            *([_activation_depth(), ""] if opcode == isa.Opcode.ACTIVATE else []),
+            *([_activation_depth(), "", _normalise_constants(), ""]
+              if opcode == isa.Opcode.ACTIVATE else []),
             f"Assembler: `{_syntax(opcode)}`"
             + (f", {DATA_LINES[opcode]}." if opcode in DATA_LINES else ""),
             "",

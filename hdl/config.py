@@ -142,6 +142,11 @@ class TPUConfig:
         and ACTIVATE's function TABLE): 256 bytes, a copy per column in the pipelined unit (a
         block RAM each), one in the serial unit's table memory. ``False``: LOAD_TABLE's opcode
         is unknown and the function TABLE a bad field.
+    row_scale : bool
+        Build ACTIVATE's function NORMALISE (:data:`hdl.isa.Func`): each row divided by its
+        last column's accumulator, through a reciprocal table that replaces the multiplier
+        for the row (softmax's division after ``e @ [v | 1]``). ``False``: NORMALISE is a bad
+        field.
     """
 
     rows: int = 8
@@ -164,6 +169,7 @@ class TPUConfig:
     matmul_slots: int = 4
     ub_to_weights: bool = True
     lookup_table: bool = True
+    row_scale: bool = True
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -224,6 +230,7 @@ class TPUConfig:
         one_of("operands", OPERAND_KINDS)
         check("ub_to_weights", isinstance(self.ub_to_weights, bool), "True or False")
         check("lookup_table", isinstance(self.lookup_table, bool), "True or False")
+        check("row_scale", isinstance(self.row_scale, bool), "True or False")
         if self.multiplier == "ice40" and self.operands != "int8":
             raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
                               f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "

@@ -105,13 +105,14 @@ class Core(wiring.Component):
             registered=fast)
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
-                                      table=cfg.lookup_table)
+                                      table=cfg.lookup_table, row_scale=cfg.row_scale)
         else:
             # Its 18x18 partial products on MULT18X18D with the ECP5 build; inferred otherwise
             # (an SB_MAC16's dual 8x8 mode does not suit them).
             au = ActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
                                 multiplier="ecp5" if cfg.multiplier == "ecp5" else "infer",
-                                table=cfg.lookup_table)
+                                table=cfg.lookup_table, row_scale=cfg.row_scale,
+                                pipelined=fast)
         m.submodules.activation = au
 
         # Host side.

@@ -26,6 +26,7 @@ __all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COU
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
            "ClearCounters", "UbToWeights", "LoadTable", "TABLE_ENTRIES", "table_beats",
+           "RECIPROCAL_BITS", "RECIPROCAL_SCALE", "reciprocal",
            "FORMATS", "Status", "decode"]
 
 INSTR_BITS = 64
@@ -52,14 +53,17 @@ class Opcode(enum.Enum, shape=unsigned(4)):
 
 
 class Func(enum.Enum, shape=unsigned(3)):
-    """Activation function applied after requantisation. Values 6 and 7 are invalid, and so is
-    5 on a core built without the programmable table."""
+    """Activation function applied after requantisation. Value 7 is invalid, and so are 5 on
+    a core built without the programmable table and 6 on one without the row scale
+    (:attr:`~hdl.config.TPUConfig.row_scale`)."""
     IDENTITY = 0
     RELU     = 1   # max(q, zero_point)
     CLAMP    = 2   # min(max(q, zero_point), clamp_hi), ReLU6 when clamp_hi encodes 6.0
     SIGMOID  = 3   # table: input scale 1/16, output scale 1/256, zero point -128
     TANH     = 4   # table: input scale 1/16, output scale 1/128, zero point 0
     TABLE    = 5   # the programmable table (LOAD_TABLE): entry q + 128, as an int8
+    NORMALISE = 6  # the row divided by its last column: the multiplier is the reciprocal of
+                   # that accumulator (see RECIPROCAL_BITS), the shift grows with it
 
 
 class Rounding(enum.Enum, shape=unsigned(2)):
@@ -89,7 +93,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
     WEIGHT_UNWRITTEN = 5   # READ_WEIGHTS of a tile no LOAD_WEIGHTS has written
     WEIGHT_EMPTY     = 6   # MATMUL needs a tile (switch, or none active) but none is queued
     WEIGHT_OVERFLOW  = 7   # READ_WEIGHTS would queue more than weight_fifo_depth + 1 tiles
-    BAD_FIELD        = 8   # function (TABLE too on a core without the table), pooling,
+    BAD_FIELD        = 8   # function (TABLE too on a core without the table, NORMALISE
+                           # on one without the row scale), pooling,
                            # rounding or slot out of range, count not
                            # a multiple of the pooling window, UB_TO_WEIGHTS count past
                            # the tile's columns (transpose) or rows
@@ -301,6 +306,16 @@ class UbToWeights(data.Struct):
     _c:        8
 
 
+#: NORMALISE's reciprocal: a row's divisor ``d`` (the raw accumulator of its last column),
+#: when positive, is cut to its top ``RECIPROCAL_BITS`` bits, ``m = d >> e`` with
+#: ``e = max(0, bit_length(d) - RECIPROCAL_BITS)``, and the row's multiplier is
+#: ``round(2**RECIPROCAL_SCALE / m)`` (ties up), its shift ``min(63, shift + e)``: each
+#: element becomes ``t / d * 2**(RECIPROCAL_SCALE - shift)`` to within ``2**(1 -
+#: RECIPROCAL_BITS)`` relative (exactly rounded where ``d < 2**RECIPROCAL_BITS``). A divisor of
+#: 0 or less gives a multiplier of 0 (the row's elements become the zero point).
+RECIPROCAL_BITS = 9
+RECIPROCAL_SCALE = 25
+
 #: Entries of the programmable table: one per int8 input.
 TABLE_ENTRIES = 256
 
@@ -309,6 +324,16 @@ def table_beats(cols: int) -> int:
     """Data beats that follow a LOAD_TABLE on a core with ``cols`` columns: ``4 * cols``
     entries each (a parameter row's 32 bits per column)."""
     return -(-TABLE_ENTRIES // (4 * cols))
+
+
+def reciprocal(d: int) -> tuple[int, int]:
+    """NORMALISE's ``(multiplier, extra shift)`` for the divisor ``d`` (an int32; see
+    :data:`RECIPROCAL_BITS`)."""
+    if d <= 0:
+        return 0, 0
+    e = max(0, d.bit_length() - RECIPROCAL_BITS)
+    m = d >> e
+    return ((1 << RECIPROCAL_SCALE) + m // 2) // m, e
 
 
 class LoadTable(data.Struct):

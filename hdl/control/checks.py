@@ -114,7 +114,11 @@ class Checks(wiring.Component):
         moves = cfg.ub_to_weights
         is_ = {o: op == o for o in cfg.opcodes}
         unknown = ~Cat(*is_.values()).any()
-        last_func = Func.TABLE if cfg.lookup_table else Func.TANH
+        # The functions this core has: the fixed ones, TABLE and NORMALISE where built.
+        funcs = [f for f in Func if {Func.TABLE: cfg.lookup_table,
+                                     Func.NORMALISE: cfg.row_scale}.get(f, True)]
+        func_value = av.func.as_value()
+        bad_func = ~Cat(*(func_value == f.value for f in funcs)).any()
 
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
@@ -125,7 +129,7 @@ class Checks(wiring.Component):
         m.d.comb += window_mask.eq((1 << window_log) - 1)
         bad_field = (
             (needs_count & (count == 0)) |
-            (is_[Opcode.ACTIVATE] & ((av.func.as_value() > last_func.value) |
+            (is_[Opcode.ACTIVATE] & (bad_func |
                                      (av.pool.as_value() == 3) |
                                      ((count & window_mask) != 0) |
                                      (av.slot >= cfg.param_slots))) |

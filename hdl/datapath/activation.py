@@ -1,5 +1,7 @@
 """Activation unit: requantisation, activation function and max-pooling."""
 
+import itertools
+
 from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -8,11 +10,12 @@ from hdl.datapath.activation_table import table_quarter
 from hdl.datapath.pooling import pool_column, pool_controls
 from hdl.datapath.rounding import rounding_controls, rounding_shift
 from hdl.datapath.wide_product import biased_product
-from hdl.isa import TABLE_ENTRIES, Func, Rounding
+from hdl.isa import RECIPROCAL_BITS, TABLE_ENTRIES, Func, Rounding, reciprocal
 from hdl.layouts import acc_row_layout
 from hdl.lib.compare import greater_than
 from hdl.lib.registers import register_copies
 from hdl.lib.vendor import ecp5_mult_instance
+from hdl.memory.block_ram import PipelinedMemory
 from hdl.ports import MemWriteSignature, requant_params_layout
 
 __all__ = ["ActivationUnit"]
@@ -33,7 +36,9 @@ class ActivationUnit(wiring.Component):
     5. the function: IDENTITY ``q``; RELU ``max(q, zero_point)``; CLAMP
        ``min(max(q, zero_point), clamp_hi)``; SIGMOID and TANH a fixed table indexed by
        ``q`` (see :func:`~hdl.datapath.activation_table.lut_table`); TABLE (with ``table``)
-       the programmable table's entry ``q + 128``;
+       the programmable table's entry ``q + 128``; NORMALISE (with ``row_scale``) the
+       identity, the row having been requantised with the reciprocal of its last column's
+       sum as the multiplier (:func:`hdl.isa.reciprocal`, ``shift + e`` the shift);
     6. max-pooling: the element-wise maximum over the rows up to one with ``last`` set,
        sent as one output row.
 
@@ -60,6 +65,16 @@ class ActivationUnit(wiring.Component):
         Build the programmable table (LOAD_TABLE, function TABLE): a 256-byte memory per
         column (a block RAM each; the row's ``cols`` lookups happen in one cycle), all
         written together from ``i_table``.
+    pipelined : bool
+        With ``table``: read each copy through its block RAM's output register
+        (:class:`~hdl.memory.block_ram.PipelinedMemory`, the fast pipeline's choice), addressed
+        a stage earlier with the value saturated from s11's registers: a DP16KD read without
+        it is too late in the cycle for the ULX3S's clock.
+    row_scale : bool
+        Build NORMALISE: the row's divisor cut to its top bits in the bias stage (a priority
+        encoder and a shifter, once per row), its reciprocal read from a fixed table into
+        every column's multiplier input in place of the slot's multiplier, and the extra
+        shift carried down the stages beside the row to the rounding shift.
     multiplier : str
         ``"infer"``: the partial products are ``*`` between fabric registers (any part).
         ``"ecp5"``: each is an ECP5 ``MULT18X18D`` with registered inputs and output, as
@@ -91,7 +106,7 @@ class ActivationUnit(wiring.Component):
     FIFO_DEPTH = STAGES + 2
 
     def __init__(self, *, cols: int, acc_width: int = 32, multiplier: str = "infer",
-                 table: bool = False):
+                 table: bool = False, row_scale: bool = False, pipelined: bool = False):
         if acc_width != 32:
             raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
         if multiplier not in ("infer", "ecp5"):
@@ -101,6 +116,8 @@ class ActivationUnit(wiring.Component):
         self.acc_width = acc_width
         self.multiplier = multiplier
         self.table = table
+        self.row_scale = row_scale
+        self.pipelined = pipelined
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
@@ -170,7 +187,8 @@ class ActivationUnit(wiring.Component):
         func = prm.func
         scalars = data.StructLayout({"zero_point": signed(8), "clamp_hi": signed(8),
                                      "zp_above": 1, "table": 1, "tanh": 1, "relu": 1,
-                                     "clamp": 1, **({"program": 1} if self.table else {})})
+                                     "clamp": 1, **({"program": 1} if self.table else {}),
+                                     **({"normalise": 1} if self.row_scale else {})})
         shared = Signal(scalars)
         m.d.sync += [
             shared.zero_point.eq(prm.zero_point),
@@ -181,6 +199,9 @@ class ActivationUnit(wiring.Component):
             shared.relu.eq(func == Func.RELU),
             shared.clamp.eq(func == Func.CLAMP),
         ]
+        if self.row_scale:
+            m.d.sync += shared.normalise.eq(func == Func.NORMALISE)
+            recip, row_e = self._reciprocal(m)
         if self.table:
             m.d.comb += self.i_table.ready.eq(1)
             m.d.sync += shared.program.eq(func == Func.TABLE)
@@ -234,12 +255,29 @@ class ActivationUnit(wiring.Component):
             result = reg(signed(8), "result")          # s15: the function's result
             program = reg(signed(8), "program")        # s14: the programmable table's entry
 
-            # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
-            p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], prm.multiplier[j],
-                               suffix=f"_{j}", instantiate=instantiate)
-            # s8-s10: r = p >>> shift and the rounding increment (hdl.datapath.rounding).
             cp_hi, cp_lo, cp_tbl, cp = (c.scalars for c in column_params[j])
             rd_hi, rd_lo, _, rd = (c.rounding for c in column_params[j])
+            multiplier = prm.multiplier[j]
+            if self.row_scale:
+                # NORMALISE: the row's reciprocal instead of the slot's multiplier, and its
+                # shift grown by the divisor's cut (at most 63), carried beside the row: the
+                # rounding stages read it in s7 (coarse), s8 (fine) and s9 (increment).
+                multiplier = Mux(cp.normalise, recip, multiplier)
+                total = rd_hi.shift + Mux(cp.normalise, row_e, 0)
+                shift7, shift8 = reg(6, "shift_s7"), reg(6, "shift_s8")
+                two7, two8, two9 = (reg(1, f"two_step_s{i}") for i in (7, 8, 9))
+                clipped = Mux(total > 63, 63, total)
+                m.d.sync += [shift7.eq(clipped), two7.eq(rd.double & clipped[5]),
+                             shift8.eq(shift7), two8.eq(two7), two9.eq(two8)]
+                controls = rounding_controls()
+                rd_hi = data.View(controls, Cat(shift7, rd.even, rd.double, two7))
+                rd_lo = data.View(controls, Cat(shift8, rd.even, rd.double, two8))
+                rd = data.View(controls, Cat(shift8, rd.even, rd.double, two9))
+
+            # s1-s7: + bias, times the multiplier (hdl.datapath.wide_product).
+            p = biased_product(m, self.i_row.payload.data[j], prm.bias[j], multiplier,
+                               suffix=f"_{j}", instantiate=instantiate)
+            # s8-s10: r = p >>> shift and the rounding increment (hdl.datapath.rounding).
             is_table, is_tanh, is_relu, is_clamp = cp.table, cp_tbl.tanh, cp.relu, cp.clamp
             coarse, r, carry = rounding_shift(m, p, rd_hi, rd_lo, rd, suffix=f"_{j}")
             with m.Switch(rd_lo.shift[0:3]):
@@ -306,14 +344,24 @@ class ActivationUnit(wiring.Component):
             clamp = Mux(above, cp.clamp_hi, relu)
             chosen = Mux(is_table, tbl, Mux(is_relu, relu, Mux(is_clamp, clamp, q_14)))
             if self.table:
-                # The programmable table, read with the value saturated in s13 (the block
-                # RAM's address register is s13, its output registered in s14).
-                lookup = memory.Memory(shape=unsigned(8), depth=TABLE_ENTRIES, init=[])
+                # The programmable table, read with the saturated value: its entry registered
+                # in s14. Either the block RAM's address register is s13 (the value as q
+                # takes it), or (pipelined) its address register is s12 and its output
+                # register s13, from the value saturated straight from s11's registers.
+                if self.pipelined:
+                    lookup = PipelinedMemory(shape=unsigned(8), depth=TABLE_ENTRIES)
+                    write, read = lookup.w, lookup.r[0]
+                    high = v[7:11]
+                    early = Mux(~small_11 | Mux(v[11], ~high.all(), high.any()),
+                                Mux(Mux(small_11, v[11], negative_11), -128, 127), v[0:8])
+                    m.d.comb += [read.addr.eq(Cat(early[:7], ~early[7])), read.en.eq(1)]
+                else:
+                    lookup = memory.Memory(shape=unsigned(8), depth=TABLE_ENTRIES, init=[])
+                    write, read = lookup.write_port(), lookup.read_port(transparent_for=())
+                    m.d.comb += read.addr.eq(Cat(saturated[:7], ~saturated[7]))
                 m.submodules[f"table_{j}"] = lookup
-                write, read = lookup.write_port(), lookup.read_port(transparent_for=())
                 m.d.comb += [write.addr.eq(table_write.addr), write.data.eq(table_write.data),
-                             write.en.eq(table_en),
-                             read.addr.eq(Cat(saturated[:7], ~saturated[7]))]
+                             write.en.eq(table_en)]
                 m.d.sync += program.eq(read.data)
                 chosen = Mux(cp.program, program, chosen)
             m.d.sync += result.eq(chosen)
@@ -325,3 +373,34 @@ class ActivationUnit(wiring.Component):
             out_fifo.w_en.eq(closes[3]),
         ]
         return m
+
+    def _reciprocal(self, m: Module):
+        """NORMALISE's ``(reciprocal, e)``: in s1 the divisor (the row's last column, as it
+        arrives), in s2 its top :data:`~hdl.isa.RECIPROCAL_BITS` bits and the shift ``e``
+        that cuts them; the reciprocal read in s2 from a fixed table
+        (:func:`~hdl.isa.reciprocal`) into the multipliers' input registers of s3, and ``e``
+        delayed to s6 (the shift's stage adds it in s7). A divisor of 0 or less: a
+        reciprocal of 0."""
+        bits = RECIPROCAL_BITS
+        d = Signal(signed(32), name="divisor_s1", reset_less=True)
+        m.d.sync += d.eq(self.i_row.payload.data[self.cols - 1])
+        e_next = Signal(range(33 - bits))
+        for k in range(bits, 31):       # the highest set bit decides (later ones win)
+            with m.If(d[k]):
+                m.d.comb += e_next.eq(k + 1 - bits)
+        top = Signal(bits, name="divisor_top_s2", reset_less=True)
+        positive = Signal(name="divisor_positive_s2", reset_less=True)
+        e_stages = [Signal(range(33 - bits), name=f"divisor_e_s{i}", reset_less=True)
+                    for i in range(2, 7)]
+        m.d.sync += [top.eq(d.as_unsigned() >> e_next), positive.eq(~d[31] & d.any()),
+                     e_stages[0].eq(e_next)]
+        for a, b in itertools.pairwise(e_stages):
+            m.d.sync += b.eq(a)
+        entries = [0] + [reciprocal(t)[0] for t in range(1, 1 << bits)]
+        m.submodules.reciprocals = rom = memory.Memory(
+            shape=unsigned(max(entries).bit_length()), depth=1 << bits, init=entries)
+        read = rom.read_port(domain="comb")
+        m.d.comb += read.addr.eq(top)
+        recip = Signal(signed(32), name="reciprocal_s2")
+        m.d.comb += recip.eq(Mux(positive, read.data, 0))
+        return recip, e_stages[-1]

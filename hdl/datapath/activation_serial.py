@@ -5,7 +5,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.datapath.activation_table import lut_table
-from hdl.isa import TABLE_ENTRIES, Func, Rounding
+from hdl.isa import RECIPROCAL_BITS, TABLE_ENTRIES, Func, Rounding, reciprocal
 from hdl.layouts import acc_row_layout
 from hdl.ports import ColumnWord, MemWriteSignature, ParamColumnSignature
 
@@ -33,7 +33,9 @@ class SerialActivationUnit(wiring.Component):
     point, one for the function (and the table's address), one for the table read and
     pooling. A row of
     ``cols`` elements therefore takes ``cols`` times that (37 to 99 cycles an element),
-    against one row a cycle for the parallel unit.
+    against one row a cycle for the parallel unit. With ``row_scale``, a NORMALISE row takes
+    two cycles more before its first element (its divisor's reciprocal, from a table), and
+    its elements shift by ``min(63, shift + e)``.
 
     The row is read from ``i_row`` while it waits (a stream's payload holds until it is
     taken) and taken when its last element is done, so the unit holds no copy of it. The
@@ -57,12 +59,14 @@ class SerialActivationUnit(wiring.Component):
         A row is being worked on.
     """
 
-    def __init__(self, *, cols: int, acc_width: int = 32, table: bool = False):
+    def __init__(self, *, cols: int, acc_width: int = 32, table: bool = False,
+                 row_scale: bool = False):
         if acc_width != 32:
             raise ValueError(f"acc_width={acc_width} is not supported; allowed: 32")
         self.cols = cols
         self.acc_width = acc_width
         self.table = table
+        self.row_scale = row_scale
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, acc_width))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
@@ -175,16 +179,34 @@ class SerialActivationUnit(wiring.Component):
         result = Mux(is_table, rd.data.as_signed(), f)
         best = Mux(window_open & (pooled[col] > result), pooled[col], result)
 
+        # NORMALISE (with ``row_scale``): the row's reciprocal and extra shift, found before
+        # its first column (RECIP, RECIP_READ), replace the multiplier word and grow the shift.
+        normalise = Const(0)
+        multiplier = params.word
+        if self.row_scale:
+            normalise = params.func == Func.NORMALISE
+            row_recip, row_e = self._reciprocal(m, row.data[cols - 1])
+            multiplier = Mux(normalise, row_recip, params.word)
+
         with m.FSM(name="serial_activation"):
             with m.State("IDLE"):
                 # Column 0's multiplier is selected. A row that closes a window needs the
                 # output register free.
                 m.d.comb += params.kind.eq(ColumnWord.MULTIPLIER)
                 with m.If(self.i_row.valid & (~row.last | ~self.o_row.valid)):
-                    m.next = "LOAD"
+                    m.next = "RECIP" if self.row_scale else "LOAD"
+                    if self.row_scale:
+                        with m.If(~normalise):
+                            m.next = "LOAD"
+            if self.row_scale:
+                # The divisor's top bits and its table read; then its reciprocal.
+                for state, after in (("RECIP", "RECIP_READ"), ("RECIP_READ", "LOAD")):
+                    with m.State(state):
+                        m.d.comb += [self.o_busy.eq(1), params.kind.eq(ColumnWord.MULTIPLIER)]
+                        m.next = after
             with m.State("LOAD"):
                 m.d.comb += self.o_busy.eq(1)
-                m.d.sync += [lo.eq(params.word), hi.eq(0), step.eq(0)]
+                m.d.sync += [lo.eq(multiplier), hi.eq(0), step.eq(0)]
                 m.next = "BIAS"
             with m.State("BIAS"):
                 m.d.comb += self.o_busy.eq(1)
@@ -198,8 +220,11 @@ class SerialActivationUnit(wiring.Component):
                 with m.If(step == 0):
                     m.d.comb += params.kind.eq(ColumnWord.SHIFT)
                 with m.If(step == 1):
-                    m.d.sync += shift.eq(Mux(params.column_shifts, params.word[:6],
-                                             params.shift))
+                    base = Mux(params.column_shifts, params.word[:6], params.shift)
+                    if self.row_scale:      # NORMALISE's: min(63, shift + e)
+                        total = base + Mux(normalise, row_e, 0)
+                        base = Mux(total > 63, 63, total)
+                    m.d.sync += shift.eq(base)
                 with m.If(step == 31):
                     m.d.sync += [left.eq(Mux(shift == 0, 0, shift - 1)), dropped.eq(0),
                                  sticky.eq(0), any_hi.eq(0), all_hi.eq(1)]
@@ -242,3 +267,26 @@ class SerialActivationUnit(wiring.Component):
         with m.If(self.o_row.valid & self.o_row.ready):
             m.d.sync += self.o_row.valid.eq(0)
         return m
+
+    def _reciprocal(self, m: Module, divisor):
+        """NORMALISE's ``(reciprocal, e)`` for the row's *divisor* (its last column, held on
+        ``i_row``): its top bits and ``e`` registered in RECIP, read in the table of
+        reciprocals in RECIP_READ, held for the row's columns."""
+        bits = RECIPROCAL_BITS
+        e_next = Signal(range(33 - bits))
+        for k in range(bits, 31):       # the highest set bit decides (later ones win)
+            with m.If(divisor[k]):
+                m.d.comb += e_next.eq(k + 1 - bits)
+        entries = [0] + [reciprocal(t)[0] for t in range(1, 1 << bits)]
+        m.submodules.reciprocals = rom = memory.Memory(
+            shape=unsigned(max(entries).bit_length()), depth=1 << bits, init=entries)
+        read = rom.read_port()
+        e = Signal.like(e_next)
+        positive = Signal()
+        recip = Signal(signed(32))
+        m.d.comb += read.addr.eq(divisor.as_unsigned() >> e_next)
+        # (Registered every cycle: RECIP and RECIP_READ come right before the row's first
+        # column, while the row is held.)
+        m.d.sync += [e.eq(e_next), positive.eq(~divisor[31] & divisor.any()),
+                     recip.eq(Mux(positive, read.data, 0))]
+        return recip, e

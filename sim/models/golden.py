@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hdl.isa import RECIPROCAL_BITS, RECIPROCAL_SCALE
+
 __all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "MatrixUnitModel",
            "matrix_unit_stream",
-           "saturate", "rounding_shift", "requantise", "activate", "max_pool_rows",
+           "saturate", "rounding_shift", "requantise", "reciprocals", "requantise_normalised",
+           "activate", "max_pool_rows",
            "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE", "table_values"]
 
 
@@ -207,6 +210,53 @@ def requantise(acc, bias, multiplier, shift, zero_point: int,
     return saturate(r + zero_point)
 
 
+def reciprocals(d) -> tuple[np.ndarray, np.ndarray]:
+    """NORMALISE's ``(multiplier, extra shift)`` for each divisor in ``d`` (int32 values),
+    elementwise :func:`hdl.isa.reciprocal`: for ``d > 0``, ``e = max(0, bit_length(d) -
+    RECIPROCAL_BITS)``, ``m = d >> e`` (the top ``RECIPROCAL_BITS`` bits) and the multiplier
+    ``floor((2**RECIPROCAL_SCALE + floor(m / 2)) / m)`` (``2**RECIPROCAL_SCALE / m`` to
+    nearest, ties up); ``(0, 0)`` for ``d <= 0``. Both int64, ``d``'s shape."""
+    d = np.asarray(d, dtype=np.int64)
+    positive = d > 0
+    d = np.where(positive, d, 1)
+    # frexp's exponent is the bit length of a positive integer below 2**53, exactly.
+    bit_length = np.frexp(d.astype(np.float64))[1].astype(np.int64)
+    e = np.maximum(bit_length - RECIPROCAL_BITS, 0)
+    m = d >> e
+    recip = ((np.int64(1) << RECIPROCAL_SCALE) + m // 2) // m
+    return np.where(positive, recip, 0), np.where(positive, e, 0)
+
+
+def requantise_normalised(acc, bias, shift, zero_point: int,
+                          rounding: int = HALF_UP) -> np.ndarray:
+    """ACTIVATE's function NORMALISE (:class:`hdl.isa.Func`) on accumulator rows ``acc``
+    (``(rows, cols)`` int32 values): each row divided by its own last column, to int8,
+    exactly as the activation unit does. For each row, ``d`` = its raw accumulator in
+    column ``cols - 1`` (before the bias) and ``(recip, e) = reciprocals(d)``; then per
+    column ``j``:
+
+    1. ``t = wrap32(acc[j] + bias[j])``;
+    2. ``p = t * recip``, exact (``|p| <= 2**56``);
+    3. ``r = rounding_shift(p, min(63, shift[j] + e), rounding)``, ``shift`` (0 to 63) one
+       for all columns or one per column;
+    4. ``q = saturate_int8(saturate_int32(r) + zero_point)``.
+
+    The multiplier of the parameter slot is not used, and the function is the identity, so
+    ``q`` is about ``t / d * 2**(RECIPROCAL_SCALE - shift)`` (``zero_point`` for
+    ``d <= 0``)."""
+    acc = np.asarray(acc, dtype=np.int64)
+    if acc.ndim != 2 or acc.shape[1] == 0:
+        raise ValueError(f"requantise_normalised needs accumulator rows (rows, cols), the "
+                         f"divisor in the last column; got shape {acc.shape}")
+    shift = _shifts(shift)
+    recip, e = reciprocals(acc[:, -1])
+    t = wrap(acc + np.asarray(bias, dtype=np.int64), 32)
+    p = t * recip[:, None]
+    s = np.minimum(shift + e[:, None], 63)
+    r = saturate(rounding_shift(p, s, rounding), -(1 << 31), (1 << 31) - 1)
+    return saturate(r + zero_point)
+
+
 def _lut(function, scale_zp) -> np.ndarray:
     scale, zp = scale_zp
     x = np.arange(-128, 128) * LUT_INPUT_SCALE
@@ -247,7 +297,8 @@ def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127,
              table=None) -> np.ndarray:
     """Apply function ``func`` (:class:`hdl.isa.Func` value) to requantised int8 values.
     TABLE (5) looks ``q`` up in ``table`` (256 entries, int8 or raw bytes, see
-    :func:`table_values`): ``table[q + 128]`` as an int8."""
+    :func:`table_values`): ``table[q + 128]`` as an int8. NORMALISE (6) needs the
+    accumulators, not ``q``: it is :func:`requantise_normalised`."""
     q = np.asarray(q, dtype=np.int64)
     if func == 0:    # IDENTITY
         return q
@@ -263,7 +314,13 @@ def activate(q, func: int, zero_point: int = 0, clamp_hi: int = 127,
         if table is None:
             raise ValueError("func=5 (TABLE) needs the table: table=, 256 entries")
         return table_values(table)[q + 128]
-    raise ValueError(f"func={func} is not an activation function; allowed: 0 to 5")
+    if func == 6:    # NORMALISE
+        raise ValueError("func=6 (NORMALISE) is not a function of q: it divides each row "
+                         "by its last accumulator, so it needs the accumulators; use "
+                         "requantise_normalised(acc, bias, shift, zero_point, rounding) "
+                         "instead of requantise and activate (its function is the identity)")
+    raise ValueError(f"func={func} is not an activation function; allowed: 0 to 5 (and 6, "
+                     f"NORMALISE, through requantise_normalised)")
 
 
 def max_pool_rows(values, window: int) -> np.ndarray:

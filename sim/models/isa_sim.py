@@ -103,6 +103,24 @@ Instructions
   6. ``y`` = the element-wise maximum of ``f`` over each group of ``window`` consecutive
      rows (``golden.max_pool_rows``).
 
+  NORMALISE (on a core built with ``row_scale``) divides each row by its own last column
+  (``golden.requantise_normalised``), with ``B = RECIPROCAL_BITS`` and
+  ``S = RECIPROCAL_SCALE`` (:mod:`hdl.isa`; docs/isa.md gives their values under ACTIVATE).
+  For each accumulator row, ``d`` = its value in column ``cols - 1`` as it stands (before
+  the bias); when ``d > 0``, ``e = max(0, bit_length(d) - B)``, ``m = floor(d / 2**e)``
+  (``d``'s top ``B`` bits) and ``recip = floor((2**S + floor(m / 2)) / m)`` (``2**S / m`` to
+  nearest, ties up; ``hdl.isa.reciprocal``); when ``d <= 0``, ``recip = e = 0``, so every
+  element of the row becomes ``z``. Then every column ``j`` of the row goes through step 1,
+  step 2 with ``p = t * recip`` (exact, ``|p| <= 2**(31 + S)``; the slot's ``multiplier`` is
+  not used), step 3 with the shift ``s = min(63, shift[j] + e)`` and the slot's rounding
+  mode, step 4, step 5 the identity (``f = q``) and step 6. So ``q`` is ``z`` plus
+  ``t / d * 2**(S - shift[j])`` rounded, saturated to int8, as precisely as ``recip / 2**e``
+  stands for ``2**S / d``: ``recip / 2**e`` is ``2**S / d`` rounded to the nearest integer
+  when ``d < 2**B`` (``e = 0``), and above it is within a relative ``2**(1 - B)`` of
+  ``2**S / d`` (``m * 2**e <= d < (m + 1) * 2**e`` with ``m >= 2**(B - 1)``, the cut, and
+  the rounding of ``recip``). The divisor is read before the bias and each row has its own;
+  column ``cols - 1`` is requantised too (``t / d = 1`` there when its bias is 0).
+
   The ``count / window`` rows of ``y`` go to unified-buffer rows ``ub_addr..``: elements
   ``0..cols-1`` the results as raw bytes, elements ``cols..ub_row-1`` zero.
 - LOAD_PARAMS: ``rounding``, ``zero_point`` and ``clamp_hi`` of slot ``slot`` from the
@@ -209,8 +227,10 @@ beats are consumed). The first failing check, in this order, sets the error:
    (``ub_to_weights=False``), 13 (LOAD_TABLE) on a core built without the table
    (``lookup_table=False``).
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
-   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func > 5`` (``func == 5``, TABLE, too on a core
-   without the table), ``pool == 3``, ``count % window != 0`` or ``slot >= param_slots``;
+   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func == 7`` (``func == 5``, TABLE, too on a
+   core without the table, ``lookup_table=False``, and ``func == 6``, NORMALISE, on one
+   without the row scale, ``row_scale=False``), ``pool == 3``, ``count % window != 0`` or
+   ``slot >= param_slots``;
    for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``; for UB_TO_WEIGHTS
    ``count > cols`` with ``transpose``, ``count > rows`` without.
 3. SIGNEDNESS: LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL with ``signed`` clear on a core built
@@ -275,7 +295,7 @@ from hdl.config import TPUConfig
 from sim.models import golden
 
 __all__ = ["IsaSim", "SimStatus", "ParamSlot", "DETERMINISTIC_COUNTERS", "POOL_WINDOW",
-           "OPTIONAL", "beats_match", "error_beat"]
+           "OPTIONAL", "OPTIONAL_FUNCS", "beats_match", "error_beat"]
 
 #: Counters whose values the ISA level determines; the rest depend on timing.
 DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight_shift")
@@ -286,6 +306,10 @@ POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
 #: Opcodes a core may be built without, and the :class:`~hdl.config.TPUConfig` flag that
 #: builds each; without it the opcode is unknown (UNKNOWN_OPCODE).
 OPTIONAL = {isa.Opcode.UB_TO_WEIGHTS: "ub_to_weights", isa.Opcode.LOAD_TABLE: "lookup_table"}
+
+#: ACTIVATE's functions a core may be built without, and the flag that builds each; without
+#: it the function is a bad field (BAD_FIELD).
+OPTIONAL_FUNCS = {isa.Func.TABLE: "lookup_table", isa.Func.NORMALISE: "row_scale"}
 
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 
@@ -602,16 +626,21 @@ class IsaSim:
         self._check_count(count)
         if (not isinstance(func, isa.Func) or not isinstance(pool, isa.Pool)
                 or count % POOL_WINDOW[pool] or slot >= self.config.param_slots
-                or func == isa.Func.TABLE and not self.config.lookup_table):
+                or func in OPTIONAL_FUNCS and not getattr(self.config, OPTIONAL_FUNCS[func])):
             raise _Error(isa.ErrorCode.BAD_FIELD)
         window = POOL_WINDOW[pool]
         self._check_ub(f["ub_addr"], count // window)
         self._check_acc(f["acc_addr"], count)
         p = self.params[slot]
-        q = golden.requantise(self.acc[f["acc_addr"]:f["acc_addr"] + count], p.bias,
-                              p.multiplier, p.shift, p.zero_point, p.rounding.value)
-        y = golden.max_pool_rows(golden.activate(q, func.value, p.zero_point, p.clamp_hi,
-                                                 table=self.table), window)
+        acc = self.acc[f["acc_addr"]:f["acc_addr"] + count]
+        if func == isa.Func.NORMALISE:      # the multiplier from the row; then the identity
+            fq = golden.requantise_normalised(acc, p.bias, p.shift, p.zero_point,
+                                              p.rounding.value)
+        else:
+            q = golden.requantise(acc, p.bias, p.multiplier, p.shift, p.zero_point,
+                                  p.rounding.value)
+            fq = golden.activate(q, func.value, p.zero_point, p.clamp_hi, table=self.table)
+        y = golden.max_pool_rows(fq, window)
         out = self.ub[f["ub_addr"]:f["ub_addr"] + count // window]
         out[:, :self.config.cols] = golden.to_raw(y)
         out[:, self.config.cols:] = 0

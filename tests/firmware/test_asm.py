@@ -317,8 +317,8 @@ ERRORS = [
     ("matmul ub=0 acc=0 count=1 signed=2", "line 1: matmul field signed=2 is out of range; "
      "allowed: 0 to 1 (1 bits)"),
     ("activate acc=0 ub=0 count=1 func=gelu pool=none slot=0", "line 1: activate field "
-     "func='gelu' is not a value; allowed: identity, relu, clamp, sigmoid, tanh, table or "
-     "0 to 7 (3 bits)"),
+     "func='gelu' is not a value; allowed: identity, relu, clamp, sigmoid, tanh, table, "
+     "normalise or 0 to 7 (3 bits)"),
     ("activate acc=0 ub=0 count=1 func=relu pool=4 slot=0", "line 1: activate field pool=4 "
      "is out of range; allowed: none, max2, max4 or 0 to 3 (2 bits)"),
     ("read_host ub=0 count=2\n.row 1 2 3 4 5 6 7 8\nhalt", "line 1: read_host needs 2 data "
@@ -516,6 +516,34 @@ def test_load_table_in_a_program():
     odd = disassemble(beats, config)
     assert odd.splitlines()[16] == f".word {beats[16]:#x}"
     assert assemble(odd, config) == beats
+
+
+def test_activate_normalise_round_trip():
+    """ACTIVATE's function NORMALISE (6) is ``func=normalise`` in text, by name or number,
+    through pooling and every slot; the word is the one Program.activate encodes; 7, no
+    function, disassembles as a number and assembles back."""
+    config = PRESETS["default"]
+    p = Program(config)
+    p.activate(3, 200, 8, func=isa.Func.NORMALISE, pool=isa.Pool.MAX4, slot=3)
+    p.activate(0, 0, 1, func=isa.Func.NORMALISE)
+    p.halt()
+    text = p.text()
+    assert text.splitlines() == [
+        "activate acc=3 ub=200 count=8 func=normalise pool=max4 slot=3",
+        "activate acc=0 ub=0 count=1 func=normalise pool=none slot=0",
+        "halt"]
+    assert assemble(text, config) == p.beats
+    assert assemble(text.replace("func=normalise", "func=6"), config) == p.beats
+    assert assemble(text.replace("func=normalise", "func=NORMALISE"), config) == p.beats
+    assert decode(p.beats[0]) == (isa.Opcode.ACTIVATE, {
+        "_flags": 0, "acc_addr": 3, "ub_addr": 200, "count": 8, "func": 6, "pool": 2,
+        "slot": 3})
+    assert p.beats[0] == encode(isa.Opcode.ACTIVATE, acc_addr=3, ub_addr=200, count=8,
+                                func=6, pool=2, slot=3)
+    seven = [encode(isa.Opcode.ACTIVATE, count=1, func=7)]
+    assert disassemble(seven, config) == \
+        "activate acc=0 ub=0 count=1 func=7 pool=none slot=0\n"
+    assert assemble(disassemble(seven, config), config) == seven
 
 
 LOAD_TABLE_ERRORS = [

@@ -59,3 +59,46 @@ def test_activate_states_the_activation_units_depth_from_the_gateware(monkeypatc
     monkeypatch.setattr(ActivationUnit, "STAGES", ActivationUnit.STAGES + 1)
     section = activate_section(isadoc.generate())
     assert f"`ActivationUnit.STAGES` = {ActivationUnit.STAGES} cycles" in section
+
+
+def test_activate_states_normalises_figures_from_hdl_isa(monkeypatch):
+    """The reciprocal's constants, range and precision are taken from hdl.isa (the precision
+    claims themselves are checked in tests/sim/test_golden.py), and follow them."""
+    def normalise_paragraph(text: str) -> str:
+        start = text.index("Function NORMALISE (a core built with `row_scale`)")
+        return " ".join(text[start:text.index("\n\n", start)].split())
+
+    text = normalise_paragraph(isadoc.generate())
+    assert "`RECIPROCAL_BITS` = 9 and `RECIPROCAL_SCALE` = 25" in text
+    assert f"`recip` runs from {2**25} (`d` = 1) down to {isa.reciprocal(511)[0]} " \
+           "(`m` = 511)" in text
+    assert "for `d` < 512, and within a relative `2**-8` of it" in text
+    assert "`z + t / d * 2**(25 - shift)`" in text
+    monkeypatch.setattr(isa, "RECIPROCAL_BITS", 8)
+    monkeypatch.setattr(isa, "RECIPROCAL_SCALE", 20)
+    text = normalise_paragraph(isadoc.generate())
+    assert "`RECIPROCAL_BITS` = 8 and `RECIPROCAL_SCALE` = 20" in text
+    assert f"`recip` runs from {2**20} (`d` = 1) down to {(2**20 + 127) // 255} " \
+           "(`m` = 255)" in text
+    assert "for `d` < 256, and within a relative `2**-7` of it" in text
+
+
+def test_configurations_table_says_which_presets_have_the_row_scale():
+    from hdl.presets import PRESETS
+
+    text = isadoc.generate()
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    lines = text.splitlines()
+    column = cells(next(line for line in lines if line.startswith("| Preset |"))).index(
+        "row_scale")
+    for name, config in PRESETS.items():
+        row = cells(next(line for line in lines if line.startswith(f"| `{name}` |")))
+        assert row[column] == ("yes" if config.row_scale else "no"), name
+    assert not PRESETS["icebreaker"].row_scale and PRESETS["default"].row_scale
+    assert "without `row_scale` ACTIVATE's function NORMALISE is BAD_FIELD" in text
+    # The Func table takes NORMALISE's comment whole, its continuation line included.
+    assert "| 6 | `NORMALISE` | the row divided by its last column: the multiplier is the " \
+           "reciprocal of that accumulator (see RECIPROCAL_BITS), the shift grows with it |" \
+           in text

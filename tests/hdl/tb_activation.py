@@ -64,7 +64,11 @@ ACC_EXTREMES = [INT32_MIN, INT32_MIN + 1, -(1 << 30), -1, 0, 1, 1 << 30, INT32_M
 PARAM_EXTREMES = [INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX - 1, INT32_MAX]
 EXTREME_SHIFTS = [0, 1, 31, 62, 63]
 TIE_SHIFTS = [1, 2, 7, 31, 32, 33, 61, 62, 63]
-FUNCS = [f.name for f in Func]
+#: The unit's functions here: the bench builds it without the programmable table and the
+#: row scale, whose functions (TABLE, NORMALISE) the core's benches test
+#: (test_lookup_table.py, test_normalise.py), as the core builds them.
+UNIT_FUNCS = [f for f in Func if f not in (Func.TABLE, Func.NORMALISE)]
+FUNCS = [f.name for f in UNIT_FUNCS]
 WINDOWS = [1, 2, 4]
 LUTS = {"SIGMOID": SIGMOID_LUT, "TANH": TANH_LUT}
 
@@ -522,7 +526,7 @@ async def test_variable_windows(dut):
     seed = 580
     tb = await start(dut, seed, idle=burst_stalls(seed + 1, 5),
                      backpressure=burst_stalls(seed + 2, 8))
-    for f in Func:
+    for f in UNIT_FUNCS:
         windows = tb.rng.integers(1, 6, size=12).tolist()
         params, acc = tb.typical(f, sum(windows))
         await tb.burst(params, acc, windows)

@@ -8,8 +8,8 @@ and sums past them that saturate), with entries at the byte's extremes (0x00, 0x
 LOAD_TABLE replaced the first. The timing rules: an ACTIVATE right behind a LOAD_TABLE
 reads the new table (its last entry too), and a LOAD_TABLE right behind an ACTIVATE waits
 for it, which a front end that did not would fail here. The errors (the opcode on a core
-built without it, the function TABLE there, functions 6 and 7) stop the core with the ISA
-simulator's code.
+built without it, the function TABLE there) stop the core with the ISA simulator's code
+(function 7: :mod:`test_normalise`).
 """
 
 from __future__ import annotations
@@ -156,13 +156,6 @@ def _run_bad(pair: Pair, bad, code: ErrorCode, what: str) -> None:
     assert (status.error, status.code, status.instr_index) == (True, code, good), \
         f"{what}: status {status}, expected {code.name} at {good}"
     pair.check_state(what, resync=True)
-
-
-@pytest.mark.parametrize("func", [6, 7])
-def test_bad_function(pair, func: int):
-    """Functions past TABLE are bad fields on a core with the table."""
-    _run_bad(pair("tiny"), lambda p: p.activate(0, 8, 4, func=func), ErrorCode.BAD_FIELD,
-             f"seed {SEED}, func {func}")
 
 
 def test_refused_where_not_built(pair):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -13,7 +14,14 @@ from hdl.beats import DONE_MAGIC
 from hdl.config import TPUConfig
 from hdl.presets import PRESETS
 from sim.models import golden
-from sim.models.isa_sim import DETERMINISTIC_COUNTERS, POOL_WINDOW, IsaSim, beats_match, error_beat
+from sim.models.isa_sim import (
+    DETERMINISTIC_COUNTERS,
+    OPTIONAL_FUNCS,
+    POOL_WINDOW,
+    IsaSim,
+    beats_match,
+    error_beat,
+)
 
 SEED = 20261201
 DEFAULT = TPUConfig()
@@ -381,9 +389,12 @@ def test_activate_matches_golden(func, pool):
     sim.feed(p.beats)
     assert not sim.status.error
     acc = golden.matmul(x, tile)
-    want = golden.max_pool_rows(golden.activate(
-        golden.requantise(acc, bias, mult, shift, zp), func.value, zp, clamp, table=table),
-        window)
+    if func == isa.Func.NORMALISE:
+        f = golden.requantise_normalised(acc, bias, shift, zp)
+    else:
+        f = golden.activate(golden.requantise(acc, bias, mult, shift, zp), func.value, zp,
+                            clamp, table=table)
+    want = golden.max_pool_rows(f, window)
     n = count // window
     assert np.array_equal(golden.from_raw(sim.ub[30:30 + n, :c.cols], True), want)
     assert not sim.ub[30:30 + n, c.cols:].any()
@@ -703,6 +714,173 @@ def test_table_is_zero_after_reset_and_kept_across_halt_clear_and_resync():
     assert activate_table(sim) == [0, 0, 0, 0]
 
 
+# ACTIVATE's NORMALISE -------------------------------------------------------------------------
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def planted_acc(rng, rows: int, cols: int) -> np.ndarray:
+    """Random int32 accumulator rows, the extremes planted in every column; the last column
+    (the divisor) cycles through 1, 2**31 - 1, 0, -1, -2**31, the edges of the 9-bit cut
+    (255 .. 513), powers of two and their neighbours, and random positive ones of every
+    size (a third of the rows); a third of the rows hold elements within 3 times their
+    divisor."""
+    acc = rng.integers(INT32_MIN, INT32_MAX + 1, (rows, cols))
+    acc[rng.random((rows, cols)) < 0.1] = INT32_MIN
+    acc[rng.random((rows, cols)) < 0.1] = INT32_MAX
+    small = rng.random((rows, cols)) < 0.3
+    acc[small] = rng.integers(-5000, 5000, small.sum())
+    planted = [1, INT32_MAX, 0, -1, INT32_MIN, 255, 256, 511, 512, 513, 2, 3, 1 << 30,
+               (1 << 30) - 1, (1 << 30) + 1, 1 << 20, (1 << 20) + 1]
+    d = [planted[i] if i < len(planted) else int(rng.integers(1, 2 ** rng.integers(1, 32)))
+         for i in range(rows)]
+    acc[:, -1] = rng.permutation(d)
+    # A third of the rows: elements within a few times their divisor, for mid-range quotients.
+    near = rng.random(rows) < 0.35
+    ratio = rng.uniform(-3, 3, (near.sum(), cols - 1))
+    acc[near, :-1] = np.clip(np.round(acc[near, -1:] * ratio), INT32_MIN, INT32_MAX)
+    return acc
+
+
+#: One column (the divisor alone), rows > cols and five columns.
+NORMALISE_CONFIGS = {"1col": TPUConfig(rows=2, cols=1), "tall": TALL,
+                     "5col": TPUConfig(rows=3, cols=5, param_slots=2)}
+
+
+@pytest.mark.parametrize("config_name", list(NORMALISE_CONFIGS))
+@pytest.mark.parametrize("rounding", ROUNDINGS, ids=lambda r: r.name)
+def test_activate_normalise_matches_golden(config_name, rounding):
+    """ACTIVATE NORMALISE of accumulator rows with planted extremes (divisors 1, 2**31 - 1,
+    0 and below, the cut's edges; t from -2**31 to 2**31 - 1, sums that wrap) and per-column
+    shifts from 0 to 63 (past 63 with the cut): the unified buffer holds
+    golden.requantise_normalised's rows, the accumulators are untouched, and a second slot
+    that differs only in its multipliers gives the same bytes (NORMALISE does not read
+    them). The ordinary requantisation of the same rows gives other bytes."""
+    c = NORMALISE_CONFIGS[config_name]
+    rng = rng_for(f"normalise {config_name} {rounding.name}")
+    rows = 32                                            # TALL: 64 buffer rows
+    acc = planted_acc(rng, rows, c.cols)
+    bias = rng.integers(INT32_MIN, INT32_MAX + 1, c.cols)
+    bias[rng.random(c.cols) < 0.4] = 0
+    shift = rng.choice([0, 17, 19, 25, 32, 42, 63], c.cols)
+    # Column 0 (with more columns) where the quotients spread over int8: a small bias and
+    # 2**(25 - shift) from 1 to 64.
+    bias[0] = rng.integers(-1000, 1000)
+    shift[0] = rng.choice([19, 21, 25])
+    mult = rng.integers(INT32_MIN, INT32_MAX + 1, c.cols)
+    zp = int(rng.integers(-128, 128))
+    sim = IsaSim(c)
+    sim.acc[:rows] = acc
+    p = Program(c)
+    p.read_host(0, np.full((2 * rows, c.ub_row), -1))   # stale bytes ACTIVATE overwrites
+    p.load_params(0, bias, mult, shift=shift.tolist(), zp=zp, clamp=5, rounding=rounding)
+    p.load_params(1, bias, mult ^ 0x5A5A5A5, shift=shift.tolist(), zp=zp, clamp=-9,
+                  rounding=rounding)
+    p.activate(0, 0, rows, func=isa.Func.NORMALISE, slot=0)
+    p.activate(0, rows, rows, func=isa.Func.NORMALISE, slot=1)
+    p.write_host(0, rows)
+    p.halt()
+    out = sim.run(p.beats)
+    want = golden.requantise_normalised(acc, bias, shift, zp, rounding.value)
+    for ub in (0, rows):
+        assert np.array_equal(golden.from_raw(sim.ub[ub:ub + rows, :c.cols], True), want), ub
+        assert not sim.ub[ub:ub + rows, c.cols:].any()
+    assert out[:rows] == [int.from_bytes(r.tobytes(), "little") for r in sim.ub[:rows]]
+    assert np.array_equal(sim.acc[:rows], acc)
+    assert (want[acc[:, -1] <= 0] == zp).all()
+    if c.cols > 1:
+        assert len(set(want[:, 0].tolist())) > 6, "the quotients spread over int8"
+    assert not np.array_equal(
+        want, golden.requantise(acc, bias, mult, shift, zp, rounding.value))
+
+
+def test_normalise_uses_the_slots_rounding_mode():
+    """Each slot's rounding mode applies to NORMALISE's shift: with d = 1 and shift 32 an
+    element is ``t / 128`` exactly, so t = +-64, +-192, 320 are ties and t = 32 rounds to 1
+    in DOUBLE alone (``t / 64`` ties up, then ``1 / 2`` away from zero); three slots, one
+    mode each, on the same rows."""
+    c = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=2)
+    t = [64, -64, 32, -32, 192, 320, -192]
+    want = {isa.Rounding.HALF_UP: [1, 0, 0, 0, 2, 3, -1],
+            isa.Rounding.HALF_EVEN: [0, 0, 0, 0, 2, 2, -2],
+            isa.Rounding.DOUBLE: [1, -1, 1, 0, 2, 3, -2]}
+    sim = IsaSim(c)
+    sim.acc[:len(t)] = [[v, 1] for v in t]
+    p = Program(c)
+    for slot, rounding in enumerate(want):
+        p.load_params(slot, [0, 0], [1, 1], shift=32, rounding=rounding)
+        p.activate(0, 8 * slot, len(t), func=isa.Func.NORMALISE, slot=slot)
+    sim.run(p.beats)
+    for slot, (rounding, column) in enumerate(want.items()):
+        got = golden.from_raw(sim.ub[8 * slot:8 * slot + len(t), :2], True)
+        assert got[:, 0].tolist() == column, rounding
+        assert got[:, 1].tolist() == [0] * len(t), rounding          # 1 / 128
+
+
+def test_normalise_of_a_weighted_sum():
+    """Softmax's division on the core: ``e @ [v | 1]`` puts ``sum(e * v)`` in the first
+    columns and ``sum(e)`` in the last, and NORMALISE at shift 25 (``RECIPROCAL_SCALE``)
+    leaves the weighted mean of ``v``, within 1 of the exact rational one; the last column
+    is ``sum(e) / sum(e) = 1``. Through READ_HOST, MATMUL and WRITE_HOST."""
+    c = TPUConfig(rows=8, cols=4)
+    rng = rng_for("normalise weighted sum")
+    n = 32
+    e = rng.integers(0, 128, (n, c.rows))
+    e[0] = 0                                             # d = 0: the zero point
+    e[1] = [127] + [0] * (c.rows - 1)
+    v = rng.integers(-128, 128, (c.rows, c.cols - 1))
+    tile = np.concatenate([v, np.ones((c.rows, 1), dtype=np.int64)], axis=1)
+    p = Program(c)
+    p.read_host(0, e)
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, 0, n, switch=True)
+    p.load_params(2, [0] * c.cols, [0] * c.cols, shift=isa.RECIPROCAL_SCALE, zp=0)
+    p.activate(0, 100, n, func=isa.Func.NORMALISE, slot=2)
+    p.halt()
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    got = golden.from_raw(sim.ub[100:100 + n, :c.cols], True)
+    acc = golden.matmul(e, tile)
+    assert np.array_equal(got, golden.requantise_normalised(acc, [0] * c.cols,
+                                                            isa.RECIPROCAL_SCALE, 0))
+    assert got[0].tolist() == [0] * c.cols
+    assert got[1].tolist() == v[0].tolist() + [1]
+    for i in range(1, n):
+        assert got[i, -1] == 1
+        for j in range(c.cols - 1):
+            exact = Fraction(int(acc[i, j]), int(acc[i, -1]))
+            assert abs(got[i, j] - exact) <= 1, (i, j, exact)
+
+
+@pytest.mark.parametrize("pool", [isa.Pool.MAX2, isa.Pool.MAX4], ids=lambda p: p.name)
+def test_normalise_is_pooled_after_the_division(pool):
+    """Pooling compares the rows' quotients, each over its own divisor: rows (t, d) =
+    (10, 10) and (10, 20) at shift 19 give 64 and 32, so 64; (-30, 10) (saturates to -128)
+    and (5, 0) (the zero point, 3) give 3. Random planted rows equal golden's pooled rows."""
+    c = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=2)
+    window = POOL_WINDOW[pool]
+    rng = rng_for(f"normalise pool {pool.name}")
+    hand = np.array([[10, 10], [10, 20], [10, 10], [10, 20],
+                     [-30, 10], [5, 0], [-30, 10], [5, 0]])
+    acc = np.concatenate([hand, planted_acc(rng, 24, c.cols)])
+    sim = IsaSim(c)
+    sim.acc[:len(acc)] = acc
+    p = Program(c)
+    p.load_params(0, [0, 0], [1, 1], shift=19, zp=3)
+    p.activate(0, 0, len(acc), func=isa.Func.NORMALISE, pool=pool)
+    sim.run(p.beats)
+    got = golden.from_raw(sim.ub[:len(acc) // window, :c.cols], True)
+    q = golden.requantise_normalised(acc, [0, 0], 19, 3)
+    assert q[:8, 0].tolist() == [67, 35, 67, 35, -128, 3, -128, 3]
+    assert np.array_equal(got, golden.max_pool_rows(q, window))
+    assert got[:8 // window, 0].tolist() == {2: [67, 67, 3, 3], 4: [67, 3]}[window]
+    # Dividing the pooled accumulators instead would give 35 for the first window.
+    pooled_first = golden.requantise_normalised(golden.max_pool_rows(acc[:window], window),
+                                                [0, 0], 19, 3)
+    assert pooled_first[0, 0] == 35
+
+
 # Counters ------------------------------------------------------------------------------------
 
 def counter_beats(**values) -> list[int | None]:
@@ -785,7 +963,6 @@ ERROR_CASES = [
      E.BAD_FIELD),
     ("matmul_count0", None, encode(isa.Opcode.MATMUL, count=0, switch=1), E.BAD_FIELD),
     ("activate_count0", None, encode(isa.Opcode.ACTIVATE, count=0, ub_addr=999), E.BAD_FIELD),
-    ("activate_func6", None, encode(isa.Opcode.ACTIVATE, count=1, func=6), E.BAD_FIELD),
     ("activate_func7", None, encode(isa.Opcode.ACTIVATE, count=1, func=7), E.BAD_FIELD),
     ("activate_pool3", None, encode(isa.Opcode.ACTIVATE, count=4, pool=3), E.BAD_FIELD),
     ("activate_window", None, encode(isa.Opcode.ACTIVATE, count=6, pool=isa.Pool.MAX4),
@@ -947,9 +1124,7 @@ TABLE_ERRORS = [
     ("func_table_built_ub_range", TALL, _act(func=isa.Func.TABLE, ub_addr=64), E.UB_RANGE),
     ("func_table_built_slot", TALL, _act(func=isa.Func.TABLE, slot=2), E.BAD_FIELD),
     ("func_table_built_count0", TALL, _act(func=isa.Func.TABLE, count=0), E.BAD_FIELD),
-    ("func6_built", TALL, _act(func=6), E.BAD_FIELD),
     ("func7_built", TALL, _act(func=7), E.BAD_FIELD),
-    ("func6_not_built", NO_TABLE, _act(func=6), E.BAD_FIELD),
     ("func7_not_built", NO_TABLE, _act(func=7), E.BAD_FIELD),
     ("opcode14_built", TALL, 14, E.UNKNOWN_OPCODE),
     ("opcode15_not_built", NO_TABLE, 15, E.UNKNOWN_OPCODE),
@@ -960,7 +1135,7 @@ TABLE_ERRORS = [
 def test_table_error(case):
     """LOAD_TABLE on a core without the table is an unknown opcode (its would-be data beats
     discarded with the rest); the function TABLE there is a bad field, checked before the
-    ranges; 6 and 7 are bad fields on either core. Nothing changes, the table included."""
+    ranges; 7 is a bad field on either core. Nothing changes, the table included."""
     name, config, word, code = case
     table = np.arange(256)[::-1]
 
@@ -979,6 +1154,57 @@ def test_table_limits_run():
         sim = IsaSim(config)
         sim.feed([word])
         assert not sim.status.error, (config.lookup_table, word, sim.status)
+
+
+NO_ROW_SCALE = TALL.replace(row_scale=False)
+NEITHER = TALL.replace(row_scale=False, lookup_table=False)
+NORMALISE = isa.Func.NORMALISE
+
+# (name, config, failing word, expected error). TALL: ub_depth 64, acc_depth 64, 2 slots.
+NORMALISE_ERRORS = [
+    ("normalise_not_built", NO_ROW_SCALE, _act(func=NORMALISE), E.BAD_FIELD),
+    ("normalise_not_built_max4", NO_ROW_SCALE, _act(func=NORMALISE, count=4, pool=2),
+     E.BAD_FIELD),
+    ("normalise_not_built_before_ub_range", NO_ROW_SCALE, _act(func=NORMALISE, ub_addr=64),
+     E.BAD_FIELD),
+    ("normalise_not_built_before_acc_range", NO_ROW_SCALE,
+     _act(func=NORMALISE, acc_addr=64), E.BAD_FIELD),
+    ("normalise_neither", NEITHER, _act(func=NORMALISE), E.BAD_FIELD),
+    ("table_neither", NEITHER, _act(func=isa.Func.TABLE), E.BAD_FIELD),
+    ("normalise_icebreaker", ICEBREAKER, _act(func=NORMALISE), E.BAD_FIELD),
+    ("normalise_ulx3s", PRESETS["ulx3s"], _act(func=NORMALISE), E.BAD_FIELD),
+    ("normalise_built_ub_range", TALL, _act(func=NORMALISE, ub_addr=64), E.UB_RANGE),
+    ("normalise_built_acc_range", TALL, _act(func=NORMALISE, acc_addr=64), E.ACC_RANGE),
+    ("normalise_built_slot", TALL, _act(func=NORMALISE, slot=2), E.BAD_FIELD),
+    ("normalise_built_window", TALL, _act(func=NORMALISE, count=3, pool=1), E.BAD_FIELD),
+    ("normalise_built_count0", TALL, _act(func=NORMALISE, count=0), E.BAD_FIELD),
+    ("func7_built", TALL, _act(func=7), E.BAD_FIELD),
+    ("func7_not_built", NO_ROW_SCALE, _act(func=7), E.BAD_FIELD),
+    ("func7_neither", NEITHER, _act(func=7), E.BAD_FIELD),
+]
+
+
+@pytest.mark.parametrize("case", NORMALISE_ERRORS, ids=[case[0] for case in NORMALISE_ERRORS])
+def test_normalise_error(case):
+    """NORMALISE on a core without the row scale (the board presets' choice for now) is a
+    bad field, checked before the ranges; on one with it the other checks stand; 7 is a bad
+    field on every core. Nothing changes."""
+    name, config, word, code = case
+    check_error(config, name, None, word, code)
+
+
+def test_normalise_limits_run():
+    """On a core with the row scale, NORMALISE from the last accumulator row into the last
+    buffer row with the last slot runs; on one without, every other function still runs."""
+    runs = [(TALL, _act(func=NORMALISE, ub_addr=63, acc_addr=63, slot=1)),
+            (TALL, _act(func=NORMALISE, ub_addr=60, acc_addr=60, count=4, pool=2))]
+    runs += [(NO_ROW_SCALE, _act(func=f)) for f in isa.Func if f != NORMALISE]
+    runs += [(NEITHER, _act(func=f)) for f in isa.Func if f not in OPTIONAL_FUNCS]
+    for config, word in runs:
+        sim = IsaSim(config)
+        sim.feed([word])
+        assert not sim.status.error, (config.row_scale, word, sim.status)
+    assert set(OPTIONAL_FUNCS) == {isa.Func.TABLE, NORMALISE}
 
 
 def test_resync_word_recovers_in_band():
