@@ -121,6 +121,10 @@ class _HeadsExecutable:
         p.halt()
         return p.beats, 1
 
+    def _func(self) -> Func:
+        """The jobs' ACTIVATE function: the operator's, or TABLE for a lookup."""
+        return self.op.requant.func if self.lookup is None else Func.TABLE
+
     def _rows(self, values: np.ndarray) -> np.ndarray:
         """``(T, k)`` values as ``T`` buffer rows (zeros after them)."""
         rows = np.zeros((self.tokens, self.config.ub_row), dtype=np.int64)
@@ -146,8 +150,7 @@ class _HeadsExecutable:
 
         def finish(job: int) -> None:
             acc, out = (job % regions) * t, out_base + (job % regions) * t
-            p.activate(acc, out, t, slot=0,
-                       func=self.op.requant.func if self.lookup is None else Func.TABLE)
+            p.activate(acc, out, t, slot=0, func=self._func())
             p.write_host(out, t)
 
         for m in range(min(ahead, len(items))):
@@ -265,9 +268,14 @@ class MixExecutable(_HeadsExecutable):
 
     Per head: ``p``'s keys split into ``ceil(T / rows)`` chunks (``T`` buffer rows each, the
     chunk's keys in a row's first ``rows`` elements) and ``v``'s channels into ``ceil(d /
-    cols)`` blocks (``T`` buffer rows each, the block's channels first); a job is one block:
-    per chunk, UB_TO_WEIGHTS of the chunk's tokens of the block (plain), READ_WEIGHTS and a
-    MATMUL of ``p``'s chunk (uint8 activations)."""
+    w)`` blocks of ``w = cols`` (``T`` buffer rows each, the block's channels first); a job
+    is one block: per chunk, UB_TO_WEIGHTS of the chunk's tokens of the block (plain),
+    READ_WEIGHTS and a MATMUL of ``p``'s chunk (uint8 activations).
+
+    With the operator's ``normalise`` (``p`` is exp's weights ``e``), the blocks are ``w =
+    cols - 1`` channels and each ``v`` row holds a 1 in its last element, so the tile's last
+    column is ones and each accumulator row's last column sums its ``e`` row: the ACTIVATE's
+    NORMALISE divides by it (the row scale, :attr:`~hdl.config.TPUConfig.row_scale`)."""
 
     product = "p @ v"
 
@@ -277,9 +285,34 @@ class MixExecutable(_HeadsExecutable):
         if config.operands == "int8":
             raise CompileError(f"{op.name}: the probabilities are uint8, which the "
                                f"{config.name} core (operands='int8') refuses")
+        self.normalise = getattr(op, "normalise", False)
+        if self.normalise and not config.row_scale:
+            raise CompileError(f"{op.name}: its division by the row sums needs NORMALISE, "
+                               f"which the {config.name} core is built without "
+                               f"(TPUConfig.row_scale)")
+        if self.normalise and config.cols < 2:
+            raise CompileError(f"{op.name}: NORMALISE divides by the row's last column, and "
+                               f"the {config.name} core has one column; allowed: cols >= 2")
+        #: Channels of v a job's block holds (the last column the row sums' with normalise).
+        self.width = config.cols - 1 if self.normalise else config.cols
         self.sc = _ceil_div(tokens, config.rows)
-        self.db = _ceil_div(channels // max(heads, 1), config.cols)
+        self.db = _ceil_div(channels // max(heads, 1), self.width)
         super().__init__(op, config, tokens, channels, heads)
+
+    def setup_program(self) -> tuple[list[int], int]:
+        """LOAD_PARAMS into slot 0 (bias 0; with ``normalise`` NORMALISE's shift and zero
+        point, no multiplier), then HALT."""
+        if not self.normalise:
+            return super().setup_program()
+        cfg, req = self.config, self.op.requant
+        p = Program(cfg)
+        p.load_params(0, [0] * cfg.cols, [0] * cfg.cols, shift=int(req.shift[0]),
+                      zp=req.zero_point, clamp=req.clamp_hi, rounding=req.rounding)
+        p.halt()
+        return p.beats, 1
+
+    def _func(self) -> Func:
+        return Func.NORMALISE if self.normalise else super()._func()
 
     def _unit_rows(self) -> int:
         return (self.sc + self.db) * self.tokens       # p's chunks and v's blocks
@@ -315,9 +348,11 @@ class MixExecutable(_HeadsExecutable):
                 p.read_host(i * ur + sc * t,
                             self._rows(pr[b, h, :, sc * cfg.rows:(sc + 1) * cfg.rows]))
             for db in range(self.db):
-                lo = h * d + db * cfg.cols
-                p.read_host(i * ur + (sc_n + db) * t,
-                            self._rows(v[b, :, lo:min((h + 1) * d, lo + cfg.cols)]))
+                lo = h * d + db * self.width
+                rows = self._rows(v[b, :, lo:min((h + 1) * d, lo + self.width)])
+                if self.normalise:
+                    rows[:, cfg.cols - 1] = 1       # the tile's column of ones: row sums
+                p.read_host(i * ur + (sc_n + db) * t, rows)
 
         def move(m, i, db, sc, tile):
             # v's tokens of chunk sc, block db, as the tile's rows.
@@ -331,7 +366,8 @@ class MixExecutable(_HeadsExecutable):
 
         def decode(beats: list[int]) -> np.ndarray:
             rows = self._out_rows(beats, jobs).reshape(n_units, self.db, t, cfg.cols)
-            out = rows.transpose(0, 2, 1, 3).reshape(n_units, t, self.db * cfg.cols)[..., :d]
+            rows = rows[..., :self.width]
+            out = rows.transpose(0, 2, 1, 3).reshape(n_units, t, self.db * self.width)[..., :d]
             out = out.reshape(-1, self.heads, t, d).transpose(0, 2, 1, 3)
             return out.reshape(-1, t, self.heads * d)
 

@@ -591,8 +591,32 @@ class AttentionMix(Op):
     """Each head's ``p_j @ v_j``: uint8 probabilities ``p`` ``(n, H, T, T)`` (query rows, key
     columns) and int8 ``v`` ``(n, T, H * d)`` (zero point 0) to int32 ``(n, H, T, d)``,
     requantised by ``requant`` (one multiplier: ``p``'s scale times ``v``'s over the
-    output's) to int8, heads side by side ``(n, T, H * d)``."""
+    output's) to int8, heads side by side ``(n, T, H * d)``.
+
+    With ``normalise``, ``p`` is softmax's unnormalised weights ``e`` (exp's table, uint8) and
+    the division by each row's sum comes after the product, as the activation unit's
+    NORMALISE does it (:func:`sim.models.golden.requantise_normalised`): each output row
+    ``e_t @ v`` divided by ``sum(e_t)`` through the reciprocal, ``out = sat8(round((e_t @ v) *
+    recip(sum(e_t)) / 2**(shift + cut)) + zero_point)``, so ``out = mean_e(v) * 2**(25 -
+    shift)`` (the output's scale is ``v``'s times ``2**(shift - 25)``; ``requant``'s
+    multiplier is not used)."""
     requant: Requant = None
+    normalise: bool = False
+
+    def reference(self, p, v):
+        if not self.normalise:
+            out = self.requant.apply(self.accumulate(p, v)[..., None])[..., 0]
+        else:
+            acc = self.accumulate(p, v)
+            den = golden.wrap(np.asarray(p, np.int64).sum(axis=-1, keepdims=True), 32)
+            rows = np.concatenate([acc, den], axis=-1)
+            flat = rows.reshape(-1, rows.shape[-1])
+            req = self.requant
+            out = golden.requantise_normalised(flat, 0, int(req.shift[0]), req.zero_point,
+                                               req.rounding.value)
+            out = out.reshape(rows.shape)[..., :-1]
+        n, h, t, d = out.shape
+        return [out.transpose(0, 2, 1, 3).reshape(n, t, h * d)]
 
     def accumulate(self, p, v) -> np.ndarray:
         p, v = np.asarray(p, np.int64), np.asarray(v, np.int64)
@@ -602,11 +626,6 @@ class AttentionMix(Op):
             raise GraphError(f"{self.name}: probabilities {p.shape} and values {v.shape} do "
                              f"not match (n, H, T, T) and (n, T, H * d)")
         return golden.wrap(np.einsum("nhts,nhsd->nhtd", p, _heads(v, heads)), 32)
-
-    def reference(self, p, v):
-        out = self.requant.apply(self.accumulate(p, v)[..., None])[..., 0]
-        n, h, t, d = out.shape
-        return [out.transpose(0, 2, 1, 3).reshape(n, t, h * d)]
 
     def macs(self, graph):
         n, t, c = graph.tensors[self.inputs[1]].shape
@@ -830,7 +849,8 @@ def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | HostStep]:
     while i < len(ops):
         op = ops[i]
         if config.ub_to_weights and (isinstance(op, AttentionScores) or (
-                isinstance(op, AttentionMix) and config.operands != "int8")):
+                isinstance(op, AttentionMix) and config.operands != "int8" and
+                (not op.normalise or (config.row_scale and config.cols > 1)))):
             lookup = ops[i + 1] if i + 1 < len(ops) else None
             if not (isinstance(op, AttentionScores) and config.lookup_table and
                     isinstance(lookup, Lookup) and lookup.inputs == op.outputs and

@@ -2,9 +2,11 @@
 (:mod:`firmware.models.transformer`, committed float weights) quantised to its int8 graph and
 run with :func:`firmware.graph.run_graph`: the embedding, the Q, K, V and output projections,
 the FFN (residual adds included, as extra matmul rows), the classifier and, on a core with
-UB_TO_WEIGHTS, each head's ``q k^T`` (``k^T`` made on chip) on the core; the operators the
-core cannot run yet (each head's ``e v``, exp's table, softmax's division, LayerNorm) on the
-host between the core's steps, each with its integer semantics (:mod:`firmware.graph`).
+UB_TO_WEIGHTS, the programmable table and the row scale, each head's ``q k^T`` (``k^T`` made
+on chip), its exp (the table) and ``e v`` divided by the row sums (NORMALISE) on the core;
+what a core cannot run (LayerNorm on every core; attention's parts on a core without those
+instructions) on the host between the core's steps, each with its integer semantics
+(:mod:`firmware.graph`).
 Every tensor the core computes is compared with the integer reference, element by element.
 """
 

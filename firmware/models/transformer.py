@@ -194,8 +194,9 @@ def exp_table(score_scale: float, offset: int) -> np.ndarray:
 def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
     """The int8 graph (:class:`firmware.graph.Graph`) of the float model: every matmul a
     core operator or (attention's two) an operator for the array, softmax as exp's table
-    and a normalisation to uint8 probabilities (scale 1/255) before ``p @ v``, LayerNorm
-    in integers (see :mod:`firmware.graph`).
+    and the division by each row's sum after ``e @ v`` (a normalised
+    :class:`~firmware.graph.AttentionMix`), LayerNorm in integers (see
+    :mod:`firmware.graph`).
 
     Scales are per tensor (zero point 0), from the float model's largest magnitude on
     ``x_calib``; weights per output channel. A residual add is the next matmul's extra
@@ -207,7 +208,7 @@ def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
     the logits), unless given."""
     from firmware import graph as g
     from firmware.quant import QParams
-    from hdl.isa import Func
+    from hdl.isa import RECIPROCAL_SCALE, Func, Rounding
 
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
     trace: dict = {}
@@ -261,12 +262,14 @@ def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
                                 [tensor(L + "e", (HEADS, TOKENS, TOKENS), "uint8", 1 / 255)],
                                 table=exp_table(sc("s"), 127)))
         ops.append(exp_ops[-1])
-        ops.append(g.SoftmaxNormalise(
-            L + "softmax", [L + "e"], [tensor(L + "p", (HEADS, TOKENS, TOKENS), "uint8",
-                                              1 / 255)]))
+        # Softmax's division after the product (the activation unit's NORMALISE): the
+        # output is the e-weighted mean of v times 2**(25 - shift), so its scale is v's
+        # times a power of two, the one nearest the calibrated scale.
+        shift = RECIPROCAL_SCALE - round(np.log2(sc("v") / sc("att")))
+        scale[L + "att"] = sc("v") * 2.0 ** (shift - RECIPROCAL_SCALE)
         ops.append(g.AttentionMix(
-            L + "mix", [L + "p", v], [tensor(L + "att", (TOKENS, D_MODEL), s=sc("att"))],
-            requant=g.requant_from_real(sc("v") / (255 * sc("att")), 0, where=L + "mix")))
+            L + "mix", [L + "e", v], [tensor(L + "att", (TOKENS, D_MODEL), s=sc("att"))],
+            requant=g.Requant([0], [shift], Rounding.HALF_UP, 0), normalise=True))
         h = residual(L + "o", L + "att", sc("att"), h, s_h, p[L + "o_w"], p[L + "o_b"],
                      L + "h1", sc("h1"))
         s_h = sc("h1")

@@ -257,3 +257,68 @@ def test_mix_refused_where_the_core_cannot_run_it():
         MixExecutable(op, get_config("icebreaker").replace(ub_to_weights=True), 8, 16, 2)
     with pytest.raises(CompileError, match=r"mix: .*unified buffer holds 64"):
         MixExecutable(op, get_config("tiny"), 16, 16, 2)
+
+
+# p @ v normalised after the product (NORMALISE: the division by the row sums on chip) ----
+
+def _normalised_case(seed: int, n: int, tokens: int, heads: int, d: int):
+    """A normalised AttentionMix (shift 25: the e-weighted mean of v) and exp-like weights
+    with zero rows (a divisor of 0), rows of one 255 (d = 255, exact) and full rows of 255
+    (d = 255 T, cut where T > 2)."""
+    op, e, v = _mix_case(seed, n, tokens, heads, d, 0.001)
+    op.normalise = True
+    op.requant = g.Requant([0], [25], g.Rounding.HALF_UP,
+                           int(np.random.default_rng(seed).integers(-5, 5)))
+    e[0, 0, 0] = 0                       # a divisor of 0: the zero point
+    e[-1, -1, -1] = 0
+    e[-1, -1, -1, 0] = 255               # a divisor of 255: exactly v's row
+    return op, e, v
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"n{n}-T{t}-H{h}-d{d}" for n, t, h, d in SHAPES])
+def test_normalised_mix_on_the_isa_simulator(shape):
+    n, tokens, heads, d = shape
+    seed = SEED + 600 + SHAPES.index(shape)
+    print(f"seed {seed}, {shape}")
+    op, e, v = _normalised_case(seed, n, tokens, heads, d)
+    result = _run_mix(open_device("isa", get_config("default")), op, e, v)
+    want = op.reference(e, v)[0]
+    assert np.array_equal(result.outputs, want), f"seed {seed}, {shape}: outputs differ"
+    # The meaning: each output is its row's e-weighted mean of v (plus the zero point),
+    # within one where the row's sum is not 0.
+    w = e / np.maximum(e.sum(axis=-1, keepdims=True), 1)
+    mean = np.einsum("nhts,nhsd->nhtd", w, v.reshape(n, tokens, heads, d).transpose(0, 2, 1, 3))
+    mean = np.clip(mean.transpose(0, 2, 1, 3).reshape(want.shape) + op.requant.zero_point,
+                   -128, 127)
+    assert (np.abs(want - mean) <= 1).all(), f"seed {seed}: not the weighted mean"
+
+
+def test_normalised_mix_on_odd_arrays():
+    for device, seed, _, shape, what in _odd_array_cases(SEED + 700):
+        op, e, v = _normalised_case(seed, *shape)
+        result = _run_mix(device, op, e, v)
+        assert np.array_equal(result.outputs, op.reference(e, v)[0]), f"{what}: differ"
+
+
+def test_normalised_mix_on_the_rtl(rtl_device):
+    seed = SEED + 800
+    shape = (2, 7, 2, 5)
+    print(f"seed {seed}, small, {shape}")
+    op, e, v = _normalised_case(seed, *shape)
+    result = _run_mix(rtl_device("small"), op, e, v)
+    assert np.array_equal(result.outputs, op.reference(e, v)[0]), f"seed {seed}: differ"
+
+
+def test_normalised_mix_refused_where_the_core_cannot_run_it():
+    op, _, _ = _normalised_case(SEED, 1, 8, 2, 8)
+    with pytest.raises(CompileError, match="NORMALISE, which the 8x8 core is built without"):
+        MixExecutable(op, get_config("default").replace(row_scale=False), 8, 16, 2)
+    with pytest.raises(CompileError, match="allowed: cols >= 2"):
+        MixExecutable(op, get_config("default").replace(cols=1, host_width=None), 8, 16, 2)
+    graph_config = get_config("default").replace(row_scale=False)
+    tensors = {"e": g.Tensor("e", (1, 2, 8, 8), "uint8"), "v": g.Tensor("v", (1, 8, 16), "int8"),
+               "o": g.Tensor("o", (1, 8, 16), "int8")}
+    graph = g.Graph("mix", tensors, [op.__class__("mix", ["e", "v"], ["o"], requant=op.requant,
+                                                  normalise=True)], ["e", "v"], ["o"])
+    assert g.placement(graph, graph_config)["mix"] == "host"
+    assert g.placement(graph, get_config("default"))["mix"] == "core"
