@@ -27,10 +27,11 @@ PRESETS: dict[str, TPUConfig] = {
                             lookup_table=False, row_scale=False),
     # ULX3S (ECP5-85F): the default array on MULT18X18D multipliers (the activation unit's
     # partial products too), the fast pipeline, and no UB_TO_WEIGHTS for now: with it the
-    # build did not meet the board's clock (docs/timing-closure.md); nor the programmable
-    # table and the row scale until a build with them has met the clock.
+    # build did not meet the board's clock (docs/timing-closure.md); with the programmable
+    # table (a block RAM per column); without the row scale until a build with it has met
+    # the clock.
     "ulx3s": TPUConfig(multiplier="ecp5", pipeline="fast", ub_to_weights=False,
-                       lookup_table=False, row_scale=False),
+                       row_scale=False),
 }
 
 
