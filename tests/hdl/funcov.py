@@ -7,7 +7,9 @@ Two sources fill a :class:`Coverage`:
   instructions, flags and functions appeared, which boundaries of each memory were touched
   (first row, last row, a single-row transfer, a transfer of the whole memory), and which
   hazard rules the programs set up (an instruction whose rows meet those of the nearest
-  earlier instruction the rule names, with no fence between them);
+  earlier instruction the rule names, with no fence between them), and the waits outside
+  those rules that the programs set up (a LOAD_TABLE right behind an ACTIVATE, which waits
+  for it; an ACTIVATE of the function TABLE right behind a LOAD_TABLE);
 - the RTL (:func:`observe_rtl`, from :meth:`firmware.transports.rtl.RtlDevice.coverage`):
   cycles the core stalled on each rule of :data:`hdl.control.hazards.HAZARD_RULES` and
   cycles each pair of engines (:data:`sim.rtl.host_bridge.OVERLAPS`) worked at once.
@@ -31,13 +33,22 @@ from sim.models.isa_sim import POOL_WINDOW
 from sim.rtl.host_bridge import OVERLAPS
 
 __all__ = ["Coverage", "ProgramObserver", "promised_points", "observe_rtl", "MEMORY_ACCESSES",
-           "RULE_ACCESSES", "RESERVED_BITS", "format_table"]
+           "RULE_ACCESSES", "RESERVED_BITS", "format_table", "activate_functions"]
 
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 
 #: Instructions that wait until every unit is idle: no hazard reaches across them.
 FENCES = frozenset({isa.Opcode.SYNC, isa.Opcode.HALT, isa.Opcode.READ_COUNTERS,
                     isa.Opcode.CLEAR_COUNTERS})
+
+def activate_functions(config: TPUConfig) -> list[isa.Func]:
+    """ACTIVATE's functions that valid random programs draw on ``config``: the fixed ones,
+    and TABLE where the core has the programmable table (on one without it, a BAD_FIELD)."""
+    funcs = [isa.Func.IDENTITY, isa.Func.RELU, isa.Func.CLAMP, isa.Func.SIGMOID, isa.Func.TANH]
+    if config.lookup_table:
+        funcs.append(isa.Func.TABLE)
+    return funcs
+
 
 #: (instruction, memory) pairs whose boundaries are counted; memory ``ub`` (unified-buffer
 #: rows), ``acc`` (accumulator rows) or ``tile`` (weight tiles).
@@ -162,7 +173,8 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     whole memory (then a transfer of all of a deeper memory is not promised)."""
     depths = {"ub": config.ub_depth, "acc": config.acc_depth, "tile": config.weight_mem_tiles}
     moves = config.ub_to_weights        # a core without UB_TO_WEIGHTS refuses it
-    ops = [op for op in isa.Opcode if moves or op != isa.Opcode.UB_TO_WEIGHTS]
+    table = config.lookup_table         # a core without the table refuses LOAD_TABLE, TABLE
+    ops = config.opcodes
     rules = [rule for rule in HAZARD_RULES if moves or not rule.startswith("ub_to_weights")]
     points = [f"op.{op.name.lower()}" for op in ops] + ["resync_word"]
     # A core for int8 only refuses signed=0 (a SIGNEDNESS error): valid programs set it.
@@ -174,7 +186,11 @@ def promised_points(config: TPUConfig, rtl: bool = True,
         points += [f"ub_to_weights.signed={v}" for v in signs]
         points += [f"ub_to_weights.transpose={v}" for v in (0, 1)]
         points += ["ub_to_weights.whole_tile", "ub_to_weights.part_tile"]
-    points += [f"activate.func={f.name.lower()}" for f in isa.Func]
+    points += [f"activate.func={f.name.lower()}" for f in activate_functions(config)]
+    if table:
+        points += ["load_table.every_extreme", "load_table.extreme_ends",
+                   "setup.load_table_behind_activate",
+                   "setup.activate_table_behind_load_table"]
     points += [f"activate.pool={p.name.lower()}" for p in isa.Pool]
     points += ["activate.longer_than_matmul_latency"]
     points += [f"{op}.slot.{end}" for op in ("activate", "load_params") for end in
@@ -196,6 +212,8 @@ def promised_points(config: TPUConfig, rtl: bool = True,
     if config.host_width > isa.INSTR_BITS:
         points += ["instr_bits_above_64"]
     points += ["data_bits_above_row"]
+    if table and isa.TABLE_ENTRIES % (4 * config.cols):
+        points += ["load_table.bits_past_entry_255"]
     points += [f"setup.{rule}" for rule in rules]
     points += ["setup.one_row_overlap", "setup.adjacent_no_overlap"]
     if rtl:
@@ -243,6 +261,7 @@ class ProgramObserver:
         self.queued = 0
         self._recent: dict[str, dict[str, tuple[int, int]]] = {}
         self._run = 0
+        self._previous: isa.Opcode | None = None
 
     def _boundaries(self, op: str, memory: str, lo: int, count: int) -> None:
         depth = {"ub": self.config.ub_depth, "acc": self.config.acc_depth,
@@ -277,7 +296,8 @@ class ProgramObserver:
         cfg = self.config
         hit = self.coverage.hit
         i = 0
-        rows_bits = {"ub": 8 * cfg.ub_row, "tile": 8 * cfg.cols, "param": 32 * cfg.cols}
+        rows_bits = {"ub": 8 * cfg.ub_row, "tile": 8 * cfg.cols, "param": 32 * cfg.cols,
+                     "table": 32 * cfg.cols}
         while i < len(beats):
             beat = int(beats[i])
             word = beat & _INSTR_MASK
@@ -323,6 +343,8 @@ class ProgramObserver:
                 ranges["acc"] = (f["acc_addr"], f["acc_addr"] + count)
                 ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count // window)
                 hit(f"activate.func={f['func'].name.lower()}")
+                if f["func"] == isa.Func.TABLE and self._previous == isa.Opcode.LOAD_TABLE:
+                    hit("setup.activate_table_behind_load_table")
                 hit(f"activate.pool={f['pool'].name.lower()}")
                 if count > cfg.rows + cfg.cols + 4:
                     hit("activate.longer_than_matmul_latency")
@@ -334,6 +356,11 @@ class ProgramObserver:
                 hit(f"ub_to_weights.transpose={int(f['transpose'])}")
                 whole = cfg.cols if f["transpose"] else cfg.rows
                 hit("ub_to_weights.whole_tile" if count == whole else "ub_to_weights.part_tile")
+            elif opcode == isa.Opcode.LOAD_TABLE:
+                data_beats, row = isa.table_beats(cfg.cols), "table"
+                self._table(beats[i:i + data_beats])
+                if self._previous == isa.Opcode.ACTIVATE:
+                    hit("setup.load_table_behind_activate")     # it waits for the ACTIVATE
             elif opcode == isa.Opcode.LOAD_PARAMS:
                 data_beats, row = 2 + f["column_shifts"], "param"
                 self._slot("load_params", f["slot"])
@@ -353,12 +380,30 @@ class ProgramObserver:
                 self._setups(name, ranges)
                 self._recent[name] = ranges
             self._run = self._run + 1 if opcode == isa.Opcode.MATMUL else 0
+            self._previous = opcode
             if self._run == self.config.matmul_slots + 1:
                 hit(f"matmul.run_of_{self.config.matmul_slots + 1}")
             for data in beats[i:i + data_beats]:
                 if int(data) >> rows_bits[row]:
                     hit("data_bits_above_row")
             i += data_beats
+
+    def _table(self, data: Sequence[int]) -> None:
+        """A LOAD_TABLE's entries: the byte's extremes (0x00, 0x7f, 0x80, 0xff) all in the
+        table, and at both ends (the entries of ``q`` = -128 and 127, the one written last);
+        bits set past entry 255 in a partial last beat (ignored)."""
+        hit = self.coverage.hit
+        per_beat = 4 * self.config.cols
+        if len(data) < isa.table_beats(self.config.cols):
+            return
+        entries = [(int(beat) >> (8 * k)) & 0xFF for beat in data for k in range(per_beat)]
+        extremes = {0x00, 0x7F, 0x80, 0xFF}
+        if extremes <= set(entries[:isa.TABLE_ENTRIES]):
+            hit("load_table.every_extreme")
+        if entries[0] in extremes and entries[isa.TABLE_ENTRIES - 1] in extremes:
+            hit("load_table.extreme_ends")
+        if any(entries[isa.TABLE_ENTRIES:]):
+            hit("load_table.bits_past_entry_255")
 
     def _column_shifts(self, data: Sequence[int]) -> None:
         """Per-column shifts (the third beat): the extremes, and a multiplier that makes

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from funcov import activate_functions
 
 from firmware.asm import Program, encode, field_specs
 from hdl import isa
@@ -46,7 +47,9 @@ def dump_program(sim: IsaSim) -> Program:
     slot as it is, then through known parameters at shifts 0, 8, 16 and 24 (bias 0,
     multiplier 1); the counters; the active tile, each queued tile and each written tile,
     multiplied by unit vectors and sent twice (bias 0 and bias -128, so that int8 and uint8
-    weights both come back exactly). It overwrites the state as it goes."""
+    weights both come back exactly); on a core with the programmable table, every entry
+    (ACTIVATE's function TABLE of accumulators holding -128..127). It overwrites the state
+    as it goes."""
     cfg: TPUConfig = sim.config
     rows, cols = cfg.rows, cfg.cols
     assert cfg.ub_depth >= 3 * rows
@@ -84,6 +87,21 @@ def dump_program(sim: IsaSim) -> Program:
     for tile in np.flatnonzero(sim.weight_written):
         p.read_weights(int(tile), 1)
         show(switch=True)
+    if cfg.lookup_table:
+        # An identity tile copies min(rows, cols) bytes of a buffer row into accumulators;
+        # slot 0 holds the identity parameters, so q = the byte: entry q + 128.
+        per = min(rows, cols)
+        values = np.resize(np.arange(-128, 128), -(-isa.TABLE_ENTRIES // per) * per)
+        inputs = np.zeros((len(values) // per, cfg.ub_row), dtype=np.int64)
+        inputs[:, :per] = values.reshape(-1, per)
+        p.load_weights(0, np.eye(rows, cols, dtype=np.int64))
+        p.read_weights(0, 1)
+        for base in range(0, len(inputs), chunk):
+            n = min(chunk, len(inputs) - base)
+            p.read_host(0, inputs[base:base + n])
+            p.matmul(0, 0, n, switch=base == 0)
+            p.activate(0, 0, n, func=Func.TABLE, slot=0)
+            p.write_host(0, n)
     p.halt()
     return p
 
@@ -158,6 +176,18 @@ class _Fuzzer:
     def rounding(self) -> isa.Rounding:
         return isa.Rounding(self.n(0, len(isa.Rounding) - 1))
 
+    def func(self) -> Func:
+        """A valid ACTIVATE function: TABLE only on a core with the table."""
+        funcs = activate_functions(self.cfg)
+        return funcs[self.n(0, len(funcs) - 1)]
+
+    def table(self) -> list[int]:
+        """256 table entries (raw bytes), a quarter of them the byte's extremes."""
+        entries = self.rng.integers(0, 256, isa.TABLE_ENTRIES)
+        extreme = self.rng.random(isa.TABLE_ENTRIES) < 0.25
+        return np.where(extreme, self.rng.choice([0x00, 0x7F, 0x80, 0xFF],
+                                                 isa.TABLE_ENTRIES), entries).tolist()
+
     # Pieces ----------------------------------------------------------------------------------
 
     def prefix(self) -> Program:
@@ -179,11 +209,13 @@ class _Fuzzer:
         p.load_params(slot, rng.integers(-2**12, 2**12, cfg.cols),
                       rng.integers(1, 2**14, cfg.cols), shift=self.shift(4, 40),
                       zp=n(-128, 127), clamp=n(-128, 127), rounding=self.rounding())
+        if cfg.lookup_table:
+            p.load_table(self.table())
         pool = Pool(n(0, 2))
         window = POOL_WINDOW[pool]
         act = (count // window) * window
         if act:
-            p.activate(acc, n(0, cfg.ub_depth - act // window), act, func=Func(n(0, 4)),
+            p.activate(acc, n(0, cfg.ub_depth - act // window), act, func=self.func(),
                        pool=pool, slot=slot)
         p.write_host(n(0, cfg.ub_depth - 4), 4)
         if queued < tiles and rng.random() < 0.5:
@@ -227,7 +259,7 @@ class _Fuzzer:
             window = POOL_WINDOW[pool]
             count = window * n(1, 4)
             p.activate(n(0, cfg.acc_depth - count), n(0, cfg.ub_depth - count // window),
-                       count, func=Func(n(0, 4)), pool=pool, slot=n(0, cfg.param_slots - 1))
+                       count, func=self.func(), pool=pool, slot=n(0, cfg.param_slots - 1))
 
         def ub_to_weights(p):
             transpose = bool(n(0, 1))
@@ -238,6 +270,8 @@ class _Fuzzer:
         choices += [read_host, write_host, load_weights, load_params, activate]
         if cfg.ub_to_weights:
             choices.append(ub_to_weights)
+        if cfg.lookup_table:
+            choices.append(lambda p: p.load_table(self.table()))
         if sim.queue or sim.active is not None:
             def matmul(p):
                 ub, count = span(min(cfg.ub_depth, cfg.acc_depth))
@@ -275,7 +309,10 @@ class _Fuzzer:
             lambda: encode(Opcode.MATMUL, ub_addr=0, acc_addr=n(acc - 1, big), count=2),
             lambda: encode(Opcode.ACTIVATE, acc_addr=n(acc, big), ub_addr=0, count=1),
             lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=n(ub, big), count=1),
-            lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=1, func=n(5, 7)),
+            # Function 7; NORMALISE (6) and TABLE: BAD_FIELD on a core without the row scale
+            # or the table, else valid.
+            lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=1, func=n(6, 7)),
+            lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=1, func=Func.TABLE),
             lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=4, pool=3),
             lambda: encode(Opcode.ACTIVATE, acc_addr=0, ub_addr=0, count=2 * n(0, 3) + 1,
                            pool=Pool.MAX2),
@@ -299,14 +336,18 @@ class _Fuzzer:
                            transpose=int(cfg.rows < 2)),
             lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=n(tiles, big), count=1),
             lambda: encode(Opcode.UB_TO_WEIGHTS, ub_addr=0, tile=0, count=1, signed=0),
+            # LOAD_TABLE: UNKNOWN_OPCODE on a core without the table; on one with it, the
+            # beats after it are its entries.
+            lambda: encode(Opcode.LOAD_TABLE),
         ]
         return [makers[n(0, len(makers) - 1)]() | self.high()]
 
     def reserved(self) -> list[int]:
+        # Opcodes 14 and 15; 12 (UB_TO_WEIGHTS) and 13 (LOAD_TABLE) on a core without them.
+        built = {o.value for o in self.cfg.opcodes}
+        unknown = [o for o in range(12, 16) if o not in built]
         while True:
-            # (12 is UB_TO_WEIGHTS, reserved only on a core without it.)
-            word = (self.bits.getrandbits(60) << 4) | self.n(
-                13 if self.cfg.ub_to_weights else 12, 15)
+            word = (self.bits.getrandbits(60) << 4) | unknown[self.n(0, len(unknown) - 1)]
             if word != isa.RESYNC_WORD:
                 return [word | self.high()]
 
@@ -315,15 +356,17 @@ class _Fuzzer:
         instructions (data to the core)."""
         cfg, rng, n = self.cfg, self.rng, self.n
         p = Program(cfg)
-        kind = n(0, 2)
-        if kind == 0:
+        kind = n(0, 3 if cfg.lookup_table else 2)
+        if kind == 3:
+            p.load_table(self.table())
+        elif kind == 0:
             count = n(2, 6)
             p.read_host(n(0, cfg.ub_depth - count), rng.integers(-128, 256, (count, cfg.ub_row)))
         elif kind == 1:
             count = n(1, 2)
             p.load_weights(n(0, cfg.weight_mem_tiles - count),
                            rng.integers(-128, 128, (count, cfg.rows, cfg.cols)))
-        else:
+        elif kind == 2:
             p.load_params(n(0, cfg.param_slots - 1), rng.integers(-2**31, 2**31, cfg.cols),
                           rng.integers(-2**31, 2**31, cfg.cols), shift=self.shift(0, 63))
         beats = p.beats[:n(1, len(p.beats) - 1)]

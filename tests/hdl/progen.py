@@ -14,13 +14,19 @@ from its random generator, that
   tile a READ_WEIGHTS still reads, a UB_TO_WEIGHTS of rows an ACTIVATE still writes, ...),
   the target row being the producer's first, its last or any; or two long instructions for
   two different engines; or bursts of MATMULs, a weight queue filled and drained, a
-  LOAD_PARAMS behind an ACTIVATE of the same slot;
+  LOAD_PARAMS behind an ACTIVATE of the same slot, a LOAD_TABLE right behind a long
+  ACTIVATE of the function TABLE (it waits: the ACTIVATE looks up the old table to its last
+  row), an ACTIVATE of the function TABLE right behind a LOAD_TABLE (it reads the new
+  table);
 - sometimes sets bits the core must ignore: reserved instruction fields, instruction bits
   above 64, data bits above the row, the bits above each per-column shift; and sends the
   resynchronisation word mid-program;
 - loads parameters with every rounding mode, one shift or (some of the time) a shift per
   column, the extreme shifts 0, 31, 32, 62, 63 and multipliers at the int32 limits or
   powers of two among them, so that exact ties and saturation occur;
+- on a core with the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`), loads
+  random tables with the byte's extremes over-represented, at the first and last entries
+  too, and draws the function TABLE among the others (never on a core without it);
 - ends by reading back what it touched: the unified-buffer rows it wrote, the accumulator
   rows it wrote (through an ACTIVATE with an identity requantisation, a random rounding mode
   and a random shift, sometimes one per column), the counters, and a HALT.
@@ -41,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from funcov import RESERVED_BITS
+from funcov import RESERVED_BITS, activate_functions
 
 from firmware.asm import Program
 from hdl import isa
@@ -132,6 +138,7 @@ class _Generator:
         # A third of the programs set bits the core must ignore, now and then.
         self.junk = rng.random() < 1 / 3
         self.latency = cfg.rows + cfg.cols + 4      # a MATMUL row's, buffer to accumulator
+        self.funcs = activate_functions(cfg)    # TABLE only on a core with the table
 
     # Drawing numbers -----------------------------------------------------------------------
 
@@ -317,7 +324,8 @@ class _Generator:
 
     def activate(self, acc: int | None = None, ub: int | None = None,
                  blocks: int | None = None, pool: Pool | None = None,
-                 long: bool = False, slot: int | None = None) -> Ranges:
+                 long: bool = False, slot: int | None = None,
+                 func: Func | None = None) -> Ranges:
         """An ACTIVATE of ``blocks`` pooling windows (``count = blocks * window``)."""
         cfg = self.cfg
         pool = Pool(self.integer(0, 2)) if pool is None else pool
@@ -335,7 +343,8 @@ class _Generator:
         acc = self.start(cfg.acc_depth, count) if acc is None else acc
         ub = self.start(cfg.ub_depth, blocks) if ub is None else ub
         slot = self.slot() if slot is None else slot
-        func = Func(self.integer(0, len(Func) - 1))
+        if func is None:
+            func = self.funcs[self.integer(0, len(self.funcs) - 1)]
         self._emit(lambda: self.prog.activate(acc, ub, count, func=func, pool=pool, slot=slot),
                    isa.Opcode.ACTIVATE)
         self._touch("ub", ub, blocks)
@@ -352,8 +361,12 @@ class _Generator:
     def load_params(self, slot: int | None = None) -> None:
         slot = self.slot() if slot is None else slot
         bias, mult, shift, zp, clamp, rounding = random_params(self.rng, self.cfg.cols)
-        if self.chance(0.2):
+        # The extreme shifts, for every column or (half the per-column rows) in two of them:
+        # rare enough otherwise that a block of short programs can miss them.
+        if self.chance(0.3):
             shift = int(self.rng.choice([0, 63]))
+        elif np.ndim(shift) and self.chance(0.5):
+            shift[self.rng.permutation(self.cfg.cols)[:2]] = [0, 63][:self.cfg.cols]
         beats = self.prog.beats
         at = len(beats)
         self._emit(lambda: self.prog.load_params(slot, bias, mult, shift=shift, zp=zp,
@@ -363,6 +376,22 @@ class _Generator:
             # The per-column shift lanes' bits above the six shift bits: ignored.
             lanes = sum(self._random_bits(26) << (32 * j + 6) for j in range(self.cfg.cols))
             beats[at + 3] |= lanes
+
+    def load_table(self) -> None:
+        """LOAD_TABLE of 256 random entries, int8 or raw bytes (:func:`random_bytes`: all
+        extremes, all one extreme, alternating, or any), half the time with the byte's
+        extremes (0x00, 0x7f, 0x80, 0xff) at the entries of ``q`` = -128, -1, 0 and 127."""
+        cfg = self.cfg
+        table = random_bytes(self.rng, isa.TABLE_ENTRIES, self.chance(0.5)) & 0xFF
+        if self.chance(0.5):
+            table[[0, 127, 128, 255]] = self.rng.permutation([0x00, 0x7F, 0x80, 0xFF])
+        self._emit(lambda: self.prog.load_table(table.tolist()), isa.Opcode.LOAD_TABLE,
+                   32 * cfg.cols)
+        per_beat = 4 * cfg.cols
+        last = isa.TABLE_ENTRIES % per_beat         # entries in a partial last beat
+        if self.junk and last and self.chance(0.5):
+            # The last beat's bits past entry 255 (still in its row): ignored.
+            self.prog.beats[-1] |= self._random_bits(8 * (per_beat - last)) << (8 * last)
 
     def simple(self, opcode: isa.Opcode) -> None:
         self._emit(lambda: self.prog.instr(opcode), opcode)
@@ -377,11 +406,14 @@ class _Generator:
     # Single instructions -------------------------------------------------------------------
 
     def random_instruction(self) -> None:
+        # (The rare kinds often enough that a block of 25 short programs has each.)
         kinds = {"read_host": 0.1, "load_weights": 0.06, "read_weights": 0.08, "matmul": 0.3,
-                 "activate": 0.2, "load_params": 0.05, "write_host": 0.11, "nop": 0.02,
-                 "sync": 0.02, "read_counters": 0.02, "clear_counters": 0.02, "resync": 0.02}
+                 "activate": 0.2, "load_params": 0.06, "write_host": 0.11, "nop": 0.035,
+                 "sync": 0.035, "read_counters": 0.035, "clear_counters": 0.035, "resync": 0.035}
         if self.cfg.ub_to_weights:
             kinds["ub_to_weights"] = 0.05
+        if self.cfg.lookup_table:
+            kinds["load_table"] = 0.03
         weights = np.array(list(kinds.values()))
         kind = self.rng.choice(list(kinds), p=weights / weights.sum())
         if kind == "read_weights":
@@ -541,6 +573,18 @@ class _Generator:
         self.activate(long=True, slot=slot)
         self.load_params(slot)
 
+    def table_behind_activate(self) -> None:
+        """A LOAD_TABLE right behind a long ACTIVATE of the function TABLE (the LOAD_TABLE
+        waits until it is done: the ACTIVATE reads the old table to its last row)."""
+        self.activate(long=True, func=Func.TABLE)
+        self.load_table()
+
+    def activate_behind_table(self) -> None:
+        """An ACTIVATE of the function TABLE right behind a LOAD_TABLE (it reads the new
+        table, the entries written last too)."""
+        self.load_table()
+        self.activate(func=Func.TABLE, long=self.chance(0.5))
+
     def step(self) -> None:
         r = self.rng.random()
         if r < 0.45:
@@ -551,8 +595,10 @@ class _Generator:
             a, b = self.rng.choice(len(ACTIVITY), 2, replace=False)
             self.overlap((ACTIVITY[a], ACTIVITY[b]))
         elif r < 0.6:
-            [self.matmul_run, self.weight_queue, self.params_behind_activate][
-                self.integer(0, 2)]()
+            motifs = [self.matmul_run, self.weight_queue, self.params_behind_activate]
+            if self.cfg.lookup_table:
+                motifs += [self.table_behind_activate, self.activate_behind_table]
+            motifs[self.integer(0, len(motifs) - 1)]()
         else:
             self.random_instruction()
 
@@ -611,7 +657,8 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 #: Motif names, for documentation and coverage tables.
 MOTIFS = (*(f"hazard.{rule}" for rule in HAZARD_RULES), "overlap", "matmul_run",
-          "weight_queue", "params_behind_activate")
+          "weight_queue", "params_behind_activate", "table_behind_activate",
+          "activate_behind_table")
 
 
 def short_counts(config: TPUConfig) -> int:

@@ -12,10 +12,11 @@ the ISA simulator's: the garbage corrupted nothing.
 
 ``test_fuzz_stream`` runs on the RTL transport and recovers in band, with
 :data:`hdl.isa.RESYNC_WORD` in the stream (every fourth seed with the out-of-band clear
-instead); ``test_fuzz_resync_in_band`` runs the same kind of streams in a cocotb bench
-(``tb_fuzz.py``), with random stalls on both host streams, and recovers in band too. Both
-seed sets include a LOAD_PARAMS with the invalid rounding mode 3
-(``test_ci_seeds_stop_on_a_bad_rounding_mode`` checks that at the ISA level).
+instead), on two presets and on the tiny core built without UB_TO_WEIGHTS, the programmable
+table and the row scale; ``test_fuzz_resync_in_band`` runs the same kind of streams in a cocotb
+bench (``tb_fuzz.py``), with random stalls on both host streams, and recovers in band too.
+Both seed sets stop on the rare bad fields and write the table from the garbage
+(``test_ci_seeds_stop_on_rare_bad_fields`` checks that at the ISA level).
 """
 
 from __future__ import annotations
@@ -38,12 +39,19 @@ from sim.rtl.runner import run
 
 HERE = Path(__file__).parent
 
+#: The configurations fuzzed: two presets, and the tiny core without what a core may be built
+#: without, as the iCEBreaker's is (UB_TO_WEIGHTS and LOAD_TABLE are then unknown opcodes,
+#: ACTIVATE's functions TABLE and NORMALISE bad fields).
+CONFIGS = {"tiny": get_config("tiny"), "wide": get_config("wide"),
+           "tiny-bare": get_config("tiny").replace(ub_to_weights=False, lookup_table=False,
+                                                   row_scale=False)}
+
 #: (configuration, first seed, seeds) for the RTL transport and for the cocotb bench;
 #: ``make test-all`` (``slow``) runs the transport's next seeds too.
-#: (Chosen so that each set stops on both bad fields below at least once.)
-TRANSPORT_SEEDS = (("tiny", 7080, 24), ("wide", 7200, 6))
-TRANSPORT_SEEDS_SLOW = (("tiny", 7104, 24), ("wide", 7206, 6))
-COCOTB_SEEDS = (("tiny", 7520, 12),)
+#: (Chosen so that each set stops on every rare case of test_ci_seeds_stop_on_rare_bad_fields.)
+TRANSPORT_SEEDS = (("tiny", 7104, 16), ("wide", 7200, 6), ("tiny-bare", 7308, 8))
+TRANSPORT_SEEDS_SLOW = (("tiny", 7120, 24), ("wide", 7206, 6), ("tiny-bare", 7316, 8))
+COCOTB_SEEDS = (("tiny", 7505, 12),)
 
 
 @pytest.mark.parametrize("config_key, seed", [
@@ -52,10 +60,10 @@ COCOTB_SEEDS = (("tiny", 7520, 12),)
     for key, first, n in seeds for seed in range(first, first + n)])
 def test_fuzz_stream(rtl_device, config_key: str, seed: int):
     """The core stops with the ISA simulator's error, never hangs, and keeps its state."""
-    case = fuzz_case(get_config(config_key), seed)
+    case = fuzz_case(CONFIGS[config_key], seed)
     recover = "clear" if seed % 4 == 0 else "resync"
     print(f"{case.summary()}; recovery: {recover}")
-    pair = Pair(rtl_device(config_key))
+    pair = Pair(rtl_device(CONFIGS[config_key]))
     what = f"{case.summary()}\ngarbage:\n{describe(case.garbage, pair.config)}"
     pair.run(case.beats, what)
     status = pair.rtl.status()
@@ -70,42 +78,67 @@ def test_fuzz_stream(rtl_device, config_key: str, seed: int):
 def test_fuzz_resync_in_band(config_key: str, first: int, cases: int):
     """The same kind of streams in a cocotb bench, recovered through the stream by the
     resynchronisation word; seeds ``first..first+cases-1``."""
-    config = get_config(config_key)
+    config = CONFIGS[config_key]
     print(f"seeds {first}..{first + cases - 1}")
     run("core", lambda: Core(config), config_key, "tb_fuzz", HERE, "test_fuzz_resync",
         extra_env={"AMTPU_FUZZ_SEED": str(first), "AMTPU_FUZZ_CASES": str(cases)},
         config=config)
 
 
-def _stopping_instruction(case) -> tuple[int, isa.ErrorCode]:
-    """The instruction word the ISA simulator stopped on, and the error."""
+def _stopping_instruction(case) -> tuple[int, isa.ErrorCode, bool]:
+    """The instruction word the ISA simulator stopped on, the error, and whether the
+    garbage before it changed the programmable table."""
     sim = IsaSim(case.config)
-    for beat in case.beats:
+    sim.feed(case.prefix)
+    table = sim.table.copy()
+    for beat in case.garbage:
         sim.feed([beat])
         if sim.error != isa.ErrorCode.NONE:
-            return beat, sim.error
+            return beat, sim.error, bool((sim.table != table).any())
     raise AssertionError(f"{case.summary()}: no error")
 
 
 def test_ci_seeds_stop_on_rare_bad_fields():
     """Among the seeds CI runs through the RTL transport and through the cocotb bench, some
-    stop on a LOAD_PARAMS with rounding 3 (BAD_FIELD in the ISA simulator) and some on a bad
-    UB_TO_WEIGHTS, so the core's checks of them are fuzzed too. ISA level only: no RTL runs
-    here."""
+    stop on a LOAD_PARAMS with rounding 3 (BAD_FIELD in the ISA simulator), some on a bad
+    UB_TO_WEIGHTS and some on an ACTIVATE of a function the core does not have (7, or
+    NORMALISE on a core without the row scale: BAD_FIELD), and
+    in some the garbage writes the programmable table (a LOAD_TABLE, whole or cut short,
+    which the read-back then checks); among the transport's, some stop on a LOAD_TABLE
+    (UNKNOWN_OPCODE) and some on the function TABLE (BAD_FIELD) on a core built without the
+    table. So the core's checks of them are fuzzed too. ISA level only: no RTL runs here."""
     for seeds in (TRANSPORT_SEEDS, COCOTB_SEEDS):
-        rounding, moves = [], []
+        found: dict[str, list] = {"rounding=3": [], "UB_TO_WEIGHTS": [],
+                                  "func 7 (or 6 without the row scale)": [],
+                                  "table written": []}
+        if seeds is TRANSPORT_SEEDS:
+            found |= {"LOAD_TABLE unknown": [], "func TABLE without the table": []}
         for key, first, n in seeds:
             for seed in range(first, first + n):
-                word, code = _stopping_instruction(fuzz_case(get_config(key), seed))
+                word, code, written = _stopping_instruction(fuzz_case(CONFIGS[key], seed))
                 opcode, fields = isa.decode(word)
                 if opcode == isa.Opcode.LOAD_PARAMS and fields["rounding"] == 3:
                     assert code == isa.ErrorCode.BAD_FIELD, (key, seed, code)
-                    rounding.append((key, seed))
+                    found["rounding=3"].append((key, seed))
                 if opcode == isa.Opcode.UB_TO_WEIGHTS:
-                    moves.append((key, seed, code.name))
-        print(f"{seeds}: stops on rounding=3: {rounding}; on UB_TO_WEIGHTS: {moves}")
-        assert rounding, f"no seed of {seeds} stops on a LOAD_PARAMS with rounding=3"
-        assert moves, f"no seed of {seeds} stops on a UB_TO_WEIGHTS"
+                    found["UB_TO_WEIGHTS"].append((key, seed, code.name))
+                if opcode == isa.Opcode.ACTIVATE and (
+                        fields["func"] == 7 or (fields["func"] == isa.Func.NORMALISE
+                                                and not CONFIGS[key].row_scale)):
+                    assert code == isa.ErrorCode.BAD_FIELD, (key, seed, code)
+                    found["func 7 (or 6 without the row scale)"].append((key, seed))
+                if written:
+                    found["table written"].append((key, seed))
+                if opcode == isa.Opcode.LOAD_TABLE and not CONFIGS[key].lookup_table:
+                    assert code == isa.ErrorCode.UNKNOWN_OPCODE, (key, seed, code)
+                    found["LOAD_TABLE unknown"].append((key, seed))
+                if (opcode == isa.Opcode.ACTIVATE and fields["func"] == isa.Func.TABLE
+                        and not CONFIGS[key].lookup_table):
+                    assert code == isa.ErrorCode.BAD_FIELD, (key, seed, code)
+                    found["func TABLE without the table"].append((key, seed))
+        print(f"{seeds}: " + "; ".join(f"{what}: {hits}" for what, hits in found.items()))
+        missing = [what for what, hits in found.items() if not hits]
+        assert not missing, f"no seed of {seeds} stops on (or has) {', '.join(missing)}"
 
 
 def test_resync_through_the_rtl_transport(rtl_device):
@@ -114,7 +147,7 @@ def test_resync_through_the_rtl_transport(rtl_device):
     rtl = rtl_device("tiny")
     ref = IsaSimDevice(rtl.config)
     for dev in (ref, rtl):
-        dev.send([13])
+        dev.send([14])      # (13 is LOAD_TABLE on a core with the table)
         with pytest.raises(DeviceError) as info:
             dev.receive(1)
         assert info.value.status.code == isa.ErrorCode.UNKNOWN_OPCODE
