@@ -86,8 +86,9 @@ def test_random_shapes_on_odd_arrays():
             f"{what}: scores differ"
 
 
-@pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),
-                                               ("default", (2, 11, 2, 9))])
+@pytest.mark.parametrize("config_key, shape", [
+    ("small", (2, 7, 2, 5)),
+    pytest.param("default", (2, 11, 2, 9), marks=pytest.mark.slow)])
 def test_scores_on_the_rtl_equal_the_reference(rtl_device, config_key, shape):
     seed = SEED + 200
     print(f"seed {seed}, {config_key}, {shape}")

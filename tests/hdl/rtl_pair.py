@@ -32,7 +32,15 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 
-__all__ = ["Pair", "describe"]
+__all__ = ["Pair", "describe", "slow_variants"]
+
+
+def slow_variants(keys, slow=("tiny-fast", "tiny-serial")) -> list:
+    """Configuration keys as test parameters, those in *slow* marked slow (``make
+    test-all``): the fast pipeline's and the serial unit's variants of a directed bench,
+    which the random programs cover in CI (tiny-fast, tiny-ulx3s) and each of which is a
+    build and a long run of its own."""
+    return [pytest.param(k, marks=pytest.mark.slow) if k in slow else k for k in keys]
 
 
 class Pair:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe
+from rtl_pair import Pair, describe, slow_variants
 
 from firmware.asm import Program
 from hdl.isa import ErrorCode, Func, Pool
@@ -67,7 +67,7 @@ def _every_value(p: Program, cfg, ub: int) -> int:
     return count
 
 
-@pytest.mark.parametrize("config_key", list(CONFIGS))
+@pytest.mark.parametrize("config_key", slow_variants(CONFIGS))
 def test_every_entry(pair, config_key: str):
     """Every entry looked up, through pooling and saturation too; a second LOAD_TABLE
     replaces every entry of the first; after a reset the table holds zeros."""
@@ -113,7 +113,7 @@ def test_every_entry(pair, config_key: str):
     pair.check_state(f"seed {seed}, {config_key}: after a reset")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "tiny-fast", "tiny-serial"])
+@pytest.mark.parametrize("config_key", slow_variants(["tiny", "tiny-fast", "tiny-serial"]))
 def test_timing(pair, config_key: str):
     """An ACTIVATE right behind a LOAD_TABLE reads the new table, its last entry too (q =
     127, the last written); a LOAD_TABLE right behind a long ACTIVATE waits until it is

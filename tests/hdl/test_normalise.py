@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe
+from rtl_pair import Pair, describe, slow_variants
 
 from firmware.asm import Program
 from hdl.isa import RECIPROCAL_SCALE, ErrorCode, Func, Pool, Rounding
@@ -60,7 +60,7 @@ def _accumulators(p: Program, cfg, rng: np.random.Generator) -> int:
     return count
 
 
-@pytest.mark.parametrize("config_key", list(CONFIGS))
+@pytest.mark.parametrize("config_key", slow_variants(CONFIGS))
 def test_divisors_of_every_kind(pair, config_key: str):
     pair = pair(config_key)
     cfg = pair.config
