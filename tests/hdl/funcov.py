@@ -9,7 +9,10 @@ Two sources fill a :class:`Coverage`:
   hazard rules the programs set up (an instruction whose rows meet those of the nearest
   earlier instruction the rule names, with no fence between them), and the waits outside
   those rules that the programs set up (a LOAD_TABLE right behind an ACTIVATE, which waits
-  for it; an ACTIVATE of the function TABLE right behind a LOAD_TABLE);
+  for it; an ACTIVATE of the function TABLE right behind a LOAD_TABLE); and, from an ISA
+  simulator the observer runs the programs on, the divisors each NORMALISE met (one, zero or
+  negative, small enough for an exact reciprocal, large enough to be cut) and whether a
+  shift grown by the cut was clamped at 63;
 - the RTL (:func:`observe_rtl`, from :meth:`firmware.transports.rtl.RtlDevice.coverage`):
   cycles the core stalled on each rule of :data:`hdl.control.hazards.HAZARD_RULES` and
   cycles each pair of engines (:data:`sim.rtl.host_bridge.OVERLAPS`) worked at once.
@@ -25,11 +28,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from firmware.asm import field_specs
 from hdl import isa
 from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
-from sim.models.isa_sim import POOL_WINDOW
+from sim.models.isa_sim import POOL_WINDOW, IsaSim
 from sim.rtl.host_bridge import OVERLAPS
 
 __all__ = ["Coverage", "ProgramObserver", "promised_points", "observe_rtl", "MEMORY_ACCESSES",
@@ -41,13 +46,36 @@ _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 FENCES = frozenset({isa.Opcode.SYNC, isa.Opcode.HALT, isa.Opcode.READ_COUNTERS,
                     isa.Opcode.CLEAR_COUNTERS})
 
+
 def activate_functions(config: TPUConfig) -> list[isa.Func]:
     """ACTIVATE's functions that valid random programs draw on ``config``: the fixed ones,
-    and TABLE where the core has the programmable table (on one without it, a BAD_FIELD)."""
+    TABLE where the core has the programmable table and NORMALISE where it has the row scale
+    (on one without them, each a BAD_FIELD)."""
     funcs = [isa.Func.IDENTITY, isa.Func.RELU, isa.Func.CLAMP, isa.Func.SIGMOID, isa.Func.TANH]
     if config.lookup_table:
         funcs.append(isa.Func.TABLE)
+    if config.row_scale:
+        funcs.append(isa.Func.NORMALISE)
     return funcs
+
+
+#: NORMALISE's divisors (a row's last accumulator column), by what the reciprocal does with
+#: them: 1 (the largest reciprocal), 0 or less (a reciprocal of 0: the zero point), exact
+#: (below ``2**RECIPROCAL_BITS``), cut to its top bits (here at least ``2**12``).
+DIVISOR_KINDS = ("divisor=1", "divisor<=0", "divisor=2..511", "divisor>=4096")
+assert isa.RECIPROCAL_BITS == 9     # (the names above)
+
+
+def _divisor_kind(d: int) -> str | None:
+    if d == 1:
+        return "divisor=1"
+    if d <= 0:
+        return "divisor<=0"
+    if d < 1 << isa.RECIPROCAL_BITS:
+        return "divisor=2..511"
+    if d >= 1 << 12:
+        return "divisor>=4096"
+    return None
 
 
 #: (instruction, memory) pairs whose boundaries are counted; memory ``ub`` (unified-buffer
@@ -191,6 +219,9 @@ def promised_points(config: TPUConfig, rtl: bool = True,
         points += ["load_table.every_extreme", "load_table.extreme_ends",
                    "setup.load_table_behind_activate",
                    "setup.activate_table_behind_load_table"]
+    if config.row_scale:
+        points += [f"normalise.{kind}" for kind in DIVISOR_KINDS]
+        points += ["normalise.shift_clamped_at_63"]
     points += [f"activate.pool={p.name.lower()}" for p in isa.Pool]
     points += ["activate.longer_than_matmul_latency"]
     points += [f"{op}.slot.{end}" for op in ("activate", "load_params") for end in
@@ -248,8 +279,9 @@ class ProgramObserver:
     """Counts the coverage points of host streams as the core would execute them.
 
     Stateful across programs, like the core: it follows the weight queue's length (for the
-    queue points) from one program to the next; :meth:`reset` forgets it with the device's
-    reset.
+    queue points) from one program to the next, and on a core with the row scale runs the
+    programs on an ISA simulator of its own (for the accumulators NORMALISE divides);
+    :meth:`reset` forgets both with the device's reset.
     """
 
     def __init__(self, config: TPUConfig, coverage: Coverage):
@@ -262,6 +294,7 @@ class ProgramObserver:
         self._recent: dict[str, dict[str, tuple[int, int]]] = {}
         self._run = 0
         self._previous: isa.Opcode | None = None
+        self._model = IsaSim(self.config) if self.config.row_scale else None
 
     def _boundaries(self, op: str, memory: str, lo: int, count: int) -> None:
         depth = {"ub": self.config.ub_depth, "acc": self.config.acc_depth,
@@ -301,9 +334,11 @@ class ProgramObserver:
         while i < len(beats):
             beat = int(beats[i])
             word = beat & _INSTR_MASK
+            start = i
             i += 1
             if word == isa.RESYNC_WORD:
                 hit("resync_word")
+                self._run_model(beats[start:i])
                 continue
             opcode, f = isa.decode(word)
             assert isinstance(opcode, isa.Opcode), f"beat {i - 1}: not an instruction"
@@ -343,6 +378,8 @@ class ProgramObserver:
                 ranges["acc"] = (f["acc_addr"], f["acc_addr"] + count)
                 ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count // window)
                 hit(f"activate.func={f['func'].name.lower()}")
+                if f["func"] == isa.Func.NORMALISE:
+                    self._normalise(f["acc_addr"], count, f["slot"])
                 if f["func"] == isa.Func.TABLE and self._previous == isa.Opcode.LOAD_TABLE:
                     hit("setup.activate_table_behind_load_table")
                 hit(f"activate.pool={f['pool'].name.lower()}")
@@ -387,6 +424,28 @@ class ProgramObserver:
                 if int(data) >> rows_bits[row]:
                     hit("data_bits_above_row")
             i += data_beats
+            self._run_model(beats[start:i])
+
+    def _run_model(self, beats: Sequence[int]) -> None:
+        if self._model is None:
+            return
+        self._model.feed(beats)
+        assert self._model.error == isa.ErrorCode.NONE, \
+            f"the observer's ISA simulator stopped: {self._model.status}"
+
+    def _normalise(self, acc: int, count: int, slot: int) -> None:
+        """A NORMALISE of accumulator rows ``acc..acc+count-1`` with parameter slot ``slot``,
+        before it runs: the kinds of divisor it meets, and whether a row's shift grown by
+        the cut passes 63 (the clamp)."""
+        if self._model is None:
+            return
+        shift = int(np.max(self._model.params[slot].shift))
+        for d in self._model.acc[acc:acc + count, -1]:
+            kind = _divisor_kind(int(d))
+            if kind is not None:
+                self.coverage.hit(f"normalise.{kind}")
+            if shift + isa.reciprocal(int(d))[1] > 63:
+                self.coverage.hit("normalise.shift_clamped_at_63")
 
     def _table(self, data: Sequence[int]) -> None:
         """A LOAD_TABLE's entries: the byte's extremes (0x00, 0x7f, 0x80, 0xff) all in the

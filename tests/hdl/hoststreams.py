@@ -177,7 +177,7 @@ class _Fuzzer:
         return isa.Rounding(self.n(0, len(isa.Rounding) - 1))
 
     def func(self) -> Func:
-        """A valid ACTIVATE function: TABLE only on a core with the table."""
+        """A valid ACTIVATE function: TABLE and NORMALISE only on a core built with them."""
         funcs = activate_functions(self.cfg)
         return funcs[self.n(0, len(funcs) - 1)]
 

@@ -17,7 +17,7 @@ from its random generator, that
   LOAD_PARAMS behind an ACTIVATE of the same slot, a LOAD_TABLE right behind a long
   ACTIVATE of the function TABLE (it waits: the ACTIVATE looks up the old table to its last
   row), an ACTIVATE of the function TABLE right behind a LOAD_TABLE (it reads the new
-  table);
+  table), rows with divisors of every kind normalised (below);
 - sometimes sets bits the core must ignore: reserved instruction fields, instruction bits
   above 64, data bits above the row, the bits above each per-column shift; and sends the
   resynchronisation word mid-program;
@@ -27,6 +27,11 @@ from its random generator, that
 - on a core with the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`), loads
   random tables with the byte's extremes over-represented, at the first and last entries
   too, and draws the function TABLE among the others (never on a core without it);
+- on a core with the row scale (:attr:`~hdl.config.TPUConfig.row_scale`), draws NORMALISE
+  among the functions, and now and then makes rows whose divisor (the last accumulator
+  column) is 1, small (an exact reciprocal), 0, negative or large (cut), through a tile whose
+  last column sums the row or picks one element of it (times 1 or 127), and normalises them
+  with a shift near 25 or one that the cut takes past 63 (clamped);
 - ends by reading back what it touched: the unified-buffer rows it wrote, the accumulator
   rows it wrote (through an ACTIVATE with an identity requantisation, a random rounding mode
   and a random shift, sometimes one per column), the counters, and a HALT.
@@ -138,7 +143,7 @@ class _Generator:
         # A third of the programs set bits the core must ignore, now and then.
         self.junk = rng.random() < 1 / 3
         self.latency = cfg.rows + cfg.cols + 4      # a MATMUL row's, buffer to accumulator
-        self.funcs = activate_functions(cfg)    # TABLE only on a core with the table
+        self.funcs = activate_functions(cfg)    # TABLE, NORMALISE only where built
 
     # Drawing numbers -----------------------------------------------------------------------
 
@@ -221,11 +226,12 @@ class _Generator:
         self.touched[memory][first:first + count] = True
 
     def read_host(self, ub: int | None = None, count: int | None = None,
-                  long: bool = False) -> Ranges:
+                  long: bool = False, rows: np.ndarray | None = None) -> Ranges:
         cfg = self.cfg
-        count = count or self.count(cfg.ub_depth, long)
+        count = len(rows) if rows is not None else count or self.count(cfg.ub_depth, long)
         ub = self.start(cfg.ub_depth, count) if ub is None else ub
-        rows = random_bytes(self.rng, (count, cfg.ub_row), self.chance(0.5))
+        if rows is None:
+            rows = random_bytes(self.rng, (count, cfg.ub_row), self.chance(0.5))
         self._emit(lambda: self.prog.read_host(ub, rows), isa.Opcode.READ_HOST, 8 * cfg.ub_row)
         self._touch("ub", ub, count)
         return {"ub": (ub, count)}
@@ -301,8 +307,10 @@ class _Generator:
         self.read_weights()
 
     def matmul(self, ub: int | None = None, acc: int | None = None, count: int | None = None,
-               long: bool = False, switch: bool | None = None) -> Ranges:
-        """A MATMUL; ``ub``/``acc`` given with ``count``."""
+               long: bool = False, switch: bool | None = None,
+               accumulate: bool | None = None, signed: bool | None = None) -> Ranges:
+        """A MATMUL; ``ub``/``acc`` given with ``count``; ``accumulate`` and ``signed`` drawn
+        if not given."""
         cfg = self.cfg
         self.prime_weights()
         if switch is None or (switch and not self.queued):
@@ -312,10 +320,13 @@ class _Generator:
         count = count or self.count(min(cfg.ub_depth, cfg.acc_depth), long)
         ub = self.start(cfg.ub_depth, count) if ub is None else ub
         acc = self.start(cfg.acc_depth, count) if acc is None else acc
+        if accumulate is None:
+            accumulate = self.chance(0.5)
+        if signed is None:
+            signed = cfg.operands == "int8" or self.chance(0.5)
         self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
-                                            accumulate=self.chance(0.5),
-                                            signed=(cfg.operands == "int8" or
-                                                    self.chance(0.5))), isa.Opcode.MATMUL)
+                                            accumulate=accumulate, signed=signed),
+                   isa.Opcode.MATMUL)
         if switch:
             self.queued -= 1
             self.have_active = True
@@ -377,6 +388,28 @@ class _Generator:
             lanes = sum(self._random_bits(26) << (32 * j + 6) for j in range(self.cfg.cols))
             beats[at + 3] |= lanes
 
+    def normalise_params(self, slot: int, clamp: bool) -> None:
+        """LOAD_PARAMS for NORMALISE (which ignores the multiplier): a shift near 25 (``t /
+        d`` times ``2**(25 - shift)``), or with ``clamp`` one of 58..63 (the cut of a divisor
+        of ``2**(72 - shift)`` or more takes it past 63: any cut at 63); one shift, or one
+        per column; the bias 0 or small."""
+        cfg = self.cfg
+        lo, hi = (58, 63) if clamp else (17, 27)
+        if self.chance(0.5):
+            shift = self.rng.integers(lo, hi + 1, cfg.cols)
+        elif clamp:
+            shift = 63 if self.chance(0.5) else self.integer(lo, hi)
+        else:
+            shift = 25 if self.chance(0.5) else self.integer(lo, hi)
+        bias = np.where(self.rng.random(cfg.cols) < 0.5, 0,
+                        self.rng.integers(-2**8, 2**8, cfg.cols))
+        mult = self.rng.integers(-2**31, 2**31, cfg.cols)
+        zp, clamp_hi = self.integer(-128, 127), self.integer(-128, 127)
+        rounding = isa.Rounding(self.integer(0, len(isa.Rounding) - 1))
+        self._emit(lambda: self.prog.load_params(slot, bias, mult, shift=shift, zp=zp,
+                                                 clamp=clamp_hi, rounding=rounding),
+                   isa.Opcode.LOAD_PARAMS, 32 * cfg.cols)
+
     def load_table(self) -> None:
         """LOAD_TABLE of 256 random entries, int8 or raw bytes (:func:`random_bytes`: all
         extremes, all one extreme, alternating, or any), half the time with the byte's
@@ -389,7 +422,7 @@ class _Generator:
                    32 * cfg.cols)
         per_beat = 4 * cfg.cols
         last = isa.TABLE_ENTRIES % per_beat         # entries in a partial last beat
-        if self.junk and last and self.chance(0.5):
+        if self.junk and last and self.chance(0.8):
             # The last beat's bits past entry 255 (still in its row): ignored.
             self.prog.beats[-1] |= self._random_bits(8 * (per_beat - last)) << (8 * last)
 
@@ -585,6 +618,66 @@ class _Generator:
         self.load_table()
         self.activate(func=Func.TABLE, long=self.chance(0.5))
 
+    def normalise(self) -> None:
+        """Rows with divisors of every kind, then NORMALISE of them. A tile whose last
+        column sums the row (softmax's column of ones), or picks its element ``k`` (times 1
+        or 127); buffer rows whose element ``k`` is 1, small, 0, negative (above 127 when
+        unsigned) or an extreme (through the summing tile, half the rows hold only it); a
+        MATMUL through the tile (the queue drained first, so that it switches to it),
+        sometimes a second accumulating one (twice the divisor); then NORMALISE of them
+        with a slot whose shift is near 25, and again with another whose shift the cut
+        takes past 63."""
+        cfg, rng = self.cfg, self.rng
+        rows, last = cfg.rows, cfg.cols - 1
+        while self.queued:
+            self.matmul(count=self.count(min(rows, cfg.acc_depth)), switch=True)
+        w_signed = cfg.operands == "int8" or self.chance(0.5)
+        weights = random_bytes(rng, (rows, cfg.cols), w_signed)
+        k = self.integer(0, rows - 1)
+        column = int(rng.choice(3, p=[0.25, 0.5, 0.25]))   # sums x, picks x[k], 127 x[k]
+        weights[:, last] = 1 if column == 0 else 0
+        if column:
+            weights[k, last] = 1 if column == 1 else 127
+        tile = self.start(cfg.weight_mem_tiles, 1)
+        self._emit(lambda: self.prog.load_weights(tile, weights, signed=w_signed),
+                   isa.Opcode.LOAD_WEIGHTS, 8 * cfg.cols)
+        self.written.add(tile)
+        self._emit(lambda: self.prog.read_weights(tile, 1), isa.Opcode.READ_WEIGHTS)
+        self.queued += 1
+        count = self.count(min(cfg.ub_depth, cfg.acc_depth))
+        signed = cfg.operands == "int8" or self.chance(0.5)
+        x = random_bytes(rng, (count, cfg.ub_row), signed)
+        lo, hi = (-128, 127) if signed else (0, 255)
+        # Each kind in turn (in a random order): 1, small, 0, negative (or above 127),
+        # an extreme.
+        kinds = np.resize(rng.permutation(5), count)
+        picks = np.choose(kinds, [
+            np.ones(count, dtype=np.int64), rng.integers(2, 128, count),
+            np.zeros(count, dtype=np.int64),
+            rng.integers(-128, 0, count) if signed else rng.integers(128, 256, count),
+            rng.choice([lo, hi], count)])
+        if column == 0:
+            alone = rng.random(count) < 0.5
+            x[alone, :rows] = 0
+        x[:, k] = picks
+        ub = self.start(cfg.ub_depth, count)
+        acc = self.start(cfg.acc_depth, count)
+        self.read_host(ub, rows=x)
+        self.matmul(ub=ub, acc=acc, count=count, switch=True, accumulate=False, signed=signed)
+        if self.chance(0.25):
+            self.matmul(ub=ub, acc=acc, count=count, switch=False, accumulate=True,
+                        signed=signed)
+        slot = self.slot()
+        slots = cfg.param_slots
+        for clamp in (False, True):
+            self.normalise_params(slot, clamp=clamp)
+            pool = Pool(self.integer(0, 2))
+            if count < POOL_WINDOW[pool]:
+                pool = Pool.NONE
+            self.activate(acc=acc, blocks=count // POOL_WINDOW[pool], pool=pool, slot=slot,
+                          func=Func.NORMALISE)
+            slot = (slot + self.integer(1, slots - 1)) % slots if slots > 1 else slot
+
     def step(self) -> None:
         r = self.rng.random()
         if r < 0.45:
@@ -599,6 +692,8 @@ class _Generator:
             if self.cfg.lookup_table:
                 motifs += [self.table_behind_activate, self.activate_behind_table]
             motifs[self.integer(0, len(motifs) - 1)]()
+        elif r < 0.64 and self.cfg.row_scale:
+            self.normalise()
         else:
             self.random_instruction()
 
@@ -658,7 +753,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 #: Motif names, for documentation and coverage tables.
 MOTIFS = (*(f"hazard.{rule}" for rule in HAZARD_RULES), "overlap", "matmul_run",
           "weight_queue", "params_behind_activate", "table_behind_activate",
-          "activate_behind_table")
+          "activate_behind_table", "normalise")
 
 
 def short_counts(config: TPUConfig) -> int:
