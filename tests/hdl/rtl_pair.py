@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 from hoststreams import dump_program
 from progen import check_counter_invariants
@@ -131,6 +132,33 @@ class Pair:
         self.rtl.clear()
         self.ref.clear()
         self._seen = len(self.sim.output)
+
+    def stop_on(self, bad, code: isa.ErrorCode, what: str, *, seed: int, after=None) -> None:
+        """A short program (two random tiles, buffer rows, a MATMUL), then ``bad(program)``:
+        the core must stop with ``code`` at the bad instruction's index, as the ISA
+        simulator does, the instruction ``after(program)`` appends (default an ACTIVATE)
+        discarded, and leave the state the ISA simulator has (read back after the
+        resynchronisation word). ``seed`` draws the program's data."""
+        from firmware.asm import Program
+
+        cfg = self.config
+        rng = np.random.default_rng(seed)
+        p = Program(cfg)
+        p.load_weights(0, rng.integers(-128, 128, (2, cfg.rows, cfg.cols)))
+        p.read_host(0, rng.integers(-128, 128, (max(4, cfg.ub_row), cfg.ub_row)))
+        p.read_weights(0, 1)
+        p.matmul(0, 0, 4, switch=True)
+        good = p.instructions
+        start = len(p.beats)
+        bad(p)
+        what = f"{what}: {describe(p.beats[start:], cfg).splitlines()[0]}"
+        (after or (lambda q: q.activate(0, 8, 4)))(p)     # discarded: the core has stopped
+        p.halt()
+        self.run(p.beats, what)
+        status = self.rtl.status()
+        assert (status.error, status.code, status.instr_index) == (True, code, good), \
+            f"{what}: status {status}, expected {code.name} at {good}"
+        self.check_state(what, resync=True)
 
     def check_state(self, what: str, resync: bool = False) -> None:
         """Read back every memory, the counters and the weight queue on both and compare;

@@ -137,34 +137,13 @@ def test_timing(pair, config_key: str):
     pair.check_state(what)
 
 
-def _run_bad(pair: Pair, bad, code: ErrorCode, what: str) -> None:
-    cfg = pair.config
-    rng = np.random.default_rng(SEED)
-    p = Program(cfg)
-    p.load_weights(0, rng.integers(-128, 128, (1, cfg.rows, cfg.cols)))
-    p.read_host(0, rng.integers(-128, 128, (4, cfg.ub_row)))
-    p.read_weights(0, 1)
-    p.matmul(0, 0, 4, switch=True)
-    good = p.instructions
-    start = len(p.beats)
-    bad(p)
-    what = f"{what}: {describe(p.beats[start:], cfg).splitlines()[0]}"
-    p.activate(0, 8, 4)                         # discarded: the core has stopped
-    p.halt()
-    pair.run(p.beats, what)
-    status = pair.rtl.status()
-    assert (status.error, status.code, status.instr_index) == (True, code, good), \
-        f"{what}: status {status}, expected {code.name} at {good}"
-    pair.check_state(what, resync=True)
-
-
 def test_refused_where_not_built(pair):
     """A core built without the table (the boards' choice for now) reports UNKNOWN_OPCODE
     for LOAD_TABLE (its data beats are then discarded with the rest) and BAD_FIELD for the
     function TABLE."""
     without = pair(get_config("tiny").replace(lookup_table=False))
-    _run_bad(without, lambda p: p.load_table(np.arange(256)), ErrorCode.UNKNOWN_OPCODE,
-             f"seed {SEED}, LOAD_TABLE on a core without it")
+    without.stop_on(lambda p: p.load_table(np.arange(256)), ErrorCode.UNKNOWN_OPCODE,
+             f"seed {SEED}, LOAD_TABLE on a core without it", seed=SEED)
     without.reset()
-    _run_bad(without, lambda p: p.activate(0, 8, 4, func=Func.TABLE), ErrorCode.BAD_FIELD,
-             f"seed {SEED}, ACTIVATE TABLE on a core without it")
+    without.stop_on(lambda p: p.activate(0, 8, 4, func=Func.TABLE), ErrorCode.BAD_FIELD,
+             f"seed {SEED}, ACTIVATE TABLE on a core without it", seed=SEED)

@@ -114,32 +114,11 @@ def test_divisors_of_every_kind(pair, config_key: str):
     pair.check_state(what)
 
 
-def _run_bad(pair: Pair, bad, code: ErrorCode, what: str) -> None:
-    cfg = pair.config
-    rng = np.random.default_rng(SEED)
-    p = Program(cfg)
-    p.load_weights(0, rng.integers(-128, 128, (1, cfg.rows, cfg.cols)))
-    p.read_host(0, rng.integers(-128, 128, (4, cfg.ub_row)))
-    p.read_weights(0, 1)
-    p.matmul(0, 0, 4, switch=True)
-    good = p.instructions
-    start = len(p.beats)
-    bad(p)
-    what = f"{what}: {describe(p.beats[start:], cfg).splitlines()[0]}"
-    p.activate(0, 8, 4)                         # discarded: the core has stopped
-    p.halt()
-    pair.run(p.beats, what)
-    status = pair.rtl.status()
-    assert (status.error, status.code, status.instr_index) == (True, code, good), \
-        f"{what}: status {status}, expected {code.name} at {good}"
-    pair.check_state(what, resync=True)
-
-
 def test_refused_where_not_built(pair):
     """NORMALISE on a core without the row scale (the boards' choice for now), and
     function 7 on one with it: BAD_FIELD."""
     without = pair(get_config("tiny").replace(row_scale=False))
-    _run_bad(without, lambda p: p.activate(0, 8, 4, func=Func.NORMALISE), ErrorCode.BAD_FIELD,
-             f"seed {SEED}, NORMALISE on a core without it")
-    _run_bad(pair("tiny"), lambda p: p.activate(0, 8, 4, func=7), ErrorCode.BAD_FIELD,
-             f"seed {SEED}, function 7")
+    without.stop_on(lambda p: p.activate(0, 8, 4, func=Func.NORMALISE), ErrorCode.BAD_FIELD,
+             f"seed {SEED}, NORMALISE on a core without it", seed=SEED)
+    pair("tiny").stop_on(lambda p: p.activate(0, 8, 4, func=7), ErrorCode.BAD_FIELD,
+             f"seed {SEED}, function 7", seed=SEED)

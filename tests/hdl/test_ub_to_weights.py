@@ -148,6 +148,11 @@ def _padded(x: np.ndarray, pad: np.ndarray) -> np.ndarray:
     return out
 
 
+def _move_after(p: Program) -> None:
+    """The instruction after a bad one (discarded): a move."""
+    p.ub_to_weights(0, 1, 1)
+
+
 def _bad_cases(cfg):
     rows, cols, ub, tiles = cfg.rows, cfg.cols, cfg.ub_depth, cfg.weight_mem_tiles
     E = ErrorCode
@@ -164,27 +169,6 @@ def _bad_cases(cfg):
 BAD = [name for name, _, _ in _bad_cases(get_config("tiny"))]
 
 
-def _run_bad(pair: Pair, bad, code: ErrorCode, what: str) -> None:
-    cfg = pair.config
-    rng = np.random.default_rng(SEED)
-    p = Program(cfg)
-    p.load_weights(0, rng.integers(-128, 128, (2, cfg.rows, cfg.cols)))
-    p.read_host(0, rng.integers(-128, 128, (cfg.ub_row, cfg.ub_row)))
-    p.read_weights(0, 1)
-    p.matmul(0, 0, 4, switch=True)
-    good = p.instructions
-    start = len(p.beats)
-    bad(p)
-    what = f"{what}: {describe(p.beats[start:], cfg).splitlines()[0]}"
-    p.ub_to_weights(0, 1, 1)                    # discarded: the core has stopped
-    p.halt()
-    pair.run(p.beats, what)
-    status = pair.rtl.status()
-    assert (status.error, status.code, status.instr_index) == (True, code, good), \
-        f"{what}: status {status}, expected {code.name} at {good}"
-    pair.check_state(what, resync=True)
-
-
 @pytest.mark.parametrize("case", BAD)
 def test_bad_fields(pair, case: str):
     """Each bad field stops the core with the ISA simulator's code at its index, and the
@@ -193,15 +177,18 @@ def test_bad_fields(pair, case: str):
     index = BAD.index(case)
     _, bad, code = _bad_cases(pair.config)[index]
     print(f"seed {SEED}, {case}")
-    _run_bad(pair, bad, code, f"seed {SEED}, {case}")
+    pair.stop_on(bad, code, f"seed {SEED}, {case}",
+                 seed=SEED, after=_move_after)
 
 
 def test_refused_where_not_built(pair):
     """A core built without it (the iCEBreaker's choice) reports UNKNOWN_OPCODE; an
     int8-only core refuses uint8 (SIGNEDNESS)."""
     without = get_config("tiny").replace(ub_to_weights=False)
-    _run_bad(pair(without), lambda p: p.ub_to_weights(0, 0, 1), ErrorCode.UNKNOWN_OPCODE,
-             f"seed {SEED}, {Opcode.UB_TO_WEIGHTS.name} on a core without it")
+    pair(without).stop_on(lambda p: p.ub_to_weights(0, 0, 1), ErrorCode.UNKNOWN_OPCODE,
+             f"seed {SEED}, {Opcode.UB_TO_WEIGHTS.name} on a core without it",
+                 seed=SEED, after=_move_after)
     int8 = get_config("tiny").replace(multiplier="ice40", operands="int8")
-    _run_bad(pair(int8), lambda p: p.ub_to_weights(0, 0, 1, signed=False),
-             ErrorCode.SIGNEDNESS, f"seed {SEED}, uint8 on an int8-only core")
+    pair(int8).stop_on(lambda p: p.ub_to_weights(0, 0, 1, signed=False),
+             ErrorCode.SIGNEDNESS, f"seed {SEED}, uint8 on an int8-only core",
+                 seed=SEED, after=_move_after)
