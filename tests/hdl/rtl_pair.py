@@ -33,7 +33,16 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 
-__all__ = ["Pair", "describe", "slow_variants"]
+__all__ = ["Pair", "describe", "slow_variants", "unit_variants"]
+
+
+def unit_variants(base: TPUConfig) -> dict[str, TPUConfig]:
+    """*base* (a tiny array) and the variants an activation-unit function is tested on:
+    the fast pipeline (block RAMs read through their output registers), the serial unit,
+    and 3 columns (a row wider than the array's rows, a partial last beat)."""
+    return {"tiny": base, "tiny-fast": base.replace(pipeline="fast"),
+            "tiny-serial": base.replace(activation_unit="serial"),
+            "2x3": base.replace(cols=3, host_width=None)}
 
 
 def slow_variants(keys, slow=("tiny-fast", "tiny-serial")) -> list:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, slow_variants
+from rtl_pair import Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import ErrorCode, Func, Pool
@@ -29,12 +29,7 @@ SEED = 6161
 #: table beat is partial (12 entries a beat: 22 beats, the last holding 4). Memories deep
 #: enough for every int8 value two to a row.
 _BASE = get_config("tiny").replace(ub_depth=1024, acc_depth=256)
-CONFIGS = {
-    "tiny": _BASE,
-    "tiny-fast": _BASE.replace(pipeline="fast"),
-    "tiny-serial": _BASE.replace(activation_unit="serial"),
-    "2x3": _BASE.replace(cols=3, host_width=None),
-}
+CONFIGS = unit_variants(_BASE)
 
 
 @pytest.fixture

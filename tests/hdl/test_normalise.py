@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, slow_variants
+from rtl_pair import Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import RECIPROCAL_SCALE, ErrorCode, Func, Pool, Rounding
@@ -26,12 +26,7 @@ SEED = 7171
 #: The pipelined unit on the tiny array, with the fast pipeline, the serial unit, and a
 #: wider row (the divisor in column 2).
 _BASE = get_config("tiny").replace(ub_depth=256, acc_depth=128)
-CONFIGS = {
-    "tiny": _BASE,
-    "tiny-fast": _BASE.replace(pipeline="fast"),
-    "tiny-serial": _BASE.replace(activation_unit="serial"),
-    "2x3": _BASE.replace(cols=3, host_width=None),
-}
+CONFIGS = unit_variants(_BASE)
 
 
 @pytest.fixture
