@@ -10,10 +10,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hdl.isa import Opcode
+from hdl.isa import Func, Opcode
 
-__all__ = ["TPUConfig", "ConfigError", "MULTIPLIERS", "ACTIVATION_UNITS", "PARAM_STORES",
-           "PIPELINES", "OPERAND_KINDS"]
+__all__ = ["TPUConfig", "ConfigError", "OPTIONAL_OPCODES", "OPTIONAL_FUNCS", "MULTIPLIERS",
+           "ACTIVATION_UNITS", "PARAM_STORES", "PIPELINES", "OPERAND_KINDS"]
+
+#: Instructions a core may be built without, and the :class:`TPUConfig` flag that builds
+#: each: without it the opcode is unknown (UNKNOWN_OPCODE).
+OPTIONAL_OPCODES = {Opcode.UB_TO_WEIGHTS: "ub_to_weights", Opcode.LOAD_TABLE: "lookup_table"}
+
+#: ACTIVATE's functions a core may be built without, and the flag that builds each: without
+#: it the function is a bad field (BAD_FIELD).
+OPTIONAL_FUNCS = {Func.TABLE: "lookup_table", Func.NORMALISE: "row_scale"}
 
 #: How a PE's DSP product is built (:attr:`TPUConfig.multiplier`).
 MULTIPLIERS = ("infer", "ecp5", "ice40")
@@ -316,13 +324,19 @@ class TPUConfig:
         return self.rows + self.cols + (6 if self.pipeline == "fast" else 2)
 
     @property
-    def opcodes(self) -> tuple:
+    def opcodes(self) -> tuple[Opcode, ...]:
         """The :class:`~hdl.isa.Opcode` members a core of this configuration decodes: all of
-        them but those of instructions it is built without (UB_TO_WEIGHTS,
-        :attr:`ub_to_weights`; LOAD_TABLE, :attr:`lookup_table`), which are unknown to it."""
-        left_out = {Opcode.UB_TO_WEIGHTS: self.ub_to_weights,
-                    Opcode.LOAD_TABLE: self.lookup_table}
-        return tuple(o for o in Opcode if left_out.get(o, True))
+        them but those of instructions it is built without (:data:`OPTIONAL_OPCODES`), which
+        are unknown to it."""
+        return tuple(o for o in Opcode
+                     if o not in OPTIONAL_OPCODES or getattr(self, OPTIONAL_OPCODES[o]))
+
+    @property
+    def functions(self) -> tuple[Func, ...]:
+        """ACTIVATE's functions (:class:`~hdl.isa.Func`) a core of this configuration has:
+        all but those it is built without (:data:`OPTIONAL_FUNCS`), which are bad fields."""
+        return tuple(f for f in Func
+                     if f not in OPTIONAL_FUNCS or getattr(self, OPTIONAL_FUNCS[f]))
 
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again)."""

@@ -11,7 +11,6 @@ from hdl.isa import (
     INSTR_BITS,
     Activate,
     ErrorCode,
-    Func,
     Instr,
     LoadParams,
     LoadWeights,
@@ -114,11 +113,9 @@ class Checks(wiring.Component):
         moves = cfg.ub_to_weights
         is_ = {o: op == o for o in cfg.opcodes}
         unknown = ~Cat(*is_.values()).any()
-        # The functions this core has: the fixed ones, TABLE and NORMALISE where built.
-        funcs = [f for f in Func if {Func.TABLE: cfg.lookup_table,
-                                     Func.NORMALISE: cfg.row_scale}.get(f, True)]
+        # A function this core does not have (TPUConfig.functions).
         func_value = av.func.as_value()
-        bad_func = ~Cat(*(func_value == f.value for f in funcs)).any()
+        bad_func = ~Cat(*(func_value == f.value for f in cfg.functions)).any()
 
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |

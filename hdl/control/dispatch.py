@@ -95,8 +95,7 @@ class Dispatch(wiring.Component):
 
     def __init__(self, config: TPUConfig):
         self.config = config
-        self.engine_opcodes = tuple(o for o in ENGINE_OPCODES
-                                    if config.ub_to_weights or o != Opcode.UB_TO_WEIGHTS)
+        self.engine_opcodes = tuple(o for o in ENGINE_OPCODES if o in config.opcodes)
         super().__init__({
             "i_valid":         In(1),
             "i_waiting":       In(1),

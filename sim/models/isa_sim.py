@@ -295,21 +295,13 @@ from hdl.config import TPUConfig
 from sim.models import golden
 
 __all__ = ["IsaSim", "SimStatus", "ParamSlot", "DETERMINISTIC_COUNTERS", "POOL_WINDOW",
-           "OPTIONAL", "OPTIONAL_FUNCS", "beats_match", "error_beat"]
+           "beats_match", "error_beat"]
 
 #: Counters whose values the ISA level determines; the rest depend on timing.
 DETERMINISTIC_COUNTERS = ("instructions", "array_active", "useful_macs", "weight_shift")
 
 #: Rows each pooling mode reduces to one.
 POOL_WINDOW = {isa.Pool.NONE: 1, isa.Pool.MAX2: 2, isa.Pool.MAX4: 4}
-
-#: Opcodes a core may be built without, and the :class:`~hdl.config.TPUConfig` flag that
-#: builds each; without it the opcode is unknown (UNKNOWN_OPCODE).
-OPTIONAL = {isa.Opcode.UB_TO_WEIGHTS: "ub_to_weights", isa.Opcode.LOAD_TABLE: "lookup_table"}
-
-#: ACTIVATE's functions a core may be built without, and the flag that builds each; without
-#: it the function is a bad field (BAD_FIELD).
-OPTIONAL_FUNCS = {isa.Func.TABLE: "lookup_table", isa.Func.NORMALISE: "row_scale"}
 
 _INSTR_MASK = (1 << isa.INSTR_BITS) - 1
 
@@ -506,8 +498,7 @@ class IsaSim:
         self._halted = False
         opcode, fields = isa.decode(word)       # the decoder the assembler uses too
         try:
-            if not isinstance(opcode, isa.Opcode) or (
-                    opcode in OPTIONAL and not getattr(self.config, OPTIONAL[opcode])):
+            if opcode not in self.config.opcodes:
                 raise _Error(isa.ErrorCode.UNKNOWN_OPCODE)   # reserved, or not built
             execute = getattr(self, f"_op_{opcode.name.lower()}")
             execute(fields)
@@ -626,7 +617,7 @@ class IsaSim:
         self._check_count(count)
         if (not isinstance(func, isa.Func) or not isinstance(pool, isa.Pool)
                 or count % POOL_WINDOW[pool] or slot >= self.config.param_slots
-                or func in OPTIONAL_FUNCS and not getattr(self.config, OPTIONAL_FUNCS[func])):
+                or func not in self.config.functions):
             raise _Error(isa.ErrorCode.BAD_FIELD)
         window = POOL_WINDOW[pool]
         self._check_ub(f["ub_addr"], count // window)

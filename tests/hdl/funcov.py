@@ -51,12 +51,7 @@ def activate_functions(config: TPUConfig) -> list[isa.Func]:
     """ACTIVATE's functions that valid random programs draw on ``config``: the fixed ones,
     TABLE where the core has the programmable table and NORMALISE where it has the row scale
     (on one without them, each a BAD_FIELD)."""
-    funcs = [isa.Func.IDENTITY, isa.Func.RELU, isa.Func.CLAMP, isa.Func.SIGMOID, isa.Func.TANH]
-    if config.lookup_table:
-        funcs.append(isa.Func.TABLE)
-    if config.row_scale:
-        funcs.append(isa.Func.NORMALISE)
-    return funcs
+    return list(config.functions)
 
 
 #: NORMALISE's divisors (a row's last accumulator column), by what the reciprocal does with

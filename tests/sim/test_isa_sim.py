@@ -11,12 +11,11 @@ import pytest
 from firmware.asm import Program, encode
 from hdl import isa
 from hdl.beats import DONE_MAGIC
-from hdl.config import TPUConfig
+from hdl.config import OPTIONAL_FUNCS, TPUConfig
 from hdl.presets import PRESETS
 from sim.models import golden
 from sim.models.isa_sim import (
     DETERMINISTIC_COUNTERS,
-    OPTIONAL_FUNCS,
     POOL_WINDOW,
     IsaSim,
     beats_match,
