@@ -285,7 +285,7 @@ class MixExecutable(_HeadsExecutable):
         if config.operands == "int8":
             raise CompileError(f"{op.name}: the probabilities are uint8, which the "
                                f"{config.name} core (operands='int8') refuses")
-        self.normalise = getattr(op, "normalise", False)
+        self.normalise = op.normalise
         if self.normalise and not config.row_scale:
             raise CompileError(f"{op.name}: its division by the row sums needs NORMALISE, "
                                f"which the {config.name} core is built without "
