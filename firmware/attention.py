@@ -41,7 +41,8 @@ memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,6 +56,65 @@ __all__ = ["ScoresExecutable", "MixExecutable"]
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass
+class Chunk:
+    """One MATMUL of a job: ``fetch`` emits what puts its weight tile into the weight queue
+    (a UB_TO_WEIGHTS or LOAD_WEIGHTS and the READ_WEIGHTS), ``matmul`` the MATMUL."""
+    fetch: Callable[[], None]
+    matmul: Callable[[], None]
+
+
+@dataclass
+class Job:
+    """MATMULs into one accumulator region (``chunks``, accumulating after the first), then
+    ``finish`` (its ACTIVATE, and a WRITE_HOST or LOAD_PARAMS as it needs). ``needs``: the
+    jobs whose ``finish`` writes what this one's tiles or activations read."""
+    chunks: list[Chunk]
+    finish: Callable[[], None]
+    needs: tuple[int, ...] = ()
+
+
+def pipeline(jobs: list[Job], ahead: int) -> None:
+    """Emit ``jobs`` software-pipelined for a core that issues in order: each chunk's tile
+    fetched ``ahead`` chunks before its MATMUL (it shifts into the array while the MATMULs
+    before run), and a job's finish after the next job's first MATMUL, so its ACTIVATE
+    overlaps the array's work instead of holding the front end while the MATMUL drains.
+
+    An instruction only waits for those issued before it, so a chunk is never fetched
+    before the jobs it ``needs`` are finished: their finish is issued early when all their
+    MATMULs are, and the fetch waits for its own MATMUL otherwise."""
+    items = [(j, c) for j, job in enumerate(jobs) for c in range(len(job.chunks))]
+    last_item = {}
+    for m, (j, _) in enumerate(items):
+        last_item[j] = m
+    state = {"finished": 0, "fetched": 0, "issued": -1}
+
+    def finish_before(k: int) -> None:
+        while state["finished"] < k:
+            jobs[state["finished"]].finish()
+            state["finished"] += 1
+
+    def fetch_until(limit: int) -> None:
+        while state["fetched"] < limit:
+            j, c = items[state["fetched"]]
+            needs = jobs[j].needs
+            if needs and max(needs) >= state["finished"]:
+                if last_item[max(needs)] > state["issued"]:
+                    return          # its producers' MATMULs are not all in yet
+                finish_before(max(needs) + 1)
+            jobs[j].chunks[c].fetch()
+            state["fetched"] += 1
+
+    for m, (j, c) in enumerate(items):
+        fetch_until(min(m + 1 + ahead, len(items)))
+        assert state["fetched"] > m, "a job needs a later one"
+        jobs[j].chunks[c].matmul()
+        state["issued"] = m
+        if c == 0 and j > 0:
+            finish_before(j)
+    finish_before(len(jobs))
 
 
 class _HeadsExecutable:
@@ -138,35 +198,33 @@ class _HeadsExecutable:
         buffer row of the MATMUL's activations. Returns the jobs."""
         cfg, t = self.config, self.tokens
         out_base = units * self.unit_rows
-        regions, ahead, tiles = self.regions, self.ahead, cfg.weight_mem_tiles
-        items = [(i * jobs_per_unit + j, i, j, c) for i in range(units)
-                 for j in range(jobs_per_unit) for c in range(chunks)]
+        regions, tiles = self.regions, cfg.weight_mem_tiles
+        counter = iter(range(units * jobs_per_unit * chunks))
 
-        def fetch(m: int) -> None:
-            # Tile m mod the weight memory: a move never waits for its tile's READ_WEIGHTS.
-            _, i, j, c = items[m]
-            move(m, i, j, c, m % tiles)
-            p.read_weights(m % tiles, 1)
+        def chunk(job: int, i: int, j: int, c: int) -> Chunk:
+            def fetch() -> None:
+                # Tile m mod the weight memory: a move never waits for its tile's
+                # READ_WEIGHTS.
+                m = next(counter)
+                move(m, i, j, c, m % tiles)
+                p.read_weights(m % tiles, 1)
+            return Chunk(fetch, lambda: p.matmul(act_rows(i, c), (job % regions) * t, t,
+                                                 switch=True, accumulate=c > 0,
+                                                 signed=signed))
 
-        def finish(job: int) -> None:
-            acc, out = (job % regions) * t, out_base + (job % regions) * t
-            p.activate(acc, out, t, slot=0, func=self._func())
-            p.write_host(out, t)
+        def finish(job: int):
+            def emit() -> None:
+                out = out_base + (job % regions) * t
+                p.activate((job % regions) * t, out, t, slot=0, func=self._func())
+                p.write_host(out, t)
+            return emit
 
-        for m in range(min(ahead, len(items))):
-            fetch(m)
-        for m, (job, i, _, c) in enumerate(items):
-            if m + ahead < len(items):
-                fetch(m + ahead)
-            p.matmul(act_rows(i, c), (job % regions) * t, t, switch=True,
-                     accumulate=c > 0, signed=signed)
-            # The job before this one's results, once this one's first MATMUL is in.
-            if c == 0 and job > 0:
-                finish(job - 1)
-        jobs = units * jobs_per_unit
-        finish(jobs - 1)
+        jobs = [Job([chunk(i * jobs_per_unit + j, i, j, c) for c in range(chunks)],
+                    finish(i * jobs_per_unit + j))
+                for i in range(units) for j in range(jobs_per_unit)]
+        pipeline(jobs, self.ahead)
         p.halt()
-        return jobs
+        return len(jobs)
 
     def _out_rows(self, beats: list[int], jobs: int) -> np.ndarray:
         """The WRITE_HOST rows of ``jobs`` jobs: ``(jobs, T, cols)``, int8, or uint8 where a

@@ -48,7 +48,11 @@ host. Where the core has the programmable table (:attr:`~hdl.config.TPUConfig.lo
 a :class:`Lookup` that alone reads the scores (softmax's exp) joins their step, and one that
 alone reads a fully connected operator's output (GELU, sigmoid, any function of an int8)
 joins its run as the stage's function: the ACTIVATE looks it up, and only its output leaves
-the core. :func:`placement` says which
+the core. Where the core has all three (UB_TO_WEIGHTS, the table and the row scale),
+attention's q, k and v projections, its scores, their exp and the normalised mix become one
+:class:`AttentionBlockStep`, one program from the projections' input to the attention
+output (:mod:`firmware.attention_block`), when it fits the core's memories and slots.
+:func:`placement` says which
 operator ran where. :func:`run_graph` runs the steps on a device.
 """
 
@@ -70,8 +74,8 @@ __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", 
            "SoftmaxNormalise", "AttentionMix",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
            "requant_from_real", "Segment",
-           "HostStep", "CoreStep", "AttentionStep", "lower", "placement", "GraphRun",
-           "run_graph"]
+           "HostStep", "CoreStep", "AttentionStep", "AttentionBlockStep", "lower",
+           "placement", "GraphRun", "run_graph"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -813,6 +817,72 @@ class AttentionStep:
         return self.ops[-1].outputs[0]
 
 
+@dataclass(eq=False)
+class AttentionBlockStep:
+    """Attention from its projections to its output in one program
+    (:mod:`firmware.attention_block`): ``projections`` (q, k, v :class:`FullyConnected`
+    operators of one input), ``scores`` of q and k, ``lookup`` (exp) of the scores, and the
+    normalised ``mix`` of exp's output and v. Only the input and the output cross the
+    link."""
+    projections: tuple[FullyConnected, FullyConnected, FullyConnected]
+    scores: AttentionScores
+    lookup: Lookup
+    mix: AttentionMix
+    #: The ops in the graph's order.
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.ops[0].name}..{self.ops[-1].name}"
+
+    @property
+    def input(self) -> str:
+        return self.projections[0].inputs[0]
+
+    @property
+    def output(self) -> str:
+        return self.mix.outputs[0]
+
+
+def _attention_block(graph: Graph, ops: list[Op], config) -> AttentionBlockStep | None:
+    """The :class:`AttentionBlockStep` of ``ops`` (six consecutive operators: three
+    projections, the scores, their exp and the normalised mix, wired as attention, their
+    intermediate tensors read by nothing else), or ``None``; ``None`` too when the block
+    does not compile for ``config`` (the operators then run as steps of their own)."""
+    from firmware.attention_block import AttentionBlockExecutable
+    from firmware.compiler import CompileError
+
+    if len(ops) < 6 or not (config.ub_to_weights and config.lookup_table and
+                            config.row_scale):
+        return None
+    fcs = [op for op in ops[:6] if isinstance(op, FullyConnected)]
+    rest = [op for op in ops[:6] if not isinstance(op, FullyConnected)]
+    if len(fcs) != 3 or [type(op) for op in rest] != [AttentionScores, Lookup, AttentionMix]:
+        return None
+    scores, lookup, mix = rest
+    by_out = {fc.outputs[0]: fc for fc in fcs}
+    q, k = (by_out.get(t) for t in scores.inputs)
+    v = by_out.get(mix.inputs[1])
+    if q is None or k is None or v is None or len({id(q), id(k), id(v)}) != 3:
+        return None
+    outputs = set(graph.outputs)
+    readers = {q.outputs[0]: [scores], k.outputs[0]: [scores], v.outputs[0]: [mix],
+               scores.outputs[0]: [lookup], lookup.outputs[0]: [mix]}
+    if (q.inputs != k.inputs or q.inputs != v.inputs or lookup.inputs != scores.outputs
+            or mix.inputs[0] != lookup.outputs[0] or not mix.normalise
+            or any(t in outputs or graph.consumers(t) != r for t, r in readers.items())):
+        return None
+    step = AttentionBlockStep((q, k, v), scores, lookup, mix, list(ops[:6]))
+    x = graph.tensors[q.inputs[0]]
+    if len(x.shape) != 3 or x.dtype not in ("int8", "uint8"):
+        return None
+    try:
+        AttentionBlockExecutable(step, config, x.shape[1], x.shape[2], x.dtype == "int8")
+    except CompileError:
+        return None
+    return step
+
+
 def _qparams(graph: Graph, name: str) -> QParams:
     t = graph.tensors[name]
     if t.dtype not in ("int8", "uint8"):
@@ -840,14 +910,21 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
                    r.clamp_hi)
 
 
-def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | HostStep]:
+def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | AttentionBlockStep |
+                                       HostStep]:
     """The graph as core steps and host steps for ``config`` (see the module notes)."""
-    steps: list[CoreStep | AttentionStep | HostStep] = []
+    steps: list[CoreStep | AttentionStep | AttentionBlockStep | HostStep] = []
     outputs = set(graph.outputs)
     i = 0
     ops = graph.ops
     while i < len(ops):
         op = ops[i]
+        block = _attention_block(graph, ops[i:i + 6], config) \
+            if isinstance(op, FullyConnected) else None
+        if block is not None:
+            steps.append(block)
+            i += len(block.ops)
+            continue
         if config.ub_to_weights and (isinstance(op, AttentionScores) or (
                 isinstance(op, AttentionMix) and config.operands != "int8" and
                 (not op.normalise or (config.row_scale and config.cols > 1)))):
@@ -988,6 +1065,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
     between calls for the same graph and configuration. Raises
     :class:`firmware.compiler.CompileError` naming the segment when one does not fit."""
     from firmware.attention import MixExecutable, ScoresExecutable
+    from firmware.attention_block import AttentionBlockExecutable
     from firmware.compiler import compile_network
     from firmware.device import open_device
     from firmware.runtime import run
@@ -1007,6 +1085,10 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                            for step in steps if isinstance(step, CoreStep)
                            for seg in step.segments}
             for step in steps:
+                if isinstance(step, AttentionBlockStep):
+                    x_t = graph.tensors[step.input]
+                    executables[id(step)] = AttentionBlockExecutable(
+                        step, config, x_t.shape[1], x_t.shape[2], x_t.dtype == "int8")
                 if isinstance(step, AttentionStep):
                     op = step.op
                     if isinstance(op, AttentionScores):
@@ -1026,6 +1108,15 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                 for name, v in zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
                                    strict=True):
                     values[name] = v
+                continue
+            if isinstance(step, AttentionBlockStep):
+                x = values[step.input]
+                r = run(device, executables[id(step)], x)
+                values[step.output] = r.outputs
+                result.segments.append({"name": step.name, "counters": r.counters,
+                                        "images": r.images})
+                result.macs += sum(op.macs(graph) for op in step.ops) * len(x) // \
+                    graph.tensors[graph.inputs[0]].shape[0]
                 continue
             if isinstance(step, AttentionStep):
                 op = step.op
