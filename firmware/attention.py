@@ -64,6 +64,8 @@ class Chunk:
     (a UB_TO_WEIGHTS or LOAD_WEIGHTS and the READ_WEIGHTS), ``matmul`` the MATMUL."""
     fetch: Callable[[], None]
     matmul: Callable[[], None]
+    #: The MATMUL's rows.
+    rows: int = 0
 
 
 @dataclass
@@ -76,11 +78,13 @@ class Job:
     needs: tuple[int, ...] = ()
 
 
-def pipeline(jobs: list[Job], ahead: int) -> None:
+def pipeline(jobs: list[Job], ahead: int, cover: int = 0) -> None:
     """Emit ``jobs`` software-pipelined for a core that issues in order: each chunk's tile
     fetched ``ahead`` chunks before its MATMUL (it shifts into the array while the MATMULs
-    before run), and a job's finish after the next job's first MATMUL, so its ACTIVATE
-    overlaps the array's work instead of holding the front end while the MATMUL drains.
+    before run), and a job's finish after the next job's MATMULs of ``cover`` rows (its
+    first MATMUL at least, its last at most), so its ACTIVATE, which waits for the job's
+    last MATMUL to leave the array, overlaps the array's work instead of holding the front
+    end while the MATMUL drains.
 
     An instruction only waits for those issued before it, so a chunk is never fetched
     before the jobs it ``needs`` are finished: their finish is issued early when all their
@@ -107,12 +111,15 @@ def pipeline(jobs: list[Job], ahead: int) -> None:
             jobs[j].chunks[c].fetch()
             state["fetched"] += 1
 
+    covered = 0
     for m, (j, c) in enumerate(items):
         fetch_until(min(m + 1 + ahead, len(items)))
         assert state["fetched"] > m, "a job needs a later one"
-        jobs[j].chunks[c].matmul()
+        chunk = jobs[j].chunks[c]
+        chunk.matmul()
         state["issued"] = m
-        if c == 0 and j > 0:
+        covered = chunk.rows if c == 0 else covered + chunk.rows
+        if j > 0 and (covered >= cover or c == len(jobs[j].chunks) - 1):
             finish_before(j)
     finish_before(len(jobs))
 

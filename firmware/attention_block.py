@@ -89,6 +89,12 @@ class AttentionBlockExecutable:
     :class:`firmware.runtime.Executable`: input ``(n, tokens, in_channels)``, output
     ``(n, tokens, channels)``."""
 
+    #: Accumulator rows an attention job aims at (a few activation-unit depths).
+    JOB_ROWS = 64
+    #: MATMUL rows of the next job issued before a job's ACTIVATE (about the array's
+    #: latency: the ACTIVATE waits for the job's last row to leave the array).
+    COVER = 16
+
     def __init__(self, step, config: TPUConfig, tokens: int, in_channels: int,
                  in_signed: bool = True):
         from firmware.compiler import CompileError
@@ -169,19 +175,24 @@ class AttentionBlockExecutable:
         self.resident_params = len(self.blocks) <= self.proj_slots
 
         per_seq = t * (self.ic + heads * (2 * self.kc + self.db + self.sb))
-        self.regions = 4
+        #: Units (a sequence's head) per attention job: its MATMULs write consecutive
+        #: accumulator regions and one ACTIVATE (the activation unit takes one at a time, and
+        #: each pays its pipeline's depth) requantises them all.
+        self.group = max(1, _ceil_div(self.JOB_ROWS, t * max(self.sb, self.db)))
         while True:
-            s = min((config.ub_depth - self.regions * t) // per_seq,
-                    (config.acc_depth - self.regions * t) // (2 * t))
-            if s >= 1 or self.regions == 2:
+            g_rows = self.group * max(self.sb, self.db) * t     # an attention job's rows
+            out_rows = 2 * self.group * self.db * t             # two output regions
+            s = min((config.ub_depth - out_rows) // per_seq,
+                    (config.acc_depth - 2 * g_rows) // (2 * t))
+            if s >= 1 or self.group == 1:
                 break
-            self.regions = 2
+            self.group = 1
         if s < 1:
             raise CompileError(
                 f"{name}: one sequence needs {per_seq} unified-buffer rows (the input, q, k, "
-                f"v and e) and {2 * t} for the outputs, {per_seq + 2 * t}, and {4 * t} "
-                f"accumulator rows; the {config.name} core has {config.ub_depth} and "
-                f"{config.acc_depth}")
+                f"v and e) and {out_rows} for the outputs, {per_seq + out_rows}, and "
+                f"{2 * t + 2 * g_rows} accumulator rows; the {config.name} core has "
+                f"{config.ub_depth} and {config.acc_depth}")
         self.sequences_per_program = s
         self.per_sequence_rows = per_seq
 
@@ -271,7 +282,7 @@ class AttentionBlockExecutable:
             def chunk(ic, b_i=b_i, acc=acc) -> Chunk:
                 return Chunk(lambda: p.read_weights(b_i * self.ic + ic, 1),
                              lambda: p.matmul(base["in"] + ic * st, acc, st, switch=True,
-                                              accumulate=ic > 0, signed=self.in_signed))
+                                              accumulate=ic > 0, signed=self.in_signed), st)
 
             dst = block_row(kind, h, blk, 0)
 
@@ -292,8 +303,13 @@ class AttentionBlockExecutable:
 
             jobs.append(Job([chunk(ic) for ic in range(self.ic)], finish))
 
-        # Attention: accumulator regions after the projections', T rows each.
-        acc_base, regions = 2 * st, self.regions
+        # Attention: jobs of `group` units, in accumulator regions after the projections'.
+        units = [(b, h) for b in range(s) for h in range(heads)]
+        group = min(self.group, len(units))
+        groups = [range(g, min(g + group, len(units))) for g in range(0, len(units), group)]
+        region = group * max(self.sb, self.db) * t
+        acc_base = 2 * st
+        acc_regions = (cfg.acc_depth - acc_base) // region
         score_slot, mix_slot = cfg.param_slots - 2, cfg.param_slots - 1
         counter = iter(range(1 << 30))
         free = cfg.weight_mem_tiles - self.tiles_used
@@ -303,60 +319,68 @@ class AttentionBlockExecutable:
             p.ub_to_weights(src, tile, count, transpose=transpose)
             p.read_weights(tile, 1)
 
-        units = [(b, h) for b in range(s) for h in range(heads)]
-        scores_jobs: dict[int, list[int]] = {}
+        scores_job: dict[int, int] = {}
         mix_count = [0]
 
-        def scores(i: int) -> None:
-            b, h = units[i]
-            scores_jobs[i] = []
-            for sb in range(self.sb):
-                job = len(jobs)
-                acc = acc_base + (job % regions) * t
-                first = sb * self.kb
-                count = min(self.kb, t - first)
-                chunks = [Chunk(lambda kc=kc, first=first, count=count: moved(
-                                    block_row("k", h, kc, b) + first, count, True),
-                                lambda kc=kc, acc=acc: p.matmul(
-                                    block_row("q", h, kc, b), acc, t, switch=True,
-                                    accumulate=kc > 0, signed=True))
-                          for kc in range(self.kc)]
-                dst = base["e"] + (i * self.sb + sb) * t
-                needs = tuple(where[(kind, h, kc)] for kind in "qk" for kc in range(self.kc))
-                jobs.append(Job(chunks, lambda acc=acc, dst=dst: p.activate(
-                    acc, dst, t, slot=score_slot, func=Func.TABLE), needs))
-                scores_jobs[i].append(job)
+        def scores(g: int) -> None:
+            job = len(jobs)
+            acc = acc_base + (job % acc_regions) * region
+            chunks = []
+            for n, i in enumerate(groups[g]):
+                b, h = units[i]
+                for sb in range(self.sb):
+                    first = sb * self.kb
+                    row = acc + (n * self.sb + sb) * t
+                    chunks += [Chunk(lambda kc=kc, b=b, h=h, first=first: moved(
+                                         block_row("k", h, kc, b) + first,
+                                         min(self.kb, t - first), True),
+                                     lambda kc=kc, b=b, h=h, row=row: p.matmul(
+                                         block_row("q", h, kc, b), row, t, switch=True,
+                                         accumulate=kc > 0, signed=True), t)
+                               for kc in range(self.kc)]
+            heads_in = {units[i][1] for i in groups[g]}
+            needs = tuple(where[(kind, h, kc)] for kind in "qk" for h in sorted(heads_in)
+                          for kc in range(self.kc))
+            dst, count = base["e"] + groups[g][0] * self.sb * t, len(groups[g]) * self.sb * t
+            jobs.append(Job(chunks, lambda: p.activate(acc, dst, count, slot=score_slot,
+                                                       func=Func.TABLE), needs))
+            scores_job[g] = job
 
-        def mixes(i: int) -> None:
-            b, h = units[i]
-            for db in range(self.db):
-                job = len(jobs)
-                acc = acc_base + (job % regions) * t
-                chunks = [Chunk(lambda sc=sc, db=db: moved(
-                                    block_row("v", h, db, b) + sc * self.kb,
-                                    min(self.kb, t - sc * self.kb), False),
-                                lambda sc=sc, acc=acc: p.matmul(
-                                    base["e"] + (i * self.sb + sc) * t, acc, t,
-                                    switch=True, accumulate=sc > 0, signed=False))
-                          for sc in range(self.sb)]
+        def mixes(g: int) -> None:
+            job = len(jobs)
+            acc = acc_base + (job % acc_regions) * region
+            chunks = []
+            for n, i in enumerate(groups[g]):
+                b, h = units[i]
+                for db in range(self.db):
+                    row = acc + (n * self.db + db) * t
+                    chunks += [Chunk(lambda sc=sc, b=b, h=h, db=db: moved(
+                                         block_row("v", h, db, b) + sc * self.kb,
+                                         min(self.kb, t - sc * self.kb), False),
+                                     lambda sc=sc, i=i, row=row: p.matmul(
+                                         base["e"] + (i * self.sb + sc) * t, row, t,
+                                         switch=True, accumulate=sc > 0, signed=False), t)
+                               for sc in range(self.sb)]
+            count = len(groups[g]) * self.db * t
 
-                def finish(acc=acc) -> None:
-                    out = base["out"] + (mix_count[0] % regions) * t
-                    mix_count[0] += 1
-                    p.activate(acc, out, t, slot=mix_slot, func=Func.NORMALISE)
-                    p.write_host(out, t)
+            def finish() -> None:
+                out = base["out"] + (mix_count[0] % 2) * group * self.db * t
+                mix_count[0] += 1
+                p.activate(acc, out, count, slot=mix_slot, func=Func.NORMALISE)
+                p.write_host(out, count)
 
-                jobs.append(Job(chunks, finish,
-                                (*scores_jobs[i], where[("v", h, db)])))
+            heads_in = {units[i][1] for i in groups[g]}
+            jobs.append(Job(chunks, finish, (scores_job[g], *(
+                where[("v", h, db)] for h in sorted(heads_in) for db in range(self.db)))))
 
-        # Each unit's scores one unit ahead of its mix, so a mix job's e is written by
-        # ACTIVATEs issued a unit's jobs earlier.
-        for i in range(len(units) + 1):
-            if i < len(units):
-                scores(i)
-            if i > 0:
-                mixes(i - 1)
-        pipeline(jobs, self.ahead)
+        # Each group's scores a group ahead of its mix, so that e has been through the
+        # activation unit by the time the mix's MATMULs issue.
+        for g in range(len(groups) + 1):
+            if g < len(groups):
+                scores(g)
+            if g > 0:
+                mixes(g - 1)
+        pipeline(jobs, self.ahead, self.COVER)
         p.halt()
         mix_jobs = len(units) * self.db
 

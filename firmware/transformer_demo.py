@@ -3,7 +3,8 @@
 run with :func:`firmware.graph.run_graph`: the embedding, the Q, K, V and output projections,
 the FFN (residual adds included, as extra matmul rows), the classifier and, on a core with
 UB_TO_WEIGHTS, the programmable table and the row scale, each head's ``q k^T`` (``k^T`` made
-on chip), its exp (the table) and ``e v`` divided by the row sums (NORMALISE) on the core;
+on chip), its exp (the table) and ``e v`` divided by the row sums (NORMALISE) on the core, in
+one program with the q, k and v projections (:mod:`firmware.attention_block`);
 what a core cannot run (LayerNorm on every core; attention's parts on a core without those
 instructions) on the host between the core's steps, each with its integer semantics
 (:mod:`firmware.graph`).
@@ -25,12 +26,12 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
     """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
     ``n`` sequences; and the bytes that cross between host and core for them (each core
     step's input goes to the core and its output comes back), lowered for ``config``."""
-    from firmware.graph import AttentionStep, CoreStep, lower
+    from firmware.graph import AttentionBlockStep, AttentionStep, CoreStep, lower
     from firmware.graph import placement as where
 
     core_io = set()
     for step in lower(graph, config):
-        if isinstance(step, CoreStep):
+        if isinstance(step, CoreStep | AttentionBlockStep):
             core_io.update((step.input, step.output))
         elif isinstance(step, AttentionStep):
             core_io.update((*step.op.inputs, step.output))
@@ -50,9 +51,10 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
 def demo(args: argparse.Namespace, print_counters=None) -> int:
     """Run the digits Transformer on ``args.transport`` (see the module notes).
     ``print_counters(counters, config, images)`` prints the core's counters."""
+    from firmware.attention_block import AttentionBlockExecutable
     from firmware.datasets import digits
     from firmware.device import open_device, transport_options
-    from firmware.graph import run_graph
+    from firmware.graph import AttentionBlockStep, lower, run_graph
     from firmware.models import transformer as tf
     from hdl.presets import get_config
 
@@ -125,6 +127,9 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
             if c is not None:
                 steps[seg["name"]] = steps.get(seg["name"], 0) + c
         macs = {r["name"]: r["macs"] for r in rows}
+        blocks = [step for step in lower(graph, config) if isinstance(step, AttentionBlockStep)]
+        for step in blocks:
+            macs[step.name] = sum(macs[op.name] for op in step.ops)
         cells = config.rows * config.cols
 
         def used(name: str, c: int) -> str:
@@ -135,7 +140,17 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
         print("  core cycles per sequence by step (share of the core's cycles, array "
               "utilisation in the step):")
         for name, c in steps.items():
-            print(f"    {name:<12} {c / n:>8,.1f} ({100 * c / cycles:4.1f} %{used(name, c)})")
+            print(f"    {name:<14} {c / n:>8,.1f} ({100 * c / cycles:4.1f} %{used(name, c)})")
+        for step in blocks:
+            x_t = graph.tensors[step.input]
+            block = AttentionBlockExecutable(step, config, x_t.shape[1], x_t.shape[2],
+                                             x_t.dtype == "int8")
+            rows_in, rows_out = block.host_rows()
+            print(f"  {step.name}: one program per {block.sequences_per_program} sequences "
+                  f"from the projections' input to the attention output; per sequence "
+                  f"{rows_in} buffer rows in ({step.input}) and {rows_out} out "
+                  f"({step.output}), no host beat between the projections and the output "
+                  f"(q, k, v and exp's e stay in the unified buffer)")
         if print_counters is not None:
             print_counters(result.counters, config, n)
         print(f"  array utilisation over the core's cycles: {result.macs:,} MACs / "
