@@ -20,21 +20,25 @@ and runs three kinds of job (:class:`firmware.attention.Job`, emitted by
   array's rows contract them); ``v`` blocks ``cols - 1`` channels and, in the last column, a
   1 (a zero weight column, bias 1, multiplier 1, shift 0), the column of ones that makes the
   mix's last accumulator column the row sum of ``e``.
-- **Scores jobs**, per sequence, head and block of ``kb = min(rows, cols)`` keys: ``k``'s
-  rows of the block moved transposed into a tile (UB_TO_WEIGHTS), ``q``'s rows through it,
+- **Scores jobs**, per unit (sequence and head) and block of ``kb = min(rows, cols)`` keys:
+  ``k``'s rows of the block moved transposed into a tile (UB_TO_WEIGHTS), ``q``'s rows through it,
   ACTIVATE with the table (exp) into ``e``'s buffer rows: the block's keys in a row's first
   ``kb`` elements, which is the layout the mix reads as its activations.
-- **Mix jobs**, per sequence, head and block of ``v``'s channels: per key block, ``v``'s rows
+- **Mix jobs**, per unit and block of ``v``'s channels: per key block, ``v``'s rows
   of those keys moved into a tile as its rows and ``e``'s rows of those keys through it;
   ACTIVATE with NORMALISE (each row divided by its last column) and WRITE_HOST.
 
-The jobs run in the order projections, then per unit (sequence and head) its scores jobs one
-unit ahead of its mix jobs, each job's tile fetched two MATMULs ahead and its ACTIVATE after
-the next job's first MATMUL; the core's interlocks order the rest. The parameter sets of the
-scores and the mix stay in two slots loaded by the setup program, with the table; the
-projections' sets take the other slots (in the setup program too when they fit, else loaded
-during the projections). What does not fit (the sets' slots, the tiles, the buffer, the
-accumulators) raises :class:`firmware.compiler.CompileError` naming the block and the memory.
+Scores and mix jobs each take a group of units (a sequence's head), about
+:attr:`~AttentionBlockExecutable.JOB_ROWS` accumulator rows, requantised by one ACTIVATE: the
+activation unit runs one at a time and each pays its pipeline's depth. The jobs run in the
+order projections, then each group's scores a group ahead of its mix; each tile is fetched
+two MATMULs ahead and a job's ACTIVATE follows the next job's first MATMULs
+(:attr:`~AttentionBlockExecutable.COVER` rows); the core's interlocks order the rest.
+The parameter sets of the scores and the mix stay in two slots loaded by the setup
+program, with the table; the projections' sets take the other slots (in the setup program
+too when they fit, else loaded during the projections). What does not fit (the sets' slots,
+the tiles, the buffer, the accumulators) raises :class:`firmware.compiler.CompileError`
+naming the block and the memory.
 """
 
 from __future__ import annotations

@@ -350,7 +350,7 @@ FALLBACKS = [
      (5, 2, 3, 3)),
     ("too few tiles", get_config("small"), r"weight memory holds 16", (5, 2, 3, 8)),
     ("tiny", get_config("tiny"), r"weight memory holds 8", (3, 1, 2, 2)),
-    ("small buffer", get_config("small").replace(ub_depth=48), r"unified-buffer rows",
+    ("small buffer", get_config("small").replace(ub_depth=64), r"unified-buffer rows",
      (5, 2, 3, 3)),
     ("small accumulators", get_config("default").replace(acc_depth=32),
      r"accumulator rows", (9, 1, 3, 3)),
