@@ -910,9 +910,10 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
                    r.clamp_hi)
 
 
-def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | AttentionBlockStep |
-                                       HostStep]:
-    """The graph as core steps and host steps for ``config`` (see the module notes)."""
+def lower(graph: Graph, config, *, fuse_attention: bool = True) -> list[
+        CoreStep | AttentionStep | AttentionBlockStep | HostStep]:
+    """The graph as core steps and host steps for ``config`` (see the module notes);
+    ``fuse_attention=False`` keeps attention's operators steps of their own (to compare)."""
     steps: list[CoreStep | AttentionStep | AttentionBlockStep | HostStep] = []
     outputs = set(graph.outputs)
     i = 0
@@ -920,7 +921,7 @@ def lower(graph: Graph, config) -> list[CoreStep | AttentionStep | AttentionBloc
     while i < len(ops):
         op = ops[i]
         block = _attention_block(graph, ops[i:i + 6], config) \
-            if isinstance(op, FullyConnected) else None
+            if fuse_attention and isinstance(op, FullyConnected) else None
         if block is not None:
             steps.append(block)
             i += len(block.ops)
@@ -1057,13 +1058,14 @@ def _segment_input(step: CoreStep, seg: Segment, x: np.ndarray) -> np.ndarray:
 
 
 def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", config=None,
-              compiled: dict | None = None) -> GraphRun:
+              compiled: dict | None = None, fuse_attention: bool = True) -> GraphRun:
     """Run ``graph`` on ``inputs`` (by name, integers of the input tensors' types, any
     batch): core steps on ``device`` (a :class:`firmware.device.Device`, or a transport name
     opened for ``config``, the default configuration if none), host steps in numpy.
     ``compiled``: a dict the caller keeps to reuse the lowering and the compiled segments
-    between calls for the same graph and configuration. Raises
-    :class:`firmware.compiler.CompileError` naming the segment when one does not fit."""
+    between calls for the same graph and configuration. ``fuse_attention``: as for
+    :func:`lower`. Raises :class:`firmware.compiler.CompileError` naming the segment when
+    one does not fit."""
     from firmware.attention import MixExecutable, ScoresExecutable
     from firmware.attention_block import AttentionBlockExecutable
     from firmware.compiler import compile_network
@@ -1076,11 +1078,11 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
         device = open_device(device, config or get_config("default"))
     config = device.config
     cache = {} if compiled is None else compiled
-    key = (id(graph), config)
+    key = (id(graph), config, fuse_attention)
     try:
         values = dict(graph.check_inputs(inputs))
         if key not in cache or cache[key][0] is not graph:
-            steps = lower(graph, config)
+            steps = lower(graph, config, fuse_attention=fuse_attention)
             executables = {id(seg): compile_network(seg.network, config)
                            for step in steps if isinstance(step, CoreStep)
                            for seg in step.segments}
