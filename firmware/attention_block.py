@@ -123,6 +123,11 @@ class AttentionBlockExecutable:
         if not mix.normalise:
             raise CompileError(f"{name}: {mix.name} is not normalised; one program runs "
                                f"softmax's division after the product (NORMALISE)")
+        table = step.lookup.table
+        if table.min() < 0:
+            raise CompileError(f"{name}: {step.lookup.name}'s table holds {table.min()}; the "
+                               f"mix multiplies e as uint8 (0..255), so its entries must be "
+                               f"non-negative")
         if scores.requant.func != Func.IDENTITY:
             raise CompileError(f"{name}: {scores.name}'s function is "
                                f"{Func(scores.requant.func).name}; the table replaces it "
