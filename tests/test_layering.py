@@ -79,6 +79,9 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         "firmware.gemm": ("hdl", "sim", "firmware.asm"),
         "firmware.attention": ("hdl", "sim", "firmware.asm", "firmware.runtime",
                                "firmware.compiler"),
+        # Attention in one program: the attention executables' job pipeline.
+        "firmware.attention_block": ("hdl", "sim", "firmware.asm", "firmware.runtime",
+                                     "firmware.compiler", "firmware.attention"),
         "firmware.isadoc": ("hdl", "sim", "firmware.asm"),
         "firmware.compiler": ("hdl", "sim", "firmware.asm", "firmware.nn", "firmware.quant",
                               "firmware.runtime"),
@@ -87,7 +90,7 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
         "firmware.fixedpoint": ("hdl", "sim"),
         "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
                            "firmware.compiler", "firmware.runtime", "firmware.device",
-                           "firmware.attention"),
+                           "firmware.attention", "firmware.attention_block"),
         "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.nn",
                                "firmware.quant", "firmware.graph"),
         # The ONNX demo: a digits MLP exported, imported and run on a device.
@@ -95,7 +98,8 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
                                "firmware.device", "firmware.graph", "firmware.importers"),
         # The Transformer demo: its int8 graph run on a device.
         "firmware.transformer_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
-                                      "firmware.device", "firmware.graph"),
+                                      "firmware.device", "firmware.graph",
+                                      "firmware.attention_block"),
         # The host link's bytes per image, counted with the serial transport's own frames.
         "firmware.linkrate": ("hdl", "sim", "firmware.device", "firmware.transports"),
         # The command line sits on top and opens devices through firmware.device.

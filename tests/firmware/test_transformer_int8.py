@@ -238,6 +238,7 @@ def _check_tensors(run, ref) -> None:
             assert np.array_equal(run.tensors[name], want), name
 
 
+@pytest.mark.slow       # (the demo's test below runs the same on the RTL in CI)
 def test_core_steps_on_the_rtl_equal_the_reference():
     graph, _, data = quantised()
     inputs = tf.graph_inputs(data.x_test[:24])
@@ -261,6 +262,8 @@ def test_demo_on_the_rtl_core(capsys):
     assert "l0_mix       AttentionMix     array" in out
     assert "on the host: 3 operators (l0_ln1, l0_ln2, lnf)" in out
     assert "core cycles per sequence by step" in out
+    assert "l0_q..l0_mix: one program per" in out
+    assert "no host beat between the projections and the output" in out
     assert re.search(r"l0_mix +[\d.,]+ \( *[\d.]+ %, array [\d.]+ %\)", out), out
     assert "core cycles per sequence" in out
 
