@@ -595,6 +595,41 @@ def test_load_table_then_activate_table(config_name, entries):
         assert (q == -128).any() and (q == 127).any(), "saturated at both ends"
 
 
+@pytest.mark.parametrize("func, lut", [(isa.Func.SIGMOID, golden.SIGMOID_LUT),
+                                       (isa.Func.TANH, golden.TANH_LUT)],
+                         ids=["sigmoid", "tanh"])
+def test_sigmoid_and_tanh_are_tables_like_any_other(func, lut):
+    """The fixed functions are 256-entry tables of the requantised int8: the programmable
+    table loaded with theirs gives their outputs on every q (-128..127, with and without a
+    zero point), so a core's or a model's own sigmoid or tanh is a LOAD_TABLE away."""
+    c = TPUConfig(rows=4, cols=3, ub_depth=2048)
+    rows = 256
+    x = np.zeros((rows, c.rows), dtype=np.int64)
+    x[:, 0] = np.arange(-128, 128)
+    tile = np.zeros((c.rows, c.cols), dtype=np.int64)
+    tile[0, :] = 1
+    p = Program(c)
+    p.read_host(0, x)
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, 0, rows, switch=True)
+    p.load_params(0, [0] * c.cols, [1] * c.cols, shift=0)
+    p.load_params(1, [0] * c.cols, [1] * c.cols, shift=0, zp=-37)
+    p.load_table(np.asarray(lut).tolist())
+    for slot in (0, 1):
+        p.activate(0, rows * (1 + 2 * slot), rows, func=func, slot=slot)
+        p.activate(0, rows * (2 + 2 * slot), rows, func=isa.Func.TABLE, slot=slot)
+    p.halt()
+    sim = IsaSim(c)
+    sim.run(p.beats)
+    assert not sim.status.error
+    for slot in (0, 1):
+        fixed = sim.ub[rows * (1 + 2 * slot):rows * (2 + 2 * slot)]
+        table = sim.ub[rows * (2 + 2 * slot):rows * (3 + 2 * slot)]
+        assert np.array_equal(fixed, table), slot
+    assert len(set(as_int8(sim.ub[rows:2 * rows, 0]).tolist())) > 50, "not a constant"
+
+
 def test_table_output_is_pooled_as_int8():
     """Pooling compares the table's outputs as int8 and comes after the lookup: windows of
     outputs {-1, 1, -128, 127} give 127 (0xff would win unsigned), {-128, -1, -128, -128}
