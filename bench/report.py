@@ -88,7 +88,7 @@ WHY = {
            "host time.",
     "CNN": "the image crosses the link once, a unified-buffer row a position whose spare "
            "elements carry its neighbours' pixels (as many kernel taps as a row holds; "
-           "`firmware/compiler.py`), and the dense stage reads the pooled output on chip: "
+           "`firmware/compiler/layout.py`), and the dense stage reads the pooled output on chip: "
            "READ_HOST and the pooling ACTIVATEs are the non-matrix cycles. A 4x4 row holds "
            "4 of the 9 taps, so the input takes several rows a position and few images fit "
            "the unified buffer at a time (the table gives the batch); on the 16x16 the "
@@ -414,7 +414,8 @@ def _networks_markdown(workloads: list[dict]) -> list[str]:
     out = [
         "## Networks against their shape bounds",
         "",
-        "A stage's *shape bound* (`firmware/compiler.py`, `CompiledNetwork.bounds()`) is its "
+        "A stage's *shape bound* (`firmware/compiler/network.py`, "
+        "`CompiledNetwork.bounds()`) is its "
         "MACs over the MAC slots its passes issue (rows x cols for each accumulator row of "
         "each pass): the utilisation it reaches if the array never waits. Below the bound is "
         "scheduling (waits for the link, the weights, the interlocks); above it, the layer's "
@@ -500,7 +501,7 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         "with `firmware/gemm.py`; their counters cover the matrix phase (from the first "
         "MATMUL to the end of the program; the weights and the first rows of `X` are loaded "
         "before). The digits MLP (64-32-16-10) and CNN (conv 3x3 x 8, ReLU, max-pool 2x2, "
-        f"dense) run over {meta['images']} test images with `firmware/compiler.py`; their "
+        f"dense) run over {meta['images']} test images with `firmware/compiler/`; their "
         "counters cover the batch programs (the resident weights are loaded before). Shares "
         "are % of the window's cycles; the categories overlap (a weight shift runs behind "
         "array-active cycles), as in TPU v1's table. Utilisation is useful MACs / "

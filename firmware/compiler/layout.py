@@ -1,0 +1,360 @@
+"""Where a compiled network's data lives: tensors in the unified buffer, each stage's tiling.
+
+The ground of :mod:`firmware.compiler` (nothing here imports the package's other modules):
+:class:`CompileError`; :class:`Tensor`, a tensor's place in the unified buffer; a stage's
+*layout* (:class:`_Layout`), its passes over one unit of images and, for a first convolution,
+the host's rows (:class:`_HostConv`); :class:`StageBound`; and the weight tiles and parameter
+sets the layouts imply. The package notes (:mod:`firmware.compiler`) describe the layout and
+the passes; :mod:`firmware.compiler.plan` places the layouts in the memories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from firmware.quant import QuantisedNetwork, Stage
+from hdl import isa
+from hdl.config import TPUConfig
+
+
+class CompileError(ValueError):
+    """The network does not fit the configuration (message names the stage and memory)."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor's place in the unified buffer (see the package notes): ``units`` blocks of
+    ``unit`` images each; ``positions`` counts framed positions."""
+    base: int
+    groups: int
+    positions: int
+    unit: int
+    units: int
+    width: int          # g: channels per row
+    channels: int
+    height: int = 1     # interior height and width (1 x 1 for a vector)
+    pitch: int = 1      # framed width
+    frame: tuple[int, int] = (0, 0)
+
+    def position(self, y, x):
+        """Framed position of interior position (y, x)."""
+        return (y + self.frame[0]) * self.pitch + x + self.frame[1]
+
+    @property
+    def block(self) -> int:
+        """Rows of one unit."""
+        return self.groups * self.positions * self.unit
+
+    @property
+    def rows(self) -> int:
+        return self.block * self.units
+
+    def row(self, group, position, image=0, block=0):
+        """Row of (group, position) of image ``image`` of block ``block``."""
+        return self.base + ((block * self.groups + group) * self.positions + position) \
+            * self.unit + image
+
+    def border(self) -> np.ndarray:
+        """The frame's rows (every group and image), sorted."""
+        if self.frame == (0, 0):
+            return np.zeros(0, dtype=np.int64)
+        inner = np.zeros(self.positions, dtype=bool)
+        fx = self.frame[1]
+        for y in range(self.height):
+            start = self.position(y, 0)
+            inner[start:start + self.pitch - 2 * fx] = True
+        pos = np.flatnonzero(~inner)
+        k, g, p, i = np.meshgrid(np.arange(self.units), np.arange(self.groups), pos,
+                                 np.arange(self.unit), indexing="ij")
+        return np.sort(self.row(g, p, i, k).ravel())
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One weight tile's rows (indices into the stage's weight matrix rows, -1: zero) and,
+    per accumulator row of a unit, the row it reads (offset in the input's unit block; -1:
+    the accumulator row is not an output and may read anything)."""
+    k_rows: np.ndarray
+    sources: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Batch-independent tiling of one stage, for a unit of ``unit`` images."""
+    m: int                      # accumulator rows per unit
+    window: int                 # 1, or 4 for fused max-pooling
+    passes: list[_Pass]
+    outputs: np.ndarray         # per output row (m // window): (y, x, image) or y = -1
+    out_width: int
+    col_blocks: int
+    host: _HostConv | None = None   # the network input's layout for a first convolution
+
+
+@dataclass(frozen=True)
+class _HostConv:
+    """How the host lays out a first convolution's input: per chunk, the (tap, channel group)
+    items of each row with their element offsets, over a grid of anchors ``(ah, aw)`` (the
+    output positions and the few past its edge that shifted passes read)."""
+    chunks: list[list[tuple[int, int, int, int]]]   # (tap, group, offset, width)
+    anchors: np.ndarray         # per row of a chunk: (ay, ax, image)
+
+
+@dataclass(frozen=True)
+class StageBound:
+    """A stage's shape bound (per image): useful MACs over the MAC slots its passes issue."""
+    name: str
+    useful_macs: float
+    slots: float
+
+    @property
+    def bound(self) -> float:
+        return self.useful_macs / self.slots if self.slots else 0.0
+
+
+def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
+                  prev_out: tuple | None, last: bool, shifts: bool = True) -> _Layout:
+    """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
+    (groups, positions, pitch, frame, channels) when another stage made it (holding ``images``)."""
+    c = config
+    out_width = c.cols if last else min(c.rows, c.cols)
+    col_blocks = _ceil_div(st.n, out_width)
+    where = f"stage {st.name}"
+    stride = st.stride
+    i = np.arange(images)
+    zeros = np.zeros(images, np.int64)
+    if st.kind == "dense" and index == 0:
+        passes = []
+        for kc in range(_ceil_div(st.k, c.rows)):
+            idx = np.arange(kc * c.rows, (kc + 1) * c.rows)
+            passes.append(_Pass(np.where(idx < st.k, idx, -1), kc * images + i))
+        return _Layout(images, 1, passes, np.stack([zeros, zeros, i], axis=1), out_width,
+                       col_blocks)
+    if st.kind == "dense":
+        groups, positions, _, _, channels = prev_out
+        if positions * channels != st.k:
+            raise CompileError(f"{where}: takes {st.k} features, the previous stage gives "
+                               f"{positions} x {channels}")
+        passes = []
+        for pos in range(positions):
+            for g in range(groups):
+                ch = g * width_in + np.arange(c.rows)
+                valid = (ch < channels) & (np.arange(c.rows) < width_in)
+                passes.append(_Pass(np.where(valid, pos * channels + ch, -1),
+                                     (g * positions + pos) * images + i))
+        return _Layout(images, 1, passes, np.stack([zeros, zeros, i], axis=1), out_width,
+                       col_blocks)
+
+    ho, wo = st.conv_out_hw
+    if st.pool and (ho < 2 or wo < 2):
+        raise CompileError(f"{where}: max-pooling needs a 2x2 output, got {ho}x{wo}")
+    if index == 0:
+        return _host_conv_layout(config, st, images, out_width, col_blocks, shifts)
+    kh, kw, cin, _ = st.weight.shape
+    groups, positions, pitch, frame, _ = prev_out
+    if frame != tuple(st.pad):
+        raise CompileError(f"{where}: its input is framed by {frame}, it pads by {st.pad}")
+    if stride == 1 and not st.pool:
+        # The rows that wrap around the frame's edge are computed and not activated, so
+        # each pass is one run: accumulator row (q * images + image) reads input position
+        # q + (dy * pitch + dx).
+        q, ii = np.meshgrid(np.arange((ho - 1) * pitch + wo), i, indexing="ij")
+        y, x = q // pitch, q % pitch
+        outputs = np.stack([np.where(x < wo, y, -1).ravel(), x.ravel(), ii.ravel()], axis=1)
+        m = len(outputs)
+        window = 1
+
+        def sources(g, dy, dx):
+            return (g * positions + dy * pitch + dx) * images + np.arange(m)
+    else:
+        if st.pool:
+            # One pooling window's four positions in consecutive rows (MAX4).
+            wy, wx, ii, ky, kx = np.meshgrid(np.arange(ho // 2), np.arange(wo // 2), i,
+                                             np.arange(2), np.arange(2), indexing="ij")
+            oy, ox, ii = (2 * wy + ky).ravel(), (2 * wx + kx).ravel(), ii.ravel()
+            outputs = np.stack([wy.ravel()[::4], wx.ravel()[::4], ii[::4]], axis=1)
+            window = 4
+        else:
+            yy, xx, ii = np.meshgrid(np.arange(ho), np.arange(wo), i, indexing="ij")
+            oy, ox, ii = yy.ravel(), xx.ravel(), ii.ravel()
+            outputs = np.stack([oy, ox, ii], axis=1)
+            window = 1
+        m = len(oy)
+
+        def sources(g, dy, dx):
+            pos = (stride * oy + dy) * pitch + stride * ox + dx
+            return (g * positions + pos) * images + ii
+    passes = []
+    for dy in range(kh):
+        for dx in range(kw):
+            for g in range(groups):
+                ch = g * width_in + np.arange(c.rows)
+                valid = (ch < cin) & (np.arange(c.rows) < width_in)
+                passes.append(_Pass(np.where(valid, (dy * kw + dx) * cin + ch, -1),
+                                    np.asarray(sources(g, dy, dx), dtype=np.int64)))
+    return _Layout(m, window, passes, outputs, out_width, col_blocks)
+
+
+def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
+                      col_blocks: int, shifts: bool = True) -> _Layout:
+    """A first convolution: the host's rows carry as many kernel taps as fit; the taps no
+    row holds come from shifted passes or, failing that, from another chunk of rows."""
+    c = config
+    kh, kw, cin, _ = st.weight.shape
+    ho, wo = st.conv_out_hw
+    stride = st.stride
+    taps = [(dy, dx) for dy in range(kh) for dx in range(kw)]
+    tap_index = {t: n for n, t in enumerate(taps)}
+    groups = _ceil_div(cin, c.rows)
+    items = [(t, g) for t in range(len(taps)) for g in range(groups)]
+
+    def width(g):
+        return min(c.rows, cin - g * c.rows)
+
+    chunks: list[list[tuple[int, int, int, int]]] = []
+    passes_spec: list[tuple[int, tuple[int, int], dict]] = []   # chunk, shift, item -> target
+    covered: set = set()
+    step = 2 if st.pool else 1                # shifts in anchors; whole windows when pooling
+    ext = [0, 0]
+
+    def new_chunk():
+        row, offset = [], 0
+        for t, g in items:
+            if (t, g) in covered or offset + width(g) > c.rows:
+                continue
+            row.append((t, g, offset, width(g)))
+            offset += width(g)
+        chunks.append(row)
+        cover = {(t, g): (t, g) for t, g, _, _ in row}
+        passes_spec.append((len(chunks) - 1, (0, 0), cover))
+        covered.update(cover)
+
+    new_chunk()
+    while len(covered) < len(items):
+        if not shifts:                       # every tap in a row of its own chunk (im2col)
+            new_chunk()
+            continue
+        best = None
+        for ci, row in enumerate(chunks):
+            for t1, g1, _, _ in row:
+                for t2, g2 in items:
+                    if (t2, g2) in covered or g2 != g1:
+                        continue
+                    dy = taps[t2][0] - taps[t1][0]
+                    dx = taps[t2][1] - taps[t1][1]
+                    if dy < 0 or dx < 0 or dy % stride or dx % stride:
+                        continue
+                    a, b = dy // stride, dx // stride
+                    if a % step or b % step:
+                        continue
+                    cover = {}
+                    for t3, g3, _, _ in row:
+                        t = (taps[t3][0] + a * stride, taps[t3][1] + b * stride)
+                        if t in tap_index and (tap_index[t], g3) not in covered:
+                            cover[(t3, g3)] = (tap_index[t], g3)
+                    # More taps first, then the fewest anchors added past the edge.
+                    cost = (max(ext[0], a) - ext[0]) * wo + (max(ext[1], b) - ext[1]) * ho
+                    key = (-len(cover), cost)
+                    if best is None or key < best[0]:
+                        best = (key, ci, (a, b), cover)
+        if best is None or best[0][1] >= ho * wo:    # another chunk of rows is cheaper
+            new_chunk()
+            continue
+        _, ci, (a, b), cover = best
+        passes_spec.append((ci, (a, b), cover))
+        covered.update(cover.values())
+        ext = [max(ext[0], a), max(ext[1], b)]
+    ah, aw = ho + ext[0], wo + ext[1]
+    i = np.arange(unit)
+    if st.pool:
+        hq, wq = ho // 2, wo // 2
+        wh, ww = _ceil_div(ah, 2), _ceil_div(aw, 2)
+        wy, wx, ii, ky, kx = np.meshgrid(np.arange(wh), np.arange(ww), i, np.arange(2),
+                                         np.arange(2), indexing="ij")
+        ay, ax, ii = (2 * wy + ky).ravel(), (2 * wx + kx).ravel(), ii.ravel()
+        m = ((hq - 1) * ww + wq) * 4 * unit
+        oyy, oxx, oii = wy.ravel()[::4], wx.ravel()[::4], ii[::4]
+        valid = (oyy < hq) & (oxx < wq)
+        outputs = np.stack([np.where(valid, oyy, -1), oxx, oii], axis=1)[:m // 4]
+
+        def shift_rows(a, b):
+            return ((a // 2) * ww + b // 2) * 4 * unit
+    else:
+        yy, xx, ii = np.meshgrid(np.arange(ah), np.arange(aw), i, indexing="ij")
+        ay, ax, ii = yy.ravel(), xx.ravel(), ii.ravel()
+        m = ((ho - 1) * aw + wo) * unit
+        valid = (ay < ho) & (ax < wo)
+        outputs = np.stack([np.where(valid, ay, -1), ax, ii], axis=1)[:m]
+
+        def shift_rows(a, b):
+            return (a * aw + b) * unit
+    per_chunk = len(ay)
+    passes = []
+    for ci, (a, b), cover in passes_spec:
+        k_rows = np.full(c.rows, -1, dtype=np.int64)
+        for t1, g1, offset, w in chunks[ci]:
+            if (t1, g1) in cover:
+                t3, g3 = cover[(t1, g1)]
+                k_rows[offset:offset + w] = t3 * cin + g3 * c.rows + np.arange(w)
+        src = ci * per_chunk + np.arange(m) + shift_rows(a, b)
+        passes.append(_Pass(k_rows, src))
+    host = _HostConv(chunks, np.stack([ay, ax, ii], axis=1))
+    return _Layout(m, 4 if st.pool else 1, passes, outputs, out_width, col_blocks, host)
+
+
+def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
+    """The one table the network's TABLE stages look up: the core has one."""
+    tables = [(st.name, np.asarray(st.table, dtype=np.int64)) for st in network.stages
+              if st.func == isa.Func.TABLE]
+    if not tables:
+        return None
+    name, table = tables[0]
+    if not config.lookup_table:
+        raise CompileError(f"{name}: its function is a table, and the {config.name} core has "
+                           f"no programmable table (TPUConfig.lookup_table)")
+    for other, t in tables[1:]:
+        if not np.array_equal(t, table):
+            raise CompileError(f"{other}: a second table in {network.name} (after {name}'s); "
+                               f"the core holds one, so a network's stages share it")
+    if table.shape != (isa.TABLE_ENTRIES,):
+        raise CompileError(f"{name}: its table has {table.size} entries; allowed: "
+                           f"{isa.TABLE_ENTRIES}")
+    return table
+
+
+def _weight_tiles(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout]):
+    """Every weight tile and parameter set; tile ids ``[stage][pass][column block]`` and
+    parameter-set ids ``[stage][column block]``."""
+    c = config
+    tiles, params, tile_ids, param_ids = [], [], [], []
+    for st, lay in zip(network.stages, layouts, strict=True):
+        w = st.weight_matrix
+        ids = [[0] * lay.col_blocks for _ in lay.passes]
+        pids = []
+        for nb in range(lay.col_blocks):
+            cols = nb * lay.out_width + np.arange(c.cols)
+            col_ok = (np.arange(c.cols) < lay.out_width) & (cols < st.n)
+            for kc, ps in enumerate(lay.passes):
+                tile = np.zeros((c.rows, c.cols), dtype=np.int64)
+                r_ok = ps.k_rows >= 0
+                tile[np.ix_(r_ok, col_ok)] = w[np.ix_(ps.k_rows[r_ok], cols[col_ok])]
+                ids[kc][nb] = len(tiles)
+                tiles.append(tile)
+            bias = np.zeros(c.cols, dtype=np.int64)
+            mult = np.zeros(c.cols, dtype=np.int64)
+            bias[col_ok] = st.bias[cols[col_ok]]
+            mult[col_ok] = st.multiplier[cols[col_ok]]
+            shift = st.shift
+            if np.ndim(shift):                   # per column: sliced like the bias
+                shift = np.zeros(c.cols, dtype=np.int64)
+                shift[col_ok] = np.asarray(st.shift)[cols[col_ok]]
+            pids.append(len(params))
+            params.append((bias, mult, shift, st.zero_point, st.clamp_hi, st.rounding))
+        tile_ids.append(ids)
+        param_ids.append(pids)
+    return np.array(tiles).reshape(-1, c.rows, c.cols), params, tile_ids, param_ids
