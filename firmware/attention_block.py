@@ -48,16 +48,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from firmware.asm import Program
-from firmware.attention import Chunk, Job, pipeline
+from firmware.attention import Chunk, Job, _ceil_div, pipeline
 from firmware.runtime import Batch
 from hdl.config import TPUConfig
 from hdl.isa import Func
 
 __all__ = ["AttentionBlockExecutable"]
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class _Params:
@@ -161,17 +157,17 @@ class AttentionBlockExecutable:
         self.db = _ceil_div(d, self.width)           # v's blocks per head
         self.ahead = min(2, config.weight_fifo_depth)
 
-        # The projection blocks: (fc, head, block, columns, ones).
+        # The projection blocks: (kind, fc, head, block, columns); v's carry a column of ones.
         self.blocks = []
-        for fc, width, per in ((q_fc, self.kw, self.kc), (k_fc, self.kw, self.kc),
-                               (v_fc, self.width, self.db)):
+        for kind, fc, width, per in (("q", q_fc, self.kw, self.kc), ("k", k_fc, self.kw, self.kc),
+                                     ("v", v_fc, self.width, self.db)):
             for h in range(heads):
                 for blk in range(per):
                     lo = h * d + blk * width
                     columns = np.arange(lo, min(lo + width, (h + 1) * d))
-                    self.blocks.append((fc, h, blk, columns, fc is v_fc))
-        self.params = [_Params(cols, fc, columns, ones)
-                       for fc, _, _, columns, ones in self.blocks]
+                    self.blocks.append((kind, fc, h, blk, columns))
+        self.params = [_Params(cols, fc, columns, kind == "v")
+                       for kind, fc, _, _, columns in self.blocks]
         tiles_used = len(self.blocks) * self.ic
         if tiles_used + 2 * self.ahead + 2 > config.weight_mem_tiles:
             raise CompileError(
@@ -238,7 +234,7 @@ class AttentionBlockExecutable:
                 params.load(p, slot)
         p.load_table(self.step.lookup.table.tolist())
         tiles = np.zeros((self.tiles_used, cfg.rows, cfg.cols), np.int64)
-        for b, (fc, _, _, columns, _) in enumerate(self.blocks):
+        for b, (_, fc, _, _, columns) in enumerate(self.blocks):
             for ic in range(self.ic):
                 w = fc.weight[ic * cfg.rows:(ic + 1) * cfg.rows, columns]
                 tiles[b * self.ic + ic, :w.shape[0], :w.shape[1]] = w
@@ -273,9 +269,6 @@ class AttentionBlockExecutable:
             chunk[:, :part.shape[1]] = part
             p.read_host(base["in"] + ic * st, chunk)
 
-        slot_of: dict[int, int] = {}        # projection set -> slot, for sets not resident
-        last_use = [-1] * self.proj_slots
-
         def block_row(kind: str, h: int, blk: int, b: int) -> int:
             per = self.db if kind == "v" else self.kc
             return base[kind] + ((h * per + blk) * s + b) * t
@@ -283,8 +276,7 @@ class AttentionBlockExecutable:
         jobs: list[Job] = []
         # Projection blocks: accumulator regions 0 and 1, S*T rows each.
         where: dict[tuple[str, int, int], int] = {}     # (kind, head, block) -> job
-        for b_i, (fc, h, blk, _, ones) in enumerate(self.blocks):
-            kind = "v" if ones else ("q" if fc is self.step.projections[0] else "k")
+        for b_i, (kind, _, h, blk, _) in enumerate(self.blocks):
             where[(kind, h, blk)] = len(jobs)
             acc = (b_i % 2) * st
 
@@ -296,18 +288,13 @@ class AttentionBlockExecutable:
             dst = block_row(kind, h, blk, 0)
 
             def finish(b_i=b_i, acc=acc, dst=dst) -> None:
+                # Each set is used once a program, in order: when they do not all fit, the
+                # sets take the slots round-robin, each loaded just before its ACTIVATE.
                 if self.resident_params:
                     slot = b_i
-                elif b_i in slot_of:
-                    slot = slot_of[b_i]
                 else:
-                    slot = min(range(self.proj_slots), key=lambda k: last_use[k])
-                    for key in [k for k, v in slot_of.items() if v == slot]:
-                        del slot_of[key]
-                    slot_of[b_i] = slot
+                    slot = b_i % self.proj_slots
                     self.params[b_i].load(p, slot)
-                if not self.resident_params:
-                    last_use[slot] = b_i
                 p.activate(acc, dst, st, slot=slot, func=self.params[b_i].func)
 
             jobs.append(Job([chunk(ic) for ic in range(self.ic)], finish))
