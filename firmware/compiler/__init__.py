@@ -47,6 +47,16 @@ buffer, one MATMUL streams them; the compiler orders accumulator rows so that th
   a row further on (a *shifted* pass: the taps of position ``p + d`` are taps of ``p``), so the
   host lays out a few positions past the output's edge (their outputs are not activated); only
   when no shift reaches a tap does another row per position cross the link.
+- Conv2D on the network input that a Dense reads, with few output channels: ``p``
+  positions to an accumulator row (:class:`~firmware.compiler.layout._PairedConv`), the
+  largest ``p`` whose ``p * n`` channels fit the ``min(rows, cols)`` output columns, whose
+  wide kernel (the taps of ``p`` positions, ``spacing * stride`` apart) fits a row of
+  ``rows`` and which divides the output's width. The host's row carries the wide kernel's
+  taps and one pass computes the ``p`` positions, so the convolution streams ``1 / p`` of
+  the array rows and the host sends ``1 / p`` of the rows. With max-pooling the positions
+  are 2 apart (``spacing``), so MAX4's four rows pool ``p`` windows side by side; the
+  output holds ``p`` positions a row, the same HWC order the Dense reads.
+  ``compile_network(..., pack_positions=False)`` keeps one position a row.
 - Conv2D on another stage's output runs on chip, TPU v1's way: one pass per kernel position
   and channel group, reading the input shifted by that position's offset. With stride 1 and
   no pooling, the rows that wrap around the frame's edge (``kw - 1`` per image row) are

@@ -10,7 +10,7 @@ the passes; :mod:`firmware.compiler.plan` places the layouts in the memories.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -117,6 +117,92 @@ class StageBound:
         return self.useful_macs / self.slots if self.slots else 0.0
 
 
+@dataclass(eq=False)
+class _PairedConv(Stage):
+    """A first convolution computed ``per_row`` output positions to an accumulator row,
+    ``spacing`` apart along x: 2 with max-pooling, so that MAX4's four rows (the window's
+    four positions) pool ``per_row`` windows side by side in the row's column groups; else 1.
+    Its weight is the wide kernel over those positions (``kw + (per_row - 1) * spacing *
+    stride`` columns of taps; column ``q * n + c`` is position ``q``'s channel ``c``, zero
+    outside its own taps), so one host row carries the taps of ``per_row`` positions and one
+    pass computes them. Its ``out_shape`` folds the row's positions into the channels,
+    ``(h, w / per_row, per_row * n)``: the original's HWC flatten order, so the Dense after it
+    reads the tensor as it is."""
+    per_row: int = 1
+    spacing: int = 1
+    original: Stage | None = None
+
+    @property
+    def conv_out_hw(self) -> tuple[int, int]:
+        return self.original.conv_out_hw
+
+
+def _paired(network: QuantisedNetwork, config: TPUConfig) -> QuantisedNetwork:
+    """``network`` with its first stage a :class:`_PairedConv` of as many positions a row as
+    fit, when it is a convolution whose output a Dense reads: its ``n`` output channels leave
+    room for two or more positions in a stage output's ``min(rows, cols)`` columns, the wide
+    kernel's taps fit one host row (``rows``), and the positions a row divide the output's
+    width (after pooling). Otherwise ``network`` itself."""
+    stages = network.stages
+    if len(stages) < 2 or stages[0].kind != "conv" or stages[1].kind != "dense":
+        return network
+    st = stages[0]
+    kh, kw, cin, n = st.weight.shape
+    ho, wo = st.conv_out_hw
+    if st.pool and (ho < 2 or wo < 2):
+        return network                  # the layout names the error
+    spacing = 2 if st.pool else 1
+    width = wo // 2 if st.pool else wo
+    per_row = 1
+    for p in range(2, min(config.rows, config.cols) // n + 1):
+        if kh * (kw + (p - 1) * spacing * st.stride) * cin <= config.rows and width % p == 0:
+            per_row = p
+    if per_row == 1:
+        return network
+    wide = kw + (per_row - 1) * spacing * st.stride
+    weight = np.zeros((kh, wide, cin, per_row * n), dtype=np.asarray(st.weight).dtype)
+    for q in range(per_row):
+        dx = q * spacing * st.stride
+        weight[:, dx:dx + kw, :, q * n:(q + 1) * n] = st.weight
+    kwargs = {f.name: getattr(st, f.name) for f in fields(Stage)}
+    h, w = st.out_shape[:2]
+    kwargs.update(weight=weight, bias=np.tile(st.bias, per_row),
+                  multiplier=np.tile(st.multiplier, per_row),
+                  shift=np.tile(st.shift, per_row) if np.ndim(st.shift) else st.shift,
+                  out_shape=(h, w // per_row, per_row * n))
+    paired = _PairedConv(**kwargs, per_row=per_row, spacing=spacing, original=st)
+    return QuantisedNetwork(network.name, network.input_shape, network.input_q,
+                            [paired, *stages[1:]])
+
+
+def _paired_conv_layout(config: TPUConfig, st: _PairedConv, unit: int, out_width: int,
+                        col_blocks: int) -> _Layout:
+    """A :class:`_PairedConv`: one host row per accumulator row, holding the wide kernel's
+    taps at its anchor (the row's first position); one pass reads it. With pooling the rows
+    go window by window (MAX4's four rows consecutive), ``per_row`` windows a row."""
+    c = config
+    kh, kw, cin, _ = st.weight.shape
+    ho, wo = st.conv_out_hw
+    p = st.per_row
+    i = np.arange(unit)
+    if st.pool:
+        wy, xx, ii, ky, kx = np.meshgrid(np.arange(ho // 2), np.arange(wo // 2 // p), i,
+                                         np.arange(2), np.arange(2), indexing="ij")
+        ay, ax = (2 * wy + ky).ravel(), (2 * p * xx + kx).ravel()
+        outputs = np.stack([wy.ravel()[::4], xx.ravel()[::4], ii.ravel()[::4]], axis=1)
+    else:
+        yy, xx, ii = np.meshgrid(np.arange(ho), np.arange(wo // p), i, indexing="ij")
+        ay, ax = yy.ravel(), (p * xx).ravel()
+        outputs = np.stack([yy.ravel(), xx.ravel(), ii.ravel()], axis=1)
+    m = len(ay)
+    k = kh * kw * cin
+    chunk = [(t, 0, t * cin, cin) for t in range(kh * kw)]
+    k_rows = np.where(np.arange(c.rows) < k, np.arange(c.rows), -1)
+    host = _HostConv([chunk], np.stack([ay, ax, ii.ravel()], axis=1))
+    return _Layout(m, 4 if st.pool else 1, [_Pass(k_rows, np.arange(m))], outputs, out_width,
+                   col_blocks, host)
+
+
 def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
                   prev_out: tuple | None, last: bool, shifts: bool = True) -> _Layout:
     """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
@@ -150,6 +236,8 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
         return _Layout(images, 1, passes, np.stack([zeros, zeros, i], axis=1), out_width,
                        col_blocks)
 
+    if isinstance(st, _PairedConv):
+        return _paired_conv_layout(config, st, images, out_width, col_blocks)
     ho, wo = st.conv_out_hw
     if st.pool and (ho < 2 or wo < 2):
         raise CompileError(f"{where}: max-pooling needs a 2x2 output, got {ho}x{wo}")
@@ -327,12 +415,12 @@ def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | N
     return table
 
 
-def _weight_tiles(config: TPUConfig, network: QuantisedNetwork, layouts: list[_Layout]):
-    """Every weight tile and parameter set; tile ids ``[stage][pass][column block]`` and
-    parameter-set ids ``[stage][column block]``."""
+def _weight_tiles(config: TPUConfig, stages: list[Stage], layouts: list[_Layout]):
+    """Every weight tile and parameter set of the planned ``stages``; tile ids
+    ``[stage][pass][column block]`` and parameter-set ids ``[stage][column block]``."""
     c = config
     tiles, params, tile_ids, param_ids = [], [], [], []
-    for st, lay in zip(network.stages, layouts, strict=True):
+    for st, lay in zip(stages, layouts, strict=True):
         w = st.weight_matrix
         ids = [[0] * lay.col_blocks for _ in lay.passes]
         pids = []

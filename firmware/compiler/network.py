@@ -18,7 +18,13 @@ import numpy as np
 
 from firmware.asm import Program
 from firmware.compiler.emitter import _Emitter
-from firmware.compiler.layout import CompileError, StageBound, _stage_table, _weight_tiles
+from firmware.compiler.layout import (
+    CompileError,
+    StageBound,
+    _PairedConv,
+    _stage_table,
+    _weight_tiles,
+)
 from firmware.compiler.plan import COUNT_LIMIT, _plan
 from firmware.quant import QuantisedNetwork
 from firmware.runtime import Batch
@@ -55,14 +61,16 @@ class CompiledNetwork:
     """
 
     def __init__(self, config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-                 program_images: int = PROGRAM_IMAGES, ring: float = 2.0):
+                 program_images: int = PROGRAM_IMAGES, ring: float = 2.0, pack: bool = True):
         self.config = config
         self.network = network
         self.unit, self.units = unit, units
         self.batch_size = unit * units
         self.program_images = max(program_images, self.batch_size)
-        self._plan = _plan(config, network, unit, units, ring=ring)
-        self.tiles, self._params, _, _ = _weight_tiles(config, network, self._plan.layouts)
+        self.pack = pack
+        self._plan = _plan(config, network, unit, units, ring=ring, pack=pack)
+        self.tiles, self._params, _, _ = _weight_tiles(
+            config, [sp.stage for sp in self._plan.stages], self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
         self.resident_params = len(self._params) <= config.param_slots
         #: The programmable table the stages with function TABLE share (LOAD_TABLE in the
@@ -253,8 +261,7 @@ class CompiledNetwork:
         """Each stage's shape bound, per image (package notes, :mod:`firmware.compiler`)."""
         cells = self.config.rows * self.config.cols
         out = []
-        for sp, rows in zip(self._plan.stages, self._trial.stage_rows, strict=True):
-            st = sp.stage
+        for st, rows in zip(self.network.stages, self._trial.stage_rows, strict=True):
             if st.kind == "conv":
                 ho, wo = st.conv_out_hw
                 positions = 4 * (ho // 2) * (wo // 2) if st.pool else ho * wo
@@ -287,11 +294,13 @@ class CompiledNetwork:
                  f"{len(self._params)} parameter sets "
                  f"({'resident' if self.resident_params else 'loaded per ACTIVATE'}), "
                  f"{self.input_rows():g} input rows per image"]
-        for sp, b in zip(plan.stages, self.bounds(), strict=True):
-            st, lay = sp.stage, sp.layout
+        for st, sp, b in zip(self.network.stages, plan.stages, self.bounds(), strict=True):
+            lay = sp.layout
             extra = " + maxpool 2x2" if st.pool else ""
             if st.kind == "conv" and st.stride > 1:
                 extra += f", stride {st.stride}"
+            if isinstance(sp.stage, _PairedConv):
+                extra += f", {sp.stage.per_row} positions a row"
             lines.append(f"  {st.name}: {st.kind} K={st.k} N={st.n}{extra} -> "
                          f"{len(lay.passes)} passes x {lay.col_blocks} column blocks, "
                          f"{st.func.name}; shape bound {100 * b.bound:.1f} % "
@@ -316,8 +325,8 @@ def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
 RINGS = (2.0, 1.5, 1.25, 1.0)
 
 
-def _choose(config: TPUConfig, network: QuantisedNetwork,
-            max_batch: int) -> tuple[int, int, float]:
+def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
+            pack: bool = True) -> tuple[int, int, float]:
     """Images per unit, units per batch and the input ring: the choice whose program the
     emitter's tallies predict the fewest cycles per image for; on a tie the one whose first
     stage's output has a block to spare (later stages overlap the next batch), then the
@@ -330,7 +339,7 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
             lo, hi = 0, max_batch
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring) else (lo, mid - 1)
+                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring, pack) else (lo, mid - 1)
             if lo:
                 return lo, 1, ring
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
@@ -338,21 +347,21 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
     for ring in RINGS:
         fitting = []
         for unit in (u for u in candidates if u <= max_batch):
-            if not _fits(config, network, unit, 1, ring):
+            if not _fits(config, network, unit, 1, ring, pack):
                 break
             fitting.append(unit)
         for unit in fitting[-3:]:           # the largest units: longer MATMULs
             lo, hi = 1, max_batch // unit
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if _fits(config, network, unit, mid, ring):
+                if _fits(config, network, unit, mid, ring, pack):
                     lo = mid
                 else:
                     hi = mid - 1
             # Fewer units a batch may keep a spare block; more make a later stage's MATMULs
             # longer (a tile switch costs the array a row per array row).
             for units in sorted({u for u in candidates if u < lo} | {lo}):
-                cn = CompiledNetwork(config, network, unit, units, ring=ring)
+                cn = CompiledNetwork(config, network, unit, units, ring=ring, pack=pack)
                 # Estimates within a per cent of each other count as a tie (the model's
                 # error): then a spare block, a larger unit, ring and batch.
                 key = (round(math.log(cn.estimate()) / math.log(1.01)), -cn._plan.spare,
@@ -362,9 +371,9 @@ def _choose(config: TPUConfig, network: QuantisedNetwork,
     return best[1], best[2], best[3]
 
 
-def _fits(config, network, unit, units, ring: float = 2.0) -> bool:
+def _fits(config, network, unit, units, ring: float = 2.0, pack: bool = True) -> bool:
     try:
-        _plan(config, network, unit, units, ring=ring)
+        _plan(config, network, unit, units, ring=ring, pack=pack)
         return True
     except CompileError:
         return False
@@ -373,16 +382,21 @@ def _fits(config, network, unit, units, ring: float = 2.0) -> bool:
 def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
                     batch_size: int | None = None, max_batch: int = 256,
                     unit: int | None = None, ring: float | None = None,
-                    program_images: int = PROGRAM_IMAGES) -> CompiledNetwork:
+                    program_images: int = PROGRAM_IMAGES,
+                    pack_positions: bool = True) -> CompiledNetwork:
     """Compile ``network`` for ``config``.
 
     ``batch_size``: images per batch, ``unit``: images per unit (a divisor of the batch);
     by default the compiler picks both, the batch up to ``max_batch`` images.
-    ``program_images``: most images per batch program. Raises :class:`CompileError` naming
+    ``program_images``: most images per batch program. ``pack_positions``: a first
+    convolution that a Dense reads computes several output positions an accumulator row when
+    its channels leave the columns room (fewer array rows and host rows; False: one position
+    a row, the layout before it). Raises :class:`CompileError` naming
     the stage and the memory when even one image does not fit, for a graph the compiler
     cannot map, or for a uint8 network input on a core for int8 only (``operands="int8"``:
     quantise with ``input_signed=True``).
     """
+    pack = bool(pack_positions)
     if config.operands == "int8" and not network.input_q.signed:
         raise CompileError(f"{network.name}: its input is uint8, but the {config.name} core "
                            f"takes int8 operands only (operands='int8'); quantise it with "
@@ -396,7 +410,7 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         raise CompileError(f"ring={ring!r}; allowed: a number >= 1 (the input ring's size "
                            f"in units' rows)")
     try:
-        _plan(config, network, 1, 1, ring=min(RINGS))
+        _plan(config, network, 1, 1, ring=min(RINGS), pack=pack)
     except CompileError as error:
         raise CompileError(f"{network.name} does not fit {config.name} even one image at a "
                            f"time: {error}") from None
@@ -408,15 +422,16 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
             [u for u in range(min(batch_size, 4 * config.rows), 0, -1) if batch_size % u == 0]
         for r in rings:                      # the largest unit at the largest ring that fits
             for u in units_of:
-                if _fits(config, network, u, batch_size // u, r):
+                if _fits(config, network, u, batch_size // u, r, pack):
                     return CompiledNetwork(config, network, u, batch_size // u,
-                                           program_images, r)
-        _plan(config, network, units_of[-1], batch_size // units_of[-1], ring=rings[-1])
+                                           program_images, r, pack)
+        _plan(config, network, units_of[-1], batch_size // units_of[-1], ring=rings[-1],
+              pack=pack)
     if unit is not None:
-        r = next((r for r in rings if _fits(config, network, unit, 1, r)), rings[-1])
-        _plan(config, network, unit, 1, ring=r)
+        r = next((r for r in rings if _fits(config, network, unit, 1, r, pack)), rings[-1])
+        _plan(config, network, unit, 1, ring=r, pack=pack)
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
-                    if _fits(config, network, unit, u, r))
-        return CompiledNetwork(config, network, unit, units, program_images, r)
-    unit, units, ring = _choose(config, network, max_batch)
-    return CompiledNetwork(config, network, unit, units, program_images, ring)
+                    if _fits(config, network, unit, u, r, pack))
+        return CompiledNetwork(config, network, unit, units, program_images, r, pack)
+    unit, units, ring = _choose(config, network, max_batch, pack)
+    return CompiledNetwork(config, network, unit, units, program_images, ring, pack)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware.compiler.layout import CompileError, Tensor, _Layout, _stage_layout
+from firmware.compiler.layout import CompileError, Tensor, _Layout, _paired, _stage_layout
 from firmware.quant import QuantisedNetwork, Stage
 from hdl.config import TPUConfig
 
@@ -76,19 +76,23 @@ def _frame(stages: list[Stage], index: int) -> tuple[int, int]:
 
 
 def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-          tile_ids=None, param_ids=None, ring: float = 2.0) -> _Plan:
+          tile_ids=None, param_ids=None, ring: float = 2.0, pack: bool = True) -> _Plan:
     """The plan for ``unit`` images a unit and ``units`` a batch; the input ring holds
     ``ring`` units' rows (2: two buffers; less when later units may take the rows of the
     earlier passes of the unit being computed). A first convolution whose shifted passes
     make its input too large for the unified buffer gets a row per kernel tap group
-    instead (the host's patches)."""
+    instead (the host's patches). ``pack``: a first convolution that a Dense reads computes
+    several positions an accumulator row where they fit (:func:`_paired`); the plan's stages
+    are the ones planned."""
     first_error = None
-    for shifts in (True, False) if network.stages[0].kind == "conv" else (True,):
-        for spare in (True, False) if len(network.stages) > 1 else (False,):
-            try:
-                return _plan_with(config, network, unit, units, ring, shifts, spare)
-            except CompileError as error:
-                first_error = first_error or error
+    paired = _paired(network, config) if pack else network
+    for net in (paired, network) if paired is not network else (network,):
+        for shifts in (True, False) if net.stages[0].kind == "conv" else (True,):
+            for spare in (True, False) if len(net.stages) > 1 else (False,):
+                try:
+                    return _plan_with(config, net, unit, units, ring, shifts, spare)
+                except CompileError as error:
+                    first_error = first_error or error
     raise first_error
 
 
