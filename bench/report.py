@@ -91,10 +91,13 @@ WHY = {
            "`firmware/compiler/layout.py`), and the dense stage reads the pooled output on chip: "
            "READ_HOST and the pooling ACTIVATEs are the non-matrix cycles. A 4x4 row holds "
            "4 of the 9 taps, so the input takes several rows a position and few images fit "
-           "the unified buffer at a time (the table gives the batch); on the 16x16 the "
-           "matrix phase (9 taps in 16 rows, 8 channels in 16 columns) is short beside the "
-           "host's rows and the ACTIVATEs' rows, which share the buffer's write port and "
-           "the front end.",
+           "the unified buffer at a time (the table gives the batch). On the 16x16 a row "
+           "carries two positions (a 3x5 patch in 15 of 16 lanes, their 2 x 8 channels in "
+           "the 16 columns), so an image is 32 host rows and 40 array rows; but the host's "
+           "32 rows and the ACTIVATEs' 9 share the buffer's one write port and the front "
+           "end, and the activation engine needs about 39 cycles an image (rows plus 23 a "
+           "job): three paths each about as long as the array's 40, so they do not all hide "
+           "behind it.",
 }
 
 SIM_ORDER = ("verilator", "icarus", "amaranth.sim")
