@@ -54,6 +54,10 @@ class CompiledNetwork:
         Images per batch (``unit * units``); a batch program holds several batches.
     program_images : int
         Most images per batch program.
+    pack : bool
+        Whether a first convolution that a Dense reads may compute several positions an
+        accumulator row (``compile_network``'s ``pack_positions``; the plan's first stage
+        says whether it does).
     resident_weights, resident_params : bool
         Whether weights / parameters are loaded once by the setup program.
     tiles : ndarray, (n_tiles, rows, cols)
