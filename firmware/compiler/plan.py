@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware.compiler.layout import CompileError, Tensor, _Layout, _paired, _stage_layout
+from firmware.compiler.layout import (
+    CompileError,
+    Tensor,
+    _Layout,
+    _paired,
+    _PairedConv,
+    _stage_layout,
+)
 from firmware.quant import QuantisedNetwork, Stage
 from hdl.config import TPUConfig
 
@@ -87,7 +94,11 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
     first_error = None
     paired = _paired(network, config) if pack else network
     for net in (paired, network) if paired is not network else (network,):
-        for shifts in (True, False) if net.stages[0].kind == "conv" else (True,):
+        # Shifted passes or not: a choice for a first convolution of one position a row
+        # (a packed one has one pass, the same either way).
+        first = net.stages[0]
+        for shifts in ((True, False) if first.kind == "conv"
+                       and not isinstance(first, _PairedConv) else (True,)):
             for spare in (True, False) if len(net.stages) > 1 else (False,):
                 try:
                     return _plan_with(config, net, unit, units, ring, shifts, spare)
