@@ -49,8 +49,10 @@ RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VE
 # models; lz4 and zlib headers for Verilator FST tracing.
 APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 # Optional Debian packages, installed where apt is available; setup succeeds without them:
-# GTKWave (make waves, make tour; its fst2vcd lets .gtkw files name internal signals).
-APT_OPTIONAL := gtkwave ccache
+# GTKWave (make waves, make tour; its fst2vcd lets .gtkw files name internal signals), ccache
+# (Verilator's objects shared between builds), gemmlowp's header (the reference that
+# tests/firmware/test_fixedpoint.py also compiles, beside its committed table).
+APT_OPTIONAL := gtkwave ccache libgemmlowp-dev
 
 .PHONY: help setup test test-all lint demo synth bitstream bench report waves clean
 
@@ -121,7 +123,7 @@ setup:
 	for pkg in $(APT_OPTIONAL); do
 	  if ! is_installed "$$pkg" && ! command -v "$$pkg" >/dev/null; then
 	    apt_install "$$pkg" || \
-	      echo "setup: note: $$pkg (optional: gtkwave for make waves and make tour, ccache to share Verilator's runtime objects between builds) is not installed: apt-get install $$pkg"
+	      echo "setup: note: $$pkg (optional: gtkwave for make waves and make tour, ccache to share Verilator's runtime objects between builds, libgemmlowp-dev for the fixed-point reference test) is not installed: apt-get install $$pkg"
 	  fi
 	done
 	if [ $${#missing[@]} -gt 0 ]; then

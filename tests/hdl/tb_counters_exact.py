@@ -11,30 +11,39 @@ semantics of its event, and from the cycles the testbench saw beats move at the 
 - :class:`~hdl.control.counters.PerfCounters`: a counter shown in cycle ``t`` counts its
   events of the cycles ``c + 1 .. t - 3``, where ``c`` is the cycle CLEAR_COUNTERS issued
   (its beat is taken). READ_COUNTERS samples each counter when it is shown and offers the
-  beat in the next cycle; the host writer passes it on in that cycle (this core's beats go
-  straight out), so with the host always ready a counter beat that leaves in cycle ``o`` was
-  sampled in ``o - 1``;
+  beat in the next cycle; on the reference and compact pipelines the host writer passes it
+  on in that cycle, so with the host always ready a counter beat that leaves in cycle ``o``
+  was sampled in ``o - 1``; the fast pipeline's beat register and beat FIFO add two cycles
+  (:data:`BEAT_LAG`);
 - ``cycles``: every cycle;
 - ``host_stall``: each cycle the front end waits for a beat (an instruction at fetch, or a
   data beat of READ_HOST, LOAD_WEIGHTS, LOAD_PARAMS) and the host offers none: here exactly
   the cycles the host withholds a beat;
 - ``raw_stall``: each cycle an instruction waits at fetch on an unfinished instruction's
-  range (:data:`~hdl.control.hazards.HAZARD_RULES`): from the cycle its beat is offered to the
-  cycle before it is taken, which is the cycle the earlier instruction stops being unfinished
-  (a WRITE_HOST when its last row is taken, a MATMUL in the cycle after its last row is
-  written, ``rows + cols + 4`` cycles after that row's buffer read);
+  range (:data:`~hdl.control.hazards.HAZARD_RULES`): the cycles the wait adds to the
+  :data:`ISSUE` cycles any instruction spends from its offer to its take (none on the
+  reference pipeline, whose instruction may issue in its first cycle; two on the compact
+  one, three on the fast one, which decide from registered answers). The waiting instruction
+  is taken :data:`WAKE` cycles after the earlier one stops being unfinished (a WRITE_HOST
+  when its last row is taken, a MATMUL in the cycle after its last row is written,
+  ``array_latency + 2`` cycles after that row's buffer read on the reference pipeline,
+  :data:`RETIRE`); so ``raw_stall = taken - offered - ISSUE``;
 - ``weight_stall``: each cycle a MATMUL's ``switch`` row waits for its tile to be whole in the
   shadow registers. READ_WEIGHTS's rows enter the weight FIFO a row a cycle, the FIFO offers
   the tile once it is whole and the tile shifts in in ``rows`` cycles; the weight memory and
   the buffer read alike, so the ``switch`` row waits ``2 * rows - d`` cycles when its MATMUL
-  issued ``d`` cycles after the READ_WEIGHTS;
+  issued ``d`` cycles after the READ_WEIGHTS (a cycle more on the fast pipeline, whose
+  weight FIFO's rows leave through a ring of registers: :data:`WEIGHT_EXTRA`);
 - ``non_matrix``: each cycle no row enters the array and host work moves (a READ_HOST or
   LOAD_WEIGHTS data beat, a counter, DONE or error beat offered to the host, a WRITE_HOST or
   an ACTIVATE running: from the cycle after it is taken until its last row has been taken,
   or written).
 
-Seeds are fixed and logged; the programs' outputs are also compared with the ISA simulator
-beat for beat (:class:`tb_core.Testbench`).
+Every pipeline (:attr:`~hdl.config.TPUConfig.pipeline`) runs the same programs; the cycles
+its registers add are the tables below, from its documented structure and asserted by each
+test before it checks the counters, so a counter that is off by one cycle on one pipeline
+fails here. Seeds are fixed and logged; the programs' outputs are also compared with the ISA
+simulator beat for beat (:class:`tb_core.Testbench`).
 """
 
 from __future__ import annotations
@@ -55,6 +64,28 @@ TIMED = ("cycles", "weight_stall", "non_matrix", "raw_stall", "host_stall")
 LAG = 3
 #: An event high in every cycle (``cycles``'s).
 EVERY_CYCLE = "every cycle"
+
+#: Per pipeline: cycles from an instruction beat's offer to its take when nothing holds it
+#: (it issues in its first, third or fourth cycle at the front end).
+ISSUE = {"reference": 0, "compact": 2, "fast": 3}
+#: Cycles from the cycle an earlier instruction stops being unfinished to the take of an
+#: instruction that waited on it (the compact pipeline acts on the registered hazard, the fast
+#: one on the tracker's late hazard, registered).
+WAKE = {"reference": 0, "compact": 1, "fast": 2}
+#: Cycles from a counter's sampling to its beat leaving with the host ready (the fast
+#: pipeline's beat register and the host writer's beat FIFO).
+BEAT_LAG = {"reference": 1, "compact": 1, "fast": 3}
+#: A unified-buffer read through its block RAM's output register (the fast pipeline): a
+#: WRITE_HOST's first row leaves a cycle later.
+READ_EXTRA = {"reference": 0, "compact": 0, "fast": 1}
+#: The weight FIFO's output ring (the fast pipeline): a tile reaches the shadow registers a
+#: cycle later.
+WEIGHT_EXTRA = {"reference": 0, "compact": 0, "fast": 1}
+#: Cycles from a MATMUL's last buffer read to the cycle it stops being unfinished, beyond
+#: ``array_latency``: its last row written and retired (the fast pipeline: the buffer's and
+#: the accumulators' registered reads, the array's registered enable, retiring a cycle after
+#: the last write).
+RETIRE = {"reference": 3, "compact": 3, "fast": 8}
 
 
 def idle_schedule(gaps: dict[int, int], beats: int) -> Iterator[bool]:
@@ -81,6 +112,10 @@ class CounterRun:
         self.cfg = self.tb.config
         self.name = name
         self.p = Program(self.cfg)
+        pipeline = self.cfg.pipeline
+        self.issue, self.wake = ISSUE[pipeline], WAKE[pipeline]
+        self.read_extra, self.weight_extra = READ_EXTRA[pipeline], WEIGHT_EXTRA[pipeline]
+        self.beat_lag, self.retire = BEAT_LAG[pipeline], RETIRE[pipeline]
         self.gaps: dict[int, int] = {}
         self.marks: dict[str, int] = {}
         self.hold_out: tuple[str, int] | None = None
@@ -139,8 +174,14 @@ class CounterRun:
         return self.marks.get("counters_out", 0)
 
     def sampled(self, name: str) -> int:
-        """The cycle counter ``name`` was sampled in (its beat left the next cycle)."""
-        return self.outputs()[self.counter_beats() + COUNTERS.index(name)] - 1
+        """The cycle counter ``name`` was sampled in (its beat left :data:`BEAT_LAG` cycles
+        later)."""
+        return self.outputs()[self.counter_beats() + COUNTERS.index(name)] - self.beat_lag
+
+    def waited(self, label: str) -> int:
+        """The cycles beat ``label`` waited beyond the pipeline's :data:`ISSUE` cycles (its
+        ``raw_stall`` where it waited on a hazard)."""
+        return self.taken(label) - self.offered(label) - self.issue
 
     def window(self, name: str) -> range:
         """The cycles whose events counter ``name``'s value counts."""
@@ -278,15 +319,15 @@ async def test_raw_write_host(dut, hold: int):
     rows_out = r.outputs()[:count]
     # The first row is read the cycle after the WRITE_HOST issues and offered the next; the
     # host takes a row a cycle once it is ready.
-    first = max(w + 2, w + hold + 1)
+    first = max(w + 2 + r.read_extra, w + hold + 1)
     assert rows_out == list(range(first, first + count)), \
         f"{r.name}: WRITE_HOST rows left in cycles {rows_out}"
-    assert r.taken("read_host") == rows_out[-1] + 1, \
+    assert r.taken("read_host") == rows_out[-1] + 1 + r.wake, \
         f"{r.name}: READ_HOST taken in cycle {r.taken('read_host')}"
     r.check({
         "cycles": EVERY_CYCLE,
         "host_stall": 0,
-        "raw_stall": rows_out[-1] + 1 - r.offered("read_host"),
+        "raw_stall": r.waited("read_host"),
         "weight_stall": 0,
         "non_matrix": (list(range(w + 1, rows_out[-1] + 1)) +
                        [r.taken(r.marks["read_host"] + 1)] + r.counter_beat_cycles()),
@@ -299,7 +340,8 @@ async def test_raw_matmul_activate(dut):
     a WRITE_HOST of the rows the ACTIVATE writes (``write_host_raw_activate``). The ACTIVATE
     is taken in the cycle after the MATMUL's last row is written, ``rows + cols + 4`` cycles
     after that row's buffer read (a row a cycle from the cycle after the MATMUL issues); the
-    WRITE_HOST in the cycle the ACTIVATE stops being busy. ``raw_stall`` counts both waits,
+    WRITE_HOST in the cycle the ACTIVATE stops being busy (on the reference pipeline; the
+    others :data:`WAKE` cycles later). ``raw_stall`` counts both waits,
     ``non_matrix`` the ACTIVATE's and the WRITE_HOST's busy cycles and the counter beats."""
     r = CounterRun(dut, seed=35, name="ACTIVATE behind MATMUL, WRITE_HOST behind ACTIVATE")
     cfg, p = r.cfg, r.p
@@ -323,17 +365,18 @@ async def test_raw_matmul_activate(dut):
     p.halt()
     await r.run()
     m, a, w = r.taken("matmul"), r.taken("activate"), r.taken("write_host")
-    assert m == r.offered("matmul"), f"{r.name}: the MATMUL waited"
+    assert m == r.offered("matmul") + r.issue, f"{r.name}: the MATMUL waited"
     last_read = m + count                   # reads in cycles m + 1 .. m + count
-    assert a == last_read + cfg.rows + cfg.cols + 4 + 1, \
+    assert a == last_read + cfg.array_latency + r.retire + r.wake, \
         f"{r.name}: ACTIVATE taken {a - m} cycles after the MATMUL"
     rows_out = r.outputs()[:count]
     r.check({
         "cycles": EVERY_CYCLE,
         "host_stall": 0,
-        "raw_stall": (a - r.offered("activate")) + (w - r.offered("write_host")),
+        "raw_stall": r.waited("activate") + r.waited("write_host"),
         "weight_stall": 0,
-        "non_matrix": (list(range(a + 1, w)) + list(range(w + 1, rows_out[-1] + 1)) +
+        "non_matrix": (list(range(a + 1, w - r.wake)) +
+                       list(range(w + 1, rows_out[-1] + 1)) +
                        r.counter_beat_cycles()),
     })
 
@@ -342,8 +385,9 @@ async def test_raw_matmul_activate(dut):
 @cocotb.parametrize(gap=[0, 1, 3, 9])
 async def test_weight_stall(dut, gap: int):
     """A MATMUL whose ``switch`` row waits for the tile a READ_WEIGHTS just queued, issued
-    ``gap + 1`` cycles after it (the host withholds the MATMUL ``gap`` cycles): it waits
-    ``max(0, 2 * rows - gap - 1)`` cycles (``weight_stall``), and the host gap is
+    ``d = gap + 1`` cycles after it (the host withholds the MATMUL ``gap`` cycles; on the
+    compact and fast pipelines :data:`ISSUE` cycles more): it waits ``max(0, 2 * rows - d)``
+    cycles (``weight_stall``; :data:`WEIGHT_EXTRA` more), and the host gap is
     ``host_stall``."""
     r = CounterRun(dut, seed=40 + gap, name=f"MATMUL waiting for weights, gap {gap}")
     cfg, p = r.cfg, r.p
@@ -359,12 +403,12 @@ async def test_weight_stall(dut, gap: int):
     p.halt()
     await r.run()
     d = r.taken("matmul") - r.taken("read_weights")
-    assert d == gap + 1, f"{r.name}: MATMUL taken {d} cycles after READ_WEIGHTS"
+    assert d == gap + 1 + r.issue, f"{r.name}: MATMUL taken {d} cycles after READ_WEIGHTS"
     r.check({
         "cycles": EVERY_CYCLE,
         "host_stall": gap,
         "raw_stall": 0,
-        "weight_stall": max(0, 2 * cfg.rows - d),
+        "weight_stall": max(0, 2 * cfg.rows + r.weight_extra - d),
         "non_matrix": r.counter_beat_cycles(),
     })
 
@@ -421,10 +465,12 @@ async def test_non_matrix_excludes_array_active(dut):
     p.halt()
     await r.run()
     m = r.taken("matmul")
-    assert m == r.offered("matmul"), f"{r.name}: the MATMUL waited"
-    active = set(range(m + 2, m + 2 + count))
+    assert m == r.offered("matmul") + r.issue, f"{r.name}: the MATMUL waited"
+    active = set(range(m + 2 + r.read_extra, m + 2 + r.read_extra + count))
     beats = [r.taken(i) for i in data]
-    assert beats[:2] == [m + 2, m + 3] and beats[2] > max(active), \
+    first = m + 2 + r.issue                 # the READ_HOST offered in cycle m + 1
+    assert beats[:2] == [first, first + 1] and set(beats[:2]) <= active and \
+        beats[2] > max(active), \
         f"{r.name}: data beats taken in cycles {[b - m for b in beats]} after the MATMUL"
     r.check({
         "cycles": EVERY_CYCLE,
