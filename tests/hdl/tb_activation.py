@@ -42,7 +42,9 @@ from sim.models.golden import (
     TANH_LUT,
     activate,
     max_pool_rows,
+    reciprocals,
     requantise,
+    requantise_normalised,
     rounding_shift,
     wrap,
 )
@@ -64,9 +66,10 @@ ACC_EXTREMES = [INT32_MIN, INT32_MIN + 1, -(1 << 30), -1, 0, 1, 1 << 30, INT32_M
 PARAM_EXTREMES = [INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX - 1, INT32_MAX]
 EXTREME_SHIFTS = [0, 1, 31, 62, 63]
 TIE_SHIFTS = [1, 2, 7, 31, 32, 33, 61, 62, 63]
-#: The unit's functions here: the bench builds it without the programmable table and the
-#: row scale, whose functions (TABLE, NORMALISE) the core's benches test
-#: (test_lookup_table.py, test_normalise.py), as the core builds them.
+#: The unit's functions in the sweeps: the bench builds it without the programmable table and
+#: the row scale, whose functions (TABLE, NORMALISE) the core's benches test
+#: (test_lookup_table.py, test_normalise.py), as the core builds them; a unit built with the
+#: row scale runs test_normalise_divisors alone (divisors no core program reaches quickly).
 UNIT_FUNCS = [f for f in Func if f not in (Func.TABLE, Func.NORMALISE)]
 FUNCS = [f.name for f in UNIT_FUNCS]
 WINDOWS = [1, 2, 4]
@@ -152,9 +155,13 @@ class Testbench:
         """Golden output rows of *acc* under the current parameters, pooled over *windows*
         (row counts); fixed windows go through ``golden.max_pool_rows``."""
         p = self.params
-        q = requantise(acc, p.bias, p.multiplier, p.shifts(self.cols), p.zero_point,
-                       p.rounding.value)
-        act = activate(q, p.func.value, p.zero_point, p.clamp_hi)
+        if p.func == Func.NORMALISE:
+            act = requantise_normalised(acc, p.bias, p.shifts(self.cols), p.zero_point,
+                                        p.rounding.value)
+        else:
+            q = requantise(acc, p.bias, p.multiplier, p.shifts(self.cols), p.zero_point,
+                           p.rounding.value)
+            act = activate(q, p.func.value, p.zero_point, p.clamp_hi)
         if len(set(windows)) == 1:
             return max_pool_rows(act, windows[0])
         bounds = np.cumsum([0, *windows])
@@ -164,6 +171,16 @@ class Testbench:
     def _cover(self, acc: np.ndarray) -> None:
         """Count the corners this burst exercises (recomputed from the golden steps)."""
         prm = self.params
+        if prm.func == Func.NORMALISE:
+            _, e = reciprocals(acc[:, -1])
+            d = acc[:, -1]
+            self.coverage["d>=2**30"] += int(np.sum(d >= 1 << 30))
+            self.coverage["d<2**30, e=21"] += int(np.sum((d < 1 << 30) & (e == 21)))
+            self.coverage["d<=0"] += int(np.sum(d <= 0))
+            self.coverage["d<512"] += int(np.sum((d > 0) & (d < 512)))
+            self.coverage["clamped at 63"] += int(np.sum(
+                np.asarray(prm.shifts(self.cols))[None, :] + e[:, None] > 63))
+            return
         bias = np.asarray(prm.bias, dtype=np.int64)
         mult = np.asarray(prm.multiplier, dtype=np.int64)
         s = np.asarray(prm.shifts(self.cols), dtype=np.int64)
@@ -578,3 +595,48 @@ async def test_fill(dut):
     await FallingEdge(dut.clk)
     tb.sink.set_backpressure_generator(None)
     await tb.finish()
+
+
+#: Divisors of NORMALISE at the edges of its cut: bit 30 (the row sum's top bit below the
+#: sign) and its neighbours, the cut's boundaries, the largest, the exact ones, none.
+NORMALISE_DIVISORS = [(1 << 30) - 1, 1 << 30, (1 << 30) + 1, (1 << 30) + (1 << 21),
+                      (1 << 30) + (1 << 21) - 1, 3 << 29, INT32_MAX - (1 << 22), INT32_MAX,
+                      INT32_MAX - 1, (1 << 29) - 1, 1 << 29, 1 << 21, 511, 512, 513, 1, 2, 0,
+                      -1, INT32_MIN]
+
+
+@cocotb.test()
+async def test_normalise_divisors(dut):
+    """NORMALISE (a unit built with the row scale) on divisors of 2**30 and more, where the
+    cut's priority encoder reads bit 30 and ``e`` is 22, beside 2**30 - 1 (``e`` 21), the
+    largest int32, the exact reciprocals below 512 and divisors of 0 or less; each row's
+    other columns a random fraction of its divisor (``t / d`` in [-2, 2], so shift 19 makes
+    outputs of every size), at shifts 0, 19, 25, 41 and 63 (the clamp) and per column, in
+    every rounding mode (the serial unit: one a shift), with bias and zero point, against ``golden.requantise_normalised``
+    with ``==``, under random stalls."""
+    seed = 590
+    tb = await start(dut, seed, idle=random_stalls(seed + 1, 0.2),
+                     backpressure=random_stalls(seed + 2, 0.3))
+    cols, rng = tb.cols, tb.rng
+    d = np.concatenate([NORMALISE_DIVISORS,
+                        rng.integers(1 << 30, INT32_MAX, 12, endpoint=True),
+                        rng.integers(1 << 9, 1 << 30, 4)]).astype(np.int64)
+    fraction = rng.uniform(-2, 2, (len(d), cols - 1))
+    others = wrap(np.round(np.maximum(d, 1)[:, None] * fraction).astype(np.int64))
+    others[:2] = [[INT32_MAX] * (cols - 1), [INT32_MIN] * (cols - 1)]
+    acc = np.concatenate([others, d[:, None]], axis=1)
+    shifts = [0, 19, 25, 41, 63, [19 + 11 * k for k in range(cols)]]
+    runs = [(i, shift, rounding) for i, shift in enumerate(shifts) for rounding in Rounding]
+    if json.loads(os.environ.get(ENV, "{}")).get("serial"):
+        # A serial element takes 37 to 99 cycles: one rounding mode a shift, each mode twice.
+        runs = [(i, shift, list(Rounding)[i % 3]) for i, shift in enumerate(shifts)]
+    for i, shift, rounding in runs:
+        bias = [0] * cols if i % 2 else rng.integers(-1000, 1000, cols).tolist()
+        zp = 0 if i % 2 else tb.int8()
+        params = Params(bias, [0] * cols, shift, zp, 127, Func.NORMALISE, rounding)
+        await tb.burst(params, acc, 1)
+    await tb.finish()
+    # The divisors reached what they are there for; outputs of every size at shift 19.
+    missing = [name for name in ("d>=2**30", "d<2**30, e=21", "d<=0", "d<512", "clamped at 63")
+               if not tb.coverage[name]]
+    assert not missing, f"NORMALISE corners not exercised: {missing} (seed {seed})"

@@ -27,8 +27,12 @@ GROUPS = {
 }
 
 
+#: The bench's test of a unit built with the row scale (NORMALISE), run on that build alone.
+NORMALISE_TESTS = ["test_normalise_divisors"]
+
+
 def test_groups_cover_testbench():
-    assert sorted(sum(GROUPS.values(), [])) == \
+    assert sorted(sum(GROUPS.values(), NORMALISE_TESTS)) == \
         sorted(cocotb_test_names(HERE / "tb_activation.py"))
 
 
@@ -55,8 +59,9 @@ class SerialWithParamRows(wiring.Component):
     its ``params`` words read from whole parameter rows on ``i_params`` with the activation
     engine's store's timing (the word selected in one cycle is there the next)."""
 
-    def __init__(self, cols: int):
+    def __init__(self, cols: int, *, row_scale: bool = False):
         self.cols = cols
+        self.row_scale = row_scale
         super().__init__({
             "i_row":    In(stream.Signature(acc_row_layout(cols, 32))),
             "o_row":    Out(stream.Signature(data.ArrayLayout(signed(8), cols))),
@@ -66,7 +71,8 @@ class SerialWithParamRows(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.unit = unit = SerialActivationUnit(cols=self.cols, acc_width=32)
+        m.submodules.unit = unit = SerialActivationUnit(cols=self.cols, acc_width=32,
+                                                        row_scale=self.row_scale)
         wiring.connect(m, wiring.flipped(self.i_row), unit.i_row)
         wiring.connect(m, unit.o_row, wiring.flipped(self.o_row))
         p, sel = self.i_params, unit.params
@@ -99,3 +105,17 @@ def test_serial_activation(group: str):
     run("activation_serial", lambda: SerialWithParamRows(4), "c4",
         "tb_activation", HERE, tests, label=group,
         extra_env={"AMTPU_ACT": json.dumps({"cols": 4, "serial": True})})
+
+
+@pytest.mark.parametrize("unit", ["pipelined", "serial"])
+def test_normalise_divisors(unit: str):
+    """NORMALISE on divisors of 2**30 and more (bit 30 of the row sum: a core program needs
+    some 16,000 MATMULs to accumulate one), on both units built with the row scale."""
+    if unit == "pipelined":
+        factory, top = (lambda: ActivationUnit(cols=4, acc_width=32, row_scale=True)), \
+            "activation"
+    else:
+        factory, top = (lambda: SerialWithParamRows(4, row_scale=True)), "activation_serial"
+    run(top, factory, "c4-row-scale", "tb_activation", HERE, NORMALISE_TESTS,
+        label="normalise",
+        extra_env={"AMTPU_ACT": json.dumps({"cols": 4, "serial": unit == "serial"})})

@@ -396,7 +396,7 @@ class _NarrowerTracker(HazardTracker):
         super().__init__(end_bits=end_bits - 1, slots=slots, late=late)
 
 
-@pytest.mark.parametrize("check", ["rules", "ranges"])
+@pytest.mark.parametrize("check", ["rules", "ranges", "ring_ranges"])
 def test_narrow_tracker_too_narrow_fails(check: str, tmp_path: Path):
     """The narrow proofs' assumption is no licence: ranges that end at 2**4 or later, on a
     4-bit tracker, are caught (wrapped range ends miss conflicts, or record wrong ranges)."""
