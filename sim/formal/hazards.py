@@ -137,9 +137,10 @@ def hazards_harness(check: Check = "rules", *, small: int | None = None,
         shadow model. ``"ring"``: the invariants on the MATMUL slots' pointers and valid
         bits, inductive on their own. ``"ring_ranges"``: the ranges the live slots record,
         assuming ``"ring"``'s invariants (which hold in every reachable state). ``"ranges"``:
-        those on the ACTIVATE, WRITE_HOST and READ_WEIGHTS ranges. ``"no_rise"``: ``hazard`` does not rise for a
-        waiting instruction. Each of these on :func:`word_compares` of the tracker. ``"late"``:
-        ``hazard_late`` is ``hazard`` a cycle later, and the compare trees are ``>``. The
+        those on the ACTIVATE, WRITE_HOST and READ_WEIGHTS ranges. ``"no_rise"``: ``hazard``
+        does not rise for a waiting instruction. Each of these on :func:`word_compares` of
+        the tracker. ``"late"``: ``hazard_late`` is ``hazard`` a cycle later, and the compare
+        trees are ``>``. The
         rules hold in every reachable state because the invariants do; split, each part is
         a fast induction.
     small : int, optional

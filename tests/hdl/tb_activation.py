@@ -612,8 +612,8 @@ async def test_normalise_divisors(dut):
     largest int32, the exact reciprocals below 512 and divisors of 0 or less; each row's
     other columns a random fraction of its divisor (``t / d`` in [-2, 2], so shift 19 makes
     outputs of every size), at shifts 0, 19, 25, 41 and 63 (the clamp) and per column, in
-    every rounding mode (the serial unit: one a shift), with bias and zero point, against ``golden.requantise_normalised``
-    with ``==``, under random stalls."""
+    every rounding mode (the serial unit: one a shift), with bias and zero point, against
+    ``golden.requantise_normalised`` with ``==``, under random stalls."""
     seed = 590
     tb = await start(dut, seed, idle=random_stalls(seed + 1, 0.2),
                      backpressure=random_stalls(seed + 2, 0.3))
