@@ -104,8 +104,20 @@ def check_imports() -> None:
         sys.exit(f"mutations: the worktree imports {wrong}, not its own packages")
 
 
-def fast_tier(args: str, junit: Path) -> tuple[int, list[str]]:
-    """``make test ARGS=...`` in the worktree: (tests run, failed test names in order)."""
+def _reason(case: ElementTree.Element) -> str:
+    """The first line of a failed test's message that says what was wrong."""
+    for tag in ("failure", "error"):
+        bad = case.find(tag)
+        if bad is not None:
+            lines = [line.strip() for line in (bad.get("message") or "").splitlines()]
+            found = [line for line in lines if "Error" in line or "seed" in line] or lines
+            return (found or ["(no message)"])[0][:160]
+    return ""
+
+
+def fast_tier(args: str, junit: Path) -> tuple[int, list[tuple[str, str]]]:
+    """``make test ARGS=...`` in the worktree: (tests run, the failed tests in order, each
+    with the first line of its message)."""
     junit.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "PYTEST_ADDOPTS")}
@@ -121,28 +133,30 @@ def fast_tier(args: str, junit: Path) -> tuple[int, list[str]]:
             continue
         run += 1
         if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname', '').replace('.', '/')}.py::"
-                          f"{case.get('name')}")
+            failed.append((f"{case.get('classname', '').replace('.', '/')}.py::"
+                           f"{case.get('name')}", _reason(case)))
     return run, failed
 
 
-def check(m: Mutation) -> tuple[str, str]:
-    """(verdict, detail): ``caught``/first failing test, ``SURVIVED``, or ``ERROR``/why."""
+def check(m: Mutation) -> tuple[str, str, str]:
+    """(verdict, detail, why): ``caught`` with the first failing test and its message,
+    ``SURVIVED``, or ``ERROR`` with what went wrong."""
     fresh_worktree()
     apply = subprocess.run(["git", "apply", str(m.path)], cwd=WORKTREE, capture_output=True,
                            text=True)
     if apply.returncode:
-        return "ERROR", f"does not apply: {apply.stderr.strip()}"
+        return "ERROR", f"does not apply: {apply.stderr.strip()}", ""
     junit = OUT / f"{m.name}.xml"
     try:
         run, failed = fast_tier(" ".join(m.caught_by), junit)
         if run == 0:
-            return "ERROR", f"Caught-by {' '.join(m.caught_by)} selects no test of make test"
+            return ("ERROR", f"Caught-by {' '.join(m.caught_by)} selects no test of make test",
+                    "")
         if not failed:
             run, failed = fast_tier("", junit)
     except RuntimeError as exc:
-        return "ERROR", str(exc)
-    return ("caught", failed[0]) if failed else ("SURVIVED", f"{run} tests passed")
+        return "ERROR", str(exc), ""
+    return ("caught", *failed[0]) if failed else ("SURVIVED", f"{run} tests passed", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mutations: {len(found)} patches on {head}, each against make test", flush=True)
     for m in found:
         start = time.monotonic()
-        verdict, detail = check(m)
+        verdict, detail, why = check(m)
         seconds = time.monotonic() - start
         bad += verdict != "caught"
-        print(f"  {m.name:44} {verdict:8} {seconds:6.1f} s  {detail}", flush=True)
+        print(f"  {m.name:44} {verdict:8} {seconds:6.1f} s  {detail}\n{'':56}{why}",
+              flush=True)
         rows.append(f"| `{m.name}` | {m.what} | {verdict}: `{detail}` | {seconds:.0f} s |"
                     if verdict == "caught" else
                     f"| `{m.name}` | {m.what} | **{verdict}**: {detail} | {seconds:.0f} s |")
