@@ -8,6 +8,7 @@ RTL, and a clear error where the core cannot run them."""
 
 import numpy as np
 import pytest
+from tiers import tiered
 
 from firmware import graph as g
 from firmware.attention import MixExecutable, ScoresExecutable
@@ -87,7 +88,7 @@ def test_random_shapes_on_odd_arrays():
 
 
 @pytest.mark.parametrize("config_key, shape", [
-    ("small", (2, 7, 2, 5)),
+    pytest.param("small", (2, 7, 2, 5), marks=pytest.mark.slow),
     pytest.param("default", (2, 11, 2, 9), marks=pytest.mark.slow)])
 def test_scores_on_the_rtl_equal_the_reference(rtl_device, config_key, shape):
     seed = SEED + 200
@@ -239,8 +240,9 @@ def test_mix_random_shapes_on_odd_arrays():
             f"{what}: outputs differ"
 
 
-@pytest.mark.parametrize("config_key, shape", [("small", (2, 7, 2, 5)),
-                                               ("default", (2, 11, 2, 9))])
+@pytest.mark.parametrize("config_key, shape", tiered([("small", (2, 7, 2, 5)),
+                                                    ("default", (2, 11, 2, 9))],
+                                                   fast=[("small", (2, 7, 2, 5))]))
 def test_mix_on_the_rtl_equals_the_reference(rtl_device, config_key, shape):
     seed = SEED + 500
     print(f"seed {seed}, {config_key}, {shape}")

@@ -16,6 +16,7 @@ from math import ceil
 
 import numpy as np
 import pytest
+from tiers import tiered
 
 from firmware import nn
 from firmware.asm import disassemble
@@ -178,7 +179,7 @@ def dense_case(seed: int):
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 60))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 10)))
 def test_random_dense(seed, config_name):
     net, data, qnet = dense_case(seed)
     rng = np.random.default_rng([seed, CONFIGS.index(config_name)])
@@ -237,7 +238,7 @@ def conv_label(seed: int, net: nn.Network) -> str:
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 60))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 15)))
 def test_random_conv(seed, config_name):
     net, data, qnet = conv_case(seed)
     rng = np.random.default_rng([seed, CONFIGS.index(config_name)])
@@ -349,7 +350,7 @@ def random_cnn(seed: int):
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 8))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 8), fast=range(SEED, SEED + 2)))
 def test_random_cnn(seed, config_name):
     rng, net, data = random_cnn(seed)
     qnet = calibrate(net, data)
@@ -369,7 +370,7 @@ def random_mlp(seed: int):
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 10))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 10), fast=range(SEED, SEED + 3)))
 def test_random_mlp(seed, config_name):
     rng, net, data = random_mlp(seed)
     qnet = calibrate(net, data)
@@ -415,7 +416,7 @@ def random_conv_chain(seed: int):
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 24))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 24), fast=range(SEED, SEED + 5)))
 def test_random_conv_chain(seed, config_name):
     rng, net, data = random_conv_chain(seed)
     qnet = calibrate(net, data, None if seed % 4 else True)
@@ -485,7 +486,7 @@ ODD_CONFIGS = {
 
 
 @pytest.mark.parametrize("config_name", ODD_CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 4))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 4), fast=[SEED]))
 def test_odd_configurations(seed, config_name):
     """Non-square arrays with rows > cols and rows < cols, and a configuration at every
     minimum, on the CNN shape, an MLP and a chain of convolutions."""
@@ -534,7 +535,7 @@ ROUNDING_ORDERS = [(Rounding.DOUBLE, Rounding.HALF_EVEN), (Rounding.HALF_EVEN, R
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", range(SEED, SEED + 4))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 4), fast=range(SEED, SEED + 2)))
 def test_per_column_shifts_and_rounding_modes(seed, config_name):
     """CNNs whose stages requantise with a shift per output column and DOUBLE or HALF_EVEN
     rounding, compiled and run on the ISA simulator, equal quant.reference_forward (the

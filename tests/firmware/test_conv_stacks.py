@@ -36,7 +36,7 @@ from sim.models import golden
 
 SEED = 38_000
 #: Seeds of the default run (the cheapest of the first ones, see fast_seeds) and of the slow run.
-FAST = 40
+FAST = 10
 SLOW = 240
 #: Most array rows (array_rows) a stack of the default run may stream.
 FAST_ROWS = 12_000

@@ -61,7 +61,7 @@ DENSE_CASES = [
     ("tiny", 1, 5, (), 3, 3),
     ("tiny", 2, 1, (3,), 1, 2),
     ("small", 3, 37, (6,), 5, 7),
-    ("wide", 4, 13, (11,), 9, 5),
+    pytest.param("wide", 4, 13, (11,), 9, 5, marks=pytest.mark.slow),     # 26 s
     ("wide", 5, 70, (), 1, 3),
 ]
 
@@ -129,6 +129,7 @@ def verilated_default():
     dev.close()
 
 
+@pytest.mark.slow          # the 8x8 core on Verilator: a minute's build, then 360 images
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_demo_networks_near_their_shape_bound(verilated_default, name):
     """All 360 test images of a demo network on the 8x8 default core in one program: the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiers import tiered
 
 from firmware import nn
 from firmware.compiler import compile_network
@@ -142,7 +143,11 @@ def _cases() -> list[tuple[int, str]]:
     return [(SEED + i, name) for i, name in enumerate(list(CONFIGS) * 6)]
 
 
-@pytest.mark.parametrize("seed, config_name", _cases(),
+#: make test: the first two cases of each configuration.
+FAST_CASES = _cases()[:2 * len(CONFIGS)]
+
+
+@pytest.mark.parametrize("seed, config_name", tiered(_cases(), fast=FAST_CASES),
                          ids=[f"{name}-seed{seed}" for seed, name in _cases()])
 def test_random_conv_dense(seed, config_name):
     config = CONFIGS[config_name]
@@ -243,9 +248,9 @@ def test_digits_cnn_packed_on_the_rtl(rtl_device):
     assert np.array_equal(result.outputs, reference_forward(qnet, x_q))
 
 
-#: Two positions a row with stride 2, and with a 1x1 kernel, on the default core (CI); four
-#: with pooling on the 16x16 and two with pooling on the 9x6 (make test-all).
-RTL_CASES = [(SEED + 0, "default"), (SEED + 9, "default"),
+#: Two positions a row with stride 2 on the default core (make test); with a 1x1 kernel on
+#: it, four with pooling on the 16x16 and two with pooling on the 9x6 (make regression).
+RTL_CASES = [(SEED + 0, "default"), pytest.param(SEED + 9, "default", marks=pytest.mark.slow),
              pytest.param(SEED + 7, "large", marks=pytest.mark.slow),
              pytest.param(SEED + 5, "9x6", marks=pytest.mark.slow)]
 

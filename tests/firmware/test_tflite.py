@@ -135,6 +135,7 @@ def test_isa_simulator_equals_litert(name):
             np.testing.assert_array_equal(result.tensors[op.outputs[0]], ref)
 
 
+@pytest.mark.slow          # 20 s; make test runs the other two models
 def test_person_detect_isa_equals_reference():
     graph = load_model(model_path("person_detect"))
     x = random_inputs(graph, 1, seed=40)

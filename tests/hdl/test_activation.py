@@ -9,6 +9,7 @@ import pytest
 from amaranth.hdl import Module, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
+from tiers import tiered
 
 from hdl.datapath.activation import ActivationUnit
 from hdl.datapath.activation_serial import SerialActivationUnit
@@ -37,7 +38,7 @@ def test_groups_cover_testbench():
 
 
 @pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("size", COLS)
+@pytest.mark.parametrize("size", tiered(COLS, fast=["c4"]))
 def test_activation(size: str, group: str):
     cols = COLS[size]
     run("activation", lambda: ActivationUnit(cols=cols, acc_width=32), size,
@@ -45,7 +46,7 @@ def test_activation(size: str, group: str):
         extra_env={"AMTPU_ACT": json.dumps({"cols": cols})})
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", tiered(GROUPS, fast=["directed"]))
 def test_activation_ecp5(group: str):
     """The partial products on instantiated MULT18X18D blocks (their simulation model), as
     the ULX3S build has them: the same results and timing."""

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from hdl.config import TPUConfig
 from hdl.core import Core
@@ -40,16 +41,20 @@ def run_core(config_key: str, testcase: str, **env):
 
 
 # (configuration, first block, blocks): block b runs seeds 1000 + 25 b .. 1000 + 25 b + 24,
-# so every block has seeds of its own.
-# (One wide block in CI: 34 s to 48 s each.)
+# so every block has seeds of its own. _FAST: the first blocks, whose programs'
+# coverage test_random_volume.test_stall_bench_programs checks; make test runs those of
+# FAST_TIER_BLOCKS (one per pipeline), make regression the others (a wide block is 34 s to
+# 48 s) and _SLOW's.
 _FAST = (("tiny", 0, 2), ("small", 4, 1), ("wide", 6, 1), ("tiny-compact", 8, 1),
          ("tiny-fast", 27, 1), ("tiny-ulx3s", 29, 1), ("tiny-ecp5", 31, 1))
+FAST_TIER_BLOCKS = (("tiny", 0), ("tiny-compact", 8), ("tiny-fast", 27))
 _SLOW = (("tiny", 2, 2), ("small", 5, 1), ("wide", 7, 1), ("tiny-compact", 9, 1),
          ("tiny", 10, 8),
          ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2), ("large", 26, 1),
          ("tiny-fast", 28, 1), ("tiny-ulx3s", 30, 1))
 RANDOM_BLOCKS = (
-    [pytest.param(key, b, id=f"{key}-{b}")
+    [pytest.param(key, b, id=f"{key}-{b}",
+                  marks=() if (key, b) in FAST_TIER_BLOCKS else pytest.mark.slow)
      for key, first, blocks in _FAST for b in range(first, first + blocks)] +
     [pytest.param(key, b, id=f"{key}-{b}", marks=pytest.mark.slow)
      for key, first, blocks in _SLOW for b in range(first, first + blocks)]
@@ -62,19 +67,22 @@ def test_random_programs(config_key: str, block: int):
              AMTPU_SEED=1000 + block * PROGRAMS_PER_BLOCK)
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "wide", "default", "tiny-compact",
-                                        "tiny-fast", "tiny-ulx3s", "tiny-ecp5"])
+@pytest.mark.parametrize("config_key", tiered(
+    ["tiny", "small", "wide", "default", "tiny-compact", "tiny-fast", "tiny-ulx3s", "tiny-ecp5"],
+    fast=["tiny", "tiny-compact", "tiny-fast", "tiny-ulx3s"]))
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "small", "tiny-compact", "tiny-fast",
-                                        "tiny-ulx3s"])
+@pytest.mark.parametrize("config_key", tiered(
+    ["tiny", "small", "tiny-compact", "tiny-fast", "tiny-ulx3s"],
+    fast=["tiny", "tiny-compact", "tiny-fast"]))
 def test_errors(config_key: str):
     run_core(config_key, ["test_error", "test_error_priority"])
 
 
-@pytest.mark.parametrize("config_key", ["tiny", "wide", "tiny-compact", "tiny-ulx3s"])
+@pytest.mark.parametrize("config_key", tiered(["tiny", "wide", "tiny-compact", "tiny-ulx3s"],
+                                              fast=["tiny", "tiny-ulx3s"]))
 def test_status_clear_and_reset(config_key: str):
     """D1 (halted cleared by an error), D4 (i_clear without an error), D2 (reset clears the
     memories)."""
@@ -96,7 +104,8 @@ def test_gemm_64x64_default():
     run_core("default", "test_gemm", AMTPU_GEMM_SIZE=64)
 
 
-@pytest.mark.parametrize("config_key, size", [("tiny", 3), ("wide", 13)])
+@pytest.mark.parametrize("config_key, size", tiered([("tiny", 3), ("wide", 13)],
+                                                   fast=[("tiny", 3)]))
 def test_gemm_ragged(config_key: str, size: int):
     """Sizes that are not multiples of the array (tiny holds only 8 weight tiles)."""
     run_core(config_key, "test_gemm", AMTPU_GEMM_SIZE=size)

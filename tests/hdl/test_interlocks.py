@@ -109,8 +109,10 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
 assert {rule for rule, _, _ in SCENARIOS} == set(HAZARD_RULES)
 
 
-def _scenario_params(configs: tuple[str, ...]):
-    return [pytest.param(config, i, id=f"{config}-{rule}" + (f"-{variant}" if variant else ""))
+def _scenario_params(configs: tuple[str, ...], slow: tuple[str, ...] = ()):
+    """Every scenario on each configuration; those on *slow* in ``make regression``."""
+    return [pytest.param(config, i, id=f"{config}-{rule}" + (f"-{variant}" if variant else ""),
+                         marks=pytest.mark.slow if config in slow else ())
             for config in configs for i, (rule, variant, _) in enumerate(SCENARIOS)]
 
 
@@ -131,7 +133,8 @@ def _run_scenario(pair: Pair, index: int, hit: bool) -> tuple[dict[str, int], st
     return stalls, what
 
 
-@pytest.mark.parametrize("config_key, index", _scenario_params(("tiny", "wide")))
+@pytest.mark.parametrize("config_key, index", _scenario_params(("tiny", "wide"),
+                                                             slow=("wide",)))
 def test_rule_holds(pair, config_key: str, index: int):
     """The rule, and only it, stalls the core; the results equal the ISA simulator's."""
     stalls, what = _run_scenario(pair(config_key), index, hit=True)

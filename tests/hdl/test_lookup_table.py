@@ -62,7 +62,8 @@ def _every_value(p: Program, cfg, ub: int) -> int:
     return count
 
 
-@pytest.mark.parametrize("config_key", slow_variants(CONFIGS))
+@pytest.mark.parametrize("config_key", slow_variants(CONFIGS, ("tiny-fast", "tiny-serial",
+                                                               "2x3")))
 def test_every_entry(pair, config_key: str):
     """Every entry looked up, through pooling and saturation too; a second LOAD_TABLE
     replaces every entry of the first; after a reset the table holds zeros."""

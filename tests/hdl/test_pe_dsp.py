@@ -337,7 +337,8 @@ def test_array_random_and_stalls(sim: str):
 CORE_CONFIG = get_config("tiny").replace(multiplier="ecp5", pipeline="fast")
 
 
-@pytest.mark.parametrize("sim", ["icarus", pytest.param("verilator", marks=pytest.mark.slow)])
+@pytest.mark.slow          # 19 s; make test runs the tiny ULX3S core (test_core.py)
+@pytest.mark.parametrize("sim", ["icarus", "verilator"])
 def test_core_random_programs(sim: str):
     """A block of random programs from a reset on the whole core, every output beat
     compared with the ISA simulator's."""

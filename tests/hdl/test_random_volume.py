@@ -10,17 +10,20 @@ the RTL's coverage counters, which hazard rules stalled the core and which engin
 each test prints its table and fails if a point the generator promises for its configuration
 was never hit. The tables also appear at the end of the pytest run.
 
-CI (``make test``) runs :data:`FAST` (275 programs on eight configurations: three presets,
-one of them non-square, one so small that the ends of every memory come up in most programs,
-the iCEBreaker's, an int8-only one on paired SB_MAC16 products, the ULX3S's build for Fmax
-on a non-square array with rows not a power of two, and MULT18X18D and LUT products in one
-array; one block of 25 where a program costs most, two on the cheap ones, and every
-promised coverage point hit in each); ``make test-all`` adds :data:`SLOW` (12,950 more, the
-seeds after CI's, and five more configurations: one-row tiles, a tall array, the default
-8x8 core, the ULX3S's build for Fmax on ``wide`` and the 12x12 ULX3S build). The simulator
-is Verilator: one build per configuration (15-20 s, most of a small block's time), then 8 to
-25 times Icarus's speed on these programs;
-``AMTPU_VOLUME_SIM=icarus`` overrides it.
+``make test`` runs the first block of :data:`FAST_TIER`'s configuration: the ULX3S's build for
+Fmax (the fast pipeline, the MULT18X18D model) on a 3x5 array whose rows are not a power of
+two and whose memories are so small that the ends of every memory come up in most programs,
+25 programs with every promised coverage point hit (the per-cycle bench, ``test_core.py``,
+runs random programs on every pipeline on Icarus). ``make regression`` runs the other first
+blocks of :data:`FIRST` (250 programs on eight configurations: three presets, one of them
+non-square, the same small memories on the reference and compact pipelines, the
+iCEBreaker's, an int8-only one on paired SB_MAC16 products, and MULT18X18D and LUT products
+in one array) and :data:`SLOW` (12,950 more, the seeds after the first blocks', and five more
+configurations: one-row tiles, a tall array, the default 8x8 core, the ULX3S's build for Fmax
+on ``wide`` and the 12x12 ULX3S build). The simulator is Verilator: one build per
+configuration (15-40 s, most of a small block's time, which is why ``make test`` builds one),
+then 8 to 25 times Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides
+it.
 
 :func:`test_stall_bench_programs` measures the programs ``tb_core.py`` runs with random
 valid/ready stalls (shorter transfers; the bridge here never stalls the host stream).
@@ -110,14 +113,19 @@ SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000
              "int8": 900_000, "wide-fast": 1_000_000, "mixed": 1_100_000,
              "ulx3s-12x12": 1_300_000, "edge-fast": 1_400_000, "edge-compact": 1_500_000,
              "edge-ecp5": 1_600_000}
-FAST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
-        "mixed": 25, "edge-fast": 25, "edge-compact": 25}
+#: The first block of each configuration's programs (``make test`` runs :data:`FAST_TIER`'s,
+#: ``make regression`` the others).
+FIRST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
+         "mixed": 25, "edge-fast": 25, "edge-compact": 25}
+FAST_TIER = ("edge-fast",)
 SLOW = {"tiny": 1750, "small": 1450, "wide": 1475, "edge": 1750, "thin": 1000, "tall": 1000,
         "default": 500, "icebreaker": 975, "int8": 975, "wide-fast": 1000, "mixed": 975,
         "ulx3s-12x12": 50, "edge-fast": 975, "edge-compact": 975, "edge-ecp5": 500}
 
-RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}") for key, n in FAST.items()] +
-        [pytest.param(key, SEED_BASE[key] + FAST.get(key, 0), n, id=f"{key}-more-{n}",
+RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}",
+                      marks=() if key in FAST_TIER else pytest.mark.slow)
+         for key, n in FIRST.items()] +
+        [pytest.param(key, SEED_BASE[key] + FIRST.get(key, 0), n, id=f"{key}-more-{n}",
                       marks=pytest.mark.slow) for key, n in SLOW.items()])
 
 SIMULATOR = os.environ.get("AMTPU_VOLUME_SIM", "verilator")

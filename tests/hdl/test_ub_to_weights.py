@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rtl_pair import Pair, describe
+from tiers import tiered
 
 from firmware.asm import Program
 from hdl.isa import ErrorCode, Opcode
@@ -40,7 +41,7 @@ def _matmul_back(p: Program, tile: int, ub_in: int, rows: int, acc: int) -> None
     p.matmul(ub_in, acc, rows, switch=True)
 
 
-@pytest.mark.parametrize("config_key", list(CONFIGS))
+@pytest.mark.parametrize("config_key", tiered(CONFIGS, fast=["tiny"]))
 def test_forms_and_extremes(pair, config_key: str):
     """Plain and transposed moves, full and partial, from the first and the last buffer rows
     into the first and the last tile, of rows holding -128 and 127 (products near the
