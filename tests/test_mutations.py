@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The runner (tests/mutations/run.py, a script) as a module of its own name.
 _spec = importlib.util.spec_from_file_location("mutations_run",
                                               ROOT / "tests" / "mutations" / "run.py")
-mutations = importlib.util.module_from_spec(_spec)
+mutations = sys.modules["mutations_run"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mutations)
 
 PATCHES = mutations.patches()
