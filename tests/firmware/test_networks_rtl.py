@@ -62,7 +62,7 @@ DENSE_CASES = [
     ("tiny", 2, 1, (3,), 1, 2),
     ("small", 3, 37, (6,), 5, 7),
     pytest.param("wide", 4, 13, (11,), 9, 5, marks=pytest.mark.slow),     # 26 s
-    ("wide", 5, 70, (), 1, 3),
+    pytest.param("wide", 5, 70, (), 1, 3, marks=pytest.mark.slow),
 ]
 
 
@@ -78,8 +78,9 @@ def test_random_dense(device, config_key, seed, k, hidden, n, images):
 # (configuration, seed, input HWC, conv kernels [(k, out channels, padding)], pool, dense N)
 CONV_CASES = [
     ("small", 11, (5, 4, 2), [(3, 3, "same")], True, 0),
-    ("wide", 12, (6, 5, 3), [(3, 5, "valid")], False, 4),
-    ("wide", 13, (5, 5, 1), [(3, 4, "same"), (3, 3, "same")], False, 2),
+    pytest.param("wide", 12, (6, 5, 3), [(3, 5, "valid")], False, 4, marks=pytest.mark.slow),
+    pytest.param("wide", 13, (5, 5, 1), [(3, 4, "same"), (3, 3, "same")], False, 2,
+                 marks=pytest.mark.slow),
     ("small", 14, (6, 6, 2), [(1, 5, "valid"), (3, 2, "valid")], False, 0),
 ]
 

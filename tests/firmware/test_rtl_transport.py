@@ -65,8 +65,9 @@ def _run_both(rtl, ref, beats: Sequence[int], count: int, what: str) -> list[int
     return got
 
 
-@pytest.mark.parametrize("config_key, m, k, n", [("tiny", 5, 4, 3), ("small", 9, 12, 10),
-                                                 ("wide", 7, 9, 17)])
+@pytest.mark.parametrize("config_key, m, k, n", [
+    ("tiny", 5, 4, 3), ("small", 9, 12, 10),
+    pytest.param("wide", 7, 9, 17, marks=pytest.mark.slow)])
 def test_gemm_equals_isa(device, config_key: str, m: int, k: int, n: int):
     """A measured GEMM: every beat equals the ISA simulator's, the result numpy's, and the
     hardware's counters are there."""

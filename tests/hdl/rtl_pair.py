@@ -33,7 +33,13 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 
-__all__ = ["Pair", "describe", "slow_variants", "unit_variants"]
+__all__ = ["BARE", "Pair", "describe", "slow_variants", "unit_variants"]
+
+#: The tiny core built without the optional instructions and functions (UB_TO_WEIGHTS, the
+#: programmable table, the row scale), as the boards build it: one build for every test of
+#: what a core without them refuses.
+BARE = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
+                 ub_to_weights=False, lookup_table=False, row_scale=False)
 
 
 def unit_variants(base: TPUConfig) -> dict[str, TPUConfig]:
@@ -47,9 +53,9 @@ def unit_variants(base: TPUConfig) -> dict[str, TPUConfig]:
 
 def slow_variants(keys, slow=("tiny-fast", "tiny-serial")) -> list:
     """Configuration keys as test parameters, those in *slow* marked slow (``make
-    test-all``): the fast pipeline's and the serial unit's variants of a directed bench,
-    which the random programs cover in CI (tiny-fast, tiny-ulx3s) and each of which is a
-    build and a long run of its own."""
+    regression``): by default the fast pipeline's and the serial unit's variants of a
+    directed bench, which the random programs cover in ``make test`` (tiny-fast, edge-fast)
+    and each of which is a build and a long run of its own."""
     return [pytest.param(k, marks=pytest.mark.slow) if k in slow else k for k in keys]
 
 

@@ -56,7 +56,7 @@ def test_program():
 
 #: The error cases make test runs at the pins (make regression runs them all; the link's
 #: every rule is checked in amaranth.sim by test_host_link.py).
-FAST_ERROR_CASES = ["test_bad_crc", "test_instruction_error_clear", "test_noise_then_status"]
+FAST_ERROR_CASES = ["test_bad_crc", "test_noise_then_status"]
 
 
 @pytest.mark.parametrize("cases", [
@@ -70,14 +70,14 @@ def test_error_cases(cases):
     _run(cases)
 
 
-#: What CI runs with ``register_link``: the program and an instruction error (the reply and
-#: the resync through the registers); ``make test-all`` runs every case (the frame errors
-#: and the reset run in CI on the unregistered link, test_error_cases).
+#: What make test runs with ``register_link``: the program and an instruction error (the reply
+#: and the resync through the registers); ``make regression`` runs every case (make test
+#: runs a few frame errors on the unregistered link, test_error_cases).
 REGISTERED_FAST = ["test_program", "test_instruction_error_resync"]
 
 
 @pytest.mark.parametrize("cases", [
-    pytest.param(REGISTERED_FAST, id="fast"),
+    pytest.param(REGISTERED_FAST, id="fast", marks=pytest.mark.slow),
     pytest.param(["test_program", *ERROR_CASES], id="all", marks=pytest.mark.slow)])
 def test_registered_beats(cases):
     """As the ULX3S builds it (the fast pipeline): the core's beats and reset through

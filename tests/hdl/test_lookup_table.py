@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, slow_variants, unit_variants
+from rtl_pair import BARE, Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import ErrorCode, Func, Pool
@@ -137,7 +137,7 @@ def test_refused_where_not_built(pair):
     """A core built without the table (the boards' choice for now) reports UNKNOWN_OPCODE
     for LOAD_TABLE (its data beats are then discarded with the rest) and BAD_FIELD for the
     function TABLE."""
-    without = pair(get_config("tiny").replace(lookup_table=False))
+    without = pair(BARE)
     without.stop_on(lambda p: p.load_table(np.arange(256)), ErrorCode.UNKNOWN_OPCODE,
              f"seed {SEED}, LOAD_TABLE on a core without it", seed=SEED)
     without.reset()

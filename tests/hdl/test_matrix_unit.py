@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from hdl.datapath.matrix_unit import MatrixUnit
 from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
-CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
+CONFIGS = [*tiered(["tiny", "small", "wide", "default"], fast=["tiny", "wide"]),
+           pytest.param("large", marks=pytest.mark.slow)]
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {
     "random": ["test_random", "test_random_mixed", "test_extremes"],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe, slow_variants, unit_variants
+from rtl_pair import BARE, Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import RECIPROCAL_SCALE, ErrorCode, Func, Pool, Rounding
@@ -113,7 +113,7 @@ def test_divisors_of_every_kind(pair, config_key: str):
 def test_refused_where_not_built(pair):
     """NORMALISE on a core without the row scale (the boards' choice for now), and
     function 7 on one with it: BAD_FIELD."""
-    without = pair(get_config("tiny").replace(row_scale=False))
+    without = pair(BARE)
     without.stop_on(lambda p: p.activate(0, 8, 4, func=Func.NORMALISE), ErrorCode.BAD_FIELD,
              f"seed {SEED}, NORMALISE on a core without it", seed=SEED)
     pair("tiny").stop_on(lambda p: p.activate(0, 8, 4, func=7), ErrorCode.BAD_FIELD,

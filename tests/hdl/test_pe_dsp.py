@@ -12,7 +12,7 @@ Each Verilator build costs 10-30 s of C++ compilation: CI runs the model alone, 
 (the enable every cycle), the array (back-pressure: the core's accumulators never stall its
 array) and the core (every instance in place) on Icarus, and ``test_random_volume.py``'s
 ``mixed`` and ``edge-fast`` cores (every PE on the model) on Verilator;
-``make test-all`` (``slow``) adds the model, the PE, the array and the core on Verilator.
+``make regression`` (``slow``) adds the model, the PE, the array and the core on Verilator.
 """
 
 from __future__ import annotations

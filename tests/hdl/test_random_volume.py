@@ -10,19 +10,18 @@ the RTL's coverage counters, which hazard rules stalled the core and which engin
 each test prints its table and fails if a point the generator promises for its configuration
 was never hit. The tables also appear at the end of the pytest run.
 
-``make test`` runs the first block of :data:`FAST_TIER`'s configuration: the ULX3S's build for
-Fmax (the fast pipeline, the MULT18X18D model) on a 3x5 array whose rows are not a power of
-two and whose memories are so small that the ends of every memory come up in most programs,
-25 programs with every promised coverage point hit (the per-cycle bench, ``test_core.py``,
-runs random programs on every pipeline on Icarus). ``make regression`` runs the other first
-blocks of :data:`FIRST` (250 programs on eight configurations: three presets, one of them
-non-square, the same small memories on the reference and compact pipelines, the
-iCEBreaker's, an int8-only one on paired SB_MAC16 products, and MULT18X18D and LUT products
-in one array) and :data:`SLOW` (12,950 more, the seeds after the first blocks', and five more
-configurations: one-row tiles, a tall array, the default 8x8 core, the ULX3S's build for Fmax
-on ``wide`` and the 12x12 ULX3S build). The simulator is Verilator: one build per
-configuration (15-40 s, most of a small block's time, which is why ``make test`` builds one),
-then 8 to 25 times Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides
+``make regression`` runs them all: a Verilator build of each configuration is 15 to 40 s,
+which ``make test`` cannot pay (it runs the per-cycle bench's random programs on every
+pipeline on Icarus, ``test_core.py``, and the directed programs on the 3x5 fast core). The
+first blocks of :data:`FIRST` (275 programs on nine configurations: three presets, one of
+them non-square, the ULX3S's build for Fmax on a 3x5 array whose rows are not a power of two,
+with memories so small that the ends of every memory come up in most programs, the same on
+the reference and compact pipelines, the iCEBreaker's, an int8-only one on paired SB_MAC16
+products, and MULT18X18D and LUT products in one array) and :data:`SLOW` (12,950 more, the
+seeds after the first blocks', and five more configurations: one-row tiles, a tall array,
+the default 8x8 core, the ULX3S's build for Fmax on ``wide`` and the 12x12 ULX3S build). The
+simulator is Verilator: one build per configuration, then 8 to 25 times Icarus's speed on
+these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides
 it.
 
 :func:`test_stall_bench_programs` measures the programs ``tb_core.py`` runs with random
@@ -70,7 +69,7 @@ CONFIGS: dict[str, TPUConfig] = {
     # Odd array, the smallest memories allowed, three tiles (the queue holds them all), two
     # parameter slots: the first and last row of every memory in most programs.
     "edge": _EDGE,
-    # test-all only: one-row tiles, a one-tile weight FIFO, one parameter slot; a tall array.
+    # make regression only: one-row tiles, a one-tile weight FIFO, one parameter slot; a tall array.
     "thin": TPUConfig(rows=1, cols=3, ub_depth=16, acc_depth=32, weight_mem_tiles=2,
                       weight_fifo_depth=1, param_slots=1),
     "tall": TPUConfig(rows=8, cols=2, ub_depth=32, acc_depth=16, weight_mem_tiles=7,
@@ -97,9 +96,9 @@ CONFIGS: dict[str, TPUConfig] = {
     "edge-fast": _EDGE.replace(pipeline="fast", multiplier="ecp5"),
     # The compact pipeline (the iCEBreaker preset's) on the odd edge core, any operands.
     "edge-compact": _EDGE.replace(pipeline="compact"),
-    # test-all only: the reference pipeline on MULT18X18D (the model).
+    # make regression only: the reference pipeline on MULT18X18D (the model).
     "edge-ecp5": _EDGE.replace(multiplier="ecp5"),
-    # test-all only: the largest ULX3S build that meets timing (README), 12x12 with the last
+    # make regression only: the largest ULX3S build that meets timing (README), 12x12 with the last
     # 44 products in LUTs (about 9 minutes for 50 programs).
     "ulx3s-12x12": get_config("ulx3s").replace(rows=12, cols=12, lut_multipliers=44,
                                                 activation_unit="serial", host_width=None),
@@ -107,17 +106,17 @@ CONFIGS: dict[str, TPUConfig] = {
 
 #: Programs from one reset to the next.
 BLOCK = 25
-#: First seed of each configuration's programs; CI runs the first ones, test-all the next.
+#: First seed of each configuration's programs; the first blocks, then the next ones.
 SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000,
              "default": 500_000, "thin": 600_000, "tall": 700_000, "icebreaker": 800_000,
              "int8": 900_000, "wide-fast": 1_000_000, "mixed": 1_100_000,
              "ulx3s-12x12": 1_300_000, "edge-fast": 1_400_000, "edge-compact": 1_500_000,
              "edge-ecp5": 1_600_000}
-#: The first block of each configuration's programs (``make test`` runs :data:`FAST_TIER`'s,
-#: ``make regression`` the others).
+#: The first block of each configuration's programs (``make test`` would run those of
+#: :data:`FAST_TIER`, ``make regression`` runs the others).
 FIRST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
          "mixed": 25, "edge-fast": 25, "edge-compact": 25}
-FAST_TIER = ("edge-fast",)
+FAST_TIER: tuple[str, ...] = ()
 SLOW = {"tiny": 1750, "small": 1450, "wide": 1475, "edge": 1750, "thin": 1000, "tall": 1000,
         "default": 500, "icebreaker": 975, "int8": 975, "wide-fast": 1000, "mixed": 975,
         "ulx3s-12x12": 50, "edge-fast": 975, "edge-compact": 975, "edge-ecp5": 500}

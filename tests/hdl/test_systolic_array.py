@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from hdl.datapath.systolic_array import SystolicArray
 from hdl.presets import get_config
@@ -13,7 +14,8 @@ from sim.rtl.gtkw import fst_signals, gtkw_traces
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
-CONFIGS = ["tiny", "small", "wide", "default", pytest.param("large", marks=pytest.mark.slow)]
+CONFIGS = [*tiered(["tiny", "small", "wide", "default"], fast=["tiny", "wide"]),
+           pytest.param("large", marks=pytest.mark.slow)]
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {
     "random": ["test_random", "test_random_mixed", "test_extremes"],

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import Pair, describe
+from rtl_pair import BARE, Pair, describe
 from tiers import tiered
 
 from firmware.asm import Program
@@ -73,7 +73,7 @@ def test_forms_and_extremes(pair, config_key: str):
     pair.check_state(what)
 
 
-@pytest.mark.parametrize("config_key", list(CONFIGS))
+@pytest.mark.parametrize("config_key", tiered(CONFIGS, fast=["tiny"]))
 def test_attention_scores_on_chip(pair, config_key: str):
     """Q @ K.T with K moved on chip (transposed) and S @ V with V moved as it is: the
     accumulators equal numpy's product of the int8 matrices, and the ISA simulator's."""
@@ -106,7 +106,7 @@ def test_attention_scores_on_chip(pair, config_key: str):
     pair.check_state(what)
 
 
-@pytest.mark.parametrize("config_key", list(CONFIGS))
+@pytest.mark.parametrize("config_key", tiered(CONFIGS, fast=["tiny"]))
 def test_next_instruction_waits(pair, config_key: str):
     """The instruction right behind a UB_TO_WEIGHTS sees it done: a READ_WEIGHTS of the
     tile it writes reads the new rows (read after write through the weight memory), and a
@@ -185,7 +185,7 @@ def test_bad_fields(pair, case: str):
 def test_refused_where_not_built(pair):
     """A core built without it (the iCEBreaker's choice) reports UNKNOWN_OPCODE; an
     int8-only core refuses uint8 (SIGNEDNESS)."""
-    without = get_config("tiny").replace(ub_to_weights=False)
+    without = BARE
     pair(without).stop_on(lambda p: p.ub_to_weights(0, 0, 1), ErrorCode.UNKNOWN_OPCODE,
              f"seed {SEED}, {Opcode.UB_TO_WEIGHTS.name} on a core without it",
                  seed=SEED, after=_move_after)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from hdl.datapath.weight_fifo import WeightFIFO
 from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
-CONFIGS = ["tiny", "small", "wide", "default"]
+CONFIGS = tiered(["tiny", "small", "wide", "default"], fast=["tiny", "wide"])
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {
     "order": ["test_order"],
