@@ -35,7 +35,9 @@ from hdl.presets import get_config
 from sim.models import golden
 
 SEED = 38_000
-#: Seeds of the default run (the cheapest of the first ones, see fast_seeds) and of the slow run.
+#: Seeds make test picks from (the first ones), of which it runs FAST and those that bring
+#: what the brief asks for (see fast_seeds); make regression runs the others and SLOW more.
+CANDIDATES = 40
 FAST = 10
 SLOW = 240
 #: Most array rows (array_rows) a stack of the default run may stream.
@@ -229,15 +231,37 @@ def array_rows(seed: int) -> int:
     return rows * len(x_q)
 
 
+def _brief(seed: int) -> set:
+    """What a stack brings of what test_stacks_cover_the_brief asks for."""
+    stack, qnet, _ = quantised(seed)
+    convs = [layer for layer in stack.net.layers if isinstance(layer, nn.Conv2D)]
+    out = {("convs", len(convs)), ("config", config_of(seed)), ("signed", qnet.input_q.signed)}
+    for layer in convs:
+        k = layer.kernel.shape[0]
+        out |= {("kernel", k), ("stride", layer.stride), ("padding", layer.padding)}
+        if k == 3:
+            out.add(("3x3", layer.stride, layer.padding))
+    if any(st.pool and i > 0 for i, st in enumerate(qnet.stages)):
+        out.add(("pool after the first stage",))
+    if qnet.stages[-1].kind == "dense":
+        out.add(("dense head",))
+    return out
+
+
 @functools.cache
 def fast_seeds() -> list[int]:
-    """The first ``FAST`` seeds whose stack streams at most ``FAST_ROWS`` array rows (the
-    others, large inputs with many channels on the small arrays, run in the slow run)."""
-    seeds, seed = [], SEED
-    while len(seeds) < FAST:
-        if array_rows(seed) <= FAST_ROWS:
+    """Among the first ``CANDIDATES`` seeds whose stack streams at most ``FAST_ROWS`` array
+    rows (the others, large inputs with many channels on the small arrays, run in make
+    regression): the first ``FAST``, then each later one that brings something of the brief
+    the ones before it lack."""
+    light = [seed for seed in range(SEED, SEED + 4 * CANDIDATES)
+             if array_rows(seed) <= FAST_ROWS][:CANDIDATES]
+    seeds = light[:FAST]
+    seen = set().union(*map(_brief, seeds))
+    for seed in light[FAST:]:
+        if not _brief(seed) <= seen:
             seeds.append(seed)
-        seed += 1
+            seen |= _brief(seed)
     return seeds
 
 
@@ -247,7 +271,7 @@ def test_random_stack(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [seed for seed in range(SEED, SEED + FAST + SLOW)
+@pytest.mark.parametrize("seed", [seed for seed in range(SEED, SEED + CANDIDATES + SLOW)
                                   if seed not in fast_seeds()])
 def test_random_stack_more(seed):
     check_stack(seed, config_of(seed))

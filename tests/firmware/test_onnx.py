@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 import pytest
+from tiers import tiered
 
 onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (make setup)")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (make setup)")
@@ -937,7 +938,7 @@ def test_amtpu_run_check_names_onnxruntimes_saturation(tmp_path, capsys, monkeyp
 RTL_MODELS = ["cnn_gap", "residual", "mlp_uint8_weights"]
 
 
-@pytest.mark.parametrize("which", RTL_MODELS)
+@pytest.mark.parametrize("which", tiered(RTL_MODELS, fast=["cnn_gap"]))
 def test_qdq_model_on_the_rtl_core(tmp_path, rtl_device, which):
     """QDQ models on the RTL core (``SIM``): per-channel shifts and half-even rounding in the
     activation unit, core and host segments; every output element equal to the integer

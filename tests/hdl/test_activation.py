@@ -37,8 +37,8 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_activation.py"))
 
 
-@pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("size", tiered(COLS, fast=["c4"]))
+@pytest.mark.parametrize("size, group", tiered(
+    [(size, group) for size in COLS for group in GROUPS], fast=[("c4", "directed")]))
 def test_activation(size: str, group: str):
     cols = COLS[size]
     run("activation", lambda: ActivationUnit(cols=cols, acc_width=32), size,

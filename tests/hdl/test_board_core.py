@@ -54,13 +54,13 @@ def test_program():
     _run("test_program")
 
 
-#: The error cases make test runs at the pins (make regression runs them all; the link's
-#: every rule is checked in amaranth.sim by test_host_link.py).
+#: A few error cases at the pins, and all of them (both in make regression: make test checks
+#: the link's every rule in amaranth.sim, test_host_link.py, and a program at the pins).
 FAST_ERROR_CASES = ["test_bad_crc", "test_noise_then_status"]
 
 
 @pytest.mark.parametrize("cases", [
-    pytest.param(FAST_ERROR_CASES, id="fast"),
+    pytest.param(FAST_ERROR_CASES, id="fast", marks=pytest.mark.slow),
     pytest.param(ERROR_CASES, id="all", marks=pytest.mark.slow)])
 def test_error_cases(cases):
     """Bad CRC, a truncated frame, garbage, oversize, instruction errors (CLEAR, RESYNC),

@@ -14,7 +14,7 @@ from sim.rtl.gtkw import fst_signals, gtkw_traces
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
-CONFIGS = [*tiered(["tiny", "small", "wide", "default"], fast=["tiny", "wide"]),
+CONFIGS = [*tiered(["tiny", "small", "wide", "default"], fast=["wide"]),
            pytest.param("large", marks=pytest.mark.slow)]
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {

@@ -13,7 +13,7 @@ from hdl.presets import get_config
 from sim.rtl.runner import cocotb_test_names, run
 
 HERE = Path(__file__).parent
-CONFIGS = tiered(["tiny", "small", "wide", "default"], fast=["tiny", "wide"])
+CONFIGS = tiered(["tiny", "small", "wide", "default"], fast=["wide"])
 # Tests sharing a simulation (each simulator start costs about 2 s).
 GROUPS = {
     "order": ["test_order"],
