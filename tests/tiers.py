@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable
 
 import pytest
 
-__all__ = ["tiered"]
+__all__ = ["grouped", "group_tests", "tiered"]
 
 
 def tiered(values: Iterable, fast: Collection) -> list:
@@ -26,3 +26,18 @@ def tiered(values: Iterable, fast: Collection) -> list:
     return [v if v in fast else
             pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
             for v in values]
+
+
+def grouped(groups: dict[str, list[str]]) -> list:
+    """A bench's test groups (each a list of its cocotb tests) as parameter values: ``"all"``,
+    every group in one simulator run (a start costs one to two seconds), in ``make test``;
+    each group alone, spread over the workers, in ``make regression``."""
+    if "all" in groups or len(groups) < 2:
+        raise ValueError(f"grouped: groups {list(groups)} need no merging, or name one 'all'")
+    return ["all", *(pytest.param(group, marks=pytest.mark.slow) for group in groups)]
+
+
+def group_tests(groups: dict[str, list[str]], group: str) -> list[str]:
+    """The cocotb tests of *group* (:func:`grouped`'s ``"all"``: every group's)."""
+    return [test for tests in groups.values() for test in tests] if group == "all" \
+        else groups[group]

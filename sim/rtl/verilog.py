@@ -1,9 +1,12 @@
 """Verilog generation for the cocotb testbenches, cached per design and configuration.
 
-:func:`generate` writes ``build/verilog/<name>-<config_key>/<name>.v`` and skips the work when
-nothing that could change the output has changed: the configuration key, the factory that
-builds the component, and the contents of every ``.py`` file under ``hdl/``, subpackages
-included. Several pytest-xdist workers may ask for the same design at once: a lock file lets
+:func:`generate` writes ``build/verilog/<name>-<config_key>/<digest>/<name>.v`` and skips the
+work when it is there: the digest covers everything that could change the output, the
+configuration key, the factory that builds the component, and the contents of every ``.py``
+file under ``hdl/``, subpackages included. Each digest has its folder, so two tests whose
+factories differ (a lambda each) but build one design, or a checkout and a mutated worktree,
+do not convert it again each time the other ran; the simulator build keys on the Verilog's
+text, so they share it too. Several pytest-xdist workers may ask for the same design at once: a lock file lets
 one convert while the others wait, and every file is written to a private temporary file and
 renamed into place, so a reader only ever sees a complete file.
 
@@ -109,10 +112,10 @@ def generate(name: str, factory: Callable[[], wiring.Component], config_key: str
     build_root : Path
         Root of the build tree (``build/``).
     """
-    out_dir = Path(build_root) / "verilog" / f"{name}-{config_key}"
+    digest = design_hash(config_key, factory)
+    out_dir = Path(build_root) / "verilog" / f"{name}-{config_key}" / digest[:16]
     out = out_dir / f"{name}.v"
     stamp = out_dir / f"{name}.stamp"
-    digest = design_hash(config_key, factory)
     if out.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
         return out
     # The lock only saves a second worker the same conversion; the renames alone keep

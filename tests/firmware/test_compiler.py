@@ -179,7 +179,7 @@ def dense_case(seed: int):
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 5)))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 3)))
 def test_random_dense(seed, config_name):
     net, data, qnet = dense_case(seed)
     rng = np.random.default_rng([seed, CONFIGS.index(config_name)])
@@ -238,7 +238,7 @@ def conv_label(seed: int, net: nn.Network) -> str:
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 8)))
+@pytest.mark.parametrize("seed", tiered(range(SEED, SEED + 60), fast=range(SEED, SEED + 5)))
 def test_random_conv(seed, config_name):
     net, data, qnet = conv_case(seed)
     rng = np.random.default_rng([seed, CONFIGS.index(config_name)])

@@ -117,6 +117,7 @@ def test_gemm_ragged(config_key: str, size: int):
     run_core(config_key, "test_gemm", AMTPU_GEMM_SIZE=size)
 
 
+@pytest.mark.slow          # make test checks the tour's .gtkw against its waveform
 def test_waves_gtkw():
     """WAVES=1 output: the core's .gtkw shows the instruction at the front end decoded into
     its fields, the opcode and the error code by name (GTKWave translate filters written from

@@ -40,10 +40,11 @@ WAIT_LIMIT = 20_000
 REGISTERED_CHECKS = [False]
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["checks", "registered-checks"])
+@pytest.fixture(autouse=True, params=[False, pytest.param(True, marks=pytest.mark.slow)],
+                ids=["checks", "registered-checks"])
 def checks(request):
     """Every test twice: the link's frame checks combinational, and registered (the ULX3S
-    build's; the host then leaves a cycle between bytes)."""
+    build's; the host then leaves a cycle between bytes; in make regression)."""
     REGISTERED_CHECKS[0] = request.param
     yield request.param
     REGISTERED_CHECKS[0] = False

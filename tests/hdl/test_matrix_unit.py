@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiers import tiered
+from tiers import group_tests, grouped, tiered
 
 from hdl.datapath.matrix_unit import MatrixUnit
 from hdl.presets import get_config
@@ -29,12 +29,12 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_matrix_unit.py"))
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 @pytest.mark.parametrize("config_key", CONFIGS)
 def test_matrix_unit(config_key: str, group: str):
     config = get_config(config_key)
     run("matrix_unit", lambda: MatrixUnit(config), config_key, "tb_matrix_unit", HERE,
-        GROUPS[group], label=group, gtkw_groups={"pe_0_0": PE_0_0})
+        group_tests(GROUPS, group), label=group, gtkw_groups={"pe_0_0": PE_0_0})
 
 
 @pytest.mark.parametrize("group", ["flow", "stalls"])
@@ -43,4 +43,4 @@ def test_matrix_unit_ecp5(group: str):
     the registered enable: ``i_weight.ready`` from a register)."""
     config = get_config("small").replace(multiplier="ecp5", pipeline="fast")
     run("matrix_unit", lambda: MatrixUnit(config), "small-ecp5", "tb_matrix_unit", HERE,
-        GROUPS[group], label=group, config=config, sim="icarus")
+        group_tests(GROUPS, group), label=group, config=config, sim="icarus")

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiers import tiered
+from tiers import group_tests, grouped, tiered
 
 from hdl.datapath.systolic_array import SystolicArray
 from hdl.presets import get_config
@@ -31,12 +31,12 @@ def test_groups_cover_testbench():
         sorted(cocotb_test_names(HERE / "tb_systolic_array.py"))
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 @pytest.mark.parametrize("config_key", CONFIGS)
 def test_systolic_array(config_key: str, group: str):
     config = get_config(config_key)
     run("systolic_array", lambda: SystolicArray(config), config_key, "tb_systolic_array", HERE,
-        GROUPS[group], label=group, gtkw_groups={"pe_0_0": PE_0_0})
+        group_tests(GROUPS, group), label=group, gtkw_groups={"pe_0_0": PE_0_0})
 
 
 def test_lut_multipliers():
@@ -47,14 +47,14 @@ def test_lut_multipliers():
         HERE, GROUPS["random"], label="random", config=config)
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 def test_ice40_dual_multipliers(group: str):
     """``multiplier="ice40"``: the products two to an ``SB_MAC16`` (the simulation model
     ``sim/rtl/vendor/SB_MAC16.v``), int8 operands only, under the same stimulus (extremes:
     -128 x -128 and 127 x 127 down every column), stalls and back-pressure."""
     config = get_config("small").replace(multiplier="ice40", operands="int8")
     run("systolic_array", lambda: SystolicArray(config), "small-ice40", "tb_systolic_array",
-        HERE, GROUPS[group], label=group, config=config, sim="icarus")
+        HERE, group_tests(GROUPS, group), label=group, config=config, sim="icarus")
 
 
 def test_ice40_odd_count():
@@ -64,7 +64,7 @@ def test_ice40_odd_count():
         HERE, GROUPS["random"], label="random", config=config, sim="icarus")
 
 
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 def test_registered_enable(group: str):
     """The fast pipeline on MULT18X18D on a non-square array: PEs four cycles longer
     (``array_latency`` = rows + cols + 6, checked to the cycle by test_back_to_back) and the
@@ -74,7 +74,7 @@ def test_registered_enable(group: str):
     config = get_config("wide").replace(multiplier="ecp5", pipeline="fast")
     assert config.array_latency == config.rows + config.cols + 6
     run("systolic_array", lambda: SystolicArray(config), "wide-ecp5", "tb_systolic_array",
-        HERE, GROUPS[group], label=group, config=config, sim="icarus")
+        HERE, group_tests(GROUPS, group), label=group, config=config, sim="icarus")
 
 
 def test_waves_gtkw():

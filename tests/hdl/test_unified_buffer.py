@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiers import group_tests, grouped
 
 from hdl.memory.unified_buffer import UnifiedBuffer
 from sim.rtl.runner import cocotb_test_names, run
@@ -30,7 +31,7 @@ PORTS = {"": False, "pipelined": True}
 
 
 @pytest.mark.parametrize("ports", PORTS)
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 @pytest.mark.parametrize("size", SIZES)
 def test_unified_buffer(size: str, group: str, ports: str):
     """Both kinds of read port: the registered asynchronous read whose same-cycle collisions
@@ -41,6 +42,6 @@ def test_unified_buffer(size: str, group: str, ports: str):
     run("unified_buffer", lambda: UnifiedBuffer(depth=depth, row_elems=row_elems,
                                                 pipelined=pipelined),
         size + (f"-{ports}" if ports else ""), "tb_unified_buffer", HERE,
-        GROUPS[group], label=group,
+        group_tests(GROUPS, group), label=group,
         extra_env={"AMTPU_UB": json.dumps({"depth": depth, "row_elems": row_elems,
                                            "pipelined": pipelined})})

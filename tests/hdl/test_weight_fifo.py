@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiers import tiered
+from tiers import group_tests, grouped, tiered
 
 from hdl.datapath.weight_fifo import WeightFIFO
 from hdl.presets import get_config
@@ -28,14 +28,14 @@ def test_groups_cover_testbench():
 
 
 @pytest.mark.parametrize("registered", [False, True], ids=["plain", "registered"])
-@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("group", grouped(GROUPS))
 @pytest.mark.parametrize("config_key", CONFIGS)
 def test_weight_fifo(config_key: str, group: str, registered: bool):
     cfg = get_config(config_key)
     run("weight_fifo",
         lambda: WeightFIFO(rows=cfg.rows, cols=cfg.cols, data_width=cfg.data_width, depth=DEPTH,
                            registered=registered),
-        config_key, "tb_weight_fifo", HERE, GROUPS[group],
+        config_key, "tb_weight_fifo", HERE, group_tests(GROUPS, group),
         label=f"{group}-registered" if registered else group)
 
 
