@@ -6,9 +6,9 @@ configuration key, the factory that builds the component, and the contents of ev
 file under ``hdl/``, subpackages included. Each digest has its folder, so two tests whose
 factories differ (a lambda each) but build one design, or a checkout and a mutated worktree,
 do not convert it again each time the other ran; the simulator build keys on the Verilog's
-text, so they share it too. Several pytest-xdist workers may ask for the same design at once: a lock file lets
-one convert while the others wait, and every file is written to a private temporary file and
-renamed into place, so a reader only ever sees a complete file.
+text, so they share it too. Several pytest-xdist workers may ask for the same design at once:
+a lock file lets one convert while the others wait, and every file is written to a private
+temporary file and renamed into place, so a reader only ever sees a complete file.
 
 Designs are elaborated with ``platform=`` :data:`hdl.lib.vendor.VERILOG_SIM_PLATFORM`: Verilog for
 Icarus and Verilator, which get simulation models of the vendor primitives a design
