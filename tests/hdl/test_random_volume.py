@@ -13,7 +13,7 @@ was never hit. The tables also appear at the end of the pytest run.
 ``make regression`` runs them all: a Verilator build of each configuration is 15 to 40 s,
 which ``make test`` cannot pay (it runs the per-cycle bench's random programs on every
 pipeline on Icarus, ``test_core.py``, and the directed programs on the 3x5 fast core). The
-first blocks of :data:`FIRST` (275 programs on nine configurations: three presets, one of
+first blocks of :data:`FIRST` (300 programs on nine configurations: three presets, one of
 them non-square, the ULX3S's build for Fmax on a 3x5 array whose rows are not a power of two,
 with memories so small that the ends of every memory come up in most programs, the same on
 the reference and compact pipelines, the iCEBreaker's, an int8-only one on paired SB_MAC16
