@@ -54,16 +54,17 @@ APT_PKGS := iverilog g++ make perl liblz4-dev zlib1g-dev
 # tests/firmware/test_fixedpoint.py also compiles, beside its committed table).
 APT_OPTIONAL := gtkwave ccache libgemmlowp-dev
 
-.PHONY: help setup test regression test-all mutations lint demo synth bitstream bench report \
+.PHONY: help setup test regression soak test-all mutations lint demo synth bitstream bench report \
         waves clean
 
 help:
 	@printf '%s\n' \
 	  'amtpu make targets:' \
 	  '  setup     create $(VENV), pip install -e .[dev], Debian packages (as root), verilator wrapper' \
-	  '  test      the fast tier (about 5 minutes on 2 cores): pytest -n $(JOBS) -m "not slow"' \
-	  '  regression the rest: volume, large configurations, every variant (pytest -n $(JOBS) -m slow)' \
-	  '  test-all  both tiers in one run' \
+	  '  test      the fast tier: pytest -n $(JOBS) -m "not slow and not soak"' \
+	  '  regression the rest, with a share of the volume (CI runs it): pytest -n $(JOBS) -m "slow and not soak"' \
+	  '  soak      the deep volume past the regression'"'"'s share: pytest -n $(JOBS) -m soak' \
+	  '  test-all  all of them in one run' \
 	  '  mutations plant each deliberate break of tests/mutations/*.patch in a scratch worktree; make test must catch it (NAMES=...)' \
 	  '  lint      ruff check .' \
 	  '  demo      amtpu demo: a quantised digits network on the simulated core (NET=mlp|cnn|onnx)' \
@@ -138,10 +139,13 @@ setup:
 	echo "setup: done"
 
 test:
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not slow" $(ARGS)
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not slow and not soak" $(ARGS)
 
 regression:
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m slow $(ARGS)
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m "slow and not soak" $(ARGS)
+
+soak:
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m soak $(ARGS)
 
 test-all:
 	$(RUN) $(PY) -m pytest -n $(JOBS) $(ARGS)

@@ -1,7 +1,9 @@
-"""The two tiers of the suite: ``make test`` (``-m "not slow"``, about five minutes on two
-cores, every block, pipeline, transport, importer and proof in a short form, the hardest seeds
-and the extremes) and ``make regression`` (``-m slow``: the volume, many seeds and shapes,
-the large configurations, every variant).
+"""The two tiers of the suite: ``make test`` (``-m "not slow and not soak"``: every block,
+pipeline, transport, importer and proof in a short form, the hardest seeds and the extremes)
+and ``make regression`` (``-m "slow and not soak"``: the rest of every test, many seeds and
+shapes, the large configurations, every variant, a share of the volume sized for CI). Behind
+them ``make soak`` (``-m soak``) runs the deep volume: the random programs, stacks and blocks
+past the regression's share, with the seeds after its own.
 
 :func:`tiered` keeps a few parameter values of a test in the fast tier and marks the rest
 ``slow``, so that a test's volume moves to the regression without leaving its file.
@@ -13,7 +15,11 @@ from collections.abc import Collection, Iterable
 
 import pytest
 
-__all__ = ["grouped", "group_tests", "tiered"]
+__all__ = ["SOAK", "grouped", "group_tests", "tiered"]
+
+#: The marks of a soak run's parameters (``make soak``; ``slow`` too, so no selection of the
+#: fast tier by ``not slow`` alone picks them).
+SOAK = (pytest.mark.slow, pytest.mark.soak)
 
 
 def tiered(values: Iterable, fast: Collection) -> list:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from tiers import SOAK
 
 from firmware import nn
 from firmware.compiler import CompiledNetwork, CompileError, compile_network
@@ -270,9 +271,9 @@ def test_random_stack(seed):
     check_stack(seed, config_of(seed))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [seed for seed in range(SEED, SEED + CANDIDATES + SLOW)
-                                  if seed not in fast_seeds()])
+@pytest.mark.parametrize("seed", [
+    pytest.param(seed, marks=pytest.mark.slow if seed < SEED + CANDIDATES + 20 else SOAK)
+    for seed in range(SEED, SEED + CANDIDATES + SLOW) if seed not in fast_seeds()])
 def test_random_stack_more(seed):
     check_stack(seed, config_of(seed))
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiers import tiered
+from tiers import SOAK, tiered
 
 from hdl.config import TPUConfig
 from hdl.core import Core
@@ -57,11 +57,15 @@ _SLOW = (("tiny", 2, 2), ("small", 5, 1), ("wide", 7, 1), ("tiny-compact", 9, 1)
          ("tiny", 10, 8),
          ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2), ("large", 26, 1),
          ("tiny-fast", 28, 1), ("tiny-ulx3s", 30, 1))
+#: _SLOW's blocks in make soak, not make regression: the tiny core's eight, the 4x4's four,
+#: the 4x8's two, the 8x8's and the 16x16's (a minute or more each on Icarus).
+_SOAK_FROM = 10
 RANDOM_BLOCKS = (
     [pytest.param(key, b, id=f"{key}-{b}",
                   marks=() if (key, b) in FAST_TIER_BLOCKS else pytest.mark.slow)
      for key, first, blocks in _FAST for b in range(first, first + blocks)] +
-    [pytest.param(key, b, id=f"{key}-{b}", marks=pytest.mark.slow)
+    [pytest.param(key, b, id=f"{key}-{b}",
+                  marks=SOAK if _SOAK_FROM <= b < 27 else pytest.mark.slow)
      for key, first, blocks in _SLOW for b in range(first, first + blocks)]
 )
 
