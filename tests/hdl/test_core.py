@@ -2,7 +2,8 @@
 
 ``make test`` runs 75 constrained-random programs (a block of 25 on each pipeline, the tiny
 core); ``make regression`` adds the other first blocks (the 4x4, the 4x8, the ULX3S build and
-MULT18X18D) and 21 more (525 programs), including the 8x8 and 16x16 cores.
+MULT18X18D) and 7 more (275 programs); ``make soak`` 17 more blocks (425 programs), including
+the 8x8 and 16x16 cores.
 """
 
 from __future__ import annotations
