@@ -236,6 +236,7 @@ def test_not_packed(case):
 
 
 @pytest.mark.slow
+@pytest.mark.soak          # 128 s on Icarus: the 16x16 core
 def test_digits_cnn_packed_on_the_rtl(rtl_device):
     """The packed 16x16 CNN on the RTL core equals the reference on every logit."""
     split = digits()
