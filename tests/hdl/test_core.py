@@ -50,24 +50,23 @@ def run_core(config_key: str, testcase: str, **env):
 # so every block has seeds of its own. _FAST: the first blocks, whose programs'
 # coverage test_random_volume.test_stall_bench_programs checks; make test runs those of
 # FAST_TIER_BLOCKS (one per pipeline), make regression the others (a wide block is 34 s to
-# 48 s) and _SLOW's.
+# 48 s) and _SLOW's, make soak _SOAK's.
 _FAST = (("tiny", 0, 2), ("small", 4, 1), ("wide", 6, 1), ("tiny-compact", 8, 1),
          ("tiny-fast", 27, 1), ("tiny-ulx3s", 29, 1), ("tiny-ecp5", 31, 1))
 FAST_TIER_BLOCKS = (("tiny", 0), ("tiny-compact", 8), ("tiny-fast", 27))
 _SLOW = (("tiny", 2, 2), ("small", 5, 1), ("wide", 7, 1), ("tiny-compact", 9, 1),
-         ("tiny", 10, 8),
-         ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2), ("large", 26, 1),
          ("tiny-fast", 28, 1), ("tiny-ulx3s", 30, 1))
-#: _SLOW's blocks in make soak, not make regression: the tiny core's eight, the 4x4's four,
-#: the 4x8's two, the 8x8's and the 16x16's (a minute or more each on Icarus).
-_SOAK_FROM = 10
+#: The blocks of make soak: the tiny core's eight, the 4x4's four, the 4x8's two, the 8x8's
+#: and the 16x16's (a minute or more each on Icarus).
+_SOAK = (("tiny", 10, 8), ("small", 18, 4), ("wide", 22, 2), ("default", 24, 2),
+         ("large", 26, 1))
 RANDOM_BLOCKS = (
     [pytest.param(key, b, id=f"{key}-{b}",
                   marks=() if (key, b) in FAST_TIER_BLOCKS else pytest.mark.slow)
      for key, first, blocks in _FAST for b in range(first, first + blocks)] +
-    [pytest.param(key, b, id=f"{key}-{b}",
-                  marks=SOAK if _SOAK_FROM <= b < 27 else pytest.mark.slow)
-     for key, first, blocks in _SLOW for b in range(first, first + blocks)]
+    [pytest.param(key, b, id=f"{key}-{b}", marks=marks)
+     for blocks_of, marks in ((_SLOW, pytest.mark.slow), (_SOAK, SOAK))
+     for key, first, blocks in blocks_of for b in range(first, first + blocks)]
 )
 
 

@@ -10,8 +10,8 @@ the RTL's coverage counters, which hazard rules stalled the core and which engin
 each test prints its table and fails if a point the generator promises for its configuration
 was never hit. The tables also appear at the end of the pytest run.
 
-``make regression`` runs them all: a Verilator build of each configuration is 15 to 40 s,
-which ``make test`` cannot pay (it runs the per-cycle bench's random programs on every
+None runs in ``make test``: a Verilator build of each configuration is 15 to 40 s, which it
+cannot pay (it runs the per-cycle bench's random programs on every
 pipeline on Icarus, ``test_core.py``, and the directed programs on the 3x5 fast core). The
 first blocks of :data:`FIRST` (300 programs on nine configurations: three presets, one of
 them non-square, the ULX3S's build for Fmax on a 3x5 array whose rows are not a power of two,
@@ -19,10 +19,10 @@ with memories so small that the ends of every memory come up in most programs, t
 the reference and compact pipelines, the iCEBreaker's, an int8-only one on paired SB_MAC16
 products, and MULT18X18D and LUT products in one array) and :data:`SLOW` (12,950 more, the
 seeds after the first blocks', and five more configurations: one-row tiles, a tall array,
-the default 8x8 core, the ULX3S's build for Fmax on ``wide`` and the 12x12 ULX3S build). The
-simulator is Verilator: one build per configuration, then 8 to 25 times Icarus's speed on
-these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides
-it.
+the default 8x8 core, the ULX3S's build for Fmax on ``wide`` and the 12x12 ULX3S build):
+``make regression`` runs the first blocks and :data:`REGRESSION_SHARE` more of each, ``make
+soak`` the rest. The simulator is Verilator: one build per configuration, then 8 to 25 times
+Icarus's speed on these programs; ``AMTPU_VOLUME_SIM=icarus`` overrides it.
 
 :func:`test_stall_bench_programs` measures the programs ``tb_core.py`` runs with random
 valid/ready stalls (shorter transfers; the bridge here never stalls the host stream).
@@ -113,11 +113,9 @@ SEED_BASE = {"tiny": 100_000, "small": 200_000, "wide": 300_000, "edge": 400_000
              "int8": 900_000, "wide-fast": 1_000_000, "mixed": 1_100_000,
              "ulx3s-12x12": 1_300_000, "edge-fast": 1_400_000, "edge-compact": 1_500_000,
              "edge-ecp5": 1_600_000}
-#: The first block of each configuration's programs (``make test`` would run those of
-#: :data:`FAST_TIER`, ``make regression`` runs the others).
+#: The first block of each configuration's programs (``make regression``).
 FIRST = {"tiny": 50, "small": 50, "wide": 25, "edge": 50, "icebreaker": 25, "int8": 25,
          "mixed": 25, "edge-fast": 25, "edge-compact": 25}
-FAST_TIER: tuple[str, ...] = ()
 SLOW = {"tiny": 1750, "small": 1450, "wide": 1475, "edge": 1750, "thin": 1000, "tall": 1000,
         "default": 500, "icebreaker": 975, "int8": 975, "wide-fast": 1000, "mixed": 975,
         "ulx3s-12x12": 50, "edge-fast": 975, "edge-compact": 975, "edge-ecp5": 500}
@@ -142,8 +140,7 @@ def _more(key: str, n: int) -> list:
     return runs
 
 
-RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}",
-                      marks=() if key in FAST_TIER else pytest.mark.slow)
+RUNS = ([pytest.param(key, SEED_BASE[key], n, id=f"{key}-{n}", marks=pytest.mark.slow)
          for key, n in FIRST.items()] +
         [run for key, n in SLOW.items() for run in _more(key, n)])
 
