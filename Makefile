@@ -36,7 +36,11 @@ SYNTH_ARGS ?= --board icebreaker
 REPORT_ARGS ?=
 
 # pytest-xdist workers, extra pytest arguments (ARGS="-k pe -x"), test filter for `make waves`.
+# Work stealing: a worker that runs out takes tests from the other's queue, so a few long RTL
+# runs queued behind each other on one worker no longer leave the other idle at the end
+# (xdist's default `load` hands each worker a fixed share up front).
 JOBS ?= 2
+XDIST = -n $(JOBS) --dist worksteal
 ARGS ?=
 TEST ?=
 
@@ -61,9 +65,9 @@ help:
 	@printf '%s\n' \
 	  'amtpu make targets:' \
 	  '  setup     create $(VENV), pip install -e .[dev], Debian packages (as root), verilator wrapper' \
-	  '  test      the fast tier: pytest -n $(JOBS) -m "not slow and not soak"' \
-	  '  regression the rest, with a share of the volume (CI runs it): pytest -n $(JOBS) -m "slow and not soak"' \
-	  '  soak      the deep volume past the regression'"'"'s share: pytest -n $(JOBS) -m soak' \
+	  '  test      the fast tier: pytest -n $(JOBS) --dist worksteal -m "not slow and not soak"' \
+	  '  regression the rest, with a share of the volume (CI runs it): pytest -n $(JOBS) --dist worksteal -m "slow and not soak"' \
+	  '  soak      the deep volume past the regression'"'"'s share: pytest -n $(JOBS) --dist worksteal -m soak' \
 	  '  test-all  all of them in one run' \
 	  '  mutations plant each deliberate break of tests/mutations/*.patch in a scratch worktree; make test must catch it (NAMES=...)' \
 	  '  lint      ruff check .' \
@@ -139,16 +143,16 @@ setup:
 	echo "setup: done"
 
 test:
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not slow and not soak" $(ARGS)
+	$(RUN) $(PY) -m pytest $(XDIST) -m "not slow and not soak" $(ARGS)
 
 regression:
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m "slow and not soak" $(ARGS)
+	$(RUN) $(PY) -m pytest $(XDIST) -m "slow and not soak" $(ARGS)
 
 soak:
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m soak $(ARGS)
+	$(RUN) $(PY) -m pytest $(XDIST) -m soak $(ARGS)
 
 test-all:
-	$(RUN) $(PY) -m pytest -n $(JOBS) $(ARGS)
+	$(RUN) $(PY) -m pytest $(XDIST) $(ARGS)
 
 # Each patch of tests/mutations/ (NAMES=substrings picks some) in build/mutations/worktree.
 NAMES ?=
