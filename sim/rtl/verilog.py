@@ -26,6 +26,7 @@ import hashlib
 import os
 import re
 import tempfile
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,15 +74,26 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def _factory_identity(factory: Callable) -> str:
-    """A string that changes when the factory could build something different: its
-    qualified name, its bytecode and constants, and the values it closes over or binds."""
+    """A string that changes when the factory could build something different: its bytecode
+    and constants, what its globals name, and the values it closes over or binds."""
     if isinstance(factory, functools.partial):
         return (f"partial({_factory_identity(factory.func)}, {factory.args!r}, "
                 f"{sorted(factory.keywords.items())!r})")
-    parts = [getattr(factory, "__module__", ""), getattr(factory, "__qualname__", repr(factory))]
     code = getattr(factory, "__code__", None)
-    if code is not None:
-        parts += [code.co_code.hex(), repr(code.co_consts), repr(code.co_names)]
+    if code is None:            # a class or a builtin: its name says what it builds
+        return f"{getattr(factory, '__module__', '')}.{getattr(factory, '__qualname__', factory)}"
+    # A function by what it does, not by where it is written: the same `lambda: Core(config)`
+    # in two test modules is one design (one conversion, seconds for a core), so its globals
+    # count by what they name (the class `Core`), and its own name and module not at all.
+    scope = getattr(factory, "__globals__", {})
+    parts = [code.co_code.hex(), repr(code.co_consts), repr(code.co_names)]
+    for name in code.co_names:
+        if name in scope:
+            value = scope[name]
+            named = isinstance(value, (type, types.FunctionType, types.ModuleType))
+            parts.append(f"{name}=" + (f"{getattr(value, '__module__', '')}."
+                                       f"{getattr(value, '__qualname__', value.__name__)}"
+                                       if named else repr(value)))
     for cell in getattr(factory, "__closure__", None) or ():
         parts.append(repr(cell.cell_contents))
     return "\n".join(parts)

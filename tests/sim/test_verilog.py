@@ -36,3 +36,44 @@ def test_roots_are_the_repository():
     assert verilog.HDL_DIR == verilog.REPO_ROOT / "hdl"
     assert verilog.BUILD_ROOT == verilog.REPO_ROOT / "build"
     assert any(verilog.HDL_DIR.rglob("*.py"))
+
+
+class _Design:
+    def __init__(self, size):
+        self.size = size
+
+
+class _Other(_Design):
+    pass
+
+
+WIDTH = 4
+
+
+def _closing(size, cls=None):
+    if cls is None:
+        return lambda: _Design(size)
+    return lambda: cls(size)
+
+
+def test_factory_identity_is_what_it_builds():
+    """One design written as a factory in two places is one conversion (the same key); a
+    factory that could build something else (another value closed over, another class, a
+    global constant of another value) gets another key."""
+    same = _closing(3)
+    written_elsewhere = (lambda size: (lambda: _Design(size)))(3)
+    assert verilog.design_hash("k", same) == verilog.design_hash("k", written_elsewhere)
+    assert verilog.design_hash("k", same) != verilog.design_hash("k", _closing(4))
+    assert verilog.design_hash("k", _closing(3, _Design)) != \
+        verilog.design_hash("k", _closing(3, _Other))
+
+    def wide():
+        return _Design(WIDTH)
+
+    before = verilog.design_hash("k", wide)
+    global WIDTH
+    WIDTH = 5
+    try:
+        assert verilog.design_hash("k", wide) != before
+    finally:
+        WIDTH = 4
