@@ -238,7 +238,7 @@ def run_proof(proof: Proof, *, fast: bool = False, build_root: Path = FORMAL_ROO
         factory = proof.fast_harness or proof.harness
         return run(proof.name, factory(), mode=proof.fast_mode,
                    depth=proof.fast_depth or FAST_DEPTH, build_root=build_root,
-                   limit=limit, solver=proof.solver, rerun=rerun)
+                   limit=limit, solver=proof.fast_solver, rerun=rerun)
     return run(proof.name, proof.harness(), mode=proof.mode, depth=proof.depth,
                build_root=build_root, limit=limit, solver=proof.solver, rerun=rerun)
 

@@ -344,6 +344,9 @@ class Proof:
         k-induction on the fast harness, which also gets past a long reset sequence.
     fast_depth : int, optional
         The fast form's depth, if not the default.
+    fast_solver : "z3" or "yices"
+        The fast form's solver: yices by default, which starts sooner and solves these small
+        bit-vector problems faster than z3 (docs/verification.md has the figures).
     limit : int (keyword only, required)
         Seconds the proof (and its fast form) may take on a loaded 2-core machine before it
         is killed and reported ``TIMEOUT``: a few times its measured time
@@ -360,6 +363,7 @@ class Proof:
     solver: Solver = "z3"
     fast_mode: Mode = "bmc"
     fast_depth: int | None = None
+    fast_solver: Solver = "yices"
     limit: int = field(kw_only=True)
 
     def __post_init__(self):
