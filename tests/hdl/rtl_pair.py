@@ -33,13 +33,18 @@ from hdl.config import TPUConfig
 from hdl.control.hazards import HAZARD_RULES
 from sim.models.isa_sim import IsaSim, beats_match, error_beat
 
-__all__ = ["BARE", "Pair", "describe", "slow_variants", "unit_variants"]
+__all__ = ["BARE", "UNIT_BASE", "Pair", "describe", "slow_variants", "unit_variants"]
 
 #: The tiny core built without the optional instructions and functions (UB_TO_WEIGHTS, the
 #: programmable table, the row scale), as the boards build it: one build for every test of
 #: what a core without them refuses.
 BARE = TPUConfig(rows=2, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
                  ub_to_weights=False, lookup_table=False, row_scale=False)
+
+#: The tiny array with memories deep enough for every int8 value two to a buffer row: the base
+#: of the activation-unit function benches (the programmable table, NORMALISE), one build
+#: for both.
+UNIT_BASE = TPUConfig(rows=2, cols=2, ub_depth=1024, acc_depth=256, weight_mem_tiles=8)
 
 
 def unit_variants(base: TPUConfig) -> dict[str, TPUConfig]:

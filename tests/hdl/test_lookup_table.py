@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import BARE, Pair, describe, slow_variants, unit_variants
+from rtl_pair import BARE, UNIT_BASE, Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import ErrorCode, Func, Pool
-from hdl.presets import get_config
 
 SEED = 6161
 
 #: The pipelined unit (a table per column) on the tiny array, with the fast pipeline, the
 #: serial unit (the table beside the fixed ones in one memory), and 3 columns, whose last
-#: table beat is partial (12 entries a beat: 22 beats, the last holding 4). Memories deep
-#: enough for every int8 value two to a row.
-_BASE = get_config("tiny").replace(ub_depth=1024, acc_depth=256)
-CONFIGS = unit_variants(_BASE)
+#: table beat is partial (12 entries a beat: 22 beats, the last holding 4).
+CONFIGS = unit_variants(UNIT_BASE)
 
 
 @pytest.fixture

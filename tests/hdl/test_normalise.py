@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_pair import BARE, Pair, describe, slow_variants, unit_variants
+from rtl_pair import BARE, UNIT_BASE, Pair, describe, slow_variants, unit_variants
 
 from firmware.asm import Program
 from hdl.isa import RECIPROCAL_SCALE, ErrorCode, Func, Pool, Rounding
-from hdl.presets import get_config
 
 SEED = 7171
 
 #: The pipelined unit on the tiny array, with the fast pipeline, the serial unit, and a
 #: wider row (the divisor in column 2).
-_BASE = get_config("tiny").replace(ub_depth=256, acc_depth=128)
-CONFIGS = unit_variants(_BASE)
+CONFIGS = unit_variants(UNIT_BASE)
 
 
 @pytest.fixture
