@@ -87,13 +87,22 @@ def burst_stalls(seed: int, max_run: int = 8) -> Iterator[bool]:
 
 # Clock and reset ----------------------------------------------------------------------------
 
-def start_clock(dut, period_ns: int = 10):
+def start_clock(dut, period_ns: int = 10, impl: str = "gpi"):
     """Hold ``dut.rst`` (synchronous, active high) and start ``dut.clk``; returns the
     clock's task. Reset stays asserted until :func:`reset` releases it, so no edge ever
-    samples an undriven reset."""
+    samples an undriven reset.
+
+    ``impl="gpi"`` (the default): the clock toggles in the simulator, without a Python
+    coroutine woken twice a cycle (cocotb's choice without COCOTB_TRUST_INERTIAL_WRITES). It
+    starts low, so its first edge rises (at half a period, reset held) before any falling
+    edge a testbench waits for; started high, its first falling edge came before any rising
+    one, and a monitor sampled outputs no edge had set yet. ``impl="py"``: cocotb's Python
+    clock, rising at 0 ns (the tour's times in docs/tour.md are that clock's)."""
     from cocotb.clock import Clock
     dut.rst.value = 1
-    return Clock(dut.clk, period_ns, unit="ns").start()
+    if impl == "py":
+        return Clock(dut.clk, period_ns, unit="ns", impl="py").start()
+    return Clock(dut.clk, period_ns, unit="ns", impl=impl).start(start_high=False)
 
 
 async def reset(dut, cycles: int = 3) -> None:

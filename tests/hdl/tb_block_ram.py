@@ -63,7 +63,7 @@ async def test_random(dut):
     dut.w__en.value = 0
     for port in range(readers):
         getattr(dut, f"r__{port}__en").value = 0
-    Clock(dut.clk, 10, unit="ns").start()
+    Clock(dut.clk, 10, unit="ns", impl="gpi").start(start_high=False)
     await ClockCycles(dut.clk, 2)
     model = Model(depth, readers)
     hot = sorted({0, depth - 1, *rng.integers(depth, size=4).tolist()})
