@@ -8,6 +8,7 @@ explicit keyword arguments derived from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from hdl.isa import Func, Opcode
@@ -323,7 +324,7 @@ class TPUConfig:
         after it, see :class:`hdl.datapath.pe.PE`)."""
         return self.rows + self.cols + (6 if self.pipeline == "fast" else 2)
 
-    @property
+    @functools.cached_property
     def opcodes(self) -> tuple[Opcode, ...]:
         """The :class:`~hdl.isa.Opcode` members a core of this configuration decodes: all of
         them but those of instructions it is built without (:data:`OPTIONAL_OPCODES`), which
@@ -331,7 +332,7 @@ class TPUConfig:
         return tuple(o for o in Opcode
                      if o not in OPTIONAL_OPCODES or getattr(self, OPTIONAL_OPCODES[o]))
 
-    @property
+    @functools.cached_property
     def functions(self) -> tuple[Func, ...]:
         """ACTIVATE's functions (:class:`~hdl.isa.Func`) a core of this configuration has:
         all but those it is built without (:data:`OPTIONAL_FUNCS`), which are bad fields."""

@@ -18,7 +18,9 @@ Semantics are written out in docs/isa.md (generated from this module by
 ``python -m firmware.isadoc``) and executed bit-exactly by :mod:`sim.models.isa_sim`.
 """
 
-from amaranth.hdl import signed, unsigned
+import functools
+
+from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COUNTERS",
@@ -377,27 +379,58 @@ class Status(data.Struct):
     instr_index: 24   # the failing instruction's index in its program, else the next one's
 
 
+def _field_decoders(opcode: Opcode) -> tuple[tuple[str, int, int, int, type | None], ...]:
+    """``(name, offset, mask, sign bit or 0, enum class or None)`` of every field after the
+    opcode in *opcode*'s layout, in layout order, for :func:`decode`."""
+    specs = []
+    for name, field in data.Layout.cast(FORMATS[opcode]):
+        if name == "opcode":
+            continue
+        shape = field.shape
+        kind = shape if isinstance(shape, type) and issubclass(shape, enum.Enum) else None
+        width = field.width
+        sign = 1 << (width - 1) if kind is None and Shape.cast(shape).signed else 0
+        specs.append((name, field.offset, (1 << width) - 1, sign, kind))
+    return tuple(specs)
+
+
+#: Per opcode, its fields as :func:`decode` reads them (from the layouts of :data:`FORMATS`).
+_DECODERS = {opcode: _field_decoders(opcode) for opcode in FORMATS}
+_OPCODE_MASK = (1 << Opcode.as_shape().width) - 1
+_WORD_MASK = (1 << INSTR_BITS) - 1
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode(word: int) -> tuple[Opcode | int, tuple[tuple[str, object], ...]]:
+    raw = word & _OPCODE_MASK
+    try:
+        opcode = Opcode(raw)
+    except ValueError:
+        return raw, ()
+    fields = []
+    for name, offset, mask, sign, kind in _DECODERS[opcode]:
+        value = (word >> offset) & mask
+        if kind is not None:
+            try:
+                value = kind(value)
+            except ValueError:                # an enum field holding no member
+                pass
+        elif value & sign:
+            value -= sign << 1
+        fields.append((name, value))
+    return opcode, tuple(fields)
+
+
 def decode(word: int) -> tuple[Opcode | int, dict[str, object]]:
     """The opcode and every field after it of instruction word ``word`` (its low
     :data:`INSTR_BITS` bits), in layout order: enum fields as members (an int when the value
     names none), signed fields as negative ints, reserved fields too. An unknown opcode comes
     back as an int, with no fields. The one decoder: the assembler, the disassembler and the
-    ISA simulator use it."""
-    word = int(word) & ((1 << INSTR_BITS) - 1)
-    raw = word & ((1 << Opcode.as_shape().width) - 1)
-    try:
-        opcode = Opcode(raw)
-    except ValueError:
-        return raw, {}
-    layout = data.Layout.cast(FORMATS[opcode])
-    view = layout.from_bits(word)
-    fields: dict[str, object] = {}
-    for name, field in layout:
-        if name == "opcode":
-            continue
-        try:
-            value = view[name]
-        except ValueError:                    # an enum field holding no member
-            value = (word >> field.offset) & ((1 << field.width) - 1)
-        fields[name] = value if isinstance(value, enum.Enum) else int(value)
-    return opcode, fields
+    ISA simulator use it.
+
+    The fields are cut with integer shifts from offsets taken from the layouts once, and
+    words seen before come from a cache: the compiler's timing model and the ISA simulator
+    decode every instruction they meet, and a view of the layout costs a few hundred
+    microseconds a word (tests/hdl/test_isa.py checks this against the layouts' views)."""
+    opcode, fields = _decode(int(word) & _WORD_MASK)
+    return opcode, dict(fields)
