@@ -47,7 +47,11 @@ TEST ?=
 # Run tools from the venv with the outer make's jobserver/flags removed, so the `make` that
 # cocotb's runner starts (Verilator's Vtop.mk, cocotb makefiles) is not confused by them.
 # The Verilator PCH workaround (MAKEFLAGS=CFG_CXXFLAGS_PCH_I=-include) is set by sim/'s runner.
-RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+# PYTHONDONTWRITEBYTECODE (set on some machines) is dropped: without byte-code caches each
+# pytest worker compiles and assertion-rewrites the whole tree again (4 s of its 7.6 s of
+# collection), and so does every simulator's Python; __pycache__/ is ignored by git.
+RUN := env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEFILES -u PYTHONDONTWRITEBYTECODE \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
 # Debian packages: Icarus Verilog (default simulator); g++, make and perl to build Verilator
 # models; lz4 and zlib headers for Verilator FST tracing.
