@@ -270,10 +270,13 @@ def write_gtkw(dump: Path, gtkw: Path, top: str, *,
                 for name in rest:
                     add(local[name], fmt(local[name]))
         groups = dict(extra_groups or {})
+        # Icarus keeps Verilog's escape of a dotted field name (`\\o_status.error`);
+        # Verilator drops it (`o_status.error`): a name is looked up both ways.
         marker = "front_end.\\o_hazards__instr.opcode"
         for name in sorted(signals):
-            if name.startswith(top_path + ".") and name.endswith("." + marker):
-                prefix = name[len(top_path) + 1:-len(marker)]
+            if name.startswith(top_path + ".") and \
+                    name.endswith(("." + marker, "." + marker.replace("\\", ""))):
+                prefix = name[len(top_path) + 1:name.rindex("front_end.")]
                 for group, entries in core_groups(prefix).items():
                     label = f"{prefix}{group}" if prefix else group
                     groups.setdefault(label, entries)
@@ -281,8 +284,10 @@ def write_gtkw(dump: Path, gtkw: Path, top: str, *,
             found = []
             for entry in entries:
                 name, datafmt = (entry, "signed") if isinstance(entry, str) else entry
-                if f"{top_path}.{name}" in signals:
-                    found.append((signals[f"{top_path}.{name}"], datafmt))
+                for path in (f"{top_path}.{name}", f"{top_path}.{name}".replace("\\", "")):
+                    if path in signals:
+                        found.append((signals[path], datafmt))
+                        break
             if found:
                 with save.group(group):
                     for trace, datafmt in found:
