@@ -93,7 +93,7 @@ def design(config: TPUConfig, *, sim: str, waves: bool = False,
     # core only at clock edges (see sim.rtl.runner.build).
     ports = list(HostBridge.signature_for(config, in_depth, out_depth).members)
     build_dir, verilog = runner.build(TOP, factory, key, sim=sim, waves=waves,
-                                      public=[*ports, "in_mem", "out_mem"])
+                                      public=[*ports, (host_bridge.RING_MODULE, "mem")])
     return key, build_dir, verilog
 
 

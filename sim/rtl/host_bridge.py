@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import itertools
 
-from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal, unsigned
-from amaranth.lib import data, memory, wiring
+from amaranth.hdl import ClockDomain, ClockSignal, Instance, Module, ResetSignal, Signal, unsigned
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
@@ -27,7 +27,7 @@ from hdl.core import ACTIVITY, Core
 from hdl.isa import Status
 
 __all__ = ["HostBridge", "DEFAULT_IN_DEPTH", "DEFAULT_OUT_DEPTH", "COUNT_BITS",
-           "OVERLAPS", "COVERAGE_BITS"]
+           "OVERLAPS", "COVERAGE_BITS", "RING_MODULE"]
 
 #: Pairs of :data:`hdl.core.ACTIVITY` whose overlap the bridge counts.
 OVERLAPS = tuple(itertools.combinations(ACTIVITY, 2))
@@ -38,6 +38,25 @@ DEFAULT_IN_DEPTH = 4096
 DEFAULT_OUT_DEPTH = 4096
 #: Width of the output beat counters (they wrap).
 COUNT_BITS = 32
+#: The rings' Verilog module (``sim/rtl/models/amtpu_ring.v``).
+RING_MODULE = "amtpu_ring"
+
+
+class _RingPort:
+    """The signals of one port of a ring: ``addr`` and ``data``, and ``en`` (writes only)."""
+
+    def __init__(self, abits: int, width: int):
+        self.addr = Signal(abits)
+        self.data = Signal(width)
+        self.en = Signal()
+
+
+def _ring(write: _RingPort, read: _RingPort, clk) -> Instance:
+    """One ring: *write* stores at the edges where its ``en`` is high, *read* returns the row
+    at its ``addr`` as of the edge before (both ports on *clk*)."""
+    return Instance(RING_MODULE, p_WIDTH=len(write.data), p_ABITS=len(write.addr),
+                    i_clk=clk, i_wen=write.en, i_waddr=write.addr, i_wdata=write.data,
+                    i_raddr=read.addr, o_rdata=read.data)
 
 
 def _check_depth(name: str, depth: int) -> int:
@@ -109,10 +128,9 @@ class HostBridge(wiring.Component):
     i_clear : In(1)
         The core's ``i_clear`` (registered).
 
-    Attributes
-    ----------
-    in_mem, out_mem : amaranth.lib.memory.Memory
-        The rings (``host_width`` bits a beat), reachable through the simulator's VPI.
+    The rings are instances ``in_mem`` and ``out_mem`` of :data:`RING_MODULE`
+    (``sim/rtl/models/amtpu_ring.v``, ``host_width`` bits a beat, no initial contents); the
+    host reaches their rows as ``in_mem.mem`` and ``out_mem.mem`` through the simulator's VPI.
     """
 
     def __init__(self, config: TPUConfig, *, in_depth: int = DEFAULT_IN_DEPTH,
@@ -121,9 +139,6 @@ class HostBridge(wiring.Component):
         self.in_depth = in_depth
         self.out_depth = out_depth
         super().__init__(self.signature_for(config, in_depth, out_depth))
-        width = config.host_width
-        self.in_mem = memory.Memory(shape=unsigned(width), depth=in_depth, init=[])
-        self.out_mem = memory.Memory(shape=unsigned(width), depth=out_depth, init=[])
 
     @staticmethod
     def signature_for(config: TPUConfig, in_depth: int = DEFAULT_IN_DEPTH,
@@ -178,16 +193,17 @@ class HostBridge(wiring.Component):
         in_wr, drop = inputs["i_in_wr"], inputs["i_in_drop"]
 
         m.submodules.core = core = Core(self.config)
-        m.submodules.in_mem = self.in_mem
-        m.submodules.out_mem = self.out_mem
         in_bits = len(self.i_load_addr)
         out_bits = len(self.i_out_addr)
+        width = self.config.host_width
 
         # Input ring. A registered read fetches the beat at the next read position at each
         # edge; `fetched` says that position held a written beat at that edge, so a beat the
-        # host writes while the ring is empty is never presented stale.
-        load = self.in_mem.write_port(domain="host")
-        fetch = self.in_mem.read_port()         # not transparent: sees what VPI wrote
+        # host writes while the ring is empty is never presented stale (the read is not
+        # transparent: it sees what VPI wrote before the edge).
+        load = _RingPort(in_bits, width)
+        fetch = _RingPort(in_bits, width)
+        m.submodules.in_mem = _ring(load, fetch, self.clk)
         rd = Signal.like(self.o_in_rd)
         rd_next = Signal.like(rd)
         fetched = Signal()
@@ -198,7 +214,6 @@ class HostBridge(wiring.Component):
             take.eq(core.i_host.valid & core.i_host.ready),
             rd_next.eq(rd + take),
             fetch.addr.eq(rd_next[:in_bits]),
-            fetch.en.eq(1),
             self.o_in_rd.eq(rd),
             load.en.eq(self.i_load),
             load.addr.eq(self.i_load_addr),
@@ -209,8 +224,9 @@ class HostBridge(wiring.Component):
         m.d.sync += [rd.eq(rd_next), fetched.eq(rd_next != in_wr)]
 
         # Output ring.
-        store = self.out_mem.write_port()
-        peek = self.out_mem.read_port(domain="host")
+        store = _RingPort(out_bits, width)
+        peek = _RingPort(out_bits, width)
+        m.submodules.out_mem = _ring(store, peek, self.clk)
         wr = Signal.like(self.o_out_wr)
         unread = Signal.like(wr)
         m.d.comb += [

@@ -159,12 +159,13 @@ def _get_runner(sim: str):
 
 def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
           sim: str | None = None, waves: bool | None = None,
-          public: Sequence[str] | None = None) -> tuple[Path, Path]:
+          public: Sequence[str | tuple[str, str]] | None = None) -> tuple[Path, Path]:
     """Generate the Verilog and build the simulator model once per design, configuration,
     simulator and wave setting; returns ``(build_dir, verilog_path)``.
 
-    *public* (Verilator only) names the only signals of *top* that cocotb may reach, instead
-    of every signal of the design (the runner's ``--public-flat-rw``). Verilator evaluates
+    *public* (Verilator only) names the only signals that cocotb may reach, instead of every
+    signal of the design (the runner's ``--public-flat-rw``): a name is a signal of *top*, a
+    ``(module, name)`` pair one of every instance of *module*. Verilator evaluates
     all logic that reads a public signal on every evaluation, even when only the clock
     falls; a design whose testbench touches a few ports runs several times faster so.
 
@@ -186,7 +187,8 @@ def build(top: str, factory: Callable[[], wiring.Component], config_key: str, *,
         build_args = VERILATOR_ARGS + (VERILATOR_WAVE_ARGS if waves else [])
         if public is not None:
             control = "`verilator_config\n" + "".join(
-                f'public_flat_rw -module "{top}" -var "{name}"\n' for name in public)
+                f'public_flat_rw -module "{module}" -var "{name}"\n'
+                for module, name in ((top, x) if isinstance(x, str) else x for x in public))
             build_args = [*build_args, "--no-public-flat-rw", str(build_dir / "public.vlt")]
 
     import cocotb

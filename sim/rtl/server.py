@@ -76,8 +76,8 @@ class Server:
         self.in_depth = in_depth
         self.out_depth = out_depth
         self.error_mask = error_mask
-        self.in_mem = dut.in_mem
-        self.out_mem = dut.out_mem
+        self.in_mem = dut.in_mem.mem               # the rows of the rings (amtpu_ring.v)
+        self.out_mem = dut.out_mem.mem
         self.in_cells: list = [None] * in_depth      # element handles, made on first use
         self.out_cells: list = [None] * out_depth
         self.pending: deque[int] = deque()           # beats sent that did not fit the ring

@@ -12,7 +12,8 @@ temporary file and renamed into place, so a reader only ever sees a complete fil
 
 Designs are elaborated with ``platform=`` :data:`hdl.lib.vendor.VERILOG_SIM_PLATFORM`: Verilog for
 Icarus and Verilator, which get simulation models of the vendor primitives a design
-instantiates (``sim/rtl/vendor/<MODULE>.v``, one module per file, named as the primitive).
+instantiates (``sim/rtl/vendor/<MODULE>.v``, one module per file, named as the primitive), and
+the project's own simulation-only modules (``sim/rtl/models/<MODULE>.v``) likewise.
 :func:`model_sources` finds the ones a generated file needs; :mod:`sim.rtl.runner` compiles them
 with it and rebuilds when one changes. ``amaranth.sim`` elaborates with ``platform=None``,
 where blocks use their behavioural form instead (see :class:`hdl.datapath.pe.PE`).
@@ -37,13 +38,15 @@ from amaranth.lib import wiring
 
 from hdl.lib.vendor import VERILOG_SIM_PLATFORM
 
-__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "generate", "design_hash",
-           "atomic_write", "locked", "for_icarus", "model_sources"]
+__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "SIM_MODELS_DIR", "generate",
+           "design_hash", "atomic_write", "locked", "for_icarus", "model_sources"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_ROOT = REPO_ROOT / "build"
 HDL_DIR = REPO_ROOT / "hdl"
 MODELS_DIR = Path(__file__).resolve().parent / "vendor"
+#: Verilog of the project's own simulation-only modules (the host bridge's rings).
+SIM_MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -163,12 +166,14 @@ def for_icarus(verilog_path: Path) -> Path:
     return out
 
 
-def model_sources(verilog_path: Path, models_dir: Path = MODELS_DIR) -> list[Path]:
-    """The simulation models (``<models_dir>/<MODULE>.v``) of the modules that the Verilog
-    file *verilog_path* instantiates, sorted by name."""
+def model_sources(verilog_path: Path,
+                  models_dirs: tuple[Path, ...] = (MODELS_DIR, SIM_MODELS_DIR)) -> list[Path]:
+    """The simulation models (``<dir>/<MODULE>.v`` for each of *models_dirs*) of the modules
+    that the Verilog file *verilog_path* instantiates, sorted by name."""
     text = Path(verilog_path).read_text()
     found = []
-    for model in sorted(Path(models_dir).glob("*.v")):
+    models = (model for folder in models_dirs for model in Path(folder).glob("*.v"))
+    for model in sorted(models, key=lambda path: path.name):
         # Yosys writes an instance as `  NAME #(` or `  NAME instance_name (`.
         if re.search(rf"^\s*{re.escape(model.stem)}\s+(#|[\\\w])", text, re.MULTILINE):
             found.append(model)
