@@ -224,7 +224,7 @@ class FullyConnected(Op):
 
     def accumulate(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.int64).reshape(-1, self.weight.shape[0]) - self.input_zp
-        return golden.wrap(x @ self.weight + self.bias, 32)
+        return golden.wrap(golden.exact_matmul(x, self.weight) + self.bias, 32)
 
     def reference(self, x):
         y = self.requant.apply(self.accumulate(x))
@@ -318,7 +318,7 @@ class Conv2D(Op):
         for g in range(self.groups):
             pg = p[..., g * cg:(g + 1) * cg].reshape(n, ho, wo, -1)
             wg = self.weight[..., g * og:(g + 1) * og].reshape(-1, og)
-            acc[..., g * og:(g + 1) * og] = pg @ wg
+            acc[..., g * og:(g + 1) * og] = golden.exact_matmul(pg, wg)
         return golden.wrap(acc + self.bias, 32)
 
     def reference(self, x):

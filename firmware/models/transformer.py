@@ -286,13 +286,22 @@ def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
        "logits", scale["logits"], (CLASSES,))
     graph = g.Graph("transformer", tensors, ops, ["x"], ["logits"])
 
-    inputs = graph_inputs(x_calib)
     want = trace["logits"]
+    # The operators before the first table do not depend on the offset: run them once.
+    first = graph.ops.index(exp_ops[0])
+    known = graph.check_inputs(graph_inputs(x_calib))
+    for op in graph.ops[:first]:
+        known.update(zip(op.outputs, op.reference(*(known[t] for t in op.inputs)),
+                         strict=True))
     best = None
     for c in ([offset] if offset is not None else range(128)):
         for op in exp_ops:
             op.table = exp_table(scale[op.inputs[0]], c)
-        out = graph.reference(inputs)["logits"]
+        values = dict(known)
+        for op in graph.ops[first:]:
+            values.update(zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
+                              strict=True))
+        out = values["logits"]
         agree = int((out.argmax(axis=1) == want.argmax(axis=1)).sum())
         err = float(((out * scale["logits"] - want) ** 2).mean())
         if best is None or (agree, -err) > best[:2]:

@@ -13,6 +13,7 @@ from sim.models.golden import (
     HALF_UP,
     MatrixUnitModel,
     activate,
+    exact_matmul,
     from_raw,
     matmul,
     operand_range,
@@ -349,3 +350,21 @@ def test_requantise_normalised_errors():
         requantise_normalised([[1, 1]], [0, 0], 64, 0)
     with pytest.raises(ValueError, match=r"shift=\[0, -1\] out of range"):
         requantise_normalised([[1, 1]], [0, 0], [0, -1], 0)
+
+
+def test_exact_matmul_equals_integer_matmul():
+    """Through float64 where every sum fits 2**53 (int8 extremes over a long reduction, a
+    batch of them broadcast), in int64 beyond: equal to numpy's int64 product on every
+    element, including one just past float64's exact range."""
+    seed = SEED + 77
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    a = rng.choice([-255, 255, -128, 127, 0, 1], size=(3, 5, 4096))
+    b = rng.choice([-128, 127, -1], size=(4096, 7))
+    assert np.array_equal(exact_matmul(a, b), a.astype(np.int64) @ b)
+    # 2**27 * 2**26 * 2 = 2**54: float64 would round the sum's low bit away.
+    big = np.array([[2 ** 27 + 1, 2 ** 27 + 1]])
+    other = np.array([[2 ** 26 + 1], [2 ** 26 + 1]])
+    want = 2 * (2 ** 27 + 1) * (2 ** 26 + 1)
+    assert exact_matmul(big, other)[0, 0] == want
+    assert exact_matmul(np.zeros((0, 3), int), np.zeros((3, 2), int)).shape == (0, 2)
