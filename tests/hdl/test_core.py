@@ -37,7 +37,11 @@ CONFIGS = {"tiny-compact": get_config("tiny").replace(pipeline="compact"),
            # The fast pipeline with 3 rows (not a power of two): LOAD_WEIGHTS and READ_WEIGHTS
            # scale their tiles to rows a cycle late (TPUConfig.scale_tiles_late).
            "3x2-fast": TPUConfig(rows=3, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
-                                 pipeline="fast")}
+                                 pipeline="fast"),
+           # Both of the last two in one build, make test's directed core on the fast
+           # pipeline: the ULX3S build's choices with the late scaling of 3 rows.
+           "3x2-ulx3s": TPUConfig(rows=3, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
+                                  pipeline="fast", multiplier="ecp5")}
 
 
 def run_core(config_key: str, testcase: str, **env):
@@ -78,8 +82,8 @@ def test_random_programs(config_key: str, block: int):
 
 @pytest.mark.parametrize("config_key", tiered(
     ["tiny", "small", "wide", "default", "tiny-compact", "tiny-fast", "tiny-ulx3s", "tiny-ecp5",
-     "3x2-fast"],
-    fast=["tiny", "tiny-ulx3s", "3x2-fast"]))
+     "3x2-fast", "3x2-ulx3s"],
+    fast=["tiny", "3x2-ulx3s"]))
 def test_directed(config_key: str):
     run_core(config_key, "test_directed_each_instruction")
 

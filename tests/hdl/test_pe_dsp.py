@@ -361,12 +361,14 @@ def test_core_random_programs(sim: str):
 def test_core_elaborates_the_instances():
     """Every PE of the core is on a MULT18X18D in the Verilog the simulators get (other
     units may instantiate blocks of their own: only the PEs' modules are counted)."""
-    config = CORE_CONFIG        # the ULX3S build of test_core.py: the same Verilog, converted once
-    text = generate("core", lambda: Core(config), "tiny-ulx3s").read_text()
+    # test_core.py's 3x2-ulx3s directed core: the same Verilog, converted once.
+    config = TPUConfig(rows=3, cols=2, ub_depth=64, acc_depth=64, weight_mem_tiles=8,
+                       pipeline="fast", multiplier="ecp5")
+    text = generate("core", lambda: Core(config), "3x2-ulx3s").read_text()
     per_module = {}
     for module in text.split("\nmodule ")[1:]:
         name = module.split(None, 1)[0]
         per_module[name] = module.count("MULT18X18D #(")
     pes = {name: count for name, count in per_module.items()
            if re.search(r"\.pe_\d+_\d+$", name)}
-    assert len(pes) == CORE_CONFIG.macs and set(pes.values()) == {1}, pes
+    assert len(pes) == config.macs and set(pes.values()) == {1}, pes
