@@ -15,6 +15,8 @@ the board's clock runs on its own: :meth:`SerialDevice.receive` waits in wall ti
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections import deque
@@ -507,12 +509,18 @@ class SerialDevice:
             self._cond.notify_all()
         port = getattr(self, "_port", None)
         if port is not None:
-            # pyserial 3.5's socket:// close skips closing the socket when its shutdown
-            # fails (the other end already gone): close it here too (a no-op otherwise).
             sock = getattr(port, "_socket", None)
-            port.close()
             if sock is not None:
+                # A socket:// port (the link model): close the socket here. pyserial 3.5's
+                # close skips that when the shutdown fails (the other end already gone),
+                # and then sleeps 0.3 s "in case of quick reconnects", which the link
+                # model does not need (a new connection takes the link over).
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+                port._socket = None
+                port.is_open = False
+            port.close()
 
     def __enter__(self):
         return self
