@@ -20,11 +20,15 @@ import argparse
 import concurrent.futures
 import dataclasses
 import functools
+import gc
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+
+from amaranth.hdl import UnusedElaboratable
 
 from hdl.config import TPUConfig
 from hdl.control.hazards import MATMUL_SLOTS
@@ -37,13 +41,14 @@ from sim.formal.engines import (
     weight_mover_harness,
 )
 from sim.formal.front_end import front_end_stopped_harness, front_end_streams_harness
-from sim.formal.harness import FORMAL_ROOT, Proof, Result, run, stop_all
+from sim.formal.harness import FORMAL_ROOT, Group, Proof, Result, run, stop_all
 from sim.formal.hazards import hazards_harness
 from sim.formal.pe import pe_harness
 from sim.formal.rounding import rounding_harness
 from sim.formal.weight_fifo import weight_fifo_harness
 
-__all__ = ["PROOFS", "FAST_DEPTH", "SCRUB_FAST_DEPTH", "run_proof", "main"]
+__all__ = ["PROOFS", "FAST_DEPTH", "SCRUB_FAST_DEPTH", "FAST_GROUP_SIZE", "run_proof",
+           "fast_groups", "run_fast_group", "main"]
 
 #: BMC depth of the fast form (tests, ``--fast``): past the PE's 3-cycle pipeline and a
 #: whole 2-row tile through the FIFO.
@@ -241,6 +246,59 @@ def run_proof(proof: Proof, *, fast: bool = False, build_root: Path = FORMAL_ROO
                    limit=limit, solver=proof.fast_solver, rerun=rerun)
     return run(proof.name, proof.harness(), mode=proof.mode, depth=proof.depth,
                build_root=build_root, limit=limit, solver=proof.solver, rerun=rerun)
+
+
+#: Fast forms per SymbiYosys run in :func:`fast_groups`: few enough that the groups spread
+#: over the test workers.
+FAST_GROUP_SIZE = 6
+
+
+def fast_groups(proofs: Sequence[Proof] | None = None,
+                size: int = FAST_GROUP_SIZE) -> dict[str, tuple[Proof, ...]]:
+    """*proofs* (default: every one) in groups whose fast forms run as one design
+    (:func:`run_fast_group`): those of one fast mode, depth and solver, at most *size* a
+    group, in the table's order; a fast harness with ``reset="initial"`` alone (see
+    :class:`sim.formal.harness.Group`). Keys name each group by its first proof and size."""
+    proofs = list(PROOFS.values()) if proofs is None else list(proofs)
+    kinds: dict[tuple, list[Proof]] = {}
+    # Each harness is built only to read its reset kind, then dropped unelaborated.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        for proof in proofs:
+            reset = (proof.fast_harness or proof.harness)().reset
+            key = (proof.fast_mode, proof.fast_depth or FAST_DEPTH, proof.fast_solver,
+                   reset == "any" or proof.name)
+            kinds.setdefault(key, []).append(proof)
+        gc.collect()
+    groups = {}
+    for members in kinds.values():
+        for start in range(0, len(members), size):
+            chunk = tuple(members[start:start + size])
+            name = chunk[0].name + (f"+{len(chunk) - 1}" if len(chunk) > 1 else "")
+            groups[name] = chunk
+    return groups
+
+
+def run_fast_group(proofs: Sequence[Proof], *, build_root: Path = FORMAL_ROOT
+                   ) -> tuple[Result, dict[str, Result]]:
+    """The fast forms of *proofs* (one group of :func:`fast_groups`) in one SymbiYosys run,
+    within the sum of their limits. If the group does not pass, each runs alone to name the
+    ones that fail: ``(group result, {name: result alone})`` (empty when the group passed)."""
+    first = proofs[0]
+    mode, depth = first.fast_mode, first.fast_depth or FAST_DEPTH
+    if any((p.fast_mode, p.fast_depth or FAST_DEPTH, p.fast_solver)
+           != (mode, depth, first.fast_solver) for p in proofs):
+        raise ValueError("a group's proofs must share their fast mode, depth and solver")
+    if len(proofs) == 1:
+        return run_proof(first, fast=True, build_root=build_root), {}
+    group = Group({p.name: (p.fast_harness or p.harness)() for p in proofs})
+    names = " ".join(p.name for p in proofs)
+    result = run(f"{first.name}+{len(proofs) - 1}", group, mode=mode, depth=depth,
+                 build_root=build_root, limit=sum(p.limit for p in proofs),
+                 solver=first.fast_solver, rerun=f"python -m sim.formal --fast {names}")
+    if result.ok:
+        return result, {}
+    return result, {p.name: run_proof(p, fast=True, build_root=build_root) for p in proofs}
 
 
 def _select(names: Sequence[str]) -> list[Proof]:

@@ -211,6 +211,40 @@ class Harness(wiring.Component):
         return m
 
 
+class Group(wiring.Component):
+    """Several harnesses in one design, for one SymbiYosys run: ``make test``'s fast forms
+    (:func:`sim.formal.run_fast_group`), whose time is mostly the tools' start-up (three
+    Yosys runs and two smtbmc processes a proof).
+
+    The harnesses share nothing but the ``sync`` domain: each is a submodule (named as given)
+    on its own design, inputs and properties. Every one must have ``reset="any"``, so that
+    the shared reset is free and no harness's assumptions constrain it: a trace that breaks
+    one harness's property under some reset sequence then exists in the group too (the
+    others run along under the same resets), and the group fails exactly when one of them
+    would alone. (A harness with ``reset="initial"`` assumes the reset's value, which would
+    remove the other harnesses' traces that reset later; it runs alone.)
+
+    Parameters
+    ----------
+    harnesses : dict of str to Harness
+        Submodule name to harness.
+    """
+
+    def __init__(self, harnesses: dict[str, Harness]):
+        for name, harness in harnesses.items():
+            if harness.reset != "any":
+                raise ValueError(f"harness {name!r} has reset={harness.reset!r}; a group "
+                                 f"takes only reset='any' harnesses (it runs alone)")
+        self.harnesses = dict(harnesses)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        for name, harness in self.harnesses.items():
+            m.submodules[name] = harness
+        return m
+
+
 def free_inputs(m: Module, component: wiring.Component) -> None:
     """Drive every input port of *component* with ``AnySeq``: any value, each cycle."""
     for _path, member, value in component.signature.flatten(component):

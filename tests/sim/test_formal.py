@@ -2,13 +2,16 @@
 models, harnesses and designs must come back FAILED with a counterexample, and a proof whose
 induction cannot close must not pass."""
 
+import dataclasses
+import gc
 import os
 import re
+import warnings
 from pathlib import Path
 from unittest import mock
 
 import pytest
-from amaranth.hdl import Assert, Assume, Fragment, Module, Signal, Value
+from amaranth.hdl import Assert, Assume, Fragment, Module, Signal, UnusedElaboratable, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -18,7 +21,15 @@ from hdl.datapath.pe import PE
 from hdl.datapath.weight_fifo import WeightFIFO
 from hdl.isa import Opcode
 from hdl.lib.compare import greater_than
-from sim.formal import CONTROL_FAST, FAST_DEPTH, PROOFS, run_proof
+from sim.formal import (
+    CONTROL_FAST,
+    FAST_DEPTH,
+    FAST_GROUP_SIZE,
+    PROOFS,
+    fast_groups,
+    run_fast_group,
+    run_proof,
+)
 from sim.formal import harness as formal
 from sim.formal import hazards as formal_hazards
 from sim.formal.engines import matrix_engine_harness
@@ -46,16 +57,64 @@ def _assert_counterexample(result: Result, source: str) -> None:
     assert "FAILED" in result.report() and str(result.gtkw.name) in result.report()
 
 
-@pytest.mark.parametrize("name", sorted(PROOFS))
-def test_fast_form(name: str, tmp_path: Path):
+FAST_GROUPS = fast_groups()
+
+
+@pytest.mark.parametrize("group", FAST_GROUPS)
+def test_fast_forms(group: str, tmp_path: Path):
     """Every registered proof in its fast form (a BMC of FAST_DEPTH cycles, or a cheap
-    induction on a small configuration) finds no counterexample."""
-    proof = PROOFS[name]
-    result = run_proof(proof, fast=True, build_root=tmp_path)
-    assert result.status == ("bounded" if proof.fast_mode == "bmc" else "proved"), \
-        result.report()
-    assert result.ok and result.trace is None
-    assert result.depth == (proof.fast_depth or FAST_DEPTH)
+    induction on a small configuration) finds no counterexample: several at a time, one
+    SymbiYosys run a group (sim.formal.fast_groups); a group that fails is run a proof at a
+    time, and the failure names the proofs that fail alone."""
+    proofs = FAST_GROUPS[group]
+    result, alone = run_fast_group(proofs, build_root=tmp_path)
+    failing = [r.report() for r in alone.values() if not r.ok]
+    assert result.ok and result.trace is None, "\n".join(
+        [result.report(), "alone:" if failing else "each passes alone", *failing])
+    assert result.status == ("bounded" if proofs[0].fast_mode == "bmc" else "proved")
+    assert result.depth == (proofs[0].fast_depth or FAST_DEPTH)
+
+
+def test_fast_groups_hold_every_proof_once():
+    names = [p.name for group in FAST_GROUPS.values() for p in group]
+    assert sorted(names) == sorted(PROOFS)
+    assert all(len(group) <= FAST_GROUP_SIZE for group in FAST_GROUPS.values())
+    assert [p.name for p in FAST_GROUPS["rounding"]] == ["rounding"]   # reset="initial"
+
+
+def _with_broken(name: str, harness, mode: str, depth: int) -> list[Proof]:
+    """A passing proof's fast form and a broken harness, as one group of *mode* and *depth*."""
+    passing = dataclasses.replace(PROOFS["hazards"], fast_mode=mode, fast_depth=depth)
+    return [passing, Proof(name, harness, mode, depth, limit=120, fast_mode=mode,
+                           fast_depth=depth)]
+
+
+def test_a_broken_proof_fails_its_group(tmp_path: Path):
+    """A group of a passing fast form and a broken harness fails with the broken one's
+    counterexample; run alone, only the broken one fails."""
+    result, alone = run_fast_group(_with_broken(
+        "hazards_bug", lambda: hazards_harness("rules", small=4, dut_class=RuleDroppedTracker),
+        "bmc", 4), build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/hazards.py")
+    assert {name for name, r in alone.items() if not r.ok} == {"hazards_bug"}
+
+
+@pytest.mark.slow          # a broken variant; make test keeps one of each kind
+def test_an_unclosed_induction_fails_its_group(tmp_path: Path):
+    """A group one of whose members' induction cannot close is not proved."""
+    result, alone = run_fast_group(_with_broken(
+        "pe_weak", lambda: pe_harness(data_width=4, acc_width=8, invariants=False),
+        "prove", 4), build_root=tmp_path)
+    assert result.status == "UNKNOWN", result.report()
+    assert {name for name, r in alone.items() if not r.ok} == {"pe_weak"}
+
+
+def test_a_group_takes_no_initial_reset_harness():
+    with warnings.catch_warnings():      # the refused group and its harness are never used
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="reset='initial'.*runs alone"):
+            formal.Group({"rounding": rounding_harness()})
+        gc.collect()
 
 
 # Time limits --------------------------------------------------------------------------------
