@@ -61,7 +61,7 @@ def test_icebreaker_plan():
 
 
 def test_ulx3s_plan():
-    top = ULX3STop(get_config("small"), workdir=Path("build/boards/test-pll"))
+    top = ULX3STop(get_config("tiny"), workdir=Path("build/boards/test-pll"))
     assert (top.clock_hz, top.divisor) == (135_000_000, 45)
     files = _plan_files(ULX3S_85F_Platform(), top)
     lpf = files["top.lpf"]
