@@ -8,16 +8,14 @@ import os
 
 import pytest
 
-#: The cyclic garbage collector's thresholds for the test processes (Python's default is
-#: (700, 10, 10)). The tests build large, long-lived object graphs (Amaranth designs, compiled
-#: programs, the ISA simulator's state), and with the default every few hundred allocations
-#: start a collection that walks them, and every hundred of those a full one: 15 to 35 % of
-#: the compiler's and the Verilog conversions' processor time. Garbage with cycles waits
-#: longer; nothing depends on when it goes (tests that need it gone call gc.collect()).
-GC_THRESHOLD = (100_000, 50, 100)
-
 
 def pytest_configure(config) -> None:
+    # The tests build large, long-lived object graphs (Amaranth designs, compiled programs,
+    # the ISA simulator's state): with Python's default thresholds the collector walked them
+    # every few hundred allocations, 15 to 35 % of the compiler's and the conversions'
+    # processor time. Garbage with cycles waits longer; nothing depends on when it goes
+    # (tests that need it gone call gc.collect()).
+    from sim.rtl.verilog import GC_THRESHOLD
     gc.set_threshold(*GC_THRESHOLD)
 
 

@@ -39,8 +39,8 @@ from amaranth.lib import wiring
 
 from hdl.lib.vendor import VERILOG_SIM_PLATFORM
 
-__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "SIM_MODELS_DIR", "generate",
-           "design_hash", "atomic_write", "locked", "for_icarus", "model_sources"]
+__all__ = ["REPO_ROOT", "BUILD_ROOT", "HDL_DIR", "MODELS_DIR", "SIM_MODELS_DIR", "GC_THRESHOLD",
+           "generate", "design_hash", "atomic_write", "locked", "for_icarus", "model_sources"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_ROOT = REPO_ROOT / "build"
@@ -113,13 +113,18 @@ def design_hash(config_key: str, factory: Callable) -> str:
     return h.hexdigest()
 
 
+#: Thresholds of the cyclic garbage collector for work that builds large, long-lived object
+#: graphs (Python's default is (700, 10, 10)): a conversion here, and the test processes
+#: (tests/conftest.py). Amaranth builds millions of netlist objects, and with the default
+#: the collector's passes over them were a third of a large design's conversion time.
+GC_THRESHOLD = (100_000, 50, 100)
+
+
 @contextmanager
 def _fewer_collections() -> Iterator[None]:
-    """Raise the cyclic garbage collector's thresholds for a conversion: Amaranth builds
-    millions of long-lived netlist objects, and with Python's default thresholds the
-    collector's passes over them were a third of a large design's conversion time."""
+    """:data:`GC_THRESHOLD` (or the thresholds set, where higher) for a conversion."""
     old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 100_000), max(old[1], 50), max(old[2], 100))
+    gc.set_threshold(*(max(a, b) for a, b in zip(old, GC_THRESHOLD, strict=True)))
     try:
         yield
     finally:
