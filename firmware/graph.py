@@ -70,7 +70,7 @@ from sim.models import golden
 
 __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", "Reshape",
            "MaxPool2D", "AveragePool2D", "Add", "Softmax", "Quantize", "Requantize",
-           "Dequantize", "Constant", "AttentionScores", "Lookup",
+           "Dequantize", "Constant", "AttentionScores", "Lookup", "evaluate",
            "SoftmaxNormalise", "AttentionMix",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
            "requant_from_real", "Segment",
@@ -688,6 +688,15 @@ class Concat(Op):
 
 # The graph --------------------------------------------------------------------------------
 
+def evaluate(ops: list[Op], values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run *ops* in order on the integer reference, adding each output to *values* (which
+    holds every tensor they read that none of them writes); returns *values*."""
+    for op in ops:
+        values.update(zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
+                          strict=True))
+    return values
+
+
 @dataclass(eq=False)
 class Graph:
     """Tensors by name, operators in execution order, the model's input and output names."""
@@ -751,11 +760,7 @@ class Graph:
 
     def reference(self, inputs: dict[str, np.ndarray], *, collect: bool = False):
         """The integer reference: outputs by name (every tensor with ``collect``)."""
-        values = dict(self.check_inputs(inputs))
-        for op in self.ops:
-            for name, v in zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
-                               strict=True):
-                values[name] = v
+        values = evaluate(self.ops, dict(self.check_inputs(inputs)))
         return values if collect else {n: values[n] for n in self.outputs}
 
     def summary(self) -> list[dict]:

@@ -289,19 +289,12 @@ def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
     want = trace["logits"]
     # The operators before the first table do not depend on the offset: run them once.
     first = graph.ops.index(exp_ops[0])
-    known = graph.check_inputs(graph_inputs(x_calib))
-    for op in graph.ops[:first]:
-        known.update(zip(op.outputs, op.reference(*(known[t] for t in op.inputs)),
-                         strict=True))
+    known = g.evaluate(graph.ops[:first], graph.check_inputs(graph_inputs(x_calib)))
     best = None
     for c in ([offset] if offset is not None else range(128)):
         for op in exp_ops:
             op.table = exp_table(scale[op.inputs[0]], c)
-        values = dict(known)
-        for op in graph.ops[first:]:
-            values.update(zip(op.outputs, op.reference(*(values[t] for t in op.inputs)),
-                              strict=True))
-        out = values["logits"]
+        out = g.evaluate(graph.ops[first:], dict(known))["logits"]
         agree = int((out.argmax(axis=1) == want.argmax(axis=1)).sum())
         err = float(((out * scale["logits"] - want) ** 2).mean())
         if best is None or (agree, -err) > best[:2]:
