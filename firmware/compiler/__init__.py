@@ -27,7 +27,28 @@ one position of image ``image`` of unit ``u`` (element 0 first). Stage outputs u
 ``g = min(rows, cols)`` (ACTIVATE writes ``cols`` elements and MATMUL reads ``rows``) and the
 network's last stage ``g = cols``. A tensor that a padded convolution reads is stored inside a
 frame of the padding's width whose rows hold the quantised zero; the setup program writes the
-frames, which no later instruction touches.
+frames of tensors that have rows of their own, which no later instruction touches.
+
+Buffer layout
+-------------
+A tensor takes ``G * P * unit * blocks`` rows (``P`` counting the frame; ``blocks`` the units
+of a batch, one more for the first stage's spare block, two buffers for the last stage's
+output); the input ring takes ``max(in_rows, ceil(ring * in_rows))``. The plan tries three
+layouts (:data:`~firmware.compiler.plan.MODES`) and keeps the first that fits ``ub_depth``:
+
+- ``resident``: the ring from row 0, then every stage's output in rows of its own;
+- ``reuse``: the ring, the first stage's output (if it has the spare block) and the last
+  stage's two buffers in rows of their own; the other stage outputs each live only from the
+  stage that writes it to the one that reads it, so they alternate between the bottom and the
+  top of the rows left, and need the largest sum of two neighbours' rows;
+- ``sequential``: the batches run one after another (the next batch's input waits for the
+  last one's write-back), so the ring and every stage output (the last with one buffer)
+  alternate between the bottom and the top of the whole buffer: the largest sum of an
+  input's and its stage output's rows must fit (the layout of the first compiler).
+
+A tensor that shares rows with another has its frame written again before each batch's stage
+writes it. :func:`compile_network` considers the sharing layouts only when one image does not
+fit the resident one (their frames cost link rows), and its refusal names the tensors' rows.
 
 Stages
 ------

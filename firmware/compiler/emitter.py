@@ -16,7 +16,7 @@ import numpy as np
 
 from firmware.asm import Program
 from firmware.compiler.layout import Tensor, _ceil_div
-from firmware.compiler.plan import COUNT_LIMIT, _jobs, _runs, _StagePlan
+from firmware.compiler.plan import COUNT_LIMIT, _jobs, _row_runs, _runs, _StagePlan
 from firmware.compiler.timing import _Tally, _Timed, _Timing
 from hdl import isa
 
@@ -75,7 +75,7 @@ class _Emitter:
 
     def _dst(self, sp: _StagePlan, b: int, u: np.ndarray) -> tuple[Tensor, np.ndarray]:
         last = sp.index == len(self.plan.stages) - 1
-        out = sp.outs[b % 2] if last else sp.outs[0]
+        out = sp.outs[b % len(sp.outs)] if last else sp.outs[0]
         return out, (self._ring(b, u) if sp.index == 0 and not last else u)
 
     # Host input -------------------------------------------------------------------------
@@ -345,6 +345,8 @@ class _Emitter:
         first_stage = sp.index == 0
         g = b * self.plan.units + u0                 # the program's unit (first stage)
         reads: dict = {}
+        if emit and u0 == 0 and sp.refresh:
+            self._refresh(sp)
         if first_stage and emit:
             # Every input row this unit's MATMULs will read stays live until the last job
             # that reads it has sent its MATMULs, so that the next unit's rows never land on
@@ -414,6 +416,23 @@ class _Emitter:
                 if sp.index == 0:
                     self._interleave(b, emit)
 
+    def _refresh(self, sp: _StagePlan) -> None:
+        """Write the frame of a stage's output that shares its rows with another tensor
+        (the plan's ``refresh``) before the stage's first job of a batch: an ACTIVATE not yet
+        sent that writes those rows (the other tensor's) and the write-back reading them go
+        first."""
+        zero = np.full(self.c.ub_row, sp.stage.out_q.zero_point, dtype=np.int64)
+        for out in sp.outs:
+            for start, count in _row_runs(out.border()):
+                end = start + count
+                self._flush_for(lambda job, span: span[0] < end and start < span[1])
+                if self.pending_write is not None and \
+                        self.pending_write[0] < end and start < sum(self.pending_write):
+                    self._write(force=True)
+                for s in range(0, count, COUNT_LIMIT):
+                    n = min(COUNT_LIMIT, count - s)
+                    self.p.read_host(start + s, np.broadcast_to(zero, (n, self.c.ub_row)))
+
     def _units(self, b: int) -> int:
         """Units batch ``b`` runs: the last batch only those holding images."""
         plan = self.plan
@@ -441,7 +460,8 @@ class _Emitter:
             self._flush_for(lambda job, span: span[0] < self.pending_write[0] +
                             self.pending_write[1] and self.pending_write[0] < span[1])
             self._write(force=True)
-        out = self.plan.stages[-1].outs[b % 2]
+        outs = self.plan.stages[-1].outs
+        out = outs[b % len(outs)]
         self.pending_write = (out.base, self._write_rows(b))
 
     def _write_rows(self, b: int) -> int:
@@ -456,6 +476,7 @@ class _Emitter:
     def _program(self, emit: bool) -> None:
         plan = self.plan
         n_units = _ceil_div(len(self.x_q), plan.unit)
+        sequential = plan.mode == "sequential"
         self.deferred = deque()
         if emit:
             self._queue_unit(0)
@@ -463,10 +484,26 @@ class _Emitter:
         for b in range(self.batches):
             units = self._units(b)
             for u in range(units):
-                if emit and g + 1 < n_units:
+                # One batch after another (a sequential plan): the input ring shares rows
+                # with the later stages' outputs, so the next batch's rows wait for them.
+                if emit and g + 1 < n_units and not (sequential and u == units - 1):
                     self._queue_unit(g + 1)
                 self._stage(plan.stages[0], b, u, 1, emit)
                 g += 1
+            if sequential and not self.profile:
+                self.deferred.extend((sp, b) for sp in plan.stages[1:])
+                while self.deferred:
+                    self._later(emit)
+                if emit:
+                    if len(plan.stages) == 1:
+                        self._defer_write(b)
+                    if g < n_units:
+                        # Every ACTIVATE and the write-back before the next batch's rows
+                        # land on the rows they write or read.
+                        self._flush()
+                        self._write(force=True)
+                        self._queue_unit(g)
+                continue
             if self.profile:
                 self._checkpoint()
                 if len(plan.stages) == 1 and emit:

@@ -25,7 +25,7 @@ from firmware.compiler.layout import (
     _stage_table,
     _weight_tiles,
 )
-from firmware.compiler.plan import COUNT_LIMIT, _plan
+from firmware.compiler.plan import COUNT_LIMIT, MODES, _plan, _row_runs
 from firmware.quant import QuantisedNetwork
 from firmware.runtime import Batch
 from hdl import isa
@@ -65,14 +65,16 @@ class CompiledNetwork:
     """
 
     def __init__(self, config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-                 program_images: int = PROGRAM_IMAGES, ring: float = 2.0, pack: bool = True):
+                 program_images: int = PROGRAM_IMAGES, ring: float = 2.0, pack: bool = True,
+                 modes: tuple[str, ...] = MODES):
         self.config = config
         self.network = network
         self.unit, self.units = unit, units
         self.batch_size = unit * units
         self.program_images = max(program_images, self.batch_size)
         self.pack = pack
-        self._plan = _plan(config, network, unit, units, ring=ring, pack=pack)
+        self.modes = modes
+        self._plan = _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes)
         self.tiles, self._params, _, _ = _weight_tiles(
             config, [sp.stage for sp in self._plan.stages], self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
@@ -97,6 +99,8 @@ class CompiledNetwork:
         if self.table is not None:
             p.load_table(self.table.tolist())
         for sp in self._plan.stages:
+            if sp.refresh:
+                continue                 # its frame shares rows: each batch writes it
             zero = np.full(c.ub_row, sp.stage.out_q.zero_point, dtype=np.int64)
             for t in sp.outs:
                 for start, count in _row_runs(t.border()):
@@ -298,6 +302,12 @@ class CompiledNetwork:
                  f"{len(self._params)} parameter sets "
                  f"({'resident' if self.resident_params else 'loaded per ACTIVATE'}), "
                  f"{self.input_rows():g} input rows per image"]
+        used = max([plan.ring] + [t.base + t.rows for sp in plan.stages for t in sp.outs])
+        lines.append(f"  unified buffer: {plan.mode} layout, {used} of {c.ub_depth} rows: "
+                     f"input ring 0..{plan.ring}, " + ", ".join(
+                         f"{sp.stage.name} " + " and ".join(
+                             f"{t.base}..{t.base + t.rows}" for t in sp.outs)
+                         for sp in plan.stages))
         for st, sp, b in zip(self.network.stages, plan.stages, self.bounds(), strict=True):
             lay = sp.layout
             extra = " + maxpool 2x2" if st.pool else ""
@@ -313,24 +323,19 @@ class CompiledNetwork:
         return "\n".join(lines)
 
 
-def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted rows as (first, count) runs of consecutive rows."""
-    runs: list[tuple[int, int]] = []
-    for r in rows:
-        if runs and runs[-1][0] + runs[-1][1] == r:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((int(r), 1))
-    return runs
-
-
-
 #: Input ring sizes (in units' rows) the compiler tries: two buffers first.
 RINGS = (2.0, 1.5, 1.25, 1.0)
 
 
+def _modes(config: TPUConfig, network: QuantisedNetwork, pack: bool) -> tuple[str, ...]:
+    """The plan modes to choose among: the resident layout alone where one image fits it
+    (its programs need no frame written per batch), else every mode."""
+    return ("resident",) if _fits(config, network, 1, 1, min(RINGS), pack, ("resident",)) \
+        else MODES
+
+
 def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
-            pack: bool = True) -> tuple[int, int, float]:
+            pack: bool = True, modes: tuple[str, ...] = MODES) -> tuple[int, int, float]:
     """Images per unit, units per batch and the input ring: the choice whose program the
     emitter's tallies predict the fewest cycles per image for; on a tie the one whose first
     stage's output has a block to spare (later stages overlap the next batch), then the
@@ -343,7 +348,8 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
             lo, hi = 0, max_batch
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring, pack) else (lo, mid - 1)
+                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring, pack, modes) \
+                    else (lo, mid - 1)
             if lo:
                 return lo, 1, ring
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
@@ -351,21 +357,22 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
     for ring in RINGS:
         fitting = []
         for unit in (u for u in candidates if u <= max_batch):
-            if not _fits(config, network, unit, 1, ring, pack):
+            if not _fits(config, network, unit, 1, ring, pack, modes):
                 break
             fitting.append(unit)
         for unit in fitting[-3:]:           # the largest units: longer MATMULs
             lo, hi = 1, max_batch // unit
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if _fits(config, network, unit, mid, ring, pack):
+                if _fits(config, network, unit, mid, ring, pack, modes):
                     lo = mid
                 else:
                     hi = mid - 1
             # Fewer units a batch may keep a spare block; more make a later stage's MATMULs
             # longer (a tile switch costs the array a row per array row).
             for units in sorted({u for u in candidates if u < lo} | {lo}):
-                cn = CompiledNetwork(config, network, unit, units, ring=ring, pack=pack)
+                cn = CompiledNetwork(config, network, unit, units, ring=ring, pack=pack,
+                                     modes=modes)
                 # Estimates within a per cent of each other count as a tie (the model's
                 # error): then a spare block, a larger unit, ring and batch.
                 key = (round(math.log(cn.estimate()) / math.log(1.01)), -cn._plan.spare,
@@ -375,9 +382,10 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
     return best[1], best[2], best[3]
 
 
-def _fits(config, network, unit, units, ring: float = 2.0, pack: bool = True) -> bool:
+def _fits(config, network, unit, units, ring: float = 2.0, pack: bool = True,
+          modes: tuple[str, ...] = MODES) -> bool:
     try:
-        _plan(config, network, unit, units, ring=ring, pack=pack)
+        _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes)
         return True
     except CompileError:
         return False
@@ -419,23 +427,30 @@ def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
         raise CompileError(f"{network.name} does not fit {config.name} even one image at a "
                            f"time: {error}") from None
     rings = RINGS if ring is None else (ring,)
+    modes = _modes(config, network, pack)
     if batch_size is not None:
         if unit is not None and batch_size % unit:
             raise CompileError(f"batch_size={batch_size} is not a multiple of unit={unit}")
         units_of = [unit] if unit is not None else \
             [u for u in range(min(batch_size, 4 * config.rows), 0, -1) if batch_size % u == 0]
-        for r in rings:                      # the largest unit at the largest ring that fits
-            for u in units_of:
-                if _fits(config, network, u, batch_size // u, r, pack):
-                    return CompiledNetwork(config, network, u, batch_size // u,
-                                           program_images, r, pack)
+        # The resident layout where it fits this batch, else the modes sharing rows.
+        for ms in dict.fromkeys((modes, MODES)):
+            for r in rings:                  # the largest unit at the largest ring that fits
+                for u in units_of:
+                    if _fits(config, network, u, batch_size // u, r, pack, ms):
+                        return CompiledNetwork(config, network, u, batch_size // u,
+                                               program_images, r, pack, ms)
         _plan(config, network, units_of[-1], batch_size // units_of[-1], ring=rings[-1],
               pack=pack)
     if unit is not None:
-        r = next((r for r in rings if _fits(config, network, unit, 1, r, pack)), rings[-1])
-        _plan(config, network, unit, 1, ring=r, pack=pack)
+        for ms in dict.fromkeys((modes, MODES)):
+            r = next((r for r in rings if _fits(config, network, unit, 1, r, pack, ms)), None)
+            if r is not None:
+                break
+        else:
+            _plan(config, network, unit, 1, ring=rings[-1], pack=pack)
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
-                    if _fits(config, network, unit, u, r, pack))
-        return CompiledNetwork(config, network, unit, units, program_images, r, pack)
-    unit, units, ring = _choose(config, network, max_batch, pack)
-    return CompiledNetwork(config, network, unit, units, program_images, ring, pack)
+                    if _fits(config, network, unit, u, r, pack, ms))
+        return CompiledNetwork(config, network, unit, units, program_images, r, pack, ms)
+    unit, units, ring = _choose(config, network, max_batch, pack, modes)
+    return CompiledNetwork(config, network, unit, units, program_images, ring, pack, modes)

@@ -10,6 +10,7 @@ emitter (:mod:`firmware.compiler.emitter`) writes programs from the plan.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,7 @@ class _StagePlan:
     outs: list[Tensor]              # the output tensor (two buffers for the last stage)
     tiles: list[list[int]]
     params: list[int]
+    refresh: bool = False           # its output shares rows: each batch writes its frame
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class _Plan:
     ring: int                       # rows of the input ring
     layouts: list                   # every stage's _Layout
     spare: bool                     # the first stage's output has a block to spare
+    mode: str = "resident"          # one of MODES
 
     @property
     def batch(self) -> int:
@@ -82,33 +85,59 @@ def _frame(stages: list[Stage], index: int) -> tuple[int, int]:
     return tuple(nxt.pad) if nxt is not None and nxt.kind == "conv" else (0, 0)
 
 
+#: How the plan places the tensors, tried in this order (package notes, "Buffer layout"):
+#: ``resident``, every tensor in rows of its own; ``reuse``, the stages between the first and
+#: the last share rows by liveness; ``sequential``, the input ring too, the batches one after
+#: another.
+MODES = ("resident", "reuse", "sequential")
+
+
 def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-          tile_ids=None, param_ids=None, ring: float = 2.0, pack: bool = True) -> _Plan:
+          tile_ids=None, param_ids=None, ring: float = 2.0, pack: bool = True,
+          modes: tuple[str, ...] = MODES) -> _Plan:
     """The plan for ``unit`` images a unit and ``units`` a batch; the input ring holds
     ``ring`` units' rows (2: two buffers; less when later units may take the rows of the
     earlier passes of the unit being computed). A first convolution whose shifted passes
     make its input too large for the unified buffer gets a row per kernel tap group
     instead (the host's patches). ``pack``: a first convolution that a Dense reads computes
     several positions an accumulator row where they fit (:func:`_paired`); the plan's stages
-    are the ones planned."""
-    first_error = None
+    are the ones planned. The first of ``modes`` (:data:`MODES`) that fits is the plan's;
+    the error raised is the last mode's, whose rule is the loosest."""
     paired = _paired(network, config) if pack else network
-    for net in (paired, network) if paired is not network else (network,):
-        # Shifted passes or not: a choice for a first convolution of one position a row
-        # (a packed one has one pass, the same either way).
-        first = net.stages[0]
-        for shifts in ((True, False) if first.kind == "conv"
-                       and not isinstance(first, _PairedConv) else (True,)):
-            for spare in (True, False) if len(net.stages) > 1 else (False,):
-                try:
-                    return _plan_with(config, net, unit, units, ring, shifts, spare)
-                except CompileError as error:
-                    first_error = first_error or error
-    raise first_error
+    error = None
+    for mode in modes:
+        first_error = None
+        for net in (paired, network) if paired is not network else (network,):
+            # Shifted passes or not: a choice for a first convolution of one position a row
+            # (a packed one has one pass, the same either way).
+            first = net.stages[0]
+            for shifts in ((True, False) if first.kind == "conv"
+                           and not isinstance(first, _PairedConv) else (True,)):
+                spares = (True, False) if len(net.stages) > 1 and mode != "sequential" \
+                    else (False,)
+                for spare in spares:
+                    try:
+                        return _plan_with(config, net, unit, units, ring, shifts, spare, mode)
+                    except CompileError as e:
+                        first_error = first_error or e
+        error = first_error
+    raise error
+
+
+def _place(chain: list[Tensor], lo: int, depth: int) -> list[Tensor]:
+    """``chain``'s tensors placed in rows ``lo..depth`` where each one is live only beside
+    its neighbours in the chain (the stage that writes it and the one that reads it): the
+    even ones from ``lo`` up, the odd ones from ``depth`` down, so that each pair of
+    neighbours shares no row if their rows add up to at most ``depth - lo``."""
+    out = []
+    for k, t in enumerate(chain):
+        base = lo if k % 2 == 0 else depth - t.rows
+        out.append(dataclasses.replace(t, base=base))
+    return out
 
 
 def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-               ring: float, shifts: bool, spare: bool) -> _Plan:
+               ring: float, shifts: bool, spare: bool, mode: str = "resident") -> _Plan:
     c = config
     batch = unit * units
     layouts = _layouts(config, network, unit, shifts)
@@ -120,35 +149,93 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
         t += len(lay.passes) * lay.col_blocks
         p += lay.col_blocks
     stages = network.stages
+    n_stages = len(stages)
     first = layouts[0]
     in_rows = (len(first.host.chunks) * len(first.host.anchors) if first.host is not None
                else len(first.passes) * unit)
     ring_rows = max(in_rows, int(np.ceil(ring * in_rows)))
-    top = ring_rows                                # the input ring at the bottom
-    tensors = []
+    sequential = mode == "sequential"
+    # Every stage's output tensor(s), placed at row 0 for now (the last stage's has two
+    # buffers, so that a batch's write-back overlaps the next batch, unless the batches run
+    # one after another).
+    tensors: list[list[Tensor]] = []
     for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
-        last = index == len(stages) - 1
+        last = index == n_stages - 1
         frame = _frame(stages, index)
         h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
         pitch = w + 2 * frame[1]
         positions = (h + 2 * frame[0]) * pitch
-        outs = []
         # The first stage's output is a ring of one block more than a batch (when it
         # fits), so that the next batch's first unit can run before the later stages
         # read this batch's.
         blocks = units + 1 if index == 0 and spare else units
-        for _ in range(2 if last else 1):
-            t = Tensor(top, lay.col_blocks, positions, unit, blocks, lay.out_width, st.n, h,
-                       pitch, frame)
-            top += t.rows
-            outs.append(t)
-        tensors.append(outs)
-        if top > c.ub_depth:
-            raise CompileError(
-                f"stage {st.name}: the unified buffer needs {top} rows up to its output "
-                f"({ring_rows} for the input, {in_rows} rows for {unit} image(s) at a time, "
-                f"the stage outputs for {batch}); the configuration has ub_depth="
-                f"{c.ub_depth}")
+        tensors.append([Tensor(0, lay.col_blocks, positions, unit, blocks, lay.out_width,
+                               st.n, h, pitch, frame)
+                        for _ in range(2 if last and not sequential else 1)])
+    ring_t = Tensor(0, 1, ring_rows, 1, 1, c.rows, c.rows)   # the input ring's rows
+
+    def stack(items, top):
+        placed = []
+        for tensor in items:
+            placed.append(dataclasses.replace(tensor, base=top))
+            top += tensor.rows
+        return placed, top
+
+    def refuse(what: str, need: int) -> CompileError:
+        parts = ", ".join(f"{st.name} {sum(x.rows for x in ts)}"
+                          for st, ts in zip(stages, tensors, strict=True))
+        return CompileError(
+            f"{what}: the unified buffer needs {need} rows ({mode} layout: the input ring "
+            f"{ring_rows} ({in_rows} rows for {unit} image(s) at a time), the stage outputs "
+            f"for {batch} image(s): {parts}); the configuration has ub_depth={c.ub_depth}")
+
+    if mode == "resident":
+        top = ring_rows                            # the input ring at the bottom
+        for index, st in enumerate(stages):
+            tensors[index], top = stack(tensors[index], top)
+            if top > c.ub_depth:
+                raise refuse(f"stage {st.name}", top)
+        shared = [False] * n_stages
+    else:
+        # Always live: the input ring (unless sequential), the first stage's output when the
+        # next batch writes it before this one's second stage has read it (spare), the last
+        # stage's two buffers. The rest form a chain, each live from the stage that writes
+        # it to the one that reads it.
+        if sequential:
+            always, chain = [], list(range(-1, n_stages))
+        else:
+            always = ([0] if spare else []) + [n_stages - 1]
+            chain = list(range(1 if spare else 0, n_stages - 1))
+        top = 0 if sequential else ring_rows
+        for index in always:
+            tensors[index], top = stack(tensors[index], top)
+            if top > c.ub_depth:
+                raise refuse(f"stage {stages[index].name}", top)
+        members = [ring_t if i < 0 else tensors[i][0] for i in chain]
+        sizes = [m.rows for m in members]
+        for k, (i, rows) in enumerate(zip(chain, sizes, strict=True)):
+            # A tensor and its reader's output share the rows left above the always-live.
+            pair = rows + (sizes[k + 1] if k + 1 < len(sizes) else 0)
+            if top + pair > c.ub_depth:
+                what = ("the input ring" if i < 0 else f"stage {stages[i].name}") + \
+                    ("" if k + 1 == len(sizes) else
+                     f" and stage {stages[chain[k + 1]].name}")
+                raise refuse(what, top + pair)
+        placed = _place(members, top, c.ub_depth)
+        for i, tensor in zip(chain, placed, strict=True):
+            if i < 0:
+                if tensor.base != 0:
+                    raise CompileError("the input ring must start at row 0")
+            else:
+                tensors[i] = [tensor]
+        # A tensor that shares rows with another has its frame written again before each
+        # batch's stage writes it (the setup program's frame would not survive).
+        spans = [(i, t.base, t.base + t.rows) for i, ts in enumerate(tensors) for t in ts]
+        if sequential:
+            spans.append((-1, 0, ring_rows))
+        shared = [any(j != i and a < hi and lo_ < b for j, a, b in spans)
+                  for i, lo_, hi in ((i, ts[0].base, ts[-1].base + ts[-1].rows)
+                                     for i, ts in enumerate(tensors))]
     plans = []
     for index, (st, lay) in enumerate(zip(stages, layouts, strict=True)):
         step = min(c.acc_depth // 2, COUNT_LIMIT) // lay.window * lay.window
@@ -157,8 +244,8 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
                                f"not fit half the accumulators (acc_depth={c.acc_depth})")
         plans.append(_StagePlan(st, index, lay, ring_rows if index == 0 else None,
                                 tensors[index - 1][0] if index else None, tensors[index],
-                                tile_ids[index], param_ids[index]))
-    return _Plan(unit, units, plans, in_rows, ring_rows, layouts, spare)
+                                tile_ids[index], param_ids[index], shared[index]))
+    return _Plan(unit, units, plans, in_rows, ring_rows, layouts, spare, mode)
 
 
 def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
@@ -201,3 +288,14 @@ def _jobs(sp: _StagePlan, units: int, config: TPUConfig) -> list[tuple[int, int]
     step = max(min(config.acc_depth // 4, COUNT_LIMIT) // sp.layout.window, 1) * \
         sp.layout.window
     return [(m0, min(step, total - m0)) for m0 in range(0, total, step)]
+
+
+def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted rows as (first, count) runs of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for r in rows:
+        if runs and runs[-1][0] + runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((int(r), 1))
+    return runs

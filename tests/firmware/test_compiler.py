@@ -20,7 +20,8 @@ from tiers import tiered
 
 from firmware import nn
 from firmware.asm import disassemble
-from firmware.compiler import CompileError, compile_network
+from firmware.compiler import RINGS, CompileError, compile_network
+from firmware.compiler.plan import _plan
 from firmware.quant import QuantError, QuantisedNetwork, quantise, reference_forward
 from firmware.runtime import run
 from firmware.transports.isa import IsaSimDevice
@@ -435,6 +436,60 @@ def test_random_conv_chains_cover_padding_and_heads():
     assert any(isinstance(net.layers[-1], nn.Dense) or isinstance(net.layers[-2], nn.Dense)
                for net in nets)
     assert any(sum(isinstance(layer, nn.Conv2D) for layer in net.layers) == 3 for net in nets)
+
+
+# Tensors that share buffer rows ----------------------------------------------------------------
+
+def small_cnn(shape, convs, pool: bool, dense: int = 10, seed: int = 7):
+    """Convolutions with 'same' padding and ReLU (2x2 max-pooling after the first if
+    ``pool``), then a Dense: what a user tries first on a small core."""
+    rng = np.random.default_rng(seed)
+    layers, channels = [], shape[2]
+    for i, (k, out) in enumerate(convs):
+        layers += [nn.Conv2D(rng.normal(size=(k, k, channels, out)) / k,
+                             rng.normal(size=out) * 0.1, padding="same", name=f"conv{i}"),
+                   nn.ReLU()]
+        if pool and i == 0:
+            layers.append(nn.MaxPool2D())
+        channels = out
+    probe = nn.Network(shape, layers + [nn.Flatten()])
+    layers += [nn.Flatten(), nn.Dense(rng.normal(size=(probe.output_shape[0], dense)) / 4,
+                                      rng.normal(size=dense) * 0.1, name="fc")]
+    return nn.Network(shape, layers, name=f"cnn{shape}"), rng.normal(size=(4, *shape))
+
+
+# (configuration, batch size, input HWC, [(kernel, channels)], pool, the plan's mode). Each
+# ran at d504740, whose layout let a stage's output take its input's rows; the resident
+# layout (every tensor in rows of its own) does not fit them (at that batch size).
+SHARED_ROWS = [
+    ("small", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
+    ("wide", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
+    ("icebreaker", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
+    ("5x3", None, (8, 8, 1), [(3, 16), (3, 16)], False, "sequential"),
+    ("5x3", None, (10, 10, 2), [(3, 4), (3, 8), (3, 8)], False, "reuse"),
+    ("7x2", 2, (10, 10, 2), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
+]
+
+
+@pytest.mark.parametrize("config_name, batch, shape, convs, pool, mode", SHARED_ROWS,
+                         ids=[f"{c[0]}-{c[2][0]}x{c[2][1]}x{c[2][2]}-{len(c[3])}conv"
+                              f"{'-pool' if c[4] else ''}" for c in SHARED_ROWS])
+def test_tensors_share_rows_where_they_must(config_name, batch, shape, convs, pool, mode):
+    """Every output equal to the reference over several batches (a frame written again
+    before each batch, the next batch's input after the last one's write-back), where only
+    a layout whose tensors share rows fits."""
+    net, calibration = small_cnn(shape, convs, pool)
+    config = get_config(config_name)
+    qnet = calibrate(net, calibration, True if config.operands == "int8" else None)
+    rng = np.random.default_rng([SEED, len(convs), shape[0]])
+    x_q = quantised_inputs(rng, qnet, rng.normal(size=(5, *shape)))
+    compiled = check_on_core(qnet, config, x_q, f"{net.name} on {config_name}",
+                             batch_size=batch)
+    assert compiled._plan.mode == mode
+    for ring in RINGS:
+        with pytest.raises(CompileError, match="resident layout"):
+            _plan(config, qnet, compiled.unit, compiled.units, ring=ring, modes=("resident",))
+    assert any(sp.refresh for sp in compiled._plan.stages)
 
 
 @functools.cache

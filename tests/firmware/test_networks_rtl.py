@@ -105,6 +105,26 @@ def test_random_conv(device, config_key, seed, shape, convs, pool, dense):
     _check(device(config_key), quantise(net, x), x, f"seed {seed} {net.name} on {config_key}")
 
 
+def test_tensors_sharing_rows(device):
+    """A network that fits the small core only with its tensors sharing rows and the batches
+    one after another (the plan's ``sequential`` mode): three batches, so that frames are
+    written again and each batch's input waits for the write-back before it."""
+    rng = np.random.default_rng(21)
+    shape, layers, channels = (8, 8, 1), [], 1
+    for i, out in enumerate((4, 8, 8)):
+        layers += [nn.Conv2D(rng.normal(size=(3, 3, channels, out)) / 3,
+                             rng.normal(size=out) * 0.1, padding="same"), nn.ReLU()]
+        if i == 0:
+            layers.append(nn.MaxPool2D())
+        channels = out
+    layers += [nn.Flatten(), nn.Dense(rng.normal(size=(4 * 4 * 8, 10)) / 4)]
+    net = nn.Network(shape, layers, name="shared-rows")
+    x = rng.normal(size=(3, *shape))
+    qnet = quantise(net, x)
+    assert compile_network(qnet, device("small").config)._plan.mode == "sequential"
+    _check(device("small"), qnet, x, "shared rows on small")
+
+
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_demo_network_default(device, name):
     """The demo's networks on the 8x8 default core, a handful of test images, two batch
