@@ -4,11 +4,12 @@
                               [--sim verilator] [--json PATH]
 
 The digits Transformer (:mod:`firmware.models.transformer`) is quantised once to its int8
-graph; on each configuration :func:`firmware.graph.lower` finds its
-:class:`firmware.graph.AttentionBlockStep` (the q, k and v projections, the scores, exp and
-the normalised mix) and :class:`firmware.attention_block.AttentionBlockExecutable` runs it
-on the first ``--sequences`` test images' block input (``ref[step.input]``). Where a
-configuration has no such step, the executable's CompileError says why.
+graph; on each configuration :func:`firmware.compiler.lowering.lower` finds its
+:class:`~firmware.compiler.lowering.AttentionBlockStep` (the q, k and v projections, the
+scores, exp and the normalised mix) and
+:class:`firmware.compiler.attention_block.AttentionBlockExecutable` runs it on the first
+``--sequences`` test images' block input (``ref[step.input]``). Where a configuration has no
+such step, the executable's CompileError says why.
 
 Prints per configuration:
 
@@ -20,7 +21,7 @@ Prints per configuration:
 - the shape bound: the block's MACs over the MAC slots its programs' MATMULs issue
   (``count * rows * cols`` each, from the instruction words), and the utilisation as a share
   of it;
-- for comparison, the whole graph run with :func:`firmware.graph.run_graph` twice on the
+- for comparison, the whole graph run with :func:`firmware.runtime.graph.run_graph` twice on the
   same device: with the block fused (its share of the graph's core cycles) and with the
   block's operators as separate steps (what ``lower`` does where the block does not compile:
   q, k, v, the scores with exp and the mix each its own program), their cycles per sequence
@@ -47,12 +48,13 @@ import numpy as np
 
 from firmware import graph as g
 from firmware.asm import data_beats, decode
-from firmware.attention_block import AttentionBlockExecutable
-from firmware.compiler import CompileError
+from firmware.compiler import CompileError, lowering
+from firmware.compiler.attention_block import AttentionBlockExecutable
 from firmware.datasets import digits
 from firmware.device import open_device, transport_options
 from firmware.models import transformer as tf
 from firmware.runtime import run
+from firmware.runtime.graph import run_graph
 from hdl import isa
 from hdl.presets import get_config
 
@@ -70,7 +72,7 @@ def quantised(sequences: int):
     return graph, inputs, graph.reference(inputs, collect=True)
 
 
-def _attention_ops(graph: g.Graph) -> g.AttentionBlockStep:
+def _attention_ops(graph: g.Graph) -> lowering.AttentionBlockStep:
     """The graph's (first) attention as an AttentionBlockStep, whether or not ``lower`` fuses
     it: the scores, their sole reader (exp), its reader (the mix) and the projections that
     make q, k and v."""
@@ -81,18 +83,21 @@ def _attention_ops(graph: g.Graph) -> g.AttentionBlockStep:
     q, k = (producer[t] for t in scores.inputs)
     v = producer[mix.inputs[1]]
     ops = [op for op in graph.ops if op in (q, k, v, scores, lookup, mix)]
-    return g.AttentionBlockStep((q, k, v), scores, lookup, mix, ops)
+    return lowering.AttentionBlockStep((q, k, v), scores, lookup, mix, ops)
 
 
-def _executable(graph: g.Graph, step: g.AttentionBlockStep, config) -> AttentionBlockExecutable:
+def _executable(graph: g.Graph, step: lowering.AttentionBlockStep,
+                config) -> AttentionBlockExecutable:
     x_t = graph.tensors[step.input]
     return AttentionBlockExecutable(step, config, x_t.shape[1], x_t.shape[2],
                                     x_t.dtype == "int8")
 
 
-def block_step(graph: g.Graph, config) -> tuple[g.AttentionBlockStep | None, str]:
+def block_step(graph: g.Graph,
+               config) -> tuple[lowering.AttentionBlockStep | None, str]:
     """The AttentionBlockStep ``lower`` makes for ``config``, or ``None`` and why not."""
-    blocks = [s for s in g.lower(graph, config) if isinstance(s, g.AttentionBlockStep)]
+    blocks = [s for s in lowering.lower(graph, config)
+              if isinstance(s, lowering.AttentionBlockStep)]
     if blocks:
         return blocks[0], ""
     try:
@@ -130,7 +135,7 @@ def _graph_run(graph, inputs, ref, device, names: list[str], n: int,
     """``run_graph`` on ``device``: every tensor it computed equal to the reference, and the
     cycles of the steps named ``names`` (the block's) against the graph's."""
     try:
-        r = g.run_graph(graph, inputs, device=device, fuse_attention=fuse)
+        r = run_graph(graph, inputs, device=device, fuse_attention=fuse)
     except CompileError as e:
         return {"error": str(e)}
     differing = [t for t in r.tensors if t in ref and not np.array_equal(r.tensors[t], ref[t])]
@@ -180,9 +185,9 @@ def measure(graph, inputs, ref, config_key: str, transport: str, sim: str | None
             t0 = time.perf_counter()
             names = [step.name]
             r["graph_fused"] = _graph_run(graph, inputs, ref, device, names, n)
-            sep = [s for s in g.lower(graph, config, fuse_attention=False)
-                   if not isinstance(s, g.HostStep) and any(op in step.ops for op in s.ops)]
-            names = [s.segments[0].network.name if isinstance(s, g.CoreStep)
+            sep = [s for s in lowering.lower(graph, config, fuse_attention=False)
+                   if not isinstance(s, lowering.HostStep) and any(op in step.ops for op in s.ops)]
+            names = [s.segments[0].network.name if isinstance(s, lowering.CoreStep)
                      else s.op.name for s in sep]
             r["graph_separate"] = _graph_run(graph, inputs, ref, device, names, n, fuse=False)
             r["graph_s"] = time.perf_counter() - t0

@@ -294,8 +294,8 @@ def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
 
 def run_model(args: argparse.Namespace) -> int:
     from firmware.device import open_device, transport_options
-    from firmware.graph import run_graph
     from firmware.importers import load_model
+    from firmware.runtime.graph import run_graph
     from hdl.presets import get_config
 
     graph = load_model(args.model)
@@ -331,7 +331,7 @@ def run_model(args: argparse.Namespace) -> int:
 def compile_model(args: argparse.Namespace) -> int:
     from firmware.asm import disassemble
     from firmware.compiler import compile_network
-    from firmware.graph import HostStep, lower
+    from firmware.compiler.lowering import HostStep, lower
     from firmware.importers import load_model
     from hdl.presets import get_config
 

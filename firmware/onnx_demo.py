@@ -131,9 +131,9 @@ def demo(args: argparse.Namespace, print_counters=None) -> int:
     its own, so that this module need not import the CLI)."""
     from firmware.datasets import digits
     from firmware.device import open_device, transport_options
-    from firmware.graph import run_graph
     from firmware.importers import load_model
     from firmware.importers.onnx import onnxruntime_session
+    from firmware.runtime.graph import run_graph
     from hdl.presets import get_config
 
     config = get_config(args.config)

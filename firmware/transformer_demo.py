@@ -1,13 +1,13 @@
 """``amtpu demo --net transformer``: the digits Transformer encoder
 (:mod:`firmware.models.transformer`, committed float weights) quantised to its int8 graph and
-run with :func:`firmware.graph.run_graph`: the embedding, the Q, K, V and output projections,
-the FFN (residual adds included, as extra matmul rows), the classifier and, on a core with
-UB_TO_WEIGHTS, the programmable table and the row scale, each head's ``q k^T`` (``k^T`` made
-on chip), its exp (the table) and ``e v`` divided by the row sums (NORMALISE) on the core, in
-one program with the q, k and v projections (:mod:`firmware.attention_block`);
-what a core cannot run (LayerNorm on every core; attention's parts on a core without those
-instructions) on the host between the core's steps, each with its integer semantics
-(:mod:`firmware.graph`).
+run with :func:`firmware.runtime.graph.run_graph`: the embedding, the Q, K, V and output
+projections, the FFN (residual adds included, as extra matmul rows), the classifier and, on a
+core with UB_TO_WEIGHTS, the programmable table and the row scale, each head's ``q k^T``
+(``k^T`` made on chip), its exp (the table) and ``e v`` divided by the row sums (NORMALISE)
+on the core, in one program with the q, k and v projections
+(:mod:`firmware.compiler.attention_block`); what a core cannot run (LayerNorm on every core;
+attention's parts on a core without those instructions) on the host between the core's
+steps, each with its integer semantics (:mod:`firmware.graph`).
 Every tensor the core computes is compared with the integer reference, element by element.
 """
 
@@ -26,8 +26,8 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
     """Per operator of ``graph``: where it runs, its MACs and the elements it writes for
     ``n`` sequences; and the bytes that cross between host and core for them (each core
     step's input goes to the core and its output comes back), lowered for ``config``."""
-    from firmware.graph import AttentionBlockStep, AttentionStep, CoreStep, lower
-    from firmware.graph import placement as where
+    from firmware.compiler.lowering import AttentionBlockStep, AttentionStep, CoreStep, lower
+    from firmware.compiler.lowering import placement as where
 
     core_io = set()
     for step in lower(graph, config):
@@ -51,11 +51,12 @@ def placement(graph, n: int, config) -> tuple[list[dict], int]:
 def demo(args: argparse.Namespace, print_counters=None) -> int:
     """Run the digits Transformer on ``args.transport`` (see the module notes).
     ``print_counters(counters, config, images)`` prints the core's counters."""
-    from firmware.attention_block import AttentionBlockExecutable
+    from firmware.compiler.attention_block import AttentionBlockExecutable
+    from firmware.compiler.lowering import AttentionBlockStep, lower
     from firmware.datasets import digits
     from firmware.device import open_device, transport_options
-    from firmware.graph import AttentionBlockStep, lower, run_graph
     from firmware.models import transformer as tf
+    from firmware.runtime.graph import run_graph
     from hdl.presets import get_config
 
     config = get_config(args.config)

@@ -77,29 +77,28 @@ LAYERS: dict[str, dict[str, tuple[str, ...]]] = {
                             "firmware.quant", "firmware.graph"),
         "firmware.quant": ("hdl", "sim", "firmware.nn"),
         "firmware.gemm": ("hdl", "sim", "firmware.asm"),
-        "firmware.attention": ("hdl", "sim", "firmware.asm", "firmware.runtime",
-                               "firmware.compiler"),
-        # Attention in one program: the attention executables' job pipeline.
-        "firmware.attention_block": ("hdl", "sim", "firmware.asm", "firmware.runtime",
-                                     "firmware.compiler", "firmware.attention"),
         "firmware.isadoc": ("hdl", "sim", "firmware.asm"),
+        # The compiler takes the integer graph (and, for now, the layer API's quantised
+        # networks); its executables implement the runtime's protocol.
         "firmware.compiler": ("hdl", "sim", "firmware.asm", "firmware.nn", "firmware.quant",
-                              "firmware.runtime"),
-        # Model import: gemmlowp's fixed point, the format-neutral graph (lowered through the
-        # compiler, run through the runtime), and the importers that produce it.
+                              "firmware.fixedpoint", "firmware.graph", "firmware.runtime"),
+        # Running a graph: lowered and compiled, then run on a device.
+        "firmware.runtime.graph": ("hdl", "sim", "firmware.device", "firmware.asm",
+                                   "firmware.runtime", "firmware.graph", "firmware.compiler"),
+        # Model import: gemmlowp's fixed point and the format-neutral integer graph (below the
+        # compiler), and the importers that produce it.
         "firmware.fixedpoint": ("hdl", "sim"),
-        "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant",
-                           "firmware.compiler", "firmware.runtime", "firmware.device",
-                           "firmware.attention", "firmware.attention_block"),
+        "firmware.graph": ("hdl", "sim", "firmware.fixedpoint", "firmware.quant"),
         "firmware.importers": ("hdl", "sim", "firmware.fixedpoint", "firmware.nn",
                                "firmware.quant", "firmware.graph"),
         # The ONNX demo: a digits MLP exported, imported and run on a device.
         "firmware.onnx_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
-                               "firmware.device", "firmware.graph", "firmware.importers"),
+                               "firmware.device", "firmware.graph", "firmware.importers",
+                               "firmware.runtime"),
         # The Transformer demo: its int8 graph run on a device.
         "firmware.transformer_demo": ("hdl", "sim", "firmware.models", "firmware.datasets",
-                                      "firmware.device", "firmware.graph",
-                                      "firmware.attention_block"),
+                                      "firmware.device", "firmware.graph", "firmware.compiler",
+                                      "firmware.runtime"),
         # The host link's bytes per image, counted with the serial transport's own frames.
         "firmware.linkrate": ("hdl", "sim", "firmware.device", "firmware.transports"),
         # The command line sits on top and opens devices through firmware.device.

@@ -425,7 +425,7 @@ class _Emitter:
         for out in sp.outs:
             for start, count in _row_runs(out.border()):
                 end = start + count
-                self._flush_for(lambda job, span: span[0] < end and start < span[1])
+                self._flush_for(lambda job, span, lo=start, hi=end: span[0] < hi and lo < span[1])
                 if self.pending_write is not None and \
                         self.pending_write[0] < end and start < sum(self.pending_write):
                     self._write(force=True)

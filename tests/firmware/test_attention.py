@@ -1,4 +1,4 @@
-"""Attention's two products on the core (firmware/attention.py): ``q @ k.T`` with ``k.T``
+"""Attention's two products on the core (firmware/compiler/attention.py): ``q @ k.T`` with ``k.T``
 made on chip by UB_TO_WEIGHTS (and exp after it, by the programmable table), and ``p @ v``
 with ``v``'s rows moved on chip as tiles. Every
 output ``==`` the integer reference (:class:`firmware.graph.AttentionScores`,
@@ -11,8 +11,8 @@ import pytest
 from tiers import tiered
 
 from firmware import graph as g
-from firmware.attention import MixExecutable, ScoresExecutable
-from firmware.compiler import CompileError
+from firmware.compiler import CompileError, lowering
+from firmware.compiler.attention import MixExecutable, ScoresExecutable
 from firmware.device import open_device
 from firmware.runtime import run
 from hdl.presets import get_config
@@ -323,5 +323,5 @@ def test_normalised_mix_refused_where_the_core_cannot_run_it():
                "o": g.Tensor("o", (1, 8, 16), "int8")}
     graph = g.Graph("mix", tensors, [op.__class__("mix", ["e", "v"], ["o"], requant=op.requant,
                                                   normalise=True)], ["e", "v"], ["o"])
-    assert g.placement(graph, graph_config)["mix"] == "host"
-    assert g.placement(graph, get_config("default"))["mix"] == "core"
+    assert lowering.placement(graph, graph_config)["mix"] == "host"
+    assert lowering.placement(graph, get_config("default"))["mix"] == "core"

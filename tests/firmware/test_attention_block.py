@@ -1,6 +1,7 @@
-"""Attention in one program (firmware/attention_block.py): the q, k and v projections, the
-scores with exp (the programmable table) and the normalised mix, fused by
-:func:`firmware.graph.lower` into one :class:`firmware.graph.AttentionBlockStep`. Every output
+"""Attention in one program (firmware/compiler/attention_block.py): the q, k and v
+projections, the scores with exp (the programmable table) and the normalised mix, fused by
+:func:`firmware.compiler.lowering.lower` into one
+:class:`~firmware.compiler.lowering.AttentionBlockStep`. Every output
 ``==`` the graph's integer reference on the ISA simulator for awkward shapes (token counts,
 head sizes and input channels that are not multiples of the array, arrays with rows != cols,
 more sequences than a program holds), a few on the RTL; the fallback to separate steps where
@@ -17,10 +18,11 @@ import pytest
 
 from firmware import graph as g
 from firmware.asm import disassemble
-from firmware.attention_block import AttentionBlockExecutable
-from firmware.compiler import CompileError
+from firmware.compiler import CompileError, lowering
+from firmware.compiler.attention_block import AttentionBlockExecutable
 from firmware.models.transformer import exp_table
 from firmware.quant import QParams
+from firmware.runtime.graph import run_graph
 from hdl.isa import RECIPROCAL_SCALE, Func, Rounding
 from hdl.presets import PRESETS, get_config
 
@@ -134,8 +136,8 @@ def attention_graph(seed: int, n: int, tokens: int, heads: int, d: int, k_in: in
     return graph, {"x": x}
 
 
-def _blocks(graph, config) -> list[g.AttentionBlockStep]:
-    return [s for s in g.lower(graph, config) if isinstance(s, g.AttentionBlockStep)]
+def _blocks(graph, config) -> list[lowering.AttentionBlockStep]:
+    return [s for s in lowering.lower(graph, config) if isinstance(s, lowering.AttentionBlockStep)]
 
 
 def _executable(graph, config) -> AttentionBlockExecutable:
@@ -144,11 +146,11 @@ def _executable(graph, config) -> AttentionBlockExecutable:
     return AttentionBlockExecutable(step, config, x.shape[1], x.shape[2], x.dtype == "int8")
 
 
-def _step(graph) -> g.AttentionBlockStep:
+def _step(graph) -> lowering.AttentionBlockStep:
     """The graph's six operators as a block, whatever a configuration says."""
     ops = graph.ops
     by = {op.name: op for op in ops}
-    return g.AttentionBlockStep((by["q"], by["k"], by["v"]), by["scores"], by["exp"],
+    return lowering.AttentionBlockStep((by["q"], by["k"], by["v"]), by["scores"], by["exp"],
                                 by["mix"], list(ops[:6]))
 
 
@@ -156,7 +158,7 @@ def _check_bit_exact(graph, inputs, config, what: str, device="isa"):
     """``run_graph`` on ``device`` equals the reference in every output; returns the
     reference's tensors."""
     ref = graph.reference(inputs, collect=True)
-    run = g.run_graph(graph, inputs, device=device, config=config)
+    run = run_graph(graph, inputs, device=device, config=config)
     for name in graph.outputs:
         got, want = run.outputs[name], ref[name]
         assert got.shape == want.shape, f"{what}: {name} is {got.shape}, not {want.shape}"
@@ -219,10 +221,10 @@ def test_block_on_the_isa_simulator_equals_the_reference(case):
     config = _config(key)
     graph, inputs = attention_graph(seed, n, t, h, d, k, table=table,
                                     zero_points=CASES.index(case) % 3 == 1)
-    steps = g.lower(graph, config)
-    assert [type(s) for s in steps] == [g.AttentionBlockStep], \
+    steps = lowering.lower(graph, config)
+    assert [type(s) for s in steps] == [lowering.AttentionBlockStep], \
         f"{what}: not fused: {[type(s).__name__ for s in steps]}"
-    assert set(g.placement(graph, config).values()) == {"core"}
+    assert set(lowering.placement(graph, config).values()) == {"core"}
     ref = _check_bit_exact(graph, inputs, config, what)
     # The case is as awkward as it says.
     for m in "qkv":
@@ -252,7 +254,8 @@ def test_uint8_input_and_projections_in_another_order():
         print(what)
         graph, inputs = attention_graph(seed, 4, 7, 2, 3, 3, in_dtype=in_dtype, order=order,
                                         zero_points=True)
-        assert [type(s) for s in g.lower(graph, config)] == [g.AttentionBlockStep], what
+        steps = lowering.lower(graph, config)
+        assert [type(s) for s in steps] == [lowering.AttentionBlockStep], what
         _check_bit_exact(graph, inputs, config, what)
 
 
@@ -262,12 +265,12 @@ def test_unfused_lowering_gives_the_same_outputs():
     config = get_config("default")
     seed = SEED + 140
     graph, inputs = attention_graph(seed, 4, 9, 2, 5, 8, table="exp", zero_points=True)
-    steps = g.lower(graph, config, fuse_attention=False)
-    assert not any(isinstance(s, g.AttentionBlockStep) for s in steps)
+    steps = lowering.lower(graph, config, fuse_attention=False)
+    assert not any(isinstance(s, lowering.AttentionBlockStep) for s in steps)
     assert len(_blocks(graph, config)) == 1
     want = graph.reference(inputs)["att"]
     for fuse in (True, False):
-        got = g.run_graph(graph, inputs, config=config, fuse_attention=fuse).outputs["att"]
+        got = run_graph(graph, inputs, config=config, fuse_attention=fuse).outputs["att"]
         assert np.array_equal(got, want), f"seed {seed}, fuse_attention={fuse}: differs"
 
 
@@ -300,9 +303,9 @@ def test_two_blocks_in_one_graph():
         bias=rng.integers(-500, 500, 4), requant=g.requant_from_real([0.01] * 4, 3, where="o"),
         keep_dims=True)]
     graph = g.Graph("two", tensors, ops, ["x"], ["y", "att"])
-    steps = g.lower(graph, config)
-    assert [type(s) for s in steps] == [g.AttentionBlockStep, g.AttentionBlockStep,
-                                        g.CoreStep], steps
+    steps = lowering.lower(graph, config)
+    assert [type(s) for s in steps] == [lowering.AttentionBlockStep, lowering.AttentionBlockStep,
+                                        lowering.CoreStep], steps
     assert [s.name for s in steps[:2]] == ["q..mix", "b_q..b_mix"]
     _check_bit_exact(graph, inputs, config, f"seed {seed}, two blocks")
 
@@ -469,8 +472,8 @@ def test_fallback_to_separate_steps(name, config, message, shape):
     what = f"seed {seed}, {name}, T{t}-H{h}-d{d}-K{k}"
     print(what)
     graph, inputs = attention_graph(seed, 3, t, h, d, k, table="exp")
-    steps = g.lower(graph, config)
-    assert not any(isinstance(s, g.AttentionBlockStep) for s in steps), f"{what}: fused"
+    steps = lowering.lower(graph, config)
+    assert not any(isinstance(s, lowering.AttentionBlockStep) for s in steps), f"{what}: fused"
     step = _step(graph)
     with pytest.raises(CompileError, match=message) as error:
         AttentionBlockExecutable(step, config, t, k)
@@ -631,7 +634,7 @@ def test_program_has_no_host_traffic_inside_the_block(key, shape, slots):
                 assert int(f["count"]) % t == 0, f
         assert names[-1] == "halt"
     # And the outputs decode to the reference.
-    assert np.array_equal(g.run_graph(graph, inputs, config=config).outputs["att"],
+    assert np.array_equal(run_graph(graph, inputs, config=config).outputs["att"],
                           graph.reference(inputs)["att"])
 
 
@@ -676,7 +679,7 @@ def test_block_on_the_rtl_equals_the_reference(rtl_device, key, shape):
     config = RTL_CONFIGS[key]
     device = rtl_device(config)
     graph, inputs = attention_graph(seed, n, t, h, d, k, table=table, zero_points=True)
-    assert [type(s) for s in g.lower(graph, config)] == [g.AttentionBlockStep], what
+    assert [type(s) for s in lowering.lower(graph, config)] == [lowering.AttentionBlockStep], what
     ex = _executable(graph, config)
     print(f"{ex.sequences_per_program} sequences a program, {ex.group} units a job, "
           f"projection sets resident: {ex.resident_params}, tiles {ex.tiles_used} of "
@@ -684,7 +687,7 @@ def test_block_on_the_rtl_equals_the_reference(rtl_device, key, shape):
     if key != "small" or n == 5:
         assert n > ex.sequences_per_program, f"{what}: one program only"
     ref = graph.reference(inputs)["att"]
-    run = g.run_graph(graph, inputs, device=device)
+    run = run_graph(graph, inputs, device=device)
     assert run.cycles, f"{what}: no core cycles: not the RTL?"
     print(f"core cycles: {run.cycles}")
     assert np.array_equal(run.outputs["att"], ref), \
@@ -708,7 +711,7 @@ def test_random_shapes_on_the_rtl(rtl_device, key):
         what = f"seed {seed}, {_case_id(case)} on the RTL"
         print(what)
         ref = graph.reference(inputs)["att"]
-        run = g.run_graph(graph, inputs, device=device)
+        run = run_graph(graph, inputs, device=device)
         assert np.array_equal(run.outputs["att"], ref), \
             f"{what}: differs in {(run.outputs['att'] != ref).sum()} of {ref.size}"
         done += 1

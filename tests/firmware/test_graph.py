@@ -10,7 +10,9 @@ import pytest
 
 from firmware import fixedpoint as fp
 from firmware import graph as g
+from firmware.compiler import lowering
 from firmware.quant import QParams
+from firmware.runtime.graph import run_graph
 from hdl.isa import Func, Rounding
 from hdl.presets import get_config
 from sim.models import golden
@@ -94,7 +96,7 @@ def test_conv_on_isa_simulator_equals_reference(case, config):
     ho, wo = op.out_hw(9, 7)
     graph = one_op_graph(op, (1, 9, 7, case[2]), (1, ho, wo, case[3]))
     x = rng.integers(-128, 128, (3, 9, 7, case[2]))
-    result = g.run_graph(graph, {"x": x}, device="isa", config=get_config(config))
+    result = run_graph(graph, {"x": x}, device="isa", config=get_config(config))
     np.testing.assert_array_equal(result.outputs["y"], graph.reference({"x": x})["y"])
     assert result.macs == op.macs(graph) * 3
 
@@ -117,11 +119,11 @@ def test_fully_connected_chain_is_one_segment(rounding):
     print("seed 380")
     rng = np.random.default_rng(380)
     graph = fc_chain(rng, [20, 13, 9, 3], rounding)
-    steps = g.lower(graph, get_config("default"))
+    steps = lowering.lower(graph, get_config("default"))
     assert len(steps) == 1 and len(steps[0].segments) == 1
     assert len(steps[0].segments[0].network.stages) == 3
     x = rng.integers(-128, 128, (7, 20))
-    result = g.run_graph(graph, {"t0": x}, device="isa")
+    result = run_graph(graph, {"t0": x}, device="isa")
     np.testing.assert_array_equal(result.outputs["t3"], graph.reference({"t0": x})["t3"])
 
 
@@ -168,7 +170,7 @@ def test_lookups_after_fully_connected_run_on_the_table(same):
     rng = np.random.default_rng(seed)
     graph = lookup_chain(rng, same)
     config = get_config("default")
-    steps = g.lower(graph, config)
+    steps = lowering.lower(graph, config)
     kinds = [type(s).__name__ for s in steps]
     if same:
         assert kinds == ["CoreStep"], kinds
@@ -177,14 +179,14 @@ def test_lookups_after_fully_connected_run_on_the_table(same):
     else:
         assert kinds == ["CoreStep", "CoreStep"], kinds
         assert [op.name for op in steps[1].ops] == ["fc1", "f1", "fc2"]
-    assert g.placement(graph, config)["f0"] == "core"
-    assert g.placement(graph, config.replace(lookup_table=False))["f0"] == "host"
+    assert lowering.placement(graph, config)["f0"] == "core"
+    assert lowering.placement(graph, config.replace(lookup_table=False))["f0"] == "host"
     x = rng.integers(-128, 128, (9, 12))
     x[0] = -128
     x[1] = 127
     want = graph.reference({"x": x}, collect=True)
     assert want["a0"].min() == -128 and want["a0"].max() == 127, "no saturation: weak case"
-    result = g.run_graph(graph, {"x": x}, device="isa", config=config)
+    result = run_graph(graph, {"x": x}, device="isa", config=config)
     np.testing.assert_array_equal(result.outputs["a2"], want["a2"])
     for name in result.tensors:
         np.testing.assert_array_equal(result.tensors[name], want[name], err_msg=name)
@@ -195,7 +197,7 @@ def test_lookups_on_the_rtl(rtl_device):
     rng = np.random.default_rng(392)
     graph = lookup_chain(rng, same=False)
     x = rng.integers(-128, 128, (5, 12))
-    result = g.run_graph(graph, {"x": x}, device=rtl_device("small"))
+    result = run_graph(graph, {"x": x}, device=rtl_device("small"))
     want = graph.reference({"x": x}, collect=True)
     for name in result.tensors:
         np.testing.assert_array_equal(result.tensors[name], want[name], err_msg=name)
@@ -209,7 +211,7 @@ def test_requantisation_folds_the_input_zero_point():
     x = rng.integers(-128, 128, (4, 12))
     want = graph.reference({"t0": x})["t1"]
     graph.ops[0].input_zp = 0            # the fold now adds nothing; the reference still does
-    result = g.run_graph(graph, {"t0": x}, device="isa")
+    result = run_graph(graph, {"t0": x}, device="isa")
     assert (result.outputs["t1"] != want).any()
 
 
@@ -339,8 +341,8 @@ def test_run_graph_reuses_the_compiled_segments():
     graph = fc_chain(rng, [10, 4])
     cache: dict = {}
     x = rng.integers(-128, 128, (3, 10))
-    first = g.run_graph(graph, {"t0": x}, device="isa", compiled=cache)
+    first = run_graph(graph, {"t0": x}, device="isa", compiled=cache)
     (entry,) = cache.values()
-    second = g.run_graph(graph, {"t0": x[::-1]}, device="isa", compiled=cache)
+    second = run_graph(graph, {"t0": x[::-1]}, device="isa", compiled=cache)
     assert list(cache.values()) == [entry]
     np.testing.assert_array_equal(second.outputs["t1"], first.outputs["t1"][::-1])

@@ -32,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from firmware import graph as g  # noqa: E402
 from firmware.importers import ModelError, load_model  # noqa: E402
 from firmware.importers import onnx as oi  # noqa: E402
+from firmware.runtime.graph import run_graph  # noqa: E402
 from sim.models import golden  # noqa: E402
 
 SEED = 20261204
@@ -96,7 +97,7 @@ def test_a_float32_tie_in_onnxruntime_itself():
     # The importer's graph on the ISA simulator gives the exact rounding: it differs from
     # onnxruntime here, by one, and the comparison names it a float32 tie.
     graph = oi.load(model)
-    core = g.run_graph(graph, {"a": a}, device="isa").outputs["y"]
+    core = run_graph(graph, {"a": a}, device="isa").outputs["y"]
     assert core[0, 0] == oi.exact_requantise(t0, s, 0, -128, 127)
     assert abs(int(core[0, 0]) - int(y[0, 0])) == 1
     print(f"t = {t0}, S = {float(s)!r}: exact t * S = {t0 * float(s)!r}, float32 product "
@@ -192,7 +193,7 @@ def test_node_case(case):
     out = graph.reference({graph.inputs[0]: x})[graph.outputs[0]]
     assert out.shape == expected.shape
     assert (out == expected).all()
-    on_core = g.run_graph(graph, {graph.inputs[0]: x}, device="isa")
+    on_core = run_graph(graph, {graph.inputs[0]: x}, device="isa")
     assert (on_core.outputs[graph.outputs[0]] == expected).all()
 
 
@@ -415,7 +416,7 @@ def _compare_with_onnxruntime(model, x, *, transport: str | None = "isa"):
         for name in graph.outputs:               # then the float outputs are equal too
             assert (ours[name] == ort_out[0]).all(), name
     if transport is not None:
-        run = g.run_graph(graph, {"x": x}, device=transport)
+        run = run_graph(graph, {"x": x}, device=transport)
         for name in graph.outputs:
             assert (run.outputs[name] == ours[name]).all(), name
     return elements, differ
@@ -434,7 +435,7 @@ def _unless_onnxruntime_saturates(model, x, activations: str, weights: str = "in
         return
     if transport is not None:
         graph = oi.load(model)
-        run = g.run_graph(graph, {"x": x}, device=transport)
+        run = run_graph(graph, {"x": x}, device=transport)
         ref = graph.reference({"x": x})
         for name in graph.outputs:
             assert (run.outputs[name] == ref[name]).all(), name
@@ -617,7 +618,7 @@ def test_skl2onnx_mlp_through_the_project_quantiser():
     values = graph.reference({"X": x}, collect=True)
     last = graph.ops[-1].inputs[0]
     assert (values[last] == want).all()
-    run = g.run_graph(graph, {"X": x}, device="isa")
+    run = run_graph(graph, {"X": x}, device="isa")
     assert (run.outputs[logits] == values[logits]).all()
     # the float logits are the model's: the project's network against onnxruntime's float run
     float_logits = _ort(oi._cut(model, [logits]), {"X": x})[0]
@@ -857,7 +858,7 @@ def test_qlinear_op_equals_onnxruntime(kind, k, n, x_dtype, w_dtype, per_channel
     ours = graph.reference({"x": x})["y"]
     differ = int((ours != want).sum())
     assert differ == 0, f"{differ} elements differ from onnxruntime"
-    on_core = g.run_graph(graph, {"x": x}, device="isa").outputs["y"]
+    on_core = run_graph(graph, {"x": x}, device="isa").outputs["y"]
     assert (on_core == want).all()
     if pow2:                    # the case has teeth: exact ties that half up rounds otherwise
         op = next(o for o in graph.ops if o.core)
@@ -973,7 +974,7 @@ def test_qdq_model_on_the_rtl_core(tmp_path, rtl_device, which):
                       weights="uint8")
         activations, weights = "uint8", "uint8"
     graph = oi.load(q)
-    run = g.run_graph(graph, {"x": x}, device=rtl_device("default"))
+    run = run_graph(graph, {"x": x}, device=rtl_device("default"))
     out = run.outputs[graph.outputs[0]]
     assert (out == graph.reference({"x": x})[graph.outputs[0]]).all()
     assert run.cycles and run.cycles > 0

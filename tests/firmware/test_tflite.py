@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from firmware.graph import run_graph
 from firmware.importers import ModelError, load_model
 from firmware.importers.tflite import load_bytes
+from firmware.runtime.graph import run_graph
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("AMTPU_MODELS", REPO.parent / "shared" / "models"))
@@ -324,7 +324,7 @@ def test_cli_compile_writes_the_programs(tmp_path, capsys):
     from firmware.asm import assemble
     from firmware.cli import main
     from firmware.compiler import compile_network
-    from firmware.graph import CoreStep, lower
+    from firmware.compiler.lowering import CoreStep, lower
     from hdl.presets import get_config
     path = model_path("micro_speech_quantized")
     out = tmp_path / "prog.s"

@@ -2,7 +2,7 @@
 not multiples of the array), built as int8 graphs the way
 :func:`firmware.models.transformer.quantise` builds the digits Transformer's, bit-exact on
 every tensor on the ISA simulator (and a few on the RTL) against the graph's integer
-reference, with attention fused into one :class:`firmware.graph.AttentionBlockStep` per
+reference, with attention fused into one :class:`firmware.compiler.lowering.AttentionBlockStep` per
 layer where the core can run it; and the int8 block tracks its float model (the builder
 makes meaningful blocks, not saturated noise).
 
@@ -24,10 +24,11 @@ import pytest
 from tiers import tiered
 
 from firmware import graph as g
-from firmware.attention_block import AttentionBlockExecutable
-from firmware.compiler import CompileError
+from firmware.compiler import CompileError, lowering
+from firmware.compiler.attention_block import AttentionBlockExecutable
 from firmware.models.transformer import LN_EPS, MULT_SHIFT, exp_table
 from firmware.quant import QParams
+from firmware.runtime.graph import GraphRun, run_graph
 from hdl.isa import RECIPROCAL_SCALE, Func, Rounding
 from hdl.presets import get_config
 
@@ -244,14 +245,14 @@ def transformer_block(seed: int, tokens: int, d_model: int, heads: int, d_ff: in
 
 # Checking a run ---------------------------------------------------------------------------
 
-def _layer_steps(block: Block) -> list[g.AttentionBlockStep]:
+def _layer_steps(block: Block) -> list[lowering.AttentionBlockStep]:
     """Each layer's six attention operators as a block, whatever a configuration says."""
     by = {op.name: op for op in block.graph.ops}
     steps = []
     for i in range(block.layers):
         L = f"l{i}_"
         ops = [by[L + m] for m in ("q", "k", "v", "scores", "exp", "mix")]
-        steps.append(g.AttentionBlockStep(tuple(ops[:3]), *ops[3:], ops))
+        steps.append(lowering.AttentionBlockStep(tuple(ops[:3]), *ops[3:], ops))
     return steps
 
 
@@ -280,14 +281,14 @@ def programs(block: Block, config, n: int) -> list[int]:
     return out
 
 
-def check_block(block: Block, inputs, config, what: str, device="isa") -> g.GraphRun:
+def check_block(block: Block, inputs, config, what: str, device="isa") -> GraphRun:
     """Lowering fuses each layer's attention exactly where it compiles as one program (else
     the reason is a memory's, printed), and ``run_graph`` on ``device`` equals the graph's
     reference on every tensor it returns; the only ones it does not return are those a
     fused block keeps on chip."""
     can = fusable(block, config)
-    steps = g.lower(block.graph, config)
-    fused = {s.ops[0].name[:3]: s for s in steps if isinstance(s, g.AttentionBlockStep)}
+    steps = lowering.lower(block.graph, config)
+    fused = {s.ops[0].name[:3]: s for s in steps if isinstance(s, lowering.AttentionBlockStep)}
     for prefix, reason in can.items():
         if reason is None:
             assert prefix in fused, f"{what}: {prefix} attention compiles but was not fused"
@@ -301,11 +302,11 @@ def check_block(block: Block, inputs, config, what: str, device="isa") -> g.Grap
     assert len(fused) == sum(r is None for r in can.values()), what
     ref = block.graph.reference(inputs, collect=True)
     t0 = time.perf_counter()
-    run = g.run_graph(block.graph, inputs, device=device, config=config)
+    run = run_graph(block.graph, inputs, device=device, config=config)
     seconds = time.perf_counter() - t0
     # What stays on chip: a fused block's q, k, v, scores and e; the scores of a separate
     # scores step that runs exp too.
-    on_chip = {t for s in steps if not isinstance(s, g.HostStep) for op in s.ops
+    on_chip = {t for s in steps if not isinstance(s, lowering.HostStep) for op in s.ops
                for t in op.outputs if t != s.output}
     assert {p + t for p in fused for t in ON_CHIP} <= on_chip, what
     missing = set(ref) - set(run.tensors)

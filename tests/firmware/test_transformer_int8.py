@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from firmware import graph as g
+from firmware.compiler import lowering
 from firmware.datasets import digits
 from firmware.models import transformer as tf
+from firmware.runtime.graph import run_graph
 
 SEED = 20261205
 
@@ -206,7 +208,7 @@ def test_core_steps_on_the_isa_simulator_equal_the_reference_on_every_tensor():
     graph, _, data = quantised()
     inputs = tf.graph_inputs(data.x_test)
     ref = graph.reference(inputs, collect=True)
-    run = g.run_graph(graph, inputs, device="isa")
+    run = run_graph(graph, inputs, device="isa")
     _check_tensors(run, ref)
     core = [row["name"] for row in graph.summary() if row["runs on"] == "core"]
     assert core == ["embed", "l0_q", "l0_k", "l0_v", "l0_o", "l0_ff1", "l0_ff2", "cls"]
@@ -214,17 +216,17 @@ def test_core_steps_on_the_isa_simulator_equal_the_reference_on_every_tensor():
     # q @ k.T, its exp and p @ v run on the core too; the scores never leave it. Without the
     # table, exp runs on the host; without UB_TO_WEIGHTS (the iCEBreaker), all three.
     from hdl.presets import get_config
-    placed = g.placement(graph, get_config("default"))
+    placed = lowering.placement(graph, get_config("default"))
     assert [name for name, where in placed.items() if where == "core"] == [
         "embed", "l0_q", "l0_k", "l0_v", "l0_scores", "l0_exp", "l0_mix", "l0_o", "l0_ff1",
         "l0_ff2", "cls"]
-    steps = g.lower(graph, get_config("default"))
-    blocks = [step for step in steps if isinstance(step, g.AttentionBlockStep)]
+    steps = lowering.lower(graph, get_config("default"))
+    blocks = [step for step in steps if isinstance(step, lowering.AttentionBlockStep)]
     assert [op.name for block in blocks for op in block.ops] == [
         "l0_q", "l0_k", "l0_v", "l0_scores", "l0_exp", "l0_mix"]
-    no_table = g.placement(graph, get_config("default").replace(lookup_table=False))
+    no_table = lowering.placement(graph, get_config("default").replace(lookup_table=False))
     assert (no_table["l0_scores"], no_table["l0_exp"]) == ("core", "host")
-    on_ice = g.placement(graph, get_config("icebreaker"))
+    on_ice = lowering.placement(graph, get_config("icebreaker"))
     assert (on_ice["l0_scores"], on_ice["l0_exp"], on_ice["l0_mix"]) == ("host",) * 3
 
 
@@ -243,7 +245,7 @@ def test_core_steps_on_the_rtl_equal_the_reference():
     graph, _, data = quantised()
     inputs = tf.graph_inputs(data.x_test[:24])
     ref = graph.reference(inputs, collect=True)
-    run = g.run_graph(graph, inputs, device="rtl")
+    run = run_graph(graph, inputs, device="rtl")
     _check_tensors(run, ref)
     print(f"core cycles for 24 sequences: {run.cycles}, utilisation {run.utilisation:.3f}")
     assert run.cycles > 0
@@ -271,8 +273,8 @@ def test_demo_on_the_rtl_core(capsys):
 
 def test_demo_fails_when_the_core_differs(capsys, monkeypatch):
     """A core step that computes one element wrong fails the demo and names the tensor."""
-    from firmware import graph as graph_module
     from firmware.cli import main
+    from firmware.runtime import graph as graph_module
 
     real = graph_module.run_graph
 

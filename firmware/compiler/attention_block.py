@@ -2,16 +2,17 @@ r"""Attention in one program: the q, k and v projections, each head's scores wit
 exp, and the normalised mix, with nothing crossing the host link between the projections
 and the attention output.
 
-:class:`AttentionBlockExecutable` runs what :func:`firmware.graph.lower` fuses into an
-:class:`firmware.graph.AttentionBlockStep`: three :class:`~firmware.graph.FullyConnected`
-projections of one input, an :class:`~firmware.graph.AttentionScores` of ``q`` and ``k``, a
-:class:`~firmware.graph.Lookup` of the scores (exp, the activation unit's table) and a
+:class:`AttentionBlockExecutable` runs what :func:`firmware.compiler.lowering.lower` fuses
+into an :class:`~firmware.compiler.lowering.AttentionBlockStep`: three
+:class:`~firmware.graph.FullyConnected` projections of one input, an
+:class:`~firmware.graph.AttentionScores` of ``q`` and ``k``, a :class:`~firmware.graph.Lookup`
+of the scores (exp, the activation unit's table) and a
 normalised :class:`~firmware.graph.AttentionMix` of ``e`` and ``v``. Its input is the
 projections' input ``(n, T, K)``, its output the attention output ``(n, T, H * d)``.
 
 Each program holds ``S`` sequences (:attr:`~AttentionBlockExecutable.sequences_per_program`)
-and runs three kinds of job (:class:`firmware.attention.Job`, emitted by
-:func:`firmware.attention.pipeline`), with an array of ``rows x cols``:
+and runs three kinds of job (:class:`firmware.compiler.attention.Job`, emitted by
+:func:`firmware.compiler.attention.pipeline`), with an array of ``rows x cols``:
 
 - **Projection blocks**: the input's ``ceil(K / rows)`` channel chunks are each ``S * T``
   buffer rows; a block is one MATMUL per chunk of all ``S * T`` token rows with a resident
@@ -48,7 +49,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from firmware.asm import Program
-from firmware.attention import Chunk, Job, _ceil_div, pipeline
+from firmware.compiler.attention import Chunk, Job, _ceil_div, pipeline
+from firmware.compiler.layout import CompileError
 from firmware.runtime import Batch
 from hdl.config import TPUConfig
 from hdl.isa import Func
@@ -83,9 +85,9 @@ class _Params:
 
 
 class AttentionBlockExecutable:
-    """The fused attention of :class:`firmware.graph.AttentionBlockStep` ``step`` (see the
-    module notes) for ``tokens`` tokens of ``in_channels`` input channels, ``in_signed``
-    the input's type (int8, else uint8), on a core of ``config``. A
+    """The fused attention of :class:`~firmware.compiler.lowering.AttentionBlockStep`
+    ``step`` (see the module notes) for ``tokens`` tokens of ``in_channels`` input
+    channels, ``in_signed`` the input's type (int8, else uint8), on a core of ``config``. A
     :class:`firmware.runtime.Executable`: input ``(n, tokens, in_channels)``, output
     ``(n, tokens, channels)``."""
 
@@ -97,7 +99,6 @@ class AttentionBlockExecutable:
 
     def __init__(self, step, config: TPUConfig, tokens: int, in_channels: int,
                  in_signed: bool = True):
-        from firmware.compiler import CompileError
 
         q_fc, k_fc, v_fc = step.projections
         scores, mix = step.scores, step.mix

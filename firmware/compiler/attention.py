@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware.asm import Program
+from firmware.compiler.layout import CompileError
 from firmware.runtime import Batch
 from hdl.config import TPUConfig
 from hdl.isa import Func
@@ -133,7 +134,6 @@ class _HeadsExecutable:
     product = ""
 
     def __init__(self, op, config: TPUConfig, tokens: int, channels: int, heads: int):
-        from firmware.compiler import CompileError
 
         self.op, self.config = op, config
         self.tokens, self.channels, self.heads = tokens, channels, heads
@@ -256,7 +256,6 @@ class ScoresExecutable(_HeadsExecutable):
     product = "q @ k.T"
 
     def __init__(self, op, config: TPUConfig, tokens: int, channels: int, lookup=None):
-        from firmware.compiler import CompileError
 
         if lookup is not None:
             if not config.lookup_table:
@@ -345,7 +344,6 @@ class MixExecutable(_HeadsExecutable):
     product = "p @ v"
 
     def __init__(self, op, config: TPUConfig, tokens: int, channels: int, heads: int):
-        from firmware.compiler import CompileError
 
         if config.operands == "int8":
             raise CompileError(f"{op.name}: the probabilities are uint8, which the "
