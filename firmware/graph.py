@@ -27,6 +27,8 @@ arithmetic is TFLite's reference kernels' (gemmlowp's fixed point written out in
 far.
 
 :meth:`Graph.reference` is the integer reference executor: every operator on whole tensors.
+:func:`from_network` writes a network of the layer API (:mod:`firmware.quant`) as a graph with
+the same integer semantics, so the importers and the layer API meet in one form.
 
 :func:`firmware.compiler.lower` maps the graph onto the core (which operators run there and
 how); :func:`firmware.runtime.graph.run_graph` runs it on a device.
@@ -49,7 +51,7 @@ __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", 
            "Dequantize", "Constant", "AttentionScores", "Lookup", "evaluate",
            "SoftmaxNormalise", "AttentionMix",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
-           "requant_from_real"]
+           "requant_from_real", "from_network", "FIXED_TABLES"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -742,3 +744,81 @@ class Graph:
         return [{"name": op.name, "op": type(op).__name__,
                  "shape": self.tensors[op.outputs[0]].shape, "macs": op.macs(self),
                  "runs on": "core" if op.core else "host"} for op in self.ops]
+
+
+# The layer API's networks as graphs ---------------------------------------------------------
+
+#: The activation unit's fixed tables, as the Lookup a graph writes for them.
+FIXED_TABLES = {Func.SIGMOID: golden.SIGMOID_LUT, Func.TANH: golden.TANH_LUT}
+
+
+def from_network(qnet) -> Graph:
+    """The graph of a :class:`firmware.quant.QuantisedNetwork` (the layer API's), with the
+    same integer semantics as :func:`firmware.quant.reference_forward`: a stage becomes a
+    :class:`FullyConnected` (after a :class:`Reshape` where it flattens an image) or a
+    :class:`Conv2D` (its symmetric padding on both sides, the input's zero point unfolded from
+    the bias), then a :class:`Lookup` for a table function (SIGMOID, TANH, TABLE), then a
+    :class:`MaxPool2D` of 2x2 windows where it pools. Tensors are named ``input``, each
+    stage's output by the stage's name, ``output`` last."""
+    dtype = "int8" if qnet.input_q.signed else "uint8"
+    tensors = {"input": Tensor("input", (1, *qnet.input_shape), dtype, qnet.input_q)}
+    ops: list[Op] = []
+    x = "input"
+
+    def add(name: str, shape, q: QParams) -> str:
+        tensors[name] = Tensor(name, (1, *shape), "int8" if q.signed else "uint8", q)
+        return name
+
+    for k, st in enumerate(qnet.stages):
+        last = k == len(qnet.stages) - 1
+        out = "output" if last else st.name
+        z_in = st.in_q.zero_point
+        w = st.weight.astype(np.int64)
+        # The stage's bias has -z_in * colsum(W) folded in; the graph's operator subtracts
+        # the zero point from its input instead.
+        bias = golden.wrap(np.asarray(st.bias, np.int64) + z_in * st.weight_matrix.sum(axis=0),
+                           32)
+        table = FIXED_TABLES.get(st.func, st.table if st.func == Func.TABLE else None)
+        func = Func.IDENTITY if table is not None else st.func
+        requant = Requant(st.multiplier, st.shift, st.rounding, st.zero_point, func,
+                          st.clamp_hi)
+        conv_shape = (*st.conv_out_hw, st.n) if st.kind == "conv" else st.out_shape
+        # What the requantisation writes where a table or a pool follows: the pool keeps
+        # the output's scale; a fixed table's input scale is the activation unit's (a
+        # programmable table's is not recorded in the stage).
+        if table is not None:
+            pre_q = QParams(golden.LUT_INPUT_SCALE if st.func in FIXED_TABLES else 1.0,
+                            st.zero_point, True)
+        else:
+            pre_q = st.out_q
+        y = out if table is None and not st.pool else \
+            add(f"{st.name}/requantised", conv_shape, pre_q)
+        if st.kind == "conv":
+            py, px = st.pad
+            ops.append(Conv2D(st.name, [x], [y], weight=w, bias=bias, input_zp=z_in,
+                              requant=requant, stride=(st.stride, st.stride),
+                              padding=(py, py, px, px)))
+        else:
+            if len(tensors[x].shape) != 2:
+                flat = add(f"{st.name}/flat", (st.k,), tensors[x].q)
+                ops.append(Reshape(f"{st.name}/flatten", [x], [flat], shape=(1, st.k)))
+                x = flat
+            ops.append(FullyConnected(st.name, [x], [y], weight=w, bias=bias, input_zp=z_in,
+                                      requant=requant))
+        if table is not None:
+            values = np.asarray(golden.table_values(table), dtype=np.int64)
+            unsigned = st.func == Func.TABLE and not st.out_q.signed
+            if unsigned and st.pool:
+                raise GraphError(f"{st.name}: a uint8 table's output pooled as int8 bytes "
+                                 f"has no graph operator")
+            t_out = out if not st.pool else add(f"{st.name}/table", conv_shape,
+                                                QParams(st.out_q.scale, st.out_q.zero_point,
+                                                        True))
+            ops.append(Lookup(f"{st.name}/table", [y], [t_out],
+                              table=values & 0xff if unsigned else values))
+            y = t_out
+        if st.pool:
+            ops.append(MaxPool2D(f"{st.name}/pool", [y], [out], kernel=(2, 2), stride=(2, 2)))
+        add(out, st.out_shape, st.out_q)
+        x = out
+    return Graph(qnet.name, tensors, ops, ["input"], ["output"])

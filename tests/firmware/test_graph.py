@@ -346,3 +346,62 @@ def test_run_graph_reuses_the_compiled_segments():
     second = run_graph(graph, {"t0": x[::-1]}, device="isa", compiled=cache)
     assert list(cache.values()) == [entry]
     np.testing.assert_array_equal(second.outputs["t1"], first.outputs["t1"][::-1])
+
+
+# The layer API's networks as graphs ---------------------------------------------------------
+
+def _layer_api_networks():
+    """(label, QuantisedNetwork, quantised inputs): the compiler tests' random networks
+    (every activation, 'same' and 'valid' convolutions, pooling, flatten, uint8 and int8
+    inputs), some with per-column shifts and each rounding mode, and the demo's CNN."""
+    from test_compiler import (
+        calibrate,
+        digits_cnn,
+        per_column_requantisation,
+        quantised_inputs,
+        random_cnn,
+        random_conv_chain,
+        random_mlp,
+        small_cnn,
+    )
+
+    from firmware.nn import Network, Sigmoid, Tanh
+
+    out = []
+    for seed in range(7000, 7006):
+        for kind, make in (("chain", random_conv_chain), ("cnn", random_cnn),
+                           ("mlp", random_mlp)):
+            rng, net, data = make(seed)
+            qnet = calibrate(net, data, True if seed % 2 else None)
+            if seed % 3 == 0:
+                qnet = per_column_requantisation(qnet, rng, list(Rounding))
+            out.append((f"{kind} seed {seed}", qnet, quantised_inputs(rng, qnet, data)))
+    rng = np.random.default_rng(7)
+    for act in (Sigmoid, Tanh):
+        net, data = small_cnn((6, 6, 2), [(3, 4)], True)
+        net = Network(net.input_shape, [*net.layers, act()], name=f"cnn-{act.__name__}")
+        qnet = calibrate(net, data)
+        out.append((net.name, qnet, quantised_inputs(rng, qnet, data)))
+    qnet, x_q, _ = digits_cnn()
+    out.append(("digits CNN", qnet, x_q[:50]))
+    return out
+
+
+def test_layer_api_networks_as_graphs():
+    """A quantised network's graph (firmware.graph.from_network) computes exactly what the
+    layer API's int8 reference does, for every network of the compiler's tests: the graph is
+    the one form a network takes into the compiler, so it may lose nothing."""
+    from firmware.quant import reference_forward
+
+    kinds = set()
+    for label, qnet, x_q in _layer_api_networks():
+        graph = g.from_network(qnet)
+        kinds |= {type(op).__name__ for op in graph.ops}
+        got = graph.reference({"input": x_q})["output"]
+        want = reference_forward(qnet, x_q)
+        assert got.shape == want.shape, label
+        bad = np.argwhere(got != want)
+        assert len(bad) == 0, f"{label}: {len(bad)} of {want.size} elements differ, first at " \
+                              f"{bad[0].tolist()}"
+        assert graph.tensors["output"].q == qnet.output_q, label
+    assert kinds == {"Conv2D", "FullyConnected", "MaxPool2D", "Reshape", "Lookup"}, kinds
