@@ -330,7 +330,7 @@ def run_model(args: argparse.Namespace) -> int:
 
 def compile_model(args: argparse.Namespace) -> int:
     from firmware.asm import disassemble
-    from firmware.compiler import compile_network
+    from firmware.compiler import compile_stages
     from firmware.compiler.lowering import HostStep, lower
     from firmware.importers import load_model
     from hdl.presets import get_config
@@ -360,7 +360,7 @@ def compile_model(args: argparse.Namespace) -> int:
         tiles = slots = 0
         batch = None
         for seg in step.segments:
-            compiled = compile_network(seg.network, config, batch_size=None)
+            compiled = compile_stages(seg.network, config, batch_size=None)
             tiles += len(compiled.tiles)
             slots += len(compiled._params)
             batch = compiled.batch_size

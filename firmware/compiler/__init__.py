@@ -1,6 +1,10 @@
-"""Compiler from a quantised network (:mod:`firmware.quant`) to programs for the core.
+"""Compiler from a quantised model (an integer graph, :mod:`firmware.graph`) to programs for the
+core.
 
-:func:`compile_network` plans a whole network for one :class:`~hdl.config.TPUConfig`: weight
+:func:`compile_network` takes a model as an integer graph (:mod:`firmware.graph`; the layer
+API's :class:`~firmware.quant.QuantisedNetwork` is written as one first), lowers it
+(:mod:`~firmware.compiler.lowering`) and, where it is one chain of stages, plans the whole
+network for one :class:`~hdl.config.TPUConfig` (:func:`compile_stages`): weight
 tiles, parameter slots, unified-buffer and accumulator regions, and how many images go through
 at a time. The result, :class:`CompiledNetwork`, gives a *setup* program that loads what stays
 resident (weights and parameters when they fit, the constant frames of padded tensors) and, for
@@ -130,15 +134,21 @@ Each imports only the ones above it in this list:
   ids) and the cutting of a stage's rows into MATMULs and jobs;
 - :mod:`~firmware.compiler.timing`: the cycle model (:class:`~.timing._Timing`);
 - :mod:`~firmware.compiler.emitter`: the batch programs (:class:`~.emitter._Emitter`);
-- :mod:`~firmware.compiler.network`: :class:`CompiledNetwork` and :func:`compile_network`.
+- :mod:`~firmware.compiler.network`: :class:`CompiledNetwork` and :func:`compile_stages`, the
+  chain of stages in one program;
+- :mod:`~firmware.compiler.attention`, :mod:`~firmware.compiler.attention_block`: attention's
+  programs (``q @ k.T``, ``p @ v``, the whole block);
+- :mod:`~firmware.compiler.lowering`: a graph (:mod:`firmware.graph`) as core and host steps,
+  and :func:`compile_network`, the entry for a model that runs as one program.
 """
 
 from firmware.compiler.layout import CompileError, StageBound
 from firmware.compiler.layout import Tensor as Tensor
-from firmware.compiler.network import PROGRAM_IMAGES, CompiledNetwork, compile_network
+from firmware.compiler.lowering import compile_network
+from firmware.compiler.network import PROGRAM_IMAGES, CompiledNetwork, compile_stages
 from firmware.compiler.network import RINGS as RINGS
 from firmware.compiler.network import TRIAL_BATCHES as TRIAL_BATCHES
 from firmware.compiler.plan import COUNT_LIMIT
 
-__all__ = ["CompileError", "CompiledNetwork", "StageBound", "compile_network", "COUNT_LIMIT",
-           "PROGRAM_IMAGES"]
+__all__ = ["CompileError", "CompiledNetwork", "StageBound", "compile_network", "compile_stages",
+           "COUNT_LIMIT", "PROGRAM_IMAGES"]

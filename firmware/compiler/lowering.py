@@ -1,37 +1,53 @@
 """Lowering: a :class:`~firmware.graph.Graph` as steps for the core and the host.
 
-:func:`lower` turns the graph into steps for one :class:`~hdl.config.TPUConfig`: runs of
-fully connected operators (each output read only by the next) become one
-:class:`firmware.quant.QuantisedNetwork` of dense stages, kept on chip between them; every
-convolution becomes a dense segment over the patches the host cuts (im2col with the stride and
-the padding, one "image" per output position), so that stride, asymmetric padding and groups
-cost the compiler nothing; a grouped (depthwise) convolution runs one block of ``cols`` output
-channels at a time, each block a dense layer over the patches of its own input channels.
+:func:`lower` turns the graph into steps for one :class:`~hdl.config.TPUConfig`:
+
+- A *chain* from a convolution: convolutions (groups 1, equal strides, padding equal on
+  opposite sides), each with the 2x2 max-pooling and the table function that alone read it,
+  then a flatten and fully connected operators, each output read only by the next, become
+  one :class:`firmware.quant.QuantisedNetwork` of stages that
+  :func:`~firmware.compiler.network.compile_stages` compiles into one program a batch, every
+  tensor between them kept in the unified buffer. Where the chain does not compile (the
+  memories), its first convolution falls back to the patches below and the lowering goes on
+  from the next operator.
+- Runs of fully connected operators (each output read only by the next; a flatten before
+  the first is a layout of its input) become one segment of dense stages.
+- Any other convolution becomes a dense segment over the patches the host cuts (im2col with
+  the stride and the padding, one "image" per output position), so that stride, asymmetric
+  padding and groups cost the compiler nothing; a grouped (depthwise) convolution runs one
+  block of ``cols`` output channels at a time, each block a dense layer over the patches of
+  its own input channels.
+
 The input zero point is folded into the bias (``b - z_in * colsum(W)``) as
-:mod:`firmware.quant` does. On a core with UB_TO_WEIGHTS
-(:attr:`~hdl.config.TPUConfig.ub_to_weights`) an :class:`AttentionScores` becomes a
-:class:`AttentionStep`: each head's ``q @ k.T`` on the array, ``k.T`` made on chip
-(:mod:`firmware.compiler.attention`), and so does an :class:`AttentionMix` (``p @ v``, ``v`` moved
-into weight tiles on chip) where the core takes uint8 activations; elsewhere they run on the
-host. Where the core has the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`)
-a :class:`Lookup` that alone reads the scores (softmax's exp) joins their step, and one that
-alone reads a fully connected operator's output (GELU, sigmoid, any function of an int8)
-joins its run as the stage's function: the ACTIVATE looks it up, and only its output leaves
-the core. Where the core has all three (UB_TO_WEIGHTS, the table and the row scale),
-attention's q, k and v projections, its scores, their exp and the normalised mix become one
-:class:`AttentionBlockStep`, one program from the projections' input to the attention
-output (:mod:`firmware.compiler.attention_block`), when it fits the core's memories and slots.
-:func:`placement` says which
-operator ran where. :func:`firmware.runtime.graph.run_graph` runs the steps on a device.
+:mod:`firmware.quant` does, and a convolution's input is padded with it. A :class:`Lookup`
+that alone reads a stage's output is that stage's function: SIGMOID or TANH where its table is
+the activation unit's fixed one (any core), TABLE where the core has the programmable table
+(:attr:`~hdl.config.TPUConfig.lookup_table`; one table a segment, so a second, different one
+starts another). On a core with UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`)
+an :class:`AttentionScores` becomes an :class:`AttentionStep`: each head's ``q @ k.T`` on the
+array, ``k.T`` made on chip (:mod:`firmware.compiler.attention`), and so does an
+:class:`AttentionMix` (``p @ v``, ``v`` moved into weight tiles on chip) where the core takes
+uint8 activations; elsewhere they run on the host. Where the core has the table, a
+:class:`Lookup` that alone reads the scores (softmax's exp) joins their step. Where the core
+has all three (UB_TO_WEIGHTS, the table and the row scale), attention's q, k and v
+projections, its scores, their exp and the normalised mix become one
+:class:`AttentionBlockStep`, one program from the projections' input to the attention output
+(:mod:`firmware.compiler.attention_block`), when it fits the core's memories and slots.
+:func:`placement` says which operator ran where; :func:`firmware.runtime.graph.run_graph`
+runs the steps on a device. :func:`compile_network` is the compiler's entry for a model that
+is one program: a graph, or the layer API's quantised network written as one
+(:func:`firmware.graph.from_network`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from firmware.graph import (
+    FIXED_TABLES,
     AttentionMix,
     AttentionScores,
     Conv2D,
@@ -39,25 +55,31 @@ from firmware.graph import (
     Graph,
     GraphError,
     Lookup,
+    MaxPool2D,
     Op,
     Requant,
+    Reshape,
 )
 from firmware.quant import QParams, QuantisedNetwork, Stage
 from hdl.isa import Func
 from sim.models import golden
 
 __all__ = ["Segment", "CoreStep", "HostStep", "AttentionStep", "AttentionBlockStep", "lower",
-           "placement"]
+           "placement", "compile_network"]
 
 
 @dataclass(eq=False)
 class Segment:
     """One :class:`QuantisedNetwork` run on the core: what it reads of its input tensor
-    (``in_channels`` of a convolution's patches, or all) and which output channels it
-    writes."""
+    (``in_channels`` of a convolution's patches cut on the host, with ``patches``; else the
+    whole tensor) and which output channels it writes. ``compiled``: its
+    :class:`~firmware.compiler.network.CompiledNetwork` where the lowering compiled it (to
+    know that it fits)."""
     network: QuantisedNetwork
     out_channels: np.ndarray | None = None
     in_channels: np.ndarray | None = None
+    patches: bool = False
+    compiled: object = None
 
 
 @dataclass(eq=False)
@@ -193,10 +215,153 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
                    r.clamp_hi)
 
 
-def lower(graph: Graph, config, *, fuse_attention: bool = True) -> list[
+def _conv_stage(op: Conv2D, in_shape, pool: bool, in_q: QParams, out_q: QParams,
+                func: Func, table) -> Stage | None:
+    """The chain compiler's stage for a convolution (with its 2x2 max-pooling), or ``None``
+    where it has no such stage: groups, unequal strides, padding unequal on two sides."""
+    t, b, left, r = op.padding
+    if op.groups != 1 or op.stride[0] != op.stride[1] or t != b or left != r:
+        return None
+    kh, kw, cin, n = op.weight.shape
+    colsum = op.weight.reshape(-1, n).sum(axis=0)
+    ho, wo = op.out_hw(*in_shape[:2])
+    out_shape = (ho // 2, wo // 2, n) if pool else (ho, wo, n)
+    r_ = op.requant
+    return Stage(name=op.name, kind="conv", weight=op.weight,
+                 bias=golden.wrap(op.bias - op.input_zp * colsum, 32),
+                 multiplier=r_.multiplier, shift=r_.scalar_shift, zero_point=r_.zero_point,
+                 clamp_hi=r_.clamp_hi, func=func, pool=pool, pad=(t, left),
+                 in_shape=tuple(in_shape), out_shape=out_shape, in_q=in_q, out_q=out_q,
+                 rounding=r_.rounding, stride=op.stride[0], table=table)
+
+
+def _function(op: Op, lookup: Lookup | None, table, config):
+    """A stage's function, its programmable table and the Lookup it takes in: the
+    requantisation's function, or the table ``lookup`` (which alone reads ``op``'s output)
+    where the activation unit has it: a fixed one (SIGMOID, TANH) on any core, a
+    programmable one where the core has the table and the segment's ``table`` is the same or
+    none yet."""
+    if lookup is None or op.requant.func != Func.IDENTITY:
+        return op.requant.func, None, None
+    for func, values in FIXED_TABLES.items():
+        if np.array_equal(lookup.table, golden.table_values(values)):
+            return func, None, lookup
+    if config.lookup_table and (table is None or np.array_equal(table, lookup.table)):
+        return Func.TABLE, lookup.table, lookup
+    return op.requant.func, None, None
+
+
+def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
+                errors: list) -> CoreStep | None:
+    """The longest chain from the convolution ``ops[i]`` that the network compiler runs in
+    one program, its tensors kept in the unified buffer: convolutions (each with a 2x2
+    max-pooling and a table function that alone read it), then, after a flatten, fully
+    connected operators; each output read only by the next operator. ``None`` where even
+    the first convolution has no such stage or the chain does not compile for ``config``
+    (the convolution then runs over patches the host cuts; the compiler's error goes to
+    ``errors``). ``options``: :func:`~firmware.compiler.network.compile_stages`'s."""
+    from firmware.compiler.layout import CompileError
+    from firmware.compiler.network import compile_stages
+
+    outputs = set(graph.outputs)
+
+    def sole(prev: Op, kind, j: int) -> Op | None:
+        nxt = ops[j] if j < len(ops) else None
+        if (isinstance(nxt, kind) and prev.outputs[0] not in outputs
+                and graph.consumers(prev.outputs[0]) == [nxt] and len(nxt.inputs) == 1):
+            return nxt
+        return None
+
+    def function(op: Op, j: int, table):
+        lookup = sole(op, Lookup, j) if op.requant.func == Func.IDENTITY else None
+        return _function(op, lookup, table, config)
+
+    # The compiler pads a convolution's input (on the host for the first, as a frame on chip
+    # for the later ones) with its input's zero point: the operator's own.
+    q0 = _qparams(graph, ops[i].inputs[0])
+    in_q = QParams(q0.scale, ops[i].input_zp, q0.signed)
+    shape = graph.tensors[ops[i].inputs[0]].shape[1:]
+    if len(shape) != 3:
+        return None
+    chain: list[Op] = []
+    stages: list[Stage] = []
+    table = None
+    j = i
+    op = ops[i]
+    q = in_q
+    while isinstance(op, Conv2D):
+        if stages:
+            if not stages[-1].out_q.signed:
+                break
+            # The frame the previous stage's output is written in holds this zero point.
+            stages[-1] = dataclasses.replace(stages[-1], out_q=QParams(
+                stages[-1].out_q.scale, op.input_zp, True))
+        func, values, lookup = function(op, j + 1, table)
+        last = lookup or op
+        pool = sole(last, MaxPool2D, j + 1 + (lookup is not None))
+        if pool is not None and not (pool.kernel == (2, 2) and pool.stride == (2, 2) and
+                                     pool.padding == (0, 0, 0, 0) and pool.act == (-128, 127)):
+            pool = None
+        taken = [op] + [x for x in (lookup, pool) if x is not None]
+        out_q = _qparams(graph, taken[-1].outputs[0])
+        st = _conv_stage(op, shape, pool is not None, q, out_q, func, values)
+        if st is None:
+            break
+        stages.append(st)
+        chain += taken
+        table = table if values is None else values
+        q, shape = out_q, st.out_shape
+        j += len(taken)
+        op = sole(taken[-1], Conv2D, j)
+    if not stages:
+        return None
+    flat = sole(chain[-1], Reshape, j)
+    fc = sole(flat, FullyConnected, j + 1) if flat is not None and len(flat.shape) == 2 else None
+    if fc is not None:
+        chain.append(flat)
+        j += 1
+    while fc is not None and not fc.keep_dims:
+        func, values, lookup = function(fc, j + 1, table)
+        taken = [fc] + ([lookup] if lookup is not None else [])
+        out_q = _qparams(graph, taken[-1].outputs[0])
+        st = _stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
+                    table=values)
+        if func != fc.requant.func and values is None:
+            st = dataclasses.replace(st, func=func)
+        stages.append(st)
+        chain += taken
+        table = table if values is None else values
+        q = out_q
+        j += len(taken)
+        fc = sole(taken[-1], FullyConnected, j)
+    if isinstance(chain[-1], Reshape):
+        chain.pop()
+    net = QuantisedNetwork(_chain_name(graph, chain), tuple(
+        graph.tensors[ops[i].inputs[0]].shape[1:]), in_q, stages)
+    try:
+        compiled = compile_stages(net, config, **options)
+    except CompileError as error:
+        errors.append(error)
+        return None
+    return CoreStep(chain, [Segment(net, compiled=compiled)])
+
+
+def _chain_name(graph: Graph, chain: list[Op]) -> str:
+    """A segment's name: the graph's where the chain is the whole graph."""
+    if chain == graph.ops:
+        return graph.name
+    return chain[0].name if len(chain) == 1 else f"{chain[0].name}..{chain[-1].name}"
+
+
+def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | None = None,
+          errors: list | None = None) -> list[
         CoreStep | AttentionStep | AttentionBlockStep | HostStep]:
     """The graph as core steps and host steps for ``config`` (see the module notes);
-    ``fuse_attention=False`` keeps attention's operators steps of their own (to compare)."""
+    ``fuse_attention=False`` keeps attention's operators steps of their own (to compare).
+    ``options`` go to :func:`~firmware.compiler.network.compile_stages` for the chains it
+    compiles; ``errors`` collects the errors of the chains that did not compile."""
+    options = options or {}
+    errors = [] if errors is None else errors
     steps: list[CoreStep | AttentionStep | AttentionBlockStep | HostStep] = []
     outputs = set(graph.outputs)
     i = 0
@@ -221,11 +386,25 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True) -> list[
             steps.append(AttentionStep(op, lookup))
             i += len(steps[-1].ops)
             continue
+        # A flatten that a fully connected operator alone reads is a layout of its input.
+        flatten = None
+        if isinstance(op, Reshape) and len(op.shape) == 2 and i + 1 < len(ops) and \
+                isinstance(ops[i + 1], FullyConnected) and not ops[i + 1].keep_dims and \
+                op.outputs[0] not in outputs and graph.consumers(op.outputs[0]) == [ops[i + 1]]:
+            flatten = op
+            i += 1
+            op = ops[i]
         if not op.core:
             steps.append(HostStep(op))
             i += 1
             continue
         in_q = _qparams(graph, op.inputs[0])
+        chain = _conv_chain(graph, ops, i, config, options, errors) \
+            if isinstance(op, Conv2D) else None
+        if chain is not None:
+            steps.append(chain)
+            i += len(chain.ops)
+            continue
         if isinstance(op, Conv2D):
             out_q = _qparams(graph, op.outputs[0])
             cout = op.weight.shape[3]
@@ -238,7 +417,7 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True) -> list[
                                _sub_requant(op.requant, cols), in_q, out_q)
                 net = QuantisedNetwork(f"{op.name}[{start}:{cols[-1] + 1}]", (w.shape[0],),
                                        in_q, [stage])
-                segments.append(Segment(net, cols, ins))
+                segments.append(Segment(net, cols, ins, patches=True))
             steps.append(CoreStep([op], segments))
             i += 1
             continue
@@ -257,31 +436,40 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True) -> list[
             return None
 
         fc = op
+        funcs = []
         while fc is not None:
             chain.append(fc)
-            lookup = sole_reader(fc, Lookup, i + len(chain)) if config.lookup_table else None
-            if lookup is not None and fc.requant.func == Func.IDENTITY:
-                if table is not None and not np.array_equal(table, lookup.table):
-                    chain.pop()     # a segment of its own, with its own table
-                    break
+            found = sole_reader(fc, Lookup, i + len(chain))
+            func, values, lookup = _function(fc, found, table, config)
+            if found is not None and lookup is None and config.lookup_table and \
+                    fc.requant.func == Func.IDENTITY and len(chain) > 1:
+                chain.pop()         # a segment of its own, with its own table
+                break
+            funcs.append((func, values))
+            if lookup is not None:
                 chain.append(lookup)
-                table = lookup.table
+                table = table if values is None else values
             fc = sole_reader(chain[-1], FullyConnected, i + len(chain))
         stages = []
         q = in_q
-        for k, fc in enumerate(chain):
-            if isinstance(fc, Lookup):
-                continue
+        fcs = [op for op in chain if not isinstance(op, Lookup)]
+        for fc, (func, values) in zip(fcs, funcs, strict=True):
+            k = chain.index(fc)
             looked_up = k + 1 < len(chain) and isinstance(chain[k + 1], Lookup)
             out_q = _qparams(graph, chain[k + looked_up].outputs[0])
-            stages.append(_stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q,
-                                 out_q, table=chain[k + 1].table if looked_up else None))
+            st = _stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
+                        table=values)
+            if func != st.func and values is None:
+                st = dataclasses.replace(st, func=func)     # a fixed table
+            stages.append(st)
             q = out_q
-        net = QuantisedNetwork(chain[0].name if len(chain) == 1 else
-                               f"{chain[0].name}..{chain[-1].name}",
-                               (chain[0].weight.shape[0],), in_q, stages)
+        if flatten is not None:
+            chain.insert(0, flatten)
+        source = graph.tensors[chain[0].inputs[0]].shape[1:] if flatten is not None \
+            else (chain[0].weight.shape[0],)
+        net = QuantisedNetwork(_chain_name(graph, chain), tuple(source), in_q, stages)
         steps.append(CoreStep(chain, [Segment(net)]))
-        i += len(chain)
+        i += len(chain) - (flatten is not None)
     return steps
 
 
@@ -295,3 +483,33 @@ def placement(graph: Graph, config) -> dict[str, str]:
     return where
 
 
+
+
+def compile_network(network: QuantisedNetwork | Graph, config, **options):
+    """Compile a model for ``config`` as one program a batch: ``network`` a graph (an
+    importer's, or :func:`firmware.graph.from_network` of the layer API's quantised network,
+    which is what a :class:`~firmware.quant.QuantisedNetwork` becomes first) whose operators
+    all run on the core as one chain. ``options``:
+    :func:`~firmware.compiler.network.compile_stages`'s (``batch_size``, ``max_batch``,
+    ``unit``, ``ring``, ``program_images``, ``pack_positions``). Returns the
+    :class:`~firmware.compiler.network.CompiledNetwork`; raises :class:`CompileError` where
+    the chain does not fit (naming the memory and its rows) or where the graph needs more
+    than one program (:func:`firmware.runtime.graph.run_graph` runs those, step by step)."""
+    from firmware.compiler.layout import CompileError
+    from firmware.compiler.network import compile_stages
+    from firmware.graph import from_network
+
+    graph = network if isinstance(network, Graph) else from_network(network)
+    errors: list = []
+    steps = lower(graph, config, options=options, errors=errors)
+    if len(steps) == 1 and isinstance(steps[0], CoreStep) and len(steps[0].segments) == 1 \
+            and not steps[0].segments[0].patches:
+        seg = steps[0].segments[0]
+        return seg.compiled or compile_stages(seg.network, config, **options)
+    if errors:
+        raise errors[0]
+    host = [step.op.name for step in steps if isinstance(step, HostStep)]
+    raise CompileError(
+        f"{graph.name} does not run as one program on {config.name}: it lowers to "
+        f"{len(steps)} steps" + (f" (on the host: {', '.join(host)})" if host else "") +
+        "; run it with firmware.runtime.graph.run_graph")

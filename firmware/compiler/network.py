@@ -1,9 +1,9 @@
-"""The compiled network and :func:`compile_network`, which chooses its batching.
+"""The compiled network and :func:`compile_stages`, which chooses its batching.
 
 :class:`CompiledNetwork` holds a network's plan (:mod:`firmware.compiler.plan`) and tiles
 for one configuration and implements the runtime's executable protocol: the setup program,
 the batch programs (written by :mod:`firmware.compiler.emitter`), their decoding, and the
-reports (estimate, profile, shape bounds, summary). :func:`compile_network` checks its
+reports (estimate, profile, shape bounds, summary). :func:`compile_stages` checks its
 arguments and picks the unit, the batch and the input ring, by the cycle model's estimates
 (:func:`_choose`) unless given.
 """
@@ -391,12 +391,13 @@ def _fits(config, network, unit, units, ring: float = 2.0, pack: bool = True,
         return False
 
 
-def compile_network(network: QuantisedNetwork, config: TPUConfig, *,
+def compile_stages(network: QuantisedNetwork, config: TPUConfig, *,
                     batch_size: int | None = None, max_batch: int = 256,
                     unit: int | None = None, ring: float | None = None,
                     program_images: int = PROGRAM_IMAGES,
                     pack_positions: bool = True) -> CompiledNetwork:
-    """Compile ``network`` for ``config``.
+    """Compile the stages of ``network`` for ``config`` as one chain in the unified buffer
+    (:func:`firmware.compiler.compile_network` reaches it through the graph's lowering).
 
     ``batch_size``: images per batch, ``unit``: images per unit (a divisor of the batch);
     by default the compiler picks both, the batch up to ``max_batch`` images.

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from firmware.compiler import compile_network
 from firmware.compiler.attention import MixExecutable, ScoresExecutable
 from firmware.compiler.attention_block import AttentionBlockExecutable
 from firmware.compiler.lowering import (
@@ -20,8 +19,9 @@ from firmware.compiler.lowering import (
     Segment,
     lower,
 )
+from firmware.compiler.network import compile_stages
 from firmware.device import open_device
-from firmware.graph import AttentionScores, Conv2D, Graph, GraphError
+from firmware.graph import AttentionScores, Graph, GraphError
 from firmware.runtime import run
 from hdl.presets import get_config
 
@@ -31,12 +31,14 @@ __all__ = ["GraphRun", "run_graph"]
 @dataclass
 class GraphRun:
     """What :func:`run_graph` returns: ``outputs`` and every computed tensor by name,
-    per-segment counters, and the totals."""
+    per-segment counters, the totals, and the ``steps`` of the lowering it ran (where each
+    operator ran)."""
     outputs: dict[str, np.ndarray]
     tensors: dict[str, np.ndarray]
     segments: list[dict] = field(default_factory=list)
     macs: int = 0
     array_cells: int = 1
+    steps: list = field(default_factory=list)
 
     def _total(self, key: str) -> int | None:
         values = [s["counters"].get(key) for s in self.segments]
@@ -66,11 +68,10 @@ class GraphRun:
 
 
 def _segment_input(step: CoreStep, seg: Segment, x: np.ndarray) -> np.ndarray:
-    op = step.ops[0]
-    if isinstance(op, Conv2D):
-        p = op.patches(x)[..., seg.in_channels]
+    if seg.patches:
+        p = step.ops[0].patches(x)[..., seg.in_channels]
         return p.reshape(-1, seg.network.input_shape[0])
-    return np.asarray(x, dtype=np.int64).reshape(-1, seg.network.input_shape[0])
+    return np.asarray(x, dtype=np.int64).reshape(-1, *seg.network.input_shape)
 
 
 def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", config=None,
@@ -93,7 +94,7 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
         values = dict(graph.check_inputs(inputs))
         if key not in cache or cache[key][0] is not graph:
             steps = lower(graph, config, fuse_attention=fuse_attention)
-            executables = {id(seg): compile_network(seg.network, config)
+            executables = {id(seg): seg.compiled or compile_stages(seg.network, config)
                            for step in steps if isinstance(step, CoreStep)
                            for seg in step.segments}
             for step in steps:
@@ -113,7 +114,8 @@ def run_graph(graph: Graph, inputs: dict[str, np.ndarray], *, device="isa", conf
                         executables[id(step)] = MixExecutable(op, config, t, c, h)
             cache[key] = (graph, steps, executables)
         _, steps, executables = cache[key]
-        result = GraphRun({}, values, macs=0, array_cells=config.rows * config.cols)
+        result = GraphRun({}, values, macs=0, array_cells=config.rows * config.cols,
+                          steps=steps)
         for step in steps:
             if isinstance(step, HostStep):
                 op = step.op

@@ -405,3 +405,75 @@ def test_layer_api_networks_as_graphs():
                               f"{bad[0].tolist()}"
         assert graph.tensors["output"].q == qnet.output_q, label
     assert kinds == {"Conv2D", "FullyConnected", "MaxPool2D", "Reshape", "Lookup"}, kinds
+
+
+def test_the_layer_api_compiles_through_the_graph():
+    """compile_network takes a quantised network through its graph (from_network, then the
+    lowering): the demo's networks get the very programs the stage compiler writes for them
+    directly, with the compiler's own choice of batch on the 8x8 core and a given batch on
+    the int8-only iCEBreaker preset."""
+    from firmware.compiler import compile_network, compile_stages
+    from firmware.datasets import digits
+    from firmware.models import digits as models
+    from firmware.quant import quantise
+
+    split = digits()
+    for name in ("mlp", "cnn"):
+        for config_name, options in (("default", {}), ("icebreaker", {"batch_size": 1})):
+            config = get_config(config_name)
+            qnet = quantise(models.build(name, split), split.x_train,
+                            input_signed=config.operands == "int8")
+            via_graph = compile_network(qnet, config, **options)
+            direct = compile_stages(qnet, config, **options)
+            assert via_graph.network.name == qnet.name
+            x_q = qnet.quantise_input(split.x_test[:20])
+            assert via_graph.setup_program() == direct.setup_program(), (name, config_name)
+            assert via_graph.batch_program(x_q).beats == direct.batch_program(x_q).beats, \
+                (name, config_name)
+
+
+# (generator, seed, configuration, whether the chain fits as one program)
+CHAINS = [("chain", 7000, "default", True), ("chain", 7002, "small", True),
+          ("cnn", 7002, "default", True), ("cnn", 7003, "small", True),
+          ("chain", 7008, "small", False), ("cnn", 7001, "small", False)]
+
+
+@pytest.mark.parametrize("kind, seed, config_name, fits", CHAINS,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CHAINS])
+def test_convolution_chains_of_a_graph(kind, seed, config_name, fits):
+    """Convolutions (with their 2x2 max-pooling), a flatten and fully connected operators,
+    each read only by the next, lower to one core step whose program keeps every tensor in
+    the unified buffer; where the chain does not fit, the convolution falls back to patches
+    cut on the host and the rest follows step by step. Every output equal to the graph's
+    reference either way."""
+    from test_compiler import calibrate, random_cnn, random_conv_chain
+
+    print(f"seed {seed}")
+    rng, net, data = {"chain": random_conv_chain, "cnn": random_cnn}[kind](seed)
+    graph = g.from_network(calibrate(net, data))
+    x = graph.tensors["input"].q.quantise(data)
+    run = run_graph(graph, {"input": x}, device="isa", config=get_config(config_name))
+    np.testing.assert_array_equal(run.outputs["output"],
+                                  graph.reference({"input": x})["output"])
+    segments = [seg for s in run.steps if isinstance(s, lowering.CoreStep)
+                for seg in s.segments]
+    if fits:
+        assert len(run.steps) == 1 and not segments[0].patches
+        assert segments[0].compiled is not None
+    else:
+        assert len(run.steps) > 1 and any(seg.patches for seg in segments)
+
+
+def test_a_graph_that_needs_the_host_is_no_single_program():
+    """compile_network of a graph whose chain does not fit refuses with the compiler's
+    reason (the lowering would run it step by step, a host operator between)."""
+    from test_compiler import calibrate, random_cnn
+
+    from firmware.compiler import CompileError, compile_network
+
+    rng, net, data = random_cnn(7001)
+    graph = g.from_network(calibrate(net, data))
+    with pytest.raises(CompileError, match=r"does not fit 4x4 even one image"):
+        compile_network(graph, get_config("small"))
+    steps = lowering.lower(graph, get_config("small"))
+    assert any(isinstance(s, lowering.HostStep) for s in steps)
