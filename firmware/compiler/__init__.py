@@ -61,7 +61,10 @@ each pass is one weight tile (``rows x cols``, zero-padded) times one unified-bu
 accumulator row, the passes of a stage accumulating. An accumulator row is one output position
 of one image (four in a row, one pooling window, when max-pooling is fused: ACTIVATE's MAX4
 pools four consecutive rows). Where the rows a pass reads are consecutive in the unified
-buffer, one MATMUL streams them; the compiler orders accumulator rows so that they are.
+buffer, one MATMUL streams them; the compiler orders accumulator rows so that they are. A pass
+whose weight tile is all zero for a column block adds nothing and is left out for that block
+(a depthwise convolution, lowered as a dense one with zeros between an output channel and the
+input channels of other groups, keeps only the passes of its own channel group).
 
 - Dense on the network input: one pass per ``rows`` input features.
 - Dense after a spatial tensor (a Flatten): one pass per (position, channel group), weight

@@ -57,6 +57,10 @@ class _Emitter:
         self.stage_rows = [0] * len(self.plan.stages)    # rows each stage's MATMULs stream
         # (unit, first, end) of input rows that MATMULs sent or still to come read
         self.ring_live: list[tuple[int, int, int]] = []
+        tiles = compiled.tiles
+        #: Per weight tile, whether it is all zero (its passes add nothing and are left out).
+        self.zero = ~tiles.reshape(len(tiles), -1).any(axis=1) if len(tiles) else \
+            np.zeros(0, dtype=bool)
 
     # Where things are -------------------------------------------------------------------
 
@@ -374,7 +378,7 @@ class _Emitter:
                     self._flush_for(lambda job, span, lo=region, hi=region + rows:
                                     job[4] < hi and lo < job[4] + job[2])
                 issued = 0
-                for kc in range(len(lay.passes)):
+                for step, kc in enumerate(self._passes(sp, nb)):
                     if not emit:
                         self.uses.append(sp.tiles[kc][nb])
                         continue
@@ -388,7 +392,7 @@ class _Emitter:
                         span[0] < ub + n and ub < span[1] for _, ub, n in runs))
                     for n, (acc, ub, count) in enumerate(runs):
                         self.p.matmul(ub, region + acc, count, switch=n == 0,
-                                      accumulate=kc > 0, signed=sp.stage.in_q.signed)
+                                      accumulate=step > 0, signed=sp.stage.in_q.signed)
                         self.stage_rows[sp.index] += count
                         if n == 0:
                             self.used += 1
@@ -432,6 +436,13 @@ class _Emitter:
                 for s in range(0, count, COUNT_LIMIT):
                     n = min(COUNT_LIMIT, count - s)
                     self.p.read_host(start + s, np.broadcast_to(zero, (n, self.c.ub_row)))
+
+    def _passes(self, sp: _StagePlan, nb: int) -> list[int]:
+        """The passes column block ``nb`` of a stage runs: those whose weight tile is not all
+        zero (a depthwise convolution's tiles off the diagonal; at least one pass, which
+        writes the accumulators)."""
+        kcs = [kc for kc in range(len(sp.layout.passes)) if not self.zero[sp.tiles[kc][nb]]]
+        return kcs or [0]
 
     def _units(self, b: int) -> int:
         """Units batch ``b`` runs: the last batch only those holding images."""

@@ -218,16 +218,21 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
 def _conv_stage(op: Conv2D, in_shape, pool: bool, in_q: QParams, out_q: QParams,
                 func: Func, table) -> Stage | None:
     """The chain compiler's stage for a convolution (with its 2x2 max-pooling), or ``None``
-    where it has no such stage: groups, unequal strides, padding unequal on two sides."""
+    where it has no such stage: unequal strides, padding unequal on two sides."""
     t, b, left, r = op.padding
-    if op.groups != 1 or op.stride[0] != op.stride[1] or t != b or left != r:
+    if op.stride[0] != op.stride[1] or t != b or left != r:
         return None
-    kh, kw, cin, n = op.weight.shape
-    colsum = op.weight.reshape(-1, n).sum(axis=0)
+    # A grouped (depthwise) convolution as a dense one whose weights are zero between an
+    # output channel and the input channels outside its group: the emitter leaves out the
+    # passes whose tiles are all zero.
+    weight = op.dense_weight(np.arange(op.weight.shape[3]))[1].reshape(
+        *op.weight.shape[:2], op.cin, op.weight.shape[3]) if op.groups > 1 else op.weight
+    kh, kw, cin, n = weight.shape
+    colsum = weight.reshape(-1, n).sum(axis=0)
     ho, wo = op.out_hw(*in_shape[:2])
     out_shape = (ho // 2, wo // 2, n) if pool else (ho, wo, n)
     r_ = op.requant
-    return Stage(name=op.name, kind="conv", weight=op.weight,
+    return Stage(name=op.name, kind="conv", weight=weight,
                  bias=golden.wrap(op.bias - op.input_zp * colsum, 32),
                  multiplier=r_.multiplier, shift=r_.scalar_shift, zero_point=r_.zero_point,
                  clamp_hi=r_.clamp_hi, func=func, pool=pool, pad=(t, left),

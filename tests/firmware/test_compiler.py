@@ -56,15 +56,20 @@ def largest_batch(qnet: QuantisedNetwork, config: TPUConfig, max_batch: int = 25
 def dense_rows(qnet: QuantisedNetwork, config: TPUConfig, images: int) -> int | None:
     """MATMUL rows of a network of Dense stages, from the documented tiling alone: every
     pass (``rows`` input features, or a channel group of ``min(rows, cols)``) streams one
-    row per image, for every column block; None for a network with a convolution."""
+    row per image, for every column block, unless its block of weights is all zero (at
+    least one pass a column block); None for a network with a convolution."""
     if any(st.kind != "dense" for st in qnet.stages):
         return None
     g = min(config.rows, config.cols)
     rows, width_in = 0, config.rows
     for i, st in enumerate(qnet.stages):
         width = config.cols if i == len(qnet.stages) - 1 else g
-        passes = ceil(st.k / width_in)
-        rows += passes * ceil(st.n / width) * images
+        w = st.weight_matrix
+        for nb in range(ceil(st.n / width)):
+            cols = w[:, nb * width:(nb + 1) * width]
+            passes = sum(bool(cols[kc * width_in:(kc + 1) * width_in].any())
+                         for kc in range(ceil(st.k / width_in)))
+            rows += max(passes, 1) * images
         width_in = width
     return rows
 
