@@ -261,12 +261,13 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     """The longest chain from the convolution ``ops[i]`` that the network compiler runs in
     one program, its tensors kept in the unified buffer: convolutions (each with a 2x2
     max-pooling and a table function that alone read it), then, after a flatten, fully
-    connected operators; each output read only by the next operator. ``None`` where even
-    the first convolution has no such stage or the chain does not compile for ``config``
-    (the convolution then runs over patches the host cuts; the compiler's error goes to
-    ``errors``). ``options``: :func:`~firmware.compiler.network.compile_stages`'s."""
+    connected operators; each output read only by the next operator. Where the whole chain
+    does not compile for ``config`` (its error goes to ``errors``), its longest prefix that
+    does; ``None`` where even the first convolution has no such stage or does not compile
+    alone (it then runs over patches the host cuts). ``options``:
+    :func:`~firmware.compiler.network.compile_stages`'s."""
     from firmware.compiler.layout import CompileError
-    from firmware.compiler.network import compile_stages
+    from firmware.compiler.network import RINGS, _fits, compile_stages
 
     outputs = set(graph.outputs)
 
@@ -288,8 +289,9 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     shape = graph.tensors[ops[i].inputs[0]].shape[1:]
     if len(shape) != 3:
         return None
-    chain: list[Op] = []
+    groups: list[list[Op]] = []     # each stage's operators
     stages: list[Stage] = []
+    frames: list[int | None] = []   # the zero point of the frame around each stage's output
     table = None
     j = i
     op = ops[i]
@@ -299,8 +301,7 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
             if not stages[-1].out_q.signed:
                 break
             # The frame the previous stage's output is written in holds this zero point.
-            stages[-1] = dataclasses.replace(stages[-1], out_q=QParams(
-                stages[-1].out_q.scale, op.input_zp, True))
+            frames[-1] = op.input_zp
         func, values, lookup = function(op, j + 1, table)
         last = lookup or op
         pool = sole(last, MaxPool2D, j + 1 + (lookup is not None))
@@ -311,20 +312,22 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         out_q = _qparams(graph, taken[-1].outputs[0])
         st = _conv_stage(op, shape, pool is not None, q, out_q, func, values)
         if st is None:
+            if stages:
+                frames[-1] = None
             break
         stages.append(st)
-        chain += taken
+        groups.append(taken)
+        frames.append(None)
         table = table if values is None else values
         q, shape = out_q, st.out_shape
         j += len(taken)
         op = sole(taken[-1], Conv2D, j)
     if not stages:
         return None
-    flat = sole(chain[-1], Reshape, j)
+    flat = sole(groups[-1][-1], Reshape, j)
     fc = sole(flat, FullyConnected, j + 1) if flat is not None and len(flat.shape) == 2 else None
-    if fc is not None:
-        chain.append(flat)
-        j += 1
+    lead = [flat] if fc is not None else []
+    j += len(lead)
     while fc is not None and not fc.keep_dims:
         func, values, lookup = function(fc, j + 1, table)
         taken = [fc] + ([lookup] if lookup is not None else [])
@@ -334,21 +337,41 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         if func != fc.requant.func and values is None:
             st = dataclasses.replace(st, func=func)
         stages.append(st)
-        chain += taken
+        groups.append(lead + taken)
+        frames.append(None)
+        lead = []
         table = table if values is None else values
         q = out_q
         j += len(taken)
         fc = sole(taken[-1], FullyConnected, j)
-    if isinstance(chain[-1], Reshape):
-        chain.pop()
-    net = QuantisedNetwork(_chain_name(graph, chain), tuple(
-        graph.tensors[ops[i].inputs[0]].shape[1:]), in_q, stages)
+    # The whole chain, else its longest prefix of which one image fits (fitting grows
+    # monotonically harder with each stage, so the prefixes are tried from the shortest).
+    input_shape = tuple(graph.tensors[ops[i].inputs[0]].shape[1:])
+
+    def prefix(length: int) -> tuple[list[Op], QuantisedNetwork]:
+        chain = [x for grp in groups[:length] for x in grp]
+        kept = [st if k + 1 == length or frames[k] is None else dataclasses.replace(
+                    st, out_q=QParams(st.out_q.scale, frames[k], True))
+                for k, st in enumerate(stages[:length])]
+        return chain, QuantisedNetwork(_chain_name(graph, chain), input_shape, in_q, kept)
+
+    chain, net = prefix(len(stages))
     try:
-        compiled = compile_stages(net, config, **options)
+        return CoreStep(chain, [Segment(net, compiled=compile_stages(net, config,
+                                                                     **options))])
     except CompileError as error:
         errors.append(error)
+    length = 0
+    while length + 1 < len(stages) and _fits(config, prefix(length + 1)[1], 1, 1, min(RINGS)):
+        length += 1
+    if not length:
         return None
-    return CoreStep(chain, [Segment(net, compiled=compiled)])
+    chain, net = prefix(length)
+    try:
+        return CoreStep(chain, [Segment(net, compiled=compile_stages(net, config,
+                                                                     **options))])
+    except CompileError:
+        return None
 
 
 def _chain_name(graph: Graph, chain: list[Op]) -> str:
