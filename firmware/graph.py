@@ -794,10 +794,9 @@ def from_network(qnet) -> Graph:
         y = out if table is None and not st.pool else \
             add(f"{st.name}/requantised", conv_shape, pre_q)
         if st.kind == "conv":
-            py, px = st.pad
             ops.append(Conv2D(st.name, [x], [y], weight=w, bias=bias, input_zp=z_in,
                               requant=requant, stride=(st.stride, st.stride),
-                              padding=(py, py, px, px)))
+                              padding=st.padding))
         else:
             if len(tensors[x].shape) != 2:
                 flat = add(f"{st.name}/flat", (st.k,), tensors[x].q)

@@ -158,10 +158,11 @@ def im2col(x: np.ndarray, kh: int, kw: int, pad: tuple[int, int],
            pad_value: float | int = 0, stride: int = 1) -> np.ndarray:
     """``(n, ho, wo, kh * kw * c)`` patches of NHWC ``x``, each in (dy, dx, channel) order,
     the order of an HWIO kernel reshaped to ``(kh * kw * c, out)``; patch ``(y, x)`` starts at
-    row ``stride * y`` and column ``stride * x`` of the padded input."""
+    row ``stride * y`` and column ``stride * x`` of the padded input. ``pad``: ``(py, px)`` on
+    both sides, or ``(top, bottom, left, right)``."""
     stride = _check_stride(stride, "im2col")
-    py, px = pad
-    x = np.pad(x, ((0, 0), (py, py), (px, px), (0, 0)), constant_values=pad_value)
+    top, bottom, left, right = (pad[0], pad[0], pad[1], pad[1]) if len(pad) == 2 else pad
+    x = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=pad_value)
     n, h, w, c = x.shape
     if h < kh or w < kw:
         raise NetworkError(f"a {kh}x{kw} kernel does not fit a {h}x{w} (padded) input")

@@ -100,6 +100,15 @@ class Stage:
     #: With ``func`` TABLE: the 256 entries of the activation unit's programmable table
     #: (LOAD_TABLE), int8 or uint8 (``out_q``'s), entry ``q + 128`` the output for ``q``.
     table: np.ndarray | None = None
+    #: A convolution's padding at the bottom and the right where it differs from ``pad``'s
+    #: top and left (TFLite's SAME with a stride: ``(0, 1)`` below and right of ``(0, 0)``).
+    pad_end: tuple[int, int] | None = None
+
+    @property
+    def padding(self) -> tuple[int, int, int, int]:
+        """The convolution's padding as (top, bottom, left, right)."""
+        end = self.pad_end if self.pad_end is not None else self.pad
+        return (self.pad[0], end[0], self.pad[1], end[1])
 
     @property
     def n(self) -> int:
@@ -121,8 +130,9 @@ class Stage:
     def conv_out_hw(self) -> tuple[int, int]:
         """Height and width of the convolution's output, before pooling."""
         kh, kw = self.weight.shape[:2]
-        return ((self.in_shape[0] + 2 * self.pad[0] - kh) // self.stride + 1,
-                (self.in_shape[1] + 2 * self.pad[1] - kw) // self.stride + 1)
+        t, b, left, r = self.padding
+        return ((self.in_shape[0] + t + b - kh) // self.stride + 1,
+                (self.in_shape[1] + left + r - kw) // self.stride + 1)
 
 
 @dataclass(eq=False)
@@ -301,7 +311,7 @@ def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
     for st in qnet.stages:
         if st.kind == "conv":
             kh, kw = st.weight.shape[:2]
-            cols = nn.im2col(x, kh, kw, st.pad, pad_value=st.in_q.zero_point,
+            cols = nn.im2col(x, kh, kw, st.padding, pad_value=st.in_q.zero_point,
                              stride=st.stride)
             n, ho, wo, k = cols.shape
             acc = golden.matmul(cols.reshape(-1, k), st.weight_matrix,

@@ -40,11 +40,11 @@ class Tensor:
     channels: int
     height: int = 1     # interior height and width (1 x 1 for a vector)
     pitch: int = 1      # framed width
-    frame: tuple[int, int] = (0, 0)
+    frame: tuple[int, int, int, int] = (0, 0, 0, 0)     # top, bottom, left, right
 
     def position(self, y, x):
         """Framed position of interior position (y, x)."""
-        return (y + self.frame[0]) * self.pitch + x + self.frame[1]
+        return (y + self.frame[0]) * self.pitch + x + self.frame[2]
 
     @property
     def block(self) -> int:
@@ -62,13 +62,13 @@ class Tensor:
 
     def border(self) -> np.ndarray:
         """The frame's rows (every group and image), sorted."""
-        if self.frame == (0, 0):
+        if not any(self.frame):
             return np.zeros(0, dtype=np.int64)
         inner = np.zeros(self.positions, dtype=bool)
-        fx = self.frame[1]
+        width = self.pitch - self.frame[2] - self.frame[3]
         for y in range(self.height):
             start = self.position(y, 0)
-            inner[start:start + self.pitch - 2 * fx] = True
+            inner[start:start + width] = True
         pos = np.flatnonzero(~inner)
         k, g, p, i = np.meshgrid(np.arange(self.units), np.arange(self.groups), pos,
                                  np.arange(self.unit), indexing="ij")
@@ -245,8 +245,9 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
         return _host_conv_layout(config, st, images, out_width, col_blocks, shifts)
     kh, kw, cin, _ = st.weight.shape
     groups, positions, pitch, frame, _ = prev_out
-    if frame != tuple(st.pad):
-        raise CompileError(f"{where}: its input is framed by {frame}, it pads by {st.pad}")
+    if frame != st.padding:
+        raise CompileError(f"{where}: its input is framed by {frame}, it pads by "
+                           f"{st.padding}")
     if stride == 1 and not st.pool:
         # The rows that wrap around the frame's edge are computed and not activated, so
         # each pass is one run: accumulator row (q * images + image) reads input position

@@ -218,9 +218,9 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
 def _conv_stage(op: Conv2D, in_shape, pool: bool, in_q: QParams, out_q: QParams,
                 func: Func, table) -> Stage | None:
     """The chain compiler's stage for a convolution (with its 2x2 max-pooling), or ``None``
-    where it has no such stage: unequal strides, padding unequal on two sides."""
+    where it has no such stage: unequal strides."""
     t, b, left, r = op.padding
-    if op.stride[0] != op.stride[1] or t != b or left != r:
+    if op.stride[0] != op.stride[1]:
         return None
     # A grouped (depthwise) convolution as a dense one whose weights are zero between an
     # output channel and the input channels outside its group: the emitter leaves out the
@@ -236,6 +236,7 @@ def _conv_stage(op: Conv2D, in_shape, pool: bool, in_q: QParams, out_q: QParams,
                  bias=golden.wrap(op.bias - op.input_zp * colsum, 32),
                  multiplier=r_.multiplier, shift=r_.scalar_shift, zero_point=r_.zero_point,
                  clamp_hi=r_.clamp_hi, func=func, pool=pool, pad=(t, left),
+                 pad_end=(b, r) if (b, r) != (t, left) else None,
                  in_shape=tuple(in_shape), out_shape=out_shape, in_q=in_q, out_q=out_q,
                  rounding=r_.rounding, stride=op.stride[0], table=table)
 

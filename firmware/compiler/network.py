@@ -181,12 +181,12 @@ class CompiledNetwork:
                                    for ps in lay.passes]).astype(np.int64)
         kh, kw, cin, _ = st.weight.shape
         ay, ax, ii = lay.host.anchors.T
-        py, px = st.pad
+        top, bottom, left, right = st.padding
         # The padded input, extended with the zero point past the anchors' reach.
-        hpad = max(int(ay.max()) * st.stride + kh, x.shape[1] + 2 * py)
-        wpad = max(int(ax.max()) * st.stride + kw, x.shape[2] + 2 * px)
+        hpad = max(int(ay.max()) * st.stride + kh, x.shape[1] + top + bottom)
+        wpad = max(int(ax.max()) * st.stride + kw, x.shape[2] + left + right)
         xp = np.full((unit, hpad, wpad, cin), zp, dtype=np.int64)
-        xp[:, py:py + x.shape[1], px:px + x.shape[2]] = x
+        xp[:, top:top + x.shape[1], left:left + x.shape[2]] = x
         out = np.zeros((len(lay.host.chunks), len(ay), c.rows), dtype=np.int64)
         taps = [(dy, dx) for dy in range(kh) for dx in range(kw)]
         for ci, row in enumerate(lay.host.chunks):

@@ -73,16 +73,17 @@ def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
         layouts.append(lay)
         frame = _frame(stages, index)
         h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
-        pitch = w + 2 * frame[1]
-        prev = (lay.col_blocks, (h + 2 * frame[0]) * pitch, pitch, frame, st.n)
+        pitch = w + frame[2] + frame[3]
+        prev = (lay.col_blocks, (h + frame[0] + frame[1]) * pitch, pitch, frame, st.n)
         width_in = lay.out_width
     return layouts
 
 
-def _frame(stages: list[Stage], index: int) -> tuple[int, int]:
-    """The frame around stage ``index``'s output: the padding of a convolution reading it."""
+def _frame(stages: list[Stage], index: int) -> tuple[int, int, int, int]:
+    """The frame around stage ``index``'s output (top, bottom, left, right): the padding of
+    a convolution reading it."""
     nxt = stages[index + 1] if index + 1 < len(stages) else None
-    return tuple(nxt.pad) if nxt is not None and nxt.kind == "conv" else (0, 0)
+    return nxt.padding if nxt is not None and nxt.kind == "conv" else (0, 0, 0, 0)
 
 
 #: How the plan places the tensors, tried in this order (package notes, "Buffer layout"):
@@ -163,8 +164,8 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
         last = index == n_stages - 1
         frame = _frame(stages, index)
         h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
-        pitch = w + 2 * frame[1]
-        positions = (h + 2 * frame[0]) * pitch
+        pitch = w + frame[2] + frame[3]
+        positions = (h + frame[0] + frame[1]) * pitch
         # The first stage's output is a ring of one block more than a batch (when it
         # fits), so that the next batch's first unit can run before the later stages
         # read this batch's.
