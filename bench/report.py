@@ -11,6 +11,8 @@
   or with ``--rerun`` (Icarus and amaranth.sim at 16x16 take minutes).
 - Synthesis (``bench/results/synth_sweep.json``, :mod:`bench.synth_sweep`): run only with
   ``--synth`` (up to 40 minutes); otherwise the committed file is read.
+- Whole models before and after moving them on chip (``bench/results/models.json``,
+  :mod:`bench.models`): only read; ``python -m bench.models`` measures them at a commit.
 
 Writes ``docs/performance.md`` and PNGs under ``docs/img/`` (matplotlib, Agg). None of this is
 a test: the figures are what the machine measured on the day, which the report states.
@@ -37,7 +39,7 @@ from firmware.cli import TABLE3  # noqa: E402  (the categories `amtpu demo` prin
 __all__ = ["TABLE3", "peak_ops_per_cycle", "host_bytes_per_cycle", "ridge_point",
            "weight_ridge_point", "roof", "network_figures", "stage_figures", "analyse",
            "plot_cycles_utilisation", "plot_roofline", "plot_synthesis", "plot_simspeed",
-           "write_markdown", "main"]
+           "models_before_after", "write_markdown", "main"]
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -474,8 +476,112 @@ def _networks_markdown(workloads: list[dict]) -> list[str]:
     return out
 
 
+#: The commit before the work of moving whole models on chip (bench/models.py measures both).
+MODELS_BEFORE = "12448fc"
+
+
+def models_before_after(doc: dict) -> tuple[dict | None, dict | None]:
+    """The entries of ``bench/results/models.json`` to compare: before (:data:`MODELS_BEFORE`)
+    and after (the latest other commit by date; a ``-dirty`` entry, measured on uncommitted
+    code, only where there is no other)."""
+    before = doc.get(MODELS_BEFORE)
+    others = sorted((e for k, e in doc.items() if k != MODELS_BEFORE),
+                    key=lambda e: (not e["commit"].endswith("-dirty"), e.get("date", "")))
+    return before, others[-1] if others else None
+
+
+def _change(after, before) -> str:
+    if after is None or before is None or not before:
+        return ""
+    if after == before:
+        return " (same)"
+    change = 100 * (after / before - 1)
+    return f" ({change:+.0f} %)" if abs(change) >= 1 else f" ({change:+.1g} %)"
+
+
+def _models_markdown(doc: dict) -> list[str]:
+    """Whole models before and after, from ``bench/results/models.json`` (bench/models.py)."""
+    out = ["## Models on chip: what crosses the link", ""]
+    before, after = models_before_after(doc)
+    if before is None or after is None:
+        return out + ["No before/after model figures recorded yet: run `python -m "
+                      "bench.models` at " + MODELS_BEFORE + " and at a later commit.", ""]
+    out += [
+        f"From `bench/results/models.json`, made by `python -m bench.models` "
+        f"(`bench/models.py`) on the 8x8 default core, at two commits: **before** "
+        f"`{before['commit']}` (measured {before['date']}), the state before the work of "
+        f"moving whole models on chip, and **after** `{after['commit']}` (measured "
+        f"{after['date']}). Every run's outputs equal the graph's integer reference, on the "
+        f"ISA simulator and on the RTL core, and the RTL run sends the same programs as the "
+        f"ISA simulator's. Per inference (the figures of a run over *n* inputs, divided by "
+        f"*n*; the digits networks' test images, random inputs for the others):",
+        "",
+        "- *operators*: the graph's operators by where they ran, as the lowering placed them: "
+        "in a core step that is one program from its input to its output (a chain of "
+        "convolutions with their pooling and tables, a flatten and fully connected operators; "
+        "a run of fully connected operators; attention) / in a convolution over patches the "
+        "host cuts (im2col: its input goes to the host and comes back as patches) / on the "
+        "host;",
+        "- *programs*: batch programs the device ran (the resident setup programs and the "
+        "counter programs not counted);",
+        "- *instructions*: the core's `instructions` counter over the batch programs;",
+        f"- *bytes to / from the device*: what the serial transport would exchange with the "
+        f"{after['board']} ({after['max_beats']} beats a DATA frame) for the batch programs: "
+        "DATA frames to the board; ACKs and a BEAT frame per output beat back; SLIP framing, "
+        "escapes, CRCs and sequence numbers counted from the frames themselves "
+        "(`firmware/transports/serial.py`, `hdl/link/protocol.py`, as `firmware/linkrate.py` "
+        "counts them), on a freshly opened ISA simulator (an answer's rows and lanes outside "
+        "the outputs carry what the buffers held, so their escapes depend on what ran "
+        "before). The weights a setup program loads once per run are not in them;",
+        "- *RTL cycles*: the core's `cycles` counter over the batch programs, Verilator, the "
+        "simulated link delivering a beat a cycle (a board's UART is far slower: the bytes "
+        "above are its cost); the host's operators are not in them;",
+        "- *utilisation*: the graph's MACs over rows x cols x those cycles; *shape bound*: the "
+        "graph's MACs over the MAC slots the core segments' passes issue (`CompiledNetwork."
+        "bounds()`), the utilisation if the array never waited (`-` where a step has no such "
+        "count: attention's programs).",
+        "",
+    ]
+    header = ["model", "commit", "inferences", "operators (core chained / core patches / "
+              "host)", "programs", "instructions", "bytes to device", "bytes from device",
+              "RTL cycles", "utilisation", "shape bound"]
+    rows = []
+    for name in dict.fromkeys([*before["models"], *after["models"]]):
+        b = before["models"].get(name)
+        for label, f in (("before", b), ("after", after["models"].get(name))):
+            if f is None:
+                continue
+            o = f["operators"]
+            was = b if label == "after" else None
+
+            def cell(key, digits=0, f=f, was=was):
+                return _n(f[key], digits) + (_change(f[key], was[key]) if was else "")
+
+            pct = [("-" if f[k] is None else f"{100 * f[k]:.1f} %")
+                   for k in ("utilisation", "shape_bound")]
+            rows.append([name if label == "before" or b is None else "",
+                         f"{label} `{(before if label == 'before' else after)['commit']}`",
+                         f"{f['images']}" + (f" ({f['rtl_images']} on RTL)"
+                                             if f["rtl_images"] not in (None, f["images"])
+                                             else ""),
+                         f"{o['chain']} / {o['patches']} / {o['host']}",
+                         cell("programs", 2), cell("instructions"), cell("to_device"),
+                         cell("from_device"), cell("cycles"), *pct])
+    out += _table(header, rows)
+    out += [
+        "The after row's percentages are its change from the before row. Few inferences "
+        "are run (person_detect one, on Verilator), and a compiled segment's batch program "
+        "sends and writes back whole batches of its compiled batch size (images it was not "
+        "given are computed from whatever the buffers hold, and dropped): where a run has "
+        "fewer inferences than a batch holds, the per-inference figures carry the rest of "
+        "the batch, and a program's fixed instructions weigh more than in a long run.",
+        "",
+    ]
+    return out
+
+
 def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synth: dict,
-                   meta: dict, img: dict[str, Path]) -> Path:
+                   meta: dict, img: dict[str, Path], models: dict | None = None) -> Path:
     """docs/performance.md from the measured records."""
     rel = {k: os.path.relpath(v, path.parent) for k, v in img.items()}
     sizes = _sizes(workloads)
@@ -554,6 +660,8 @@ def write_markdown(path: Path, *, workloads: list[dict], speed: list[dict], synt
         "",
     ]
     out += _networks_markdown(workloads)
+    if models is not None:
+        out += _models_markdown(models)
     out += [
         "## Roofline",
         "",
@@ -852,6 +960,7 @@ def main(argv=None) -> int:
         say("synthesis sweep ...")
         _save(sy_path, sweep(budget_s=1500.0))
     synth = _load(sy_path, {})
+    models = _load(args.results / "models.json", None)
 
     img_dir = args.docs / "img"
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -863,7 +972,8 @@ def main(argv=None) -> int:
     meta = {"date": wl_doc["date"], "machine": wl_doc["machine"], "commit": _commit(),
             "images": wl_doc["images"], "simspeed_date": sp_doc["date"]}
     page = write_markdown(args.docs / "performance.md", workloads=records,
-                          speed=sp_doc["records"], synth=synth, meta=meta, img=img)
+                          speed=sp_doc["records"], synth=synth, meta=meta, img=img,
+                          models=models)
     say(f"wrote {page} and {len(img)} plots in {img_dir}")
     return 0
 

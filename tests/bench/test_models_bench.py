@@ -92,3 +92,32 @@ def test_main_writes_results_by_commit(tmp_path, capsys):
     if models.MODELS_DIR.exists():
         assert "hello_world_int8" in entry["models"]
 
+
+def _entry(commit: str, date: str, to_device: float, cycles: float | None) -> dict:
+    figures = {"images": 4, "macs": 100, "operators": {"chain": 3, "patches": 1, "host": 2},
+               "programs": 1.5, "instructions": 80.0, "to_device": to_device,
+               "from_device": 500.0, "rtl_images": None if cycles is None else 4,
+               "cycles": cycles, "utilisation": None if cycles is None else 0.25,
+               "shape_bound": None}
+    return {"commit": commit, "date": date, "board": "ULX3S", "max_beats": 16,
+            "models": {"m": figures}}
+
+
+def test_report_renders_before_and_after():
+    from bench import report
+
+    doc = {"0ld0000": _entry("0ld0000", "2026-01-02 00:00 UTC", 1.0, None),
+           report.MODELS_BEFORE: _entry(report.MODELS_BEFORE, "2026-01-01 00:00 UTC",
+                                        2000.0, 400.0),
+           "new0000": _entry("new0000", "2026-01-03 00:00 UTC", 1500.0, 300.0),
+           "new0000-dirty": _entry("new0000-dirty", "2026-01-04 00:00 UTC", 1.0, None)}
+    before, after = report.models_before_after(doc)
+    # After: the latest commit other than before's; uncommitted code's only without one.
+    assert before["commit"] == report.MODELS_BEFORE and after["commit"] == "new0000"
+    page = "\n".join(report._models_markdown(doc))
+    assert "## Models on chip: what crosses the link" in page
+    assert (f"| m | before `{report.MODELS_BEFORE}` | 4 | 3 / 1 / 2 | 1.50 | 80 | 2,000 | 500 "
+            f"| 400 | 25.0 % | - |") in page
+    assert ("|  | after `new0000` | 4 | 3 / 1 / 2 | 1.50 (same) | 80 (same) | 1,500 (-25 %) "
+            "| 500 (same) | 300 (-25 %) | 25.0 % | - |") in page
+    assert "No before/after" in "\n".join(report._models_markdown({}))
