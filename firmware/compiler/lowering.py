@@ -50,6 +50,7 @@ from firmware.graph import (
     FIXED_TABLES,
     AttentionMix,
     AttentionScores,
+    AveragePool2D,
     Conv2D,
     FullyConnected,
     Graph,
@@ -61,7 +62,7 @@ from firmware.graph import (
     Reshape,
 )
 from firmware.quant import QParams, QuantisedNetwork, Stage
-from hdl.isa import Func
+from hdl.isa import Func, Rounding
 from sim.models import golden
 
 __all__ = ["Segment", "CoreStep", "HostStep", "AttentionStep", "AttentionBlockStep", "lower",
@@ -257,6 +258,43 @@ def _function(op: Op, lookup: Lookup | None, table, config):
     return op.requant.func, None, None
 
 
+@dataclass(eq=False)
+class _AverageConv(Conv2D):
+    """An :class:`AveragePool2D` as the convolution that computes it (``pool``: the
+    operator)."""
+    pool: AveragePool2D = None
+
+
+def _average_as_conv(op: AveragePool2D, channels: int) -> Conv2D | None:
+    """The convolution that computes an average pooling exactly, or ``None``: each channel's
+    window summed by a weight of 1 (a depthwise convolution), then multiplied by ``m / 2**s``
+    with ``m = floor(2**s / n) + 1`` for a window of ``n`` positions and ``2**s > 256 n**2``.
+    For an int8 sum ``|t| <= 128 n`` the product is ``t / n`` moved away from zero by less
+    than ``1 / (2 n)``, the distance from any quotient of ``n`` that is not a tie to the next
+    half, and a tie moves past it: a single rounding (HALF_UP here, HALF_EVEN alike) then
+    rounds ``t / n`` half away from zero, TFLite's ``(t + n/2) / n``. Only where every
+    window lies inside the input (no padding: the count is the same everywhere) and the
+    output clamps to the whole int8 range."""
+    if any(op.padding) or op.act != (-128, 127):
+        return None
+    kh, kw = op.kernel
+    n = kh * kw
+    shift = 30 + int(n).bit_length() - 1
+    while (1 << shift) <= 256 * n * n:
+        shift += 1
+    mult = (1 << shift) // n + 1
+    if mult >= 1 << 31 or shift > 63:
+        return None
+    weight = np.zeros((kh, kw, 1, channels), dtype=np.int64)
+    weight[...] = 1
+    return _AverageConv(op.name, list(op.inputs), list(op.outputs), weight=weight,
+                        bias=np.zeros(channels, dtype=np.int64), input_zp=0,
+                        requant=Requant(np.full(channels, mult), np.full(channels, shift),
+                                        Rounding.HALF_UP, 0),
+                        stride=tuple(op.stride), padding=(0, 0, 0, 0), groups=channels,
+                        pool=op)
+
+
 def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
                 errors: list) -> CoreStep | None:
     """The longest chain from the convolution ``ops[i]`` that the network compiler runs in
@@ -297,7 +335,11 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     j = i
     op = ops[i]
     q = in_q
-    while isinstance(op, Conv2D):
+    while isinstance(op, Conv2D | AveragePool2D):
+        if isinstance(op, AveragePool2D):
+            op = _average_as_conv(op, shape[2])
+            if op is None:
+                break
         if stages:
             if not stages[-1].out_q.signed:
                 break
@@ -309,7 +351,7 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         if pool is not None and not (pool.kernel == (2, 2) and pool.stride == (2, 2) and
                                      pool.padding == (0, 0, 0, 0) and pool.act == (-128, 127)):
             pool = None
-        taken = [op] + [x for x in (lookup, pool) if x is not None]
+        taken = [getattr(op, "pool", op)] + [x for x in (lookup, pool) if x is not None]
         out_q = _qparams(graph, taken[-1].outputs[0])
         st = _conv_stage(op, shape, pool is not None, q, out_q, func, values)
         if st is None:
@@ -322,7 +364,7 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         table = table if values is None else values
         q, shape = out_q, st.out_shape
         j += len(taken)
-        op = sole(taken[-1], Conv2D, j)
+        op = sole(taken[-1], Conv2D | AveragePool2D, j)
     if not stages:
         return None
     flat = sole(groups[-1][-1], Reshape, j)

@@ -594,3 +594,70 @@ def test_padding_on_one_side_chains_on_chip(config_name):
     stages = run.steps[0].segments[0].network.stages
     assert [st.padding for st in stages[:4]] == [(0, 1, 0, 1), (0, 1, 0, 1), (1, 1, 1, 1),
                                                  (0, 0, 2, 0)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9, 16, 25, 36, 49, 64, 100, 144, 196])
+def test_average_as_requantisation_rounds_as_tflite(n):
+    """The multiplier and shift an average pooling of n positions runs with on chip give
+    TFLite's (t + n/2) / n, half away from zero, for every int8 sum t of n values, in the
+    activation unit's single-rounding modes (exhaustive; DOUBLE, gemmlowp's two roundings,
+    is not used for it)."""
+    from firmware.compiler.lowering import _average_as_conv
+
+    kh = next(d for d in range(int(math.isqrt(n)), 0, -1) if n % d == 0)
+    pool = g.AveragePool2D("avg", ["x"], ["y"], kernel=(kh, n // kh), stride=(1, 1))
+    op = _average_as_conv(pool, 1)
+    t = np.arange(-128 * n, 127 * n + 1)
+    half = n // 2
+    want = np.clip(np.where(t > 0, (t + half) // n, -((-t + half) // n)), -128, 127)
+    assert op.requant.rounding == Rounding.HALF_UP
+    for rounding in (Rounding.HALF_UP, Rounding.HALF_EVEN):
+        got = golden.requantise(t, 0, op.requant.multiplier[0], op.requant.shift[0], 0,
+                                rounding.value)
+        bad = np.flatnonzero(got != want)
+        assert len(bad) == 0, f"n={n} {rounding.name}: sum {t[bad[0]]} gives {got[bad[0]]}"
+
+
+def average_chain(rng) -> g.Graph:
+    """A 'same' convolution, a 2x2 average pooling, a pointwise convolution, a global
+    average pooling (the whole 3x3 map), a flatten and a fully connected operator."""
+    tensors = {"x": g.Tensor("x", (1, 6, 6, 2), "int8", QParams(0.05, 1))}
+    c0 = conv(rng, "c0", 3, 3, 2, 6, 1, (1, 1), (1, 1, 1, 1), zp_in=1, zp=-3)
+    c0.inputs, c0.outputs = ["x"], ["c0"]
+    tensors["c0"] = g.Tensor("c0", (1, 6, 6, 6), "int8", QParams(0.05, -3))
+    tensors["p0"] = g.Tensor("p0", (1, 3, 3, 6), "int8", QParams(0.05, -3))
+    p0 = g.AveragePool2D("p0", ["c0"], ["p0"], kernel=(2, 2), stride=(2, 2))
+    c1 = conv(rng, "c1", 1, 1, 6, 9, 1, (1, 1), (0, 0, 0, 0), zp_in=-3, zp=4)
+    c1.inputs, c1.outputs = ["p0"], ["c1"]
+    tensors["c1"] = g.Tensor("c1", (1, 3, 3, 9), "int8", QParams(0.05, 4))
+    tensors["p1"] = g.Tensor("p1", (1, 1, 1, 9), "int8", QParams(0.05, 4))
+    p1 = g.AveragePool2D("p1", ["c1"], ["p1"], kernel=(3, 3), stride=(3, 3))
+    tensors["flat"] = g.Tensor("flat", (1, 9), "int8", QParams(0.05, 4))
+    flat = g.Reshape("flat", ["p1"], ["flat"], shape=(1, 9))
+    tensors["y"] = g.Tensor("y", (1, 5), "int8", QParams(0.1, 0))
+    fc = g.FullyConnected("fc", ["flat"], ["y"], weight=rng.integers(-127, 128, (9, 5)),
+                          bias=rng.integers(-500, 500, 5), input_zp=4,
+                          requant=random_requant(rng, 5, zp=0))
+    return g.Graph("averages", tensors, [c0, p0, c1, p1, flat, fc], ["x"], ["y"])
+
+
+@pytest.mark.parametrize("config_name", ["default", "small"])
+def test_average_pooling_chains_on_chip(config_name):
+    """Average pooling (a 2x2 window and a global one) in the chain, as a depthwise
+    convolution of ones requantised by 1/n: one program, every tensor equal to the
+    reference, the averages' ties among them."""
+    seed = 399
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    graph = average_chain(rng)
+    x = rng.integers(-128, 128, (7, 6, 6, 2))
+    x[0] = -128
+    x[1] = 127
+    run = run_graph(graph, {"x": x}, device="isa", config=get_config(config_name))
+    want = graph.reference({"x": x}, collect=True)
+    np.testing.assert_array_equal(run.outputs["y"], want["y"])
+    assert [type(s).__name__ for s in run.steps] == ["CoreStep"]
+    assert [type(op).__name__ for op in run.steps[0].ops] == [
+        "Conv2D", "AveragePool2D", "Conv2D", "AveragePool2D", "Reshape", "FullyConnected"]
+    c0 = want["c0"].reshape(len(x), 3, 2, 3, 2, 6).sum(axis=(2, 4))
+    assert (c0 % 4 == 2).any(), "no tie in the 2x2 averages: a weak case"
