@@ -62,7 +62,17 @@ class _Plan:
 def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
              shifts: bool = True) -> list[_Layout]:
     """Every stage's layout over one unit (``shifts``: a first convolution's taps that its
-    rows do not hold come from shifted passes, else from more rows)."""
+    rows do not hold come from shifted passes, else from more rows). Kept on the network:
+    the plans of every batch, ring and mode the compiler tries share them."""
+    cache = network.__dict__.setdefault("_layouts", {})
+    key = (config, unit, shifts, tuple(map(id, network.stages)))
+    if key not in cache:
+        cache[key] = _stage_layouts(config, network, unit, shifts)
+    return cache[key]
+
+
+def _stage_layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
+                   shifts: bool) -> list[_Layout]:
     layouts = []
     stages = network.stages
     width_in = config.rows
@@ -104,7 +114,15 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
     several positions an accumulator row where they fit (:func:`_paired`); the plan's stages
     are the ones planned. The first of ``modes`` (:data:`MODES`) that fits is the plan's;
     the error raised is the last mode's, whose rule is the loosest."""
-    paired = _paired(network, config) if pack else network
+    if pack:
+        # The packed form, made once per configuration (its layouts are kept on it).
+        forms = network.__dict__.setdefault("_paired", {})
+        key = (config, tuple(map(id, network.stages)))
+        if key not in forms:
+            forms[key] = _paired(network, config)
+        paired = forms[key]
+    else:
+        paired = network
     error = None
     for mode in modes:
         first_error = None
