@@ -661,3 +661,28 @@ def test_average_pooling_chains_on_chip(config_name):
         "Conv2D", "AveragePool2D", "Conv2D", "AveragePool2D", "Reshape", "FullyConnected"]
     c0 = want["c0"].reshape(len(x), 3, 2, 3, 2, 6).sum(axis=(2, 4))
     assert (c0 % 4 == 2).any(), "no tie in the 2x2 averages: a weak case"
+
+
+@pytest.mark.parametrize("make", [
+    "strided_same_chain",
+    pytest.param("depthwise_chain", marks=pytest.mark.slow),
+    pytest.param("average_chain", marks=pytest.mark.slow)])
+def test_chains_on_the_rtl(rtl_device, make):
+    """The chains of the tests above as one program each on the RTL small core: one-sided
+    frames, the passes of zero tiles left out, averages as requantised sums; every tensor
+    equal to the reference and the counters to the ISA simulator's."""
+    seed = {"strided_same_chain": 397, "depthwise_chain": 395, "average_chain": 399}[make]
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    graph = globals()[make](rng)
+    shape = graph.tensors["x"].shape[1:]
+    x = rng.integers(-128, 128, (3, *shape))
+    x[0] = -128
+    dev = rtl_device("small")
+    result = run_graph(graph, {"x": x}, device=dev)
+    assert [type(s).__name__ for s in result.steps] == ["CoreStep"]
+    want = graph.reference({"x": x}, collect=True)
+    np.testing.assert_array_equal(result.outputs["y"], want["y"])
+    isa = run_graph(graph, {"x": x}, device="isa", config=dev.config)
+    for key in ("instructions", "array_active", "useful_macs"):
+        assert result.counters[key] == isa.counters[key], key
