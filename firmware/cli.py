@@ -206,10 +206,18 @@ def demo(args: argparse.Namespace) -> int:
 
 def _model_inputs(graph, path: str) -> dict[str, np.ndarray]:
     """The model's inputs from an ``.npz``: by the input tensors' names (a single input may
-    also be the file's only array); floats are quantised by the input's own parameters."""
+    also be the file's only array, or an ``.npy``); floats are quantised by the input's own
+    parameters."""
     from firmware.graph import GraphError
-    with np.load(path) as npz:
-        arrays = {k: npz[k] for k in npz.files}
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise GraphError(f"{path}: not an .npz or .npy of the inputs ({error})") from None
+    if isinstance(loaded, np.ndarray):
+        arrays = {"": loaded}           # an .npy: one array
+    else:
+        with loaded as npz:
+            arrays = {k: npz[k] for k in npz.files}
     if len(graph.inputs) == 1 and len(arrays) == 1 and graph.inputs[0] not in arrays:
         arrays = {graph.inputs[0]: next(iter(arrays.values()))}
     missing = [n for n in graph.inputs if n not in arrays]
@@ -243,8 +251,14 @@ def _framework_check(graph, model: str, inputs: dict, result) -> bool:
         print("  --check: the framework's interpreter is wired for TFLite and ONNX models only")
         return True
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    it = Interpreter(model_path=model, experimental_preserve_all_tensors=True,
-                     experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    try:
+        it = Interpreter(model_path=model, experimental_preserve_all_tensors=True,
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    except ValueError as error:
+        from firmware.importers import ModelError
+        first = str(error).split(".Tensor")[0]
+        raise ModelError(f"--check: LiteRT's interpreter does not load {model} ({first}); "
+                         f"the run above is not checked against it") from None
     it.allocate_tensors()
     index = {t["name"]: t["index"] for t in it.get_tensor_details()}
     n = len(next(iter(inputs.values())))
@@ -259,6 +273,9 @@ def _framework_check(graph, model: str, inputs: dict, result) -> bool:
                 want.setdefault(t, []).append(it.get_tensor(index[t]))
     print(f"  --check against LiteRT's reference kernels ({n} inputs):")
     print(f"    {'layer':<60} {'operator':<15} {'runs on':<8} {'equal elements':>20}")
+    from firmware.compiler.lowering import where_ran
+
+    where = where_ran(result.steps)
     ok = True
     for op in graph.ops:
         for t in op.outputs:
@@ -269,13 +286,15 @@ def _framework_check(graph, model: str, inputs: dict, result) -> bool:
             equal = int((got == ref).sum())
             ok &= equal == got.size
             print(f"    {t[-60:]:<60} {type(op).__name__:<15} "
-                  f"{'core' if op.core else 'host':<8} {f'{equal:,} / {got.size:,}':>20}")
+                  f"{where.get(op.name, 'host'):<8} {f'{equal:,} / {got.size:,}':>20}")
     return ok
 
 
 def _onnx_check(graph, model: str, inputs: dict, result) -> bool:
+    from firmware.compiler.lowering import where_ran
     from firmware.importers.onnx import onnxruntime_check, onnxruntime_pairs_saturate
-    rows = onnxruntime_check(graph, model, inputs, result.tensors)
+
+    rows = onnxruntime_check(graph, model, inputs, result.tensors, where_ran(result.steps))
     n = len(next(iter(inputs.values())))
     print(f"  --check against onnxruntime ({n} inputs):")
     print(f"    {'tensor':<60} {'operator':<18} {'runs on':<8} {'equal elements':>20}")
@@ -311,6 +330,14 @@ def run_model(args: argparse.Namespace) -> int:
     print(f"amtpu run: {graph.name} on the {config.name} core ({args.config}), {n} inputs, "
           f"transport {args.transport}: {len(graph.ops)} operators, "
           f"{graph.macs():,} MACs per inference, {len(result.segments)} core segments")
+    from firmware.compiler.lowering import where_ran
+
+    where = where_ran(result.steps)
+    counts = {k: sum(v == k for v in where.values()) for k in ("core", "patches", "host")}
+    host = [op.name for op in graph.ops if where.get(op.name) == "host"]
+    print(f"  operators: {counts['core']} on the core in programs from their input to their "
+          f"output, {counts['patches']} convolutions over patches the host cuts, "
+          f"{counts['host']} on the host" + (f" ({', '.join(host)})" if host else ""))
     for name, value in result.outputs.items():
         print(f"  output {name}: shape {value.shape}, first {value.reshape(-1)[:8].tolist()}")
     if result.cycles:
@@ -350,9 +377,10 @@ def compile_model(args: argparse.Namespace) -> int:
                           f"{op.macs(graph):>10,}  -")
             text.append(f"# host: {type(op).__name__} {op.name}\n")
             continue
+        patches = any(getattr(seg, "patches", False) for seg in getattr(step, "segments", ()))
         for op in step.ops:
-            where = f"core, {len(step.segments)} segment" + ("s" if len(step.segments) > 1
-                                                              else "")
+            where = (f"core, host patches x{len(step.segments)}" if patches else
+                     "core, one program" if len(step.ops) > 1 else "core")
             report.append(f"{op.name[-48:]:<48} {type(op).__name__:<15} "
                           f"{str(graph.tensors[op.outputs[0]].shape):<18} {where:<24} "
                           f"{op.macs(graph):>10,}  " + ("" if op is step.ops[-1] else
@@ -360,7 +388,7 @@ def compile_model(args: argparse.Namespace) -> int:
         tiles = slots = 0
         batch = None
         for seg in step.segments:
-            compiled = compile_stages(seg.network, config, batch_size=None)
+            compiled = seg.compiled or compile_stages(seg.network, config, batch_size=None)
             tiles += len(compiled.tiles)
             slots += len(compiled._params)
             batch = compiled.batch_size

@@ -66,7 +66,7 @@ from hdl.isa import Func, Rounding
 from sim.models import golden
 
 __all__ = ["Segment", "CoreStep", "HostStep", "AttentionStep", "AttentionBlockStep", "lower",
-           "placement", "compile_network"]
+           "placement", "where_ran", "compile_network"]
 
 
 @dataclass(eq=False)
@@ -551,6 +551,21 @@ def placement(graph: Graph, config) -> dict[str, str]:
     for step in lower(graph, config):
         if not isinstance(step, HostStep):
             where.update((op.name, "core") for op in step.ops)
+    return where
+
+
+def where_ran(steps) -> dict[str, str]:
+    """Per operator of a lowering's ``steps``, by name, where it ran: ``"core"`` (in a core
+    step whose program runs from its input to its output: a chain, a run of fully connected
+    operators, attention), ``"patches"`` (a convolution over patches the host cut from its
+    input) or ``"host"``."""
+    where = {}
+    for step in steps:
+        if isinstance(step, HostStep):
+            where[step.op.name] = "host"
+            continue
+        patches = isinstance(step, CoreStep) and any(seg.patches for seg in step.segments)
+        where.update((op.name, "patches" if patches else "core") for op in step.ops)
     return where
 
 

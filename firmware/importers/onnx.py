@@ -1456,12 +1456,15 @@ def onnxruntime_session(model):
                                 providers=["CPUExecutionProvider"])
 
 
-def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> list[dict]:
+def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict,
+                      where: dict | None = None) -> list[dict]:
     """Per quantised tensor of the ONNX model ``source`` (every QuantizeLinear output and
     QOperator result, in model order): the elements of ``tensors`` (a run's or the
     reference's graph tensors, for ``inputs``) equal to onnxruntime's on the same inputs.
     Rows: ``tensor`` (ONNX name), ``operator`` and ``runs on`` (the graph operator that
-    computes it), ``equal``, ``size``. Needs onnxruntime (a dev dependency)."""
+    computes it; where it ran by operator name, from ``where`` when given, as
+    :func:`firmware.compiler.lowering.where_ran` says), ``equal``, ``size``. Needs
+    onnxruntime (a dev dependency)."""
     import onnx
     from onnx import helper
 
@@ -1492,7 +1495,8 @@ def onnxruntime_check(graph: g.Graph, source, inputs: dict, tensors: dict) -> li
         want = np.asarray(values[name], dtype=np.int64).reshape(mine.shape)
         op = producers.get(gname)
         rows.append({"tensor": name, "operator": type(op).__name__ if op else "input",
-                     "runs on": "core" if op is not None and op.core else "host",
+                     "runs on": (where or {}).get(
+                         op.name, "core" if op.core else "host") if op is not None else "host",
                      "equal": int((mine == want).sum()), "size": int(mine.size)})
     return rows
 

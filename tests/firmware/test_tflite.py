@@ -298,6 +298,8 @@ def test_cli_run_checks_against_litert(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "equal elements" in out and "4 / 4" in out
+    assert "operators: 3 on the core in programs from their input to their output, 0 " \
+        "convolutions over patches the host cuts, 0 on the host" in out
     want = graph.reference({name: graph.tensors[name].q.quantise(x)})[graph.outputs[0]]
     with np.load(tmp_path / "y.npz") as y:
         np.testing.assert_array_equal(y[graph.outputs[0]], want)
@@ -312,6 +314,11 @@ def test_cli_run_refuses_inputs_by_name(tmp_path, capsys):
     np.savez(tmp_path / "x.npz", x=np.full((1, 1960), np.nan))
     assert main(["run", str(path), "--inputs", str(tmp_path / "x.npz")]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
+    np.save(tmp_path / "x.npy", np.zeros((1, 1960), int))     # one array: taken as the input
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.npy")]) == 0
+    (tmp_path / "x.txt").write_text("1 2 3")
+    assert main(["run", str(path), "--inputs", str(tmp_path / "x.txt")]) == 2
+    assert "not an .npz or .npy of the inputs" in capsys.readouterr().err
     (tmp_path / "bad.tflite").write_bytes(b"\0" * 64)
     assert main(["run", str(tmp_path / "bad.tflite"), "--inputs",
                  str(tmp_path / "x.npz")]) == 2
