@@ -400,8 +400,12 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
 
     chain, net = prefix(len(stages))
     try:
-        return CoreStep(chain, [Segment(net, compiled=compile_stages(net, config,
-                                                                     **options))])
+        compiled = compile_stages(net, config, **options)
+        # A reshape that alone reads the chain's output is a layout of it (the host reads
+        # the output in its row-major order either way).
+        shaped = sole(chain[-1], Reshape, i + len(chain))
+        return CoreStep(chain + ([shaped] if shaped is not None else []),
+                        [Segment(net, compiled=compiled)])
     except CompileError as error:
         errors.append(error)
     length = 0

@@ -470,15 +470,18 @@ SHARED_ROWS = [
     ("small", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
     ("wide", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
     ("icebreaker", None, (8, 8, 1), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
-    ("5x3", None, (8, 8, 1), [(3, 16), (3, 16)], False, "sequential"),
-    ("5x3", None, (10, 10, 2), [(3, 4), (3, 8), (3, 8)], False, "reuse"),
+    pytest.param("5x3", None, (8, 8, 1), [(3, 16), (3, 16)], False, "sequential",
+                 marks=pytest.mark.slow),
+    pytest.param("5x3", None, (10, 10, 2), [(3, 4), (3, 8), (3, 8)], False, "reuse",
+                 marks=pytest.mark.slow),
     ("7x2", 2, (10, 10, 2), [(3, 4), (3, 8), (3, 8)], True, "sequential"),
 ]
 
 
 @pytest.mark.parametrize("config_name, batch, shape, convs, pool, mode", SHARED_ROWS,
                          ids=[f"{c[0]}-{c[2][0]}x{c[2][1]}x{c[2][2]}-{len(c[3])}conv"
-                              f"{'-pool' if c[4] else ''}" for c in SHARED_ROWS])
+                              f"{'-pool' if c[4] else ''}"
+                              for c in (getattr(p, "values", p) for p in SHARED_ROWS)])
 def test_tensors_share_rows_where_they_must(config_name, batch, shape, convs, pool, mode):
     """Every output equal to the reference over several batches (a frame written again
     before each batch, the next batch's input after the last one's write-back), where only

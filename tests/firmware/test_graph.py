@@ -3,6 +3,8 @@ run_graph on the ISA simulator, on graphs built here (no model file needed)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -407,29 +409,65 @@ def test_layer_api_networks_as_graphs():
     assert kinds == {"Conv2D", "FullyConnected", "MaxPool2D", "Reshape", "Lookup"}, kinds
 
 
-def test_the_layer_api_compiles_through_the_graph():
-    """compile_network takes a quantised network through its graph (from_network, then the
-    lowering): the demo's networks get the very programs the stage compiler writes for them
-    directly, with the compiler's own choice of batch on the 8x8 core and a given batch on
-    the int8-only iCEBreaker preset."""
-    from firmware.compiler import compile_network, compile_stages
+def _same_stage(a, b) -> bool:
+    """Whether two stages have every field equal (arrays element by element)."""
+    fields = [f.name for f in dataclasses.fields(a)]
+    return type(a) is type(b) and all(
+        np.array_equal(getattr(a, f), getattr(b, f)) if isinstance(getattr(a, f), np.ndarray)
+        or isinstance(getattr(b, f), np.ndarray) else getattr(a, f) == getattr(b, f)
+        for f in fields if f != "name") and a.padding == b.padding
+
+
+@functools.cache
+def _demo_floats():
+    """The demo's float MLP and CNN (the MLP is trained, so once) and the digits split."""
     from firmware.datasets import digits
     from firmware.models import digits as models
-    from firmware.quant import quantise
 
     split = digits()
-    for name in ("mlp", "cnn"):
-        for config_name, options in (("default", {}), ("icebreaker", {"batch_size": 1})):
-            config = get_config(config_name)
-            qnet = quantise(models.build(name, split), split.x_train,
-                            input_signed=config.operands == "int8")
-            via_graph = compile_network(qnet, config, **options)
-            direct = compile_stages(qnet, config, **options)
+    return split, {name: models.build(name, split) for name in ("mlp", "cnn")}
+
+
+def _demo_networks(config_name: str, images: int = 20):
+    from firmware.quant import quantise
+
+    split, nets = _demo_floats()
+    config = get_config(config_name)
+    for name, net in nets.items():
+        qnet = quantise(net, split.x_train, input_signed=config.operands == "int8")
+        yield name, config, qnet, qnet.quantise_input(split.x_test[:images])
+
+
+def test_the_layer_api_compiles_through_the_graph():
+    """compile_network takes a quantised network through its graph (from_network, then the
+    lowering): the demo's networks come back as the very stages they are (so the stage
+    compiler writes the same programs for them), and a given batch's programs are the stage
+    compiler's beat for beat, on the 8x8 core and the int8-only iCEBreaker preset."""
+    from firmware.compiler import compile_network, compile_stages
+
+    for config_name, batch, images in (("default", 8, 20), ("icebreaker", 1, 3)):
+        for name, config, qnet, x_q in _demo_networks(config_name, images):
+            via_graph = compile_network(qnet, config, batch_size=batch)
             assert via_graph.network.name == qnet.name
-            x_q = qnet.quantise_input(split.x_test[:20])
+            assert len(via_graph.network.stages) == len(qnet.stages)
+            for mine, theirs in zip(via_graph.network.stages, qnet.stages, strict=True):
+                assert _same_stage(mine, theirs), (name, config_name, theirs.name)
+            direct = compile_stages(qnet, config, batch_size=batch)
             assert via_graph.setup_program() == direct.setup_program(), (name, config_name)
             assert via_graph.batch_program(x_q).beats == direct.batch_program(x_q).beats, \
                 (name, config_name)
+
+
+@pytest.mark.slow       # the compiler's choice of batch for the CNN, twice: 8 s
+def test_the_demo_networks_keep_their_programs():
+    """With the compiler's own choice of batch too, the demo networks' programs through the
+    graph are the stage compiler's, beat for beat."""
+    from firmware.compiler import compile_network, compile_stages
+
+    for name, config, qnet, x_q in _demo_networks("default"):
+        via_graph, direct = compile_network(qnet, config), compile_stages(qnet, config)
+        assert via_graph.batch_size == direct.batch_size, name
+        assert via_graph.batch_program(x_q).beats == direct.batch_program(x_q).beats, name
 
 
 # (generator, seed, configuration, whether the chain fits as one program)
@@ -686,3 +724,22 @@ def test_chains_on_the_rtl(rtl_device, make):
     isa = run_graph(graph, {"x": x}, device="isa", config=dev.config)
     for key in ("instructions", "array_active", "useful_macs"):
         assert result.counters[key] == isa.counters[key], key
+
+
+def test_a_reshape_after_a_chain_is_a_layout():
+    """A reshape that alone reads a chain's output (person_detect's SpatialSqueeze) joins
+    the chain: no host step between the chain and the graph's output."""
+    rng = np.random.default_rng(401)
+    print("seed 401")
+    c0 = conv(rng, "c0", 3, 3, 2, 4, 1, (2, 2), (0, 1, 0, 1), zp_in=0, zp=2)
+    c0.inputs, c0.outputs = ["x"], ["c0"]
+    tensors = {"x": g.Tensor("x", (1, 6, 6, 2), "int8", QParams(0.05, 0)),
+               "c0": g.Tensor("c0", (1, 3, 3, 4), "int8", QParams(0.05, 2)),
+               "y": g.Tensor("y", (1, 36), "int8", QParams(0.05, 2))}
+    graph = g.Graph("squeeze", tensors, [c0, g.Reshape("y", ["c0"], ["y"], shape=(1, 36))],
+                    ["x"], ["y"])
+    x = rng.integers(-128, 128, (4, 6, 6, 2))
+    run = run_graph(graph, {"x": x}, device="isa")
+    assert [type(op).__name__ for s in run.steps for op in s.ops] == ["Conv2D", "Reshape"]
+    assert len(run.steps) == 1
+    np.testing.assert_array_equal(run.outputs["y"], graph.reference({"x": x})["y"])
