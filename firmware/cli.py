@@ -245,6 +245,10 @@ def _model_inputs(graph, path: str) -> dict[str, np.ndarray]:
 def _framework_check(graph, model: str, inputs: dict, result) -> bool:
     """Per layer, the elements the device (or, on the host, the reference) computed equal
     to the framework's interpreter; prints the table, returns whether all are equal."""
+    inside = [t for op in graph.ops for t in op.outputs if t not in result.tensors]
+    if inside:
+        print(f"  --check: {len(inside)} tensors stay inside programs that run on chip from "
+              f"their input to their output, so only those programs' outputs are compared")
     if model.endswith(".onnx"):
         return _onnx_check(graph, model, inputs, result)
     if not model.endswith(".tflite"):

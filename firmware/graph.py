@@ -47,6 +47,7 @@ from hdl.isa import Func, Rounding
 from sim.models import golden
 
 __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", "Reshape",
+           "Transpose",
            "MaxPool2D", "AveragePool2D", "Add", "Softmax", "Quantize", "Requantize",
            "Dequantize", "Constant", "AttentionScores", "Lookup", "evaluate",
            "SoftmaxNormalise", "AttentionMix",
@@ -320,6 +321,15 @@ class Constant(Op):
 
     def reference(self):
         return [np.asarray(self.value)]
+
+
+@dataclass(eq=False)
+class Transpose(Op):
+    """The axes permuted by ``perm`` (the batch axis included): NCHW to NHWC and back."""
+    perm: tuple[int, ...] = ()
+
+    def reference(self, x):
+        return [np.transpose(np.asarray(x), self.perm)]
 
 
 @dataclass(eq=False)

@@ -60,6 +60,7 @@ from firmware.graph import (
     Op,
     Requant,
     Reshape,
+    Transpose,
 )
 from firmware.quant import QParams, QuantisedNetwork, Stage
 from hdl.isa import Func, Rounding
@@ -348,8 +349,10 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         func, values, lookup = function(op, j + 1, table)
         last = lookup or op
         pool = sole(last, MaxPool2D, j + 1 + (lookup is not None))
+        # (A clamp wider than int8 clamps nothing on the core's int8 values.)
         if pool is not None and not (pool.kernel == (2, 2) and pool.stride == (2, 2) and
-                                     pool.padding == (0, 0, 0, 0) and pool.act == (-128, 127)):
+                                     pool.padding == (0, 0, 0, 0) and pool.act[0] <= -128
+                                     and pool.act[1] >= 127):
             pool = None
         taken = [getattr(op, "pool", op)] + [x for x in (lookup, pool) if x is not None]
         out_q = _qparams(graph, taken[-1].outputs[0])
@@ -367,15 +370,29 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         op = sole(taken[-1], Conv2D | AveragePool2D, j)
     if not stages:
         return None
-    flat = sole(groups[-1][-1], Reshape, j)
-    fc = sole(flat, FullyConnected, j + 1) if flat is not None and len(flat.shape) == 2 else None
-    lead = [flat] if fc is not None else []
+    # A flatten, or NCHW's flatten (ONNX: a transpose to NCHW, then the flatten), before a
+    # fully connected operator is a layout: NCHW's order becomes the weights' row order.
+    nchw = sole(groups[-1][-1], Transpose, j)
+    if nchw is not None and tuple(nchw.perm) != (0, 3, 1, 2):
+        nchw = None
+    flat = sole(nchw or groups[-1][-1], Reshape, j + (nchw is not None))
+    fc = sole(flat, FullyConnected, j + 1 + (nchw is not None)) \
+        if flat is not None and len(flat.shape) == 2 else None
+    lead = ([nchw] if nchw is not None else []) + [flat] if fc is not None else []
     j += len(lead)
+    order = None
+    if fc is not None and nchw is not None:
+        h, w, c = shape
+        # Row (y * w + x) * c + ch of the core's flatten is row ch * h * w + y * w + x of
+        # the model's.
+        order = np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
     while fc is not None and not fc.keep_dims:
         func, values, lookup = function(fc, j + 1, table)
         taken = [fc] + ([lookup] if lookup is not None else [])
         out_q = _qparams(graph, taken[-1].outputs[0])
-        st = _stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
+        weight = fc.weight if order is None else fc.weight[order]
+        order = None
+        st = _stage(fc.name, weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
                     table=values)
         if func != fc.requant.func and values is None:
             st = dataclasses.replace(st, func=func)

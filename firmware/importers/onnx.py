@@ -204,13 +204,8 @@ class QuantizeLinear(g.Op):
         return [quantize_linear(x, self.scale, self.zero_point, self.signed)]
 
 
-@dataclass(eq=False)
-class Transpose(g.Op):
-    """The axes permuted by ``perm`` (the batch axis included): NCHW to NHWC and back."""
-    perm: tuple[int, ...] = ()
-
-    def reference(self, x):
-        return [np.transpose(np.asarray(x), self.perm)]
+#: The layout change between ONNX's NCHW and the core's NHWC (now an operator of the graph).
+Transpose = g.Transpose
 
 
 @dataclass(eq=False)

@@ -917,7 +917,9 @@ def test_amtpu_run_onnx_with_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--check against onnxruntime (8 inputs)" in out
     rows = [line for line in out.splitlines() if " / " in line]
-    assert len(rows) >= 4 and all(r.split()[-3] == r.split()[-1] for r in rows), out
+    assert len(rows) >= 2 and all(r.split()[-3] == r.split()[-1] for r in rows), out
+    # The convolution, its pooling and the flatten run in one program with the classifier.
+    assert "tensors stay inside programs that run on chip" in out
     with np.load(tmp_path / "y.npz") as y:
         assert (y["y"] == _ort(q, {"x": x})[0]).all()
 
