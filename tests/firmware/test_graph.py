@@ -522,6 +522,20 @@ def test_a_graph_that_needs_the_host_is_no_single_program():
     assert any(isinstance(s, lowering.HostStep) for s in steps)
 
 
+def run_chain(graph: g.Graph, rng, images: int, config_name: str):
+    """``graph`` (input ``x``, output ``y``) on the ISA simulator over ``images`` random
+    inputs, the first all -128 and the second all 127: its output equal to the reference,
+    and the whole graph one core step. Returns the run and the reference's tensors."""
+    x = rng.integers(-128, 128, (images, *graph.tensors["x"].shape[1:]))
+    x[0] = -128
+    x[1] = 127
+    run = run_graph(graph, {"x": x}, device="isa", config=get_config(config_name))
+    want = graph.reference({"x": x}, collect=True)
+    np.testing.assert_array_equal(run.outputs["y"], want["y"])
+    assert [type(s).__name__ for s in run.steps] == ["CoreStep"]
+    return run, want
+
+
 def depthwise_chain(rng, c: int = 8) -> g.Graph:
     """A pointwise convolution, a depthwise one (a group per channel), a depthwise one with
     a depth multiplier of 2 and stride 2, a 2x2 max-pooling, a flatten and a fully connected
@@ -568,12 +582,7 @@ def test_depthwise_convolutions_chain_on_chip(config_name, channels):
     rng = np.random.default_rng(seed)
     graph = depthwise_chain(rng, channels)
     config = get_config(config_name)
-    x = rng.integers(-128, 128, (6, 6, 6, 3))
-    x[0] = -128
-    x[1] = 127
-    run = run_graph(graph, {"x": x}, device="isa", config=config)
-    np.testing.assert_array_equal(run.outputs["y"], graph.reference({"x": x})["y"])
-    assert [type(s).__name__ for s in run.steps] == ["CoreStep"]
+    run, _ = run_chain(graph, rng, 6, config_name)
     compiled = compile_network(graph, config)
     em = _Emitter(compiled, np.zeros((compiled.batch_size, 6, 6, 3), dtype=np.int64),
                   estimate=True)
@@ -583,7 +592,7 @@ def test_depthwise_convolutions_chain_on_chip(config_name, channels):
                   for sp in compiled._plan.stages]
     assert run_passes[0] == dense[0] and run_passes[-1] == dense[-1]
     assert run_passes[1] < dense[1] and run_passes[2] < dense[2], (run_passes, dense)
-    assert run.counters["array_active"] == compiled.matmul_rows(len(x))
+    assert run.counters["array_active"] == compiled.matmul_rows(6)
 
 
 def strided_same_chain(rng) -> g.Graph:
@@ -622,13 +631,7 @@ def test_padding_on_one_side_chains_on_chip(config_name):
     seed = 397
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
-    graph = strided_same_chain(rng)
-    x = rng.integers(-128, 128, (5, 8, 8, 3))
-    x[0] = -128
-    x[1] = 127
-    run = run_graph(graph, {"x": x}, device="isa", config=get_config(config_name))
-    np.testing.assert_array_equal(run.outputs["y"], graph.reference({"x": x})["y"])
-    assert [type(s).__name__ for s in run.steps] == ["CoreStep"]
+    run, _ = run_chain(strided_same_chain(rng), rng, 5, config_name)
     stages = run.steps[0].segments[0].network.stages
     assert [st.padding for st in stages[:4]] == [(0, 1, 0, 1), (0, 1, 0, 1), (1, 1, 1, 1),
                                                  (0, 0, 2, 0)]
@@ -687,17 +690,10 @@ def test_average_pooling_chains_on_chip(config_name):
     seed = 399
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
-    graph = average_chain(rng)
-    x = rng.integers(-128, 128, (7, 6, 6, 2))
-    x[0] = -128
-    x[1] = 127
-    run = run_graph(graph, {"x": x}, device="isa", config=get_config(config_name))
-    want = graph.reference({"x": x}, collect=True)
-    np.testing.assert_array_equal(run.outputs["y"], want["y"])
-    assert [type(s).__name__ for s in run.steps] == ["CoreStep"]
+    run, want = run_chain(average_chain(rng), rng, 7, config_name)
     assert [type(op).__name__ for op in run.steps[0].ops] == [
         "Conv2D", "AveragePool2D", "Conv2D", "AveragePool2D", "Reshape", "FullyConnected"]
-    c0 = want["c0"].reshape(len(x), 3, 2, 3, 2, 6).sum(axis=(2, 4))
+    c0 = want["c0"].reshape(7, 3, 2, 3, 2, 6).sum(axis=(2, 4))
     assert (c0 % 4 == 2).any(), "no tie in the 2x2 averages: a weak case"
 
 
