@@ -141,6 +141,8 @@ Each imports only the ones above it in this list:
   chain of stages in one program;
 - :mod:`~firmware.compiler.attention`, :mod:`~firmware.compiler.attention_block`: attention's
   programs (``q @ k.T``, ``p @ v``, the whole block);
+- :mod:`~firmware.compiler.chain`: the runs of a graph's operators that compile into one
+  program of stages, and the core steps (:class:`~firmware.compiler.chain.CoreStep`);
 - :mod:`~firmware.compiler.lowering`: a graph (:mod:`firmware.graph`) as core and host steps,
   and :func:`compile_network`, the entry for a model that runs as one program.
 """

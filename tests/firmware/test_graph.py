@@ -643,7 +643,7 @@ def test_average_as_requantisation_rounds_as_tflite(n):
     TFLite's (t + n/2) / n, half away from zero, for every int8 sum t of n values, in the
     activation unit's single-rounding modes (exhaustive; DOUBLE, gemmlowp's two roundings,
     is not used for it)."""
-    from firmware.compiler.lowering import _average_as_conv
+    from firmware.compiler.chain import _average_as_conv
 
     kh = next(d for d in range(int(math.isqrt(n)), 0, -1) if n % d == 0)
     pool = g.AveragePool2D("avg", ["x"], ["y"], kernel=(kh, n // kh), stride=(1, 1))
