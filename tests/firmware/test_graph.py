@@ -569,7 +569,8 @@ def depthwise_chain(rng, c: int = 8) -> g.Graph:
     return g.Graph("depthwise", tensors, ops, ["x"], ["y"])
 
 
-@pytest.mark.parametrize("config_name, channels", [("default", 16), ("small", 8)])
+@pytest.mark.parametrize("config_name, channels", [
+    pytest.param("default", 16, marks=pytest.mark.slow), ("small", 8)])
 def test_depthwise_convolutions_chain_on_chip(config_name, channels):
     """Depthwise convolutions (one with a depth multiplier) run in the chain as dense ones
     whose tiles off the diagonal are zero, those tiles' passes left out: one program, every
@@ -697,10 +698,8 @@ def test_average_pooling_chains_on_chip(config_name):
     assert (c0 % 4 == 2).any(), "no tie in the 2x2 averages: a weak case"
 
 
-@pytest.mark.parametrize("make", [
-    "strided_same_chain",
-    pytest.param("depthwise_chain", marks=pytest.mark.slow),
-    pytest.param("average_chain", marks=pytest.mark.slow)])
+@pytest.mark.slow      # the ISA tests above hold the compiler; these hold the RTL to them
+@pytest.mark.parametrize("make", ["strided_same_chain", "depthwise_chain", "average_chain"])
 def test_chains_on_the_rtl(rtl_device, make):
     """The chains of the tests above as one program each on the RTL small core: one-sided
     frames, the passes of zero tiles left out, averages as requantised sums; every tensor

@@ -105,6 +105,7 @@ def test_random_conv(device, config_key, seed, shape, convs, pool, dense):
     _check(device(config_key), quantise(net, x), x, f"seed {seed} {net.name} on {config_key}")
 
 
+@pytest.mark.slow      # the ISA simulator's shared-rows cases run in make test
 def test_tensors_sharing_rows(device):
     """A network that fits the small core only with its tensors sharing rows and the batches
     one after another (the plan's ``sequential`` mode): three batches, so that frames are
