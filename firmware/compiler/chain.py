@@ -172,7 +172,7 @@ def _average_as_conv(op: AveragePool2D, channels: int) -> Conv2D | None:
 
 
 def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
-                errors: list) -> CoreStep | None:
+                errors: list, prefixes: bool = True) -> CoreStep | None:
     """The longest chain from the convolution ``ops[i]`` that the network compiler runs in
     one program, its tensors kept in the unified buffer: convolutions (each with a 2x2
     max-pooling and a table function that alone read it), then, after a flatten, fully
@@ -180,7 +180,8 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     does not compile for ``config`` (its error goes to ``errors``), its longest prefix that
     does; ``None`` where even the first convolution has no such stage or does not compile
     alone (it then runs over patches the host cuts). ``options``:
-    :func:`~firmware.compiler.network.compile_stages`'s."""
+    :func:`~firmware.compiler.network.compile_stages`'s; ``prefixes=False``: the whole
+    chain or ``None``."""
     from firmware.compiler.layout import CompileError
     from firmware.compiler.network import RINGS, _fits, compile_stages
 
@@ -300,6 +301,8 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
                         [Segment(net, compiled=compiled)])
     except CompileError as error:
         errors.append(error)
+        if not prefixes:
+            return None
     length = 0
     while length + 1 < len(stages) and _fits(config, prefix(length + 1)[1], 1, 1, min(RINGS)):
         length += 1

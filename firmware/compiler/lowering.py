@@ -170,12 +170,14 @@ def _sub_requant(r: Requant, cols: np.ndarray) -> Requant:
 
 
 def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | None = None,
-          errors: list | None = None) -> list[
+          errors: list | None = None, whole: bool = False) -> list[
         CoreStep | AttentionStep | AttentionBlockStep | HostStep]:
     """The graph as core steps and host steps for ``config`` (see the module notes);
     ``fuse_attention=False`` keeps attention's operators steps of their own (to compare).
     ``options`` go to :func:`~firmware.compiler.network.compile_stages` for the chains it
-    compiles; ``errors`` collects the errors of the chains that did not compile."""
+    compiles; ``errors`` collects the errors of the chains that did not compile. ``whole``:
+    only a lowering to one program matters (:func:`compile_network`), so a chain that does
+    not compile raises its error at once, no shorter chain tried."""
     options = options or {}
     errors = [] if errors is None else errors
     steps: list[CoreStep | AttentionStep | AttentionBlockStep | HostStep] = []
@@ -215,8 +217,10 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | 
             i += 1
             continue
         in_q = _qparams(graph, op.inputs[0])
-        chain = _conv_chain(graph, ops, i, config, options, errors) \
+        chain = _conv_chain(graph, ops, i, config, options, errors, prefixes=not whole) \
             if isinstance(op, Conv2D) else None
+        if whole and errors:
+            raise errors[0]
         if chain is not None:
             steps.append(chain)
             i += len(chain.ops)
@@ -330,7 +334,7 @@ def compile_network(network: QuantisedNetwork | Graph, config, **options):
 
     graph = network if isinstance(network, Graph) else from_network(network)
     errors: list = []
-    steps = lower(graph, config, options=options, errors=errors)
+    steps = lower(graph, config, options=options, errors=errors, whole=True)
     if len(steps) == 1 and isinstance(steps[0], CoreStep) and len(steps[0].segments) == 1 \
             and not steps[0].segments[0].patches:
         seg = steps[0].segments[0]
