@@ -118,6 +118,24 @@ def _conv_stage(op: Conv2D, in_shape, pool: bool, in_q: QParams, out_q: QParams,
                  rounding=r_.rounding, stride=op.stride[0], table=table)
 
 
+def _sole_reader(graph: Graph, ops: list[Op], prev: Op, kind, j: int) -> Op | None:
+    """``ops[j]`` if it is a ``kind`` of one input that alone reads ``prev``'s output, which
+    is no graph output (so the two may run in one program)."""
+    nxt = ops[j] if j < len(ops) else None
+    if (isinstance(nxt, kind) and prev.outputs[0] not in graph.outputs
+            and graph.consumers(prev.outputs[0]) == [nxt] and len(nxt.inputs) == 1):
+        return nxt
+    return None
+
+
+def _fc_stage(fc: FullyConnected, weight: np.ndarray, in_q: QParams, out_q: QParams,
+              func: Func, table) -> Stage:
+    """A fully connected operator's stage with the function :func:`_function` chose (a
+    fixed table's function where it took a fixed table's Lookup)."""
+    st = _stage(fc.name, weight, fc.bias, fc.input_zp, fc.requant, in_q, out_q, table=table)
+    return dataclasses.replace(st, func=func) if func != st.func and table is None else st
+
+
 def _function(op: Op, lookup: Lookup | None, table, config):
     """A stage's function, its programmable table and the Lookup it takes in: the
     requantisation's function, or the table ``lookup`` (which alone reads ``op``'s output)
@@ -185,14 +203,8 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     from firmware.compiler.layout import CompileError
     from firmware.compiler.network import RINGS, _fits, compile_stages
 
-    outputs = set(graph.outputs)
-
     def sole(prev: Op, kind, j: int) -> Op | None:
-        nxt = ops[j] if j < len(ops) else None
-        if (isinstance(nxt, kind) and prev.outputs[0] not in outputs
-                and graph.consumers(prev.outputs[0]) == [nxt] and len(nxt.inputs) == 1):
-            return nxt
-        return None
+        return _sole_reader(graph, ops, prev, kind, j)
 
     def function(op: Op, j: int, table):
         lookup = sole(op, Lookup, j) if op.requant.func == Func.IDENTITY else None
@@ -268,11 +280,7 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         out_q = _qparams(graph, taken[-1].outputs[0])
         weight = fc.weight if order is None else fc.weight[order]
         order = None
-        st = _stage(fc.name, weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
-                    table=values)
-        if func != fc.requant.func and values is None:
-            st = dataclasses.replace(st, func=func)
-        stages.append(st)
+        stages.append(_fc_stage(fc, weight, q, out_q, func, values))
         groups.append(lead + taken)
         frames.append(None)
         lead = []

@@ -42,7 +42,6 @@ is one program: a graph, or the layer API's quantised network written as one
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,8 +51,10 @@ from firmware.compiler.chain import (
     Segment,
     _chain_name,
     _conv_chain,
+    _fc_stage,
     _function,
     _qparams,
+    _sole_reader,
     _stage,
 )
 from firmware.graph import (
@@ -206,9 +207,9 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | 
             continue
         # A flatten that a fully connected operator alone reads is a layout of its input.
         flatten = None
-        if isinstance(op, Reshape) and len(op.shape) == 2 and i + 1 < len(ops) and \
-                isinstance(ops[i + 1], FullyConnected) and not ops[i + 1].keep_dims and \
-                op.outputs[0] not in outputs and graph.consumers(op.outputs[0]) == [ops[i + 1]]:
+        reader = _sole_reader(graph, ops, op, FullyConnected, i + 1) \
+            if isinstance(op, Reshape) and len(op.shape) == 2 else None
+        if reader is not None and not reader.keep_dims:
             flatten = op
             i += 1
             op = ops[i]
@@ -248,12 +249,7 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | 
         table = None
 
         def sole_reader(prev: Op, kind, j: int) -> Op | None:
-            """The operator at ``j`` if it is a ``kind`` and alone reads ``prev``'s output."""
-            nxt = ops[j] if j < len(ops) else None
-            if (isinstance(nxt, kind) and prev.outputs[0] not in outputs
-                    and graph.consumers(prev.outputs[0]) == [nxt]):
-                return nxt
-            return None
+            return _sole_reader(graph, ops, prev, kind, j)
 
         fc = op
         funcs = []
@@ -277,11 +273,7 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | 
             k = chain.index(fc)
             looked_up = k + 1 < len(chain) and isinstance(chain[k + 1], Lookup)
             out_q = _qparams(graph, chain[k + looked_up].outputs[0])
-            st = _stage(fc.name, fc.weight, fc.bias, fc.input_zp, fc.requant, q, out_q,
-                        table=values)
-            if func != st.func and values is None:
-                st = dataclasses.replace(st, func=func)     # a fixed table
-            stages.append(st)
+            stages.append(_fc_stage(fc, fc.weight, q, out_q, func, values))
             q = out_q
         if flatten is not None:
             chain.insert(0, flatten)
@@ -296,11 +288,9 @@ def lower(graph: Graph, config, *, fuse_attention: bool = True, options: dict | 
 def placement(graph: Graph, config) -> dict[str, str]:
     """Where each operator of ``graph`` runs on ``config``, by name: ``"core"`` or
     ``"host"``."""
-    where = {op.name: "host" for op in graph.ops}
-    for step in lower(graph, config):
-        if not isinstance(step, HostStep):
-            where.update((op.name, "core") for op in step.ops)
-    return where
+    where = where_ran(lower(graph, config))
+    return {op.name: "host" if where.get(op.name, "host") == "host" else "core"
+            for op in graph.ops}
 
 
 def where_ran(steps) -> dict[str, str]:
