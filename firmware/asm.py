@@ -758,9 +758,14 @@ class Program:
                           transpose=transpose, signed=signed)
 
     def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False,
-               accumulate: bool = False, signed: bool = True) -> list[int]:
+               accumulate: bool = False, signed: bool = True,
+               window: tuple[int, int] | None = None) -> list[int]:
+        """MATMUL; ``window=(lane, step)``: the window mode, row ``i`` the ``rows`` elements
+        from element ``lane + i * step`` of the buffer from row ``ub`` on."""
+        lane, step = window or (0, 0)
         return self.instr(isa.Opcode.MATMUL, ub_addr=ub, acc_addr=acc, count=count,
-                          switch=switch, accumulate=accumulate, signed=signed)
+                          switch=switch, accumulate=accumulate, signed=signed,
+                          window=window is not None, lane=lane, step=step)
 
     def activate(self, acc: int, ub: int, count: int, *, func=isa.Func.IDENTITY,
                  pool=isa.Pool.NONE, slot: int = 0) -> list[int]:

@@ -156,6 +156,15 @@ class TPUConfig:
         last column's accumulator, through a reciprocal table that replaces the multiplier
         for the row (softmax's division after ``e @ [v | 1]``). ``False``: NORMALISE is a bad
         field.
+    conv_windows : bool or None
+        Build MATMUL's ``window`` mode (:class:`hdl.isa.Matmul`): each array row a window of
+        ``rows`` elements at a step of its own through the unified buffer read as one run of
+        elements, so a convolution reads its input as the tensor itself (TPU v1's data setup
+        over overlapping buffer rows). The matrix engine keeps the last two rows it read and
+        shifts the window out of them and the row arriving. Needs ``ub_row`` a power of two
+        of at most 16 (a window's element address splits into row and lane by bits, its lane
+        fits the instruction's four bits). ``None`` (the default): where ``ub_row`` allows.
+        ``False``: a window MATMUL is a bad field (BAD_FIELD).
     """
 
     rows: int = 8
@@ -179,6 +188,7 @@ class TPUConfig:
     ub_to_weights: bool = True
     lookup_table: bool = True
     row_scale: bool = True
+    conv_windows: bool | None = None
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -240,6 +250,13 @@ class TPUConfig:
         check("ub_to_weights", isinstance(self.ub_to_weights, bool), "True or False")
         check("lookup_table", isinstance(self.lookup_table, bool), "True or False")
         check("row_scale", isinstance(self.row_scale, bool), "True or False")
+        windows_fit = _is_pow2(self.ub_row) and self.ub_row <= 16
+        if self.conv_windows is None:
+            object.__setattr__(self, "conv_windows", windows_fit)
+        check("conv_windows", isinstance(self.conv_windows, bool), "True, False or None")
+        check("conv_windows", windows_fit or not self.conv_windows,
+              f"False or None with ub_row={self.ub_row} (max(rows, cols)): the window mode "
+              f"needs a power of two of at most 16")
         if self.multiplier == "ice40" and self.operands != "int8":
             raise ConfigError(f"TPUConfig.multiplier='ice40' needs operands='int8' (an "
                               f"SB_MAC16's dual 8x8 multipliers are signed 8-bit, fixed per "
@@ -340,7 +357,11 @@ class TPUConfig:
                      if f not in OPTIONAL_FUNCS or getattr(self, OPTIONAL_FUNCS[f]))
 
     def replace(self, **changes) -> TPUConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). A core with the window mode
+        (:attr:`conv_windows`) keeps it unless told otherwise, as far as the new ``ub_row``
+        allows it."""
+        if "conv_windows" not in changes and self.conv_windows:
+            changes["conv_windows"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

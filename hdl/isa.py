@@ -28,6 +28,7 @@ __all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COU
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
            "ClearCounters", "UbToWeights", "LoadTable", "TABLE_ENTRIES", "table_beats",
+           "window_rows", "window_ends", "window_cycles",
            "RECIPROCAL_BITS", "RECIPROCAL_SCALE", "reciprocal",
            "FORMATS", "Status", "decode"]
 
@@ -89,7 +90,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
     NONE             = 0
     UNKNOWN_OPCODE   = 1   # opcode 14 or 15 (12 on a core without UB_TO_WEIGHTS, 13 on
                            # one without the programmable table)
-    UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth
+    UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth (a window
+                           # MATMUL's: window_rows)
     ACC_RANGE        = 3   # accumulator rows past acc_depth
     WEIGHT_RANGE     = 4   # weight tiles past weight_mem_tiles
     WEIGHT_UNWRITTEN = 5   # READ_WEIGHTS of a tile no LOAD_WEIGHTS has written
@@ -99,7 +101,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
                            # on one without the row scale), pooling,
                            # rounding or slot out of range, count not
                            # a multiple of the pooling window, UB_TO_WEIGHTS count past
-                           # the tile's columns (transpose) or rows
+                           # the tile's columns (transpose) or rows, MATMUL window on a
+                           # core without conv_windows or with lane >= ub_row
     SIGNEDNESS       = 9   # LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL of uint8 operands (signed
                            # clear) on a core built for int8 only (TPUConfig.operands="int8")
 
@@ -217,22 +220,53 @@ class Matmul(data.Struct):
     the active weight tile into accumulator rows ``acc_addr..``, ``count`` rows.
     ``switch``: first make the oldest queued tile active. ``accumulate``: add to the
     accumulator rows, else overwrite them. ``signed``: the activations are int8, else uint8.
+    ``window`` (a core with :attr:`~hdl.config.TPUConfig.conv_windows`): row ``i``'s
+    activations are instead the ``rows`` elements from element ``lane + i * step`` of the
+    buffer read as one run of elements from row ``ub_addr`` (``ub_row`` elements a row, row
+    ``ub_addr``'s element 0 first): a convolution's windows over a tensor stored as it is
+    (height, width, channels, packed), ``step`` the channels times the stride, so that no
+    host or earlier instruction cuts patches. The rows read are :func:`window_rows`;
+    ``lane`` and ``step`` are ignored without ``window``.
     Timing: runs in the matrix engine, up to ``matmul_slots`` MATMULs in flight; one row a
     cycle, the next MATMUL's first row entering the array the cycle after this one's last; a
     row's sums reach the accumulators ``rows + cols + 4`` cycles after its buffer read
     (``rows + cols + 8`` with ``pipeline="fast"``, whose PEs register the multiplier's inputs
-    and output twice more). The ``switch`` row waits (weight stall) until its tile is in the
+    and output twice more). With ``window``, the engine reads the rows in order, one a cycle,
+    each as soon as a window needs it, and sends a window in the cycle its last row is read
+    or, when that row was read already, in a cycle of its own: ``count`` cycles plus one for
+    each row read that completes no window (:func:`window_cycles`), so a window a cycle
+    while ``step <= ub_row``. The ``switch`` row waits (weight stall) until its tile is in the
     shadow registers. Waits while an unfinished ACTIVATE writes its buffer rows or reads its
     accumulator rows."""
     opcode:     Opcode
     accumulate: 1
     switch:     1
     signed:     1
-    _flag:      1
+    window:     1
     ub_addr:    16
     acc_addr:   16
     count:      16
-    _c:         8
+    lane:       4
+    step:       4
+
+
+def window_rows(lane: int, step: int, count: int, rows: int, ub_row: int) -> int:
+    """Unified-buffer rows a ``window`` MATMUL reads from its ``ub_addr``: those holding
+    elements ``lane .. lane + (count - 1) * step + rows - 1``."""
+    return (lane + (count - 1) * step + rows - 1) // ub_row + 1
+
+
+def window_ends(lane: int, step: int, count: int, rows: int, ub_row: int) -> list[int]:
+    """Per window of a ``window`` MATMUL, the row (from ``ub_addr``) that holds its last
+    element: the row whose read completes it."""
+    return [(lane + i * step + rows - 1) // ub_row for i in range(count)]
+
+
+def window_cycles(lane: int, step: int, count: int, rows: int, ub_row: int) -> int:
+    """Cycles a ``window`` MATMUL's rows take in the matrix engine when nothing waits: one a
+    window, and one for each row read that completes none."""
+    ends = window_ends(lane, step, count, rows, ub_row)
+    return count + window_rows(lane, step, count, rows, ub_row) - len(set(ends))
 
 
 class Activate(data.Struct):

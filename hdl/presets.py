@@ -19,19 +19,19 @@ PRESETS: dict[str, TPUConfig] = {
     # serial activation unit, 32-bit counters, two MATMUL slots, 8 weight tiles, and the
     # compact pipeline (the range compares out of the path into the dispatch, which limits
     # the clock there; docs/timing-closure.md), and none of UB_TO_WEIGHTS, the programmable
-    # table or the row scale (the logic cells for them are not there).
+    # table, the row scale or the window mode (the logic cells for them are not there).
     "icebreaker": TPUConfig(rows=4, cols=4, ub_depth=256, acc_depth=256, weight_mem_tiles=8,
                             param_slots=2, weight_fifo_depth=2, operands="int8",
                             multiplier="ice40", activation_unit="serial", counter_bits=32,
                             pipeline="compact", matmul_slots=2, ub_to_weights=False,
-                            lookup_table=False, row_scale=False),
+                            lookup_table=False, row_scale=False, conv_windows=False),
     # ULX3S (ECP5-85F): the default array on MULT18X18D multipliers (the activation unit's
     # partial products too), the fast pipeline, and no UB_TO_WEIGHTS for now: with it the
     # build did not meet the board's clock (docs/timing-closure.md); with the programmable
     # table (a block RAM per column); without the row scale until a build with it has met
-    # the clock.
+    # the clock; without the window mode until a build with it has met the clock.
     "ulx3s": TPUConfig(multiplier="ecp5", pipeline="fast", ub_to_weights=False,
-                       row_scale=False),
+                       row_scale=False, conv_windows=False),
 }
 
 

@@ -54,7 +54,8 @@ class Checks(wiring.Component):
         A tile has been switched in.
     o_a_end, o_b_end : Out(ADDR_END_BITS)
         The ends of the word's ranges, ``a + count`` and ``b + count`` (``b + count >>
-        pool`` for ACTIVATE): the hazard tracker's too.
+        pool`` for ACTIVATE, ``a`` plus :func:`~hdl.isa.window_rows` for a window MATMUL,
+        saturated): the hazard tracker's too.
     o_tile_mask : Out(weight_mem_tiles)
         The tiles ``a`` .. ``a_end - 1`` (meaningful once the weight range check passes).
     o_error : Out(ErrorCode)
@@ -95,16 +96,30 @@ class Checks(wiring.Component):
         # Registered but with "reference": the beat offered last cycle's, its own once it has
         # stayed a cycle, so that the compares do not start at the beat.
         ends = m.d.comb if cfg.pipeline == "reference" else m.d.sync
+        a_count = a + count
+        if cfg.conv_windows:
+            # A window MATMUL reads the rows holding elements lane .. lane + (count - 1) *
+            # step + rows - 1 (isa.window_rows): ub_row is a power of two, so the row is the
+            # element's high bits. Saturated to the range end's width (the sum can be wider;
+            # anything that large is past ub_depth).
+            lg = cfg.ub_row.bit_length() - 1
+            last = Signal(range((1 << 16) * 16 + 16 + cfg.rows))
+            m.d.comb += last.eq(mm.lane + (count - 1) * mm.step + (cfg.rows - 1))
+            window_end = Signal(ADDR_END_BITS + 4)
+            m.d.comb += window_end.eq(a + (last >> lg) + 1)
+            saturated = Mux(window_end[ADDR_END_BITS:].any(), (1 << ADDR_END_BITS) - 1,
+                            window_end[:ADDR_END_BITS])
+            a_count = Mux((op == Opcode.MATMUL) & mm.window, saturated, a_count)
         if cfg.pipeline == "fast":
             # An adder for each window and the choice after them, so that the adders start
             # at the beat (the opcode's decode and the window's shift ran into b_end's carry
             # chain).
             b_ends = [b + (count >> k) for k in range(3)]
             b_shifted = Mux(window_log[1], b_ends[2], Mux(window_log[0], b_ends[1], b_ends[0]))
-            ends += [a_end.eq(a + count),
+            ends += [a_end.eq(a_count),
                      b_end.eq(Mux(op == Opcode.ACTIVATE, b_shifted, b_ends[0]))]
         else:
-            ends += [a_end.eq(a + count),
+            ends += [a_end.eq(a_count),
                      b_end.eq(b + Mux(op == Opcode.ACTIVATE, count >> window_log, count))]
 
         # A core without UB_TO_WEIGHTS (TPUConfig.ub_to_weights) or the programmable table
@@ -132,6 +147,10 @@ class Checks(wiring.Component):
                                      (av.slot >= cfg.param_slots))) |
             (is_[Opcode.LOAD_PARAMS] & ((lp.slot >= cfg.param_slots) |
                                         (lp.rounding.as_value() == 3))))
+        # A window MATMUL needs the window mode, and a lane inside a row.
+        window_field = (is_[Opcode.MATMUL] & mm.window &
+                        ((mm.lane >= cfg.ub_row) if cfg.conv_windows else Const(1)))
+        bad_field = bad_field | window_field
         if moves:   # a buffer row per column of the tile (transpose), else per row
             bad_field = bad_field | (is_[Opcode.UB_TO_WEIGHTS] &
                                      Mux(uw.transpose, count > cfg.cols, count > cfg.rows))

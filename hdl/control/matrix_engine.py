@@ -87,7 +87,7 @@ class MatrixEngine(wiring.Component):
                 m.d.sync += scrubbing.eq(0)
 
         busy = Signal()             # still issuing rows of the newest MATMUL
-        ub_next = Signal(self.ub_bits)
+        ub_next = Signal(self.ub_bits)      # the next buffer row to read
         acc_next = Signal(self.acc_bits)
         # count is at most the smaller memory's rows (the front end's range checks).
         count_range = range(min(cfg.ub_depth, cfg.acc_depth) + 1)
@@ -105,8 +105,14 @@ class MatrixEngine(wiring.Component):
 
         # gap (acc_gap only): the row accumulates into the accumulator row of the row issued
         # before it.
+        windows = cfg.conv_windows
+        # With the window mode an entry is a token: a buffer row read (`read`), a row for
+        # the array (`emit`, its window `offset` elements into the last two rows read and
+        # the one arriving), or both; without it every entry is both.
         meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
                                            **({"gap": 1} if self.acc_gap else {}),
+                                           **({"read": 1, "emit": 1,
+                                               "offset": range(cfg.ub_row)} if windows else {}),
                                            "acc": unsigned(self.acc_bits)})
         meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
         # A row's metadata must be readable when the row arrives, or the read port would
@@ -126,19 +132,51 @@ class MatrixEngine(wiring.Component):
         # Issue buffer reads.
         ub = self.o_ub
         m.d.comb += [
-            ub.addr.valid.eq(busy & meta_a.w_rdy),
             ub.addr.payload.eq(ub_next),
-            meta_a.w_en.eq(ub.addr.valid & ub.addr.ready),
             meta_a_in.switch.eq(switch),
             meta_a_in.signed.eq(signed_),
             meta_a_in.accumulate.eq(accumulate),
             meta_a_in.acc.eq(acc_next),
         ]
+        if windows:
+            # The window's first element: lane `lane` of row `win_row` (a plain MATMUL: lane
+            # 0, step ub_row). Its last element is in row `win_end`; each token reads the
+            # next row while the window needs it, and emits the window with the read of
+            # `win_end` or, when that row was read already, alone.
+            lg = cfg.ub_row.bit_length() - 1
+            win_row = Signal(self.ub_bits)
+            lane = Signal(range(cfg.ub_row))
+            step = Signal(range(17))        # at most 15, or ub_row (at most 16)
+            spans = Signal()        # the window runs into the next row
+            win_end = Signal(self.ub_bits)
+            need_read = Signal()
+            emit = Signal()
+            m.d.comb += [
+                spans.eq(lane + (cfg.rows - 1) >= cfg.ub_row),
+                win_end.eq(win_row + spans),
+                need_read.eq(ub_next != win_end + 1),
+                emit.eq(~need_read | (ub_next == win_end)),
+                ub.addr.valid.eq(busy & meta_a.w_rdy & need_read),
+                meta_a.w_en.eq(busy & meta_a.w_rdy & (~need_read | ub.addr.ready)),
+                meta_a_in.read.eq(need_read),
+                meta_a_in.emit.eq(emit),
+                # Its place in [row win_end - 1, row win_end], less the first place a window
+                # can start (ub_row - rows + 1), where the shifter's input begins.
+                meta_a_in.offset.eq(Mux(spans, lane, lane + cfg.ub_row) -
+                                    (cfg.ub_row - cfg.rows + 1)),
+            ]
+            emitted = meta_a.w_en & emit
+        else:
+            m.d.comb += [
+                ub.addr.valid.eq(busy & meta_a.w_rdy),
+                meta_a.w_en.eq(ub.addr.valid & ub.addr.ready),
+            ]
+            emitted = meta_a.w_en
         if self.acc_gap:
             # Decided as the row is issued, so that no compare sits on the path from the
             # buffer's response to the array's ready (a small part's critical path).
             issued_acc = Signal(self.acc_bits)
-            with m.If(meta_a.w_en):
+            with m.If(emitted):
                 m.d.sync += issued_acc.eq(acc_next)
             m.d.comb += meta_a_in.gap.eq(accumulate & (acc_next == issued_acc))
         # The next MATMUL may follow in the cycle the last row of the current one is issued.
@@ -146,7 +184,7 @@ class MatrixEngine(wiring.Component):
         # ready is a function of registers, off the path from the array's stall into
         # dispatch, and falls only as it takes a MATMUL, which the dispatch decided ahead
         # relies on.)
-        last_row = meta_a.w_en & (left == 1) if cfg.pipeline == "reference" else 0
+        last_row = emitted & (left == 1) if cfg.pipeline == "reference" else 0
         m.d.comb += [
             cmd.ready.eq(~scrubbing & (~busy | last_row) & ~Cat(*in_flight).all()),
             self.o_idle.eq(~scrubbing & ~busy & ~Cat(*in_flight).any()),
@@ -158,16 +196,29 @@ class MatrixEngine(wiring.Component):
                 ub_next.eq(p.ub_addr), acc_next.eq(p.acc_addr), left.eq(p.count),
                 switch.eq(p.switch), signed_.eq(p.signed), accumulate.eq(p.accumulate),
             ]
+            if windows:
+                m.d.sync += [win_row.eq(p.ub_addr),
+                             lane.eq(Mux(p.window, p.lane, 0)),
+                             step.eq(Mux(p.window, p.step, cfg.ub_row))]
             for i in range(slots):
                 with m.If(tail == i):
                     m.d.sync += [in_flight[i].eq(1), pending[i].eq(p.count),
                                  last_one[i].eq(p.count == 1)]
             m.d.sync += tail.eq(Mux(tail == slots - 1, 0, tail + 1))
         with m.Elif(meta_a.w_en):
-            m.d.sync += [ub_next.eq(ub_next + 1), acc_next.eq(acc_next + 1),
-                         left.eq(left - 1), switch.eq(0)]
-            with m.If(left == 1):
-                m.d.sync += busy.eq(0)
+            if windows:
+                with m.If(need_read):
+                    m.d.sync += ub_next.eq(ub_next + 1)
+                with m.If(emit):
+                    next_lane = lane + step
+                    m.d.sync += [win_row.eq(win_row + (next_lane >> lg)),
+                                 lane.eq(next_lane[:lg])]
+            else:
+                m.d.sync += ub_next.eq(ub_next + 1)
+            with m.If(emitted):
+                m.d.sync += [acc_next.eq(acc_next + 1), left.eq(left - 1), switch.eq(0)]
+                with m.If(left == 1):
+                    m.d.sync += busy.eq(0)
 
         # Buffer rows (with their metadata) into the array. The array's pipeline moves every
         # cycle (the accumulators are always ready), so rows sent in consecutive cycles reach
@@ -181,18 +232,44 @@ class MatrixEngine(wiring.Component):
             m.d.sync += sent.eq(act.valid & act.ready)
             m.d.comb += wait.eq(sent & meta_a_out.gap)
         m.d.comb += [
-            act.valid.eq(ub.data.valid & meta_a.r_rdy & ~wait),
             act.payload.signed.eq(meta_a_out.signed),
             act.payload.switch.eq(meta_a_out.switch),
-            ub.data.ready.eq(act.ready & meta_a.r_rdy & ~wait),
-            meta_a.r_en.eq(act.valid & act.ready),
             meta_b.w_en.eq(act.valid & act.ready),
             meta_b_in.accumulate.eq(meta_a_out.accumulate),
             meta_b_in.acc.eq(meta_a_out.acc),
             self.o_array_active.eq(act.valid & act.ready),
         ]
-        for r in range(cfg.rows):
-            m.d.comb += act.payload.data[r].eq(ub.data.payload[r])
+        if windows:
+            # The last two rows read (`lower`, `upper`); a token that reads shifts the
+            # arriving row in, and its window comes out of the rows after the shift.
+            row_bits = cfg.ub_row * cfg.data_width
+            lower = Signal(row_bits)
+            upper = Signal(row_bits)
+            tok = meta_a_out
+            arriving = ub.data.payload.as_value()
+            pair = Mux(tok.read, Cat(upper, arriving), Cat(lower, upper))
+            # The window starts at element ub_row - rows + 1 + offset of the pair.
+            first = (cfg.ub_row - cfg.rows + 1) * cfg.data_width
+            window = pair[first:].bit_select(tok.offset * cfg.data_width,
+                                             cfg.rows * cfg.data_width)
+            has_row = ~tok.read | ub.data.valid
+            takes = ~tok.emit | (act.ready & ~wait)
+            m.d.comb += [
+                act.valid.eq(meta_a.r_rdy & tok.emit & has_row & ~wait),
+                ub.data.ready.eq(meta_a.r_rdy & tok.read & takes),
+                meta_a.r_en.eq(meta_a.r_rdy & has_row & takes),
+                act.payload.data.as_value().eq(window),
+            ]
+            with m.If(ub.data.valid & ub.data.ready):
+                m.d.sync += [lower.eq(upper), upper.eq(arriving)]
+        else:
+            m.d.comb += [
+                act.valid.eq(ub.data.valid & meta_a.r_rdy & ~wait),
+                ub.data.ready.eq(act.ready & meta_a.r_rdy & ~wait),
+                meta_a.r_en.eq(act.valid & act.ready),
+            ]
+            for r in range(cfg.rows):
+                m.d.comb += act.payload.data[r].eq(ub.data.payload[r])
 
         # Array output rows into the accumulators (zero rows while scrubbing).
         with m.If(scrubbing):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import functools
 import gc
 import signal
@@ -85,7 +84,7 @@ def _control(factory, name: str, summary: str, *, limit: int, depth: int = 4,
     # The fast form is the induction itself on the small configuration: a few seconds,
     # where a BMC would need SCRUB_FAST_DEPTH cycles to see more than the reset scrub.
     # `changes`: configuration fields that differ from CONTROL's (and CONTROL_FAST's).
-    config, fast = (dataclasses.replace(c, **changes) for c in (CONTROL, CONTROL_FAST))
+    config, fast = (c.replace(**changes) for c in (CONTROL, CONTROL_FAST))
     return Proof(name, functools.partial(factory, config), "prove", depth, summary,
                  fast_harness=functools.partial(factory, fast), fast_mode="prove",
                  fast_depth=fast_depth, limit=limit)

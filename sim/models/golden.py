@@ -21,7 +21,7 @@ __all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "exact_matmu
            "MatrixUnitModel",
            "matrix_unit_stream",
            "saturate", "rounding_shift", "requantise", "reciprocals", "requantise_normalised",
-           "activate", "max_pool_rows",
+           "activate", "max_pool_rows", "window_index", "conv_windows",
            "SIGMOID_LUT", "TANH_LUT", "LUT_INPUT_SCALE", "table_values"]
 
 
@@ -90,6 +90,31 @@ def exact_matmul(a, b) -> np.ndarray:
         if bound < 1 << 53:
             return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
     return a @ b
+
+
+def window_index(lane: int, step: int, count: int, rows: int) -> np.ndarray:
+    """Element indices (from the first row's element 0) of a window MATMUL's ``count`` rows
+    (:class:`hdl.isa.Matmul`): row ``i`` is elements ``lane + i * step .. + rows - 1``."""
+    return lane + step * np.arange(count)[:, None] + np.arange(rows)[None, :]
+
+
+def conv_windows(x, kernel: tuple[int, int], stride: int = 1) -> np.ndarray:
+    """The windows of a convolution over ``x`` (height, width, channels), already padded,
+    the way window MATMULs form them: ``[ky, oy, ox]`` is the ``kw * C`` elements of kernel
+    row ``ky`` at output position ``(oy, ox)``, ``x[s oy + ky, s ox + kx, c]`` in ``(kx, c)``
+    order. Independent of the unified buffer: the reference the window mode's tests compare
+    the core's windows with (their sum over ``ky`` times the weights is the convolution)."""
+    x = np.asarray(x)
+    kh, kw = kernel
+    h, w, c = x.shape
+    ho, wo = (h - kh) // stride + 1, (w - kw) // stride + 1
+    out = np.empty((kh, ho, wo, kw * c), dtype=x.dtype)
+    for ky in range(kh):
+        for oy in range(ho):
+            for ox in range(wo):
+                y, xx = stride * oy + ky, stride * ox
+                out[ky, oy, ox] = x[y, xx:xx + kw, :].reshape(-1)
+    return out
 
 
 @dataclass

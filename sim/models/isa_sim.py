@@ -68,7 +68,9 @@ Instructions
   flags at that moment) to the weight queue. A later LOAD_WEIGHTS or UB_TO_WEIGHTS does not
   change queued tiles.
 - MATMUL: if ``switch``, the oldest queued tile becomes the active tile. Then for ``i`` in
-  ``0..count-1``: ``x`` = the first ``rows`` elements of unified-buffer row ``ub_addr+i``,
+  ``0..count-1``: ``x`` = the first ``rows`` elements of unified-buffer row ``ub_addr+i``
+  (with ``window``: elements ``lane + i * step .. + rows - 1`` of rows ``ub_addr..`` read
+  as one run, ``ub_row`` elements a row, ``golden.window_index``),
   int8 if ``signed`` else uint8; ``psum = golden.matmul(x, W)`` with the active tile ``W``
   (int8 or uint8 per its flag), wrapped to int32; accumulator row ``acc_addr+i`` becomes
   ``wrap32(acc + psum)`` if ``accumulate`` else ``psum``.
@@ -232,11 +234,13 @@ beats are consumed). The first failing check, in this order, sets the error:
    without the row scale, ``row_scale=False``), ``pool == 3``, ``count % window != 0`` or
    ``slot >= param_slots``;
    for LOAD_PARAMS ``slot >= param_slots`` or ``rounding == 3``; for UB_TO_WEIGHTS
-   ``count > cols`` with ``transpose``, ``count > rows`` without.
+   ``count > cols`` with ``transpose``, ``count > rows`` without; for MATMUL ``window`` on
+   a core without the window mode (``conv_windows=False``) or with ``lane >= ub_row``.
 3. SIGNEDNESS: LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL with ``signed`` clear on a core built
    for int8 only (``operands="int8"``).
 4. UB_RANGE: ``ub_addr + n > ub_depth``, ``n`` = ``count`` (READ_HOST, WRITE_HOST, MATMUL,
-   UB_TO_WEIGHTS) or ``count / window`` (ACTIVATE).
+   UB_TO_WEIGHTS), ``count / window`` (ACTIVATE) or, for a MATMUL with ``window``,
+   ``isa.window_rows(lane, step, count, rows, ub_row)``.
 5. ACC_RANGE: ``acc_addr + count > acc_depth`` (MATMUL, ACTIVATE).
 6. WEIGHT_RANGE: ``tile + count > weight_mem_tiles`` (LOAD_WEIGHTS, READ_WEIGHTS),
    ``tile + 1 > weight_mem_tiles`` (UB_TO_WEIGHTS).
@@ -592,9 +596,15 @@ class IsaSim:
 
     def _op_matmul(self, f) -> None:
         count, ub_addr, acc_addr = f["count"], f["ub_addr"], f["acc_addr"]
+        cfg = self.config
         self._check_count(count)
+        window = bool(f["window"])
+        if window and (not cfg.conv_windows or f["lane"] >= cfg.ub_row):
+            raise _Error(isa.ErrorCode.BAD_FIELD)
         self._check_signed(f)
-        self._check_ub(ub_addr, count)
+        span = (isa.window_rows(f["lane"], f["step"], count, cfg.rows, cfg.ub_row)
+                if window else count)
+        self._check_ub(ub_addr, span)
         self._check_acc(acc_addr, count)
         if not self.queue if f["switch"] else self.active is None:
             raise _Error(isa.ErrorCode.WEIGHT_EMPTY)
@@ -604,7 +614,12 @@ class IsaSim:
                 self._counts["weight_shift"] += self.config.rows
         tile, w_signed = self.active
         x_signed = bool(f["signed"])
-        x = golden.from_raw(self.ub[ub_addr:ub_addr + count, :self.config.rows], x_signed)
+        if window:
+            elements = self.ub[ub_addr:ub_addr + span].reshape(-1)
+            raw = elements[golden.window_index(f["lane"], f["step"], count, cfg.rows)]
+        else:
+            raw = self.ub[ub_addr:ub_addr + count, :cfg.rows]
+        x = golden.from_raw(raw, x_signed)
         w = golden.from_raw(tile, w_signed)
         psum = golden.matmul(x, w, x_signed=x_signed, w_signed=w_signed)
         rows = slice(acc_addr, acc_addr + count)

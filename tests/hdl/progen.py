@@ -317,21 +317,41 @@ class _Generator:
             switch = self.queued > 0 and (not self.have_active or self.chance(0.5))
         if not switch and not self.have_active:
             switch = True
+        window = None
+        if ub is None and count is None and cfg.conv_windows and self.chance(0.3):
+            # The window mode: any lane, steps from 0 (one window again and again) through
+            # ub_row (a row's lanes each step: a plain MATMUL's pattern) to 15 (rows read
+            # that complete no window where ub_row is smaller).
+            lane = self.integer(0, cfg.ub_row - 1)
+            step = self.integer(0, 15) if self.chance(0.3) else \
+                self.integer(1, min(15, cfg.ub_row))
+            window = (lane, step)
         count = count or self.count(min(cfg.ub_depth, cfg.acc_depth), long)
-        ub = self.start(cfg.ub_depth, count) if ub is None else ub
+        span = count
+        if window is not None:
+            elements = cfg.ub_depth * cfg.ub_row - window[0] - cfg.rows
+            if window[1]:
+                count = min(count, elements // window[1] + 1)
+            span = isa.window_rows(*window, count, cfg.rows, cfg.ub_row)
+        ub = self.start(cfg.ub_depth, span) if ub is None else ub
         acc = self.start(cfg.acc_depth, count) if acc is None else acc
         if accumulate is None:
             accumulate = self.chance(0.5)
         if signed is None:
             signed = cfg.operands == "int8" or self.chance(0.5)
+        at = len(self.prog.beats)
         self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
-                                            accumulate=accumulate, signed=signed),
+                                            accumulate=accumulate, signed=signed,
+                                            window=window),
                    isa.Opcode.MATMUL)
+        if window is None and self.junk and self.chance(0.3):
+            # lane and step, ignored without window.
+            self.prog.beats[at] |= self._random_bits(8) << 56
         if switch:
             self.queued -= 1
             self.have_active = True
         self._touch("acc", acc, count)
-        return {"ub": (ub, count), "acc": (acc, count)}
+        return {"ub": (ub, span), "acc": (acc, count)}
 
     def activate(self, acc: int | None = None, ub: int | None = None,
                  blocks: int | None = None, pool: Pool | None = None,
