@@ -16,7 +16,14 @@ import numpy as np
 
 from firmware.asm import Program
 from firmware.compiler.layout import Tensor, _ceil_div
-from firmware.compiler.plan import COUNT_LIMIT, _jobs, _row_runs, _runs, _StagePlan
+from firmware.compiler.plan import (
+    COUNT_LIMIT,
+    _jobs,
+    _row_runs,
+    _runs,
+    _StagePlan,
+    _window_runs,
+)
 from firmware.compiler.timing import _Tally, _Timed, _Timing
 from hdl import isa
 
@@ -333,13 +340,22 @@ class _Emitter:
         for ps in lay.passes:
             src = ps.sources[r]
             keep = (src >= 0) & real
+            if ps.step is not None:
+                # Elements of the unit's block (whole units in the ring: no wrap). The
+                # sources become the last row each window reads (what must be written).
+                g = b * self.plan.units + u0
+                absolute = self._ring_offset(g) * self.c.ub_row + src
+                runs = _window_runs(np.where(keep, absolute, -1), ps.step, self.c)
+                out.append(((src + self.c.rows - 1) // self.c.ub_row, keep, runs))
+                continue
             if first_stage:
                 g = b * self.plan.units + u0
                 absolute = (self._ring_offset(g) + src) % self.plan.ring
             else:
                 absolute = src + self._src_base(sp, b, u0 + u)
-            out.append((src, keep, _runs(np.where(keep, absolute, -1),
-                                         self.plan.ring if first_stage else self.c.ub_depth)))
+            runs = _runs(np.where(keep, absolute, -1),
+                         self.plan.ring if first_stage else self.c.ub_depth)
+            out.append((src, keep, [(acc, ub, n, None, n) for acc, ub, n in runs]))
         return out
 
     def _stage(self, sp: _StagePlan, b: int, u0: int, units: int, emit: bool) -> None:
@@ -357,7 +373,7 @@ class _Emitter:
             # a row still to be read; after that the cycle model says when the array is done.
             for m0, rows in _jobs(sp, units, c):
                 spans = [(g, ub, ub + n) for _, _, runs in self._pass_runs(sp, b, u0, m0, rows)
-                         for _, ub, n in runs]
+                         for _, ub, _, _, n in runs]
                 for nb in range(lay.col_blocks):
                     reads[(m0, nb)] = list(spans)
                     self.ring_live += spans
@@ -389,10 +405,11 @@ class _Emitter:
                     assert runs, (sp.stage.name, m0, kc)
                     # These MATMULs read what a pending ACTIVATE writes: it goes first.
                     self._flush_for(lambda job, span, runs=runs: any(
-                        span[0] < ub + n and ub < span[1] for _, ub, n in runs))
-                    for n, (acc, ub, count) in enumerate(runs):
+                        span[0] < ub + n and ub < span[1] for _, ub, _, _, n in runs))
+                    for n, (acc, ub, count, window, _) in enumerate(runs):
                         self.p.matmul(ub, region + acc, count, switch=n == 0,
-                                      accumulate=step > 0, signed=sp.stage.in_q.signed)
+                                      accumulate=step > 0, signed=sp.stage.in_q.signed,
+                                      window=window)
                         self.stage_rows[sp.index] += count
                         if n == 0:
                             self.used += 1

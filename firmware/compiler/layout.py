@@ -79,9 +79,13 @@ class Tensor:
 class _Pass:
     """One weight tile's rows (indices into the stage's weight matrix rows, -1: zero) and,
     per accumulator row of a unit, the row it reads (offset in the input's unit block; -1:
-    the accumulator row is not an output and may read anything)."""
+    the accumulator row is not an output and may read anything). With ``step`` (a first
+    convolution over the tensor itself, :class:`_HostTensor`), the sources are elements of
+    the unit block instead, each row's window the ``rows`` elements from there, read by
+    window MATMULs of that step."""
     k_rows: np.ndarray
     sources: np.ndarray
+    step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class _Layout:
     out_width: int
     col_blocks: int
     host: _HostConv | None = None   # the network input's layout for a first convolution
+    tensor: _HostTensor | None = None   # or the input as the tensor itself (window MATMULs)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,18 @@ class _HostConv:
     output positions and the few past its edge that shifted passes read)."""
     chunks: list[list[tuple[int, int, int, int]]]   # (tap, group, offset, width)
     anchors: np.ndarray         # per row of a chunk: (ay, ax, image)
+
+
+@dataclass(frozen=True)
+class _HostTensor:
+    """A first convolution's input as the tensor itself, read by window MATMULs: each image
+    framed by the convolution's padding (top, bottom, left, right) in its zero point, its
+    (height, width, channels) elements in that order, ``ub_row`` a unified-buffer row from
+    the first row of the image's block of ``rows`` rows (elements past the tensor, which only
+    windows of no output or the zero weights past a kernel row read, are the zero point)."""
+    frame: tuple[int, int, int, int]
+    shape: tuple[int, int, int]     # framed height, width, channels
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -204,9 +221,12 @@ def _paired_conv_layout(config: TPUConfig, st: _PairedConv, unit: int, out_width
 
 
 def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
-                  prev_out: tuple | None, last: bool, shifts: bool = True) -> _Layout:
+                  prev_out: tuple | None, last: bool, shifts: bool | str = True) -> _Layout:
     """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
-    (groups, positions, pitch, frame, channels) when another stage made it (holding ``images``)."""
+    (groups, positions, pitch, frame, channels) when another stage made it (holding
+    ``images``). ``shifts``: how a first convolution reads its input: ``"windows"``, the
+    tensor itself through window MATMULs; True, host rows of taps with shifted passes;
+    False, host rows of taps only."""
     c = config
     out_width = c.cols if last else min(c.rows, c.cols)
     col_blocks = _ceil_div(st.n, out_width)
@@ -242,6 +262,8 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
     if st.pool and (ho < 2 or wo < 2):
         raise CompileError(f"{where}: max-pooling needs a 2x2 output, got {ho}x{wo}")
     if index == 0:
+        if shifts == "windows":
+            return _window_conv_layout(config, st, images, out_width, col_blocks)
         return _host_conv_layout(config, st, images, out_width, col_blocks, shifts)
     kh, kw, cin, _ = st.weight.shape
     groups, positions, pitch, frame, _ = prev_out
@@ -287,6 +309,74 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
                 passes.append(_Pass(np.where(valid, (dy * kw + dx) * cin + ch, -1),
                                     np.asarray(sources(g, dy, dx), dtype=np.int64)))
     return _Layout(m, window, passes, outputs, out_width, col_blocks)
+
+
+#: Largest window step (channels times stride) a window MATMUL's ``step`` field holds.
+WINDOW_STEP_LIMIT = 15
+
+
+def window_form(config: TPUConfig, st: Stage) -> str | None:
+    """Why a first convolution cannot read its input as the tensor itself (window MATMULs),
+    or None when it can."""
+    if not config.conv_windows:
+        return f"the {config.name} core has no window mode (TPUConfig.conv_windows)"
+    step = st.weight.shape[2] * st.stride
+    if step > WINDOW_STEP_LIMIT:
+        return (f"its windows step {step} elements (channels x stride); a window MATMUL's "
+                f"step is at most {WINDOW_STEP_LIMIT}")
+    return None
+
+
+def _window_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
+                        col_blocks: int) -> _Layout:
+    """A first convolution over its input as the tensor itself (:class:`_HostTensor`): one
+    pass per kernel row and chunk of ``rows`` of its ``kw * C`` elements, each accumulator
+    row the window of one output position, read by window MATMULs. Stride 1 without pooling:
+    the positions along the framed width, the ones past the output's edge computed and not
+    activated, so each pass is one MATMUL of step ``C``. Otherwise the output positions in
+    order (with pooling, window by window for MAX4): runs along a row at step ``C *
+    stride``."""
+    c = config
+    where = f"stage {st.name}"
+    reason = window_form(config, st)
+    if reason is not None:
+        raise CompileError(f"{where}: {reason}")
+    if unit != 1:
+        raise CompileError(f"{where}: its window MATMULs read one image a unit (the windows "
+                           f"of one MATMUL step through one image), not {unit}")
+    kh, kw, cin, _ = st.weight.shape
+    ho, wo = st.conv_out_hw
+    stride = st.stride
+    top, bottom, left, right = st.padding
+    h, w = st.in_shape[0] + top + bottom, st.in_shape[1] + left + right
+    if stride == 1 and not st.pool:
+        q = np.arange((ho - 1) * w + wo)
+        oy, ox = q // w, q % w
+        outputs = np.stack([np.where(ox < wo, oy, -1), ox, np.zeros_like(q)], axis=1)
+        window = 1
+    elif st.pool:
+        wy, wx, ky, kx = np.meshgrid(np.arange(ho // 2), np.arange(wo // 2), np.arange(2),
+                                     np.arange(2), indexing="ij")
+        oy, ox = (2 * wy + ky).ravel(), (2 * wx + kx).ravel()
+        outputs = np.stack([wy.ravel()[::4], wx.ravel()[::4],
+                            np.zeros(len(oy) // 4, np.int64)], axis=1)
+        window = 4
+    else:
+        oy, ox = (v.ravel() for v in np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij"))
+        outputs = np.stack([oy, ox, np.zeros_like(oy)], axis=1)
+        window = 1
+    run = kw * cin
+    passes = []
+    for dy in range(kh):
+        for c0 in range(0, run, c.rows):
+            j = c0 + np.arange(c.rows)
+            k_rows = np.where(j < run, dy * run + j, -1)
+            sources = ((stride * oy + dy) * w + stride * ox) * cin + c0
+            passes.append(_Pass(k_rows, sources.astype(np.int64), step=cin * stride))
+    end = max(int(ps.sources.max()) for ps in passes) + c.rows
+    rows = _ceil_div(max(end, h * w * cin), c.ub_row)
+    return _Layout(len(oy), window, passes, outputs, out_width, col_blocks,
+                   tensor=_HostTensor((top, bottom, left, right), (h, w, cin), rows))
 
 
 def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,

@@ -24,6 +24,7 @@ from firmware.compiler.layout import (
     _PairedConv,
     _stage_table,
     _weight_tiles,
+    window_form,
 )
 from firmware.compiler.plan import COUNT_LIMIT, MODES, _plan, _row_runs
 from firmware.quant import QuantisedNetwork
@@ -58,6 +59,10 @@ class CompiledNetwork:
         Whether a first convolution that a Dense reads may compute several positions an
         accumulator row (``compile_network``'s ``pack_positions``; the plan's first stage
         says whether it does).
+    windows : bool
+        Whether a first convolution reads its input as the tensor itself through window
+        MATMULs where it can (``compile_network``'s ``windows``; the plan's first layout's
+        ``tensor`` says whether it does).
     resident_weights, resident_params : bool
         Whether weights / parameters are loaded once by the setup program.
     tiles : ndarray, (n_tiles, rows, cols)
@@ -66,7 +71,7 @@ class CompiledNetwork:
 
     def __init__(self, config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
                  program_images: int = PROGRAM_IMAGES, ring: float = 2.0, pack: bool = True,
-                 modes: tuple[str, ...] = MODES):
+                 modes: tuple[str, ...] = MODES, windows: bool = True):
         self.config = config
         self.network = network
         self.unit, self.units = unit, units
@@ -74,7 +79,9 @@ class CompiledNetwork:
         self.program_images = max(program_images, self.batch_size)
         self.pack = pack
         self.modes = modes
-        self._plan = _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes)
+        self.windows = windows
+        self._plan = _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes,
+                           windows=windows)
         self.tiles, self._params, _, _ = _weight_tiles(
             config, [sp.stage for sp in self._plan.stages], self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
@@ -175,6 +182,15 @@ class CompiledNetwork:
         zp = st.in_q.zero_point
         x = np.full((unit, *self.network.input_shape), zp, dtype=np.int64)
         x[:len(x_q)] = x_q
+        if lay.tensor is not None:
+            # The tensor itself, framed in its zero point, ub_row elements a row.
+            top, bottom, left, right = lay.tensor.frame
+            xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)),
+                        constant_values=zp).reshape(unit, -1)
+            size = lay.tensor.rows * c.ub_row
+            flat = np.full((unit, size), zp, dtype=np.int64)
+            flat[:, :xp.shape[1]] = xp
+            return flat.reshape(-1, c.ub_row)
         if lay.host is None:
             flat = x.reshape(unit, -1)
             return np.concatenate([flat[:, ps.k_rows.clip(0)] * (ps.k_rows >= 0)
@@ -327,15 +343,18 @@ class CompiledNetwork:
 RINGS = (2.0, 1.5, 1.25, 1.0)
 
 
-def _modes(config: TPUConfig, network: QuantisedNetwork, pack: bool) -> tuple[str, ...]:
+def _modes(config: TPUConfig, network: QuantisedNetwork, pack: bool,
+           windows: bool = True) -> tuple[str, ...]:
     """The plan modes to choose among: the resident layout alone where one image fits it
     (its programs need no frame written per batch), else every mode."""
-    return ("resident",) if _fits(config, network, 1, 1, min(RINGS), pack, ("resident",)) \
+    return ("resident",) if _fits(config, network, 1, 1, min(RINGS), pack, ("resident",),
+                                  windows) \
         else MODES
 
 
 def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
-            pack: bool = True, modes: tuple[str, ...] = MODES) -> tuple[int, int, float]:
+            pack: bool = True, modes: tuple[str, ...] = MODES,
+            windows: bool = True) -> tuple[int, int, float]:
     """Images per unit, units per batch and the input ring: the choice whose program the
     emitter's tallies predict the fewest cycles per image for; on a tie the one whose first
     stage's output has a block to spare (later stages overlap the next batch), then the
@@ -348,7 +367,7 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
             lo, hi = 0, max_batch
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring, pack, modes) \
+                lo, hi = (mid, hi) if _fits(config, network, mid, 1, ring, pack, modes, windows) \
                     else (lo, mid - 1)
             if lo:
                 return lo, 1, ring
@@ -357,14 +376,14 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
     for ring in RINGS:
         fitting = []
         for unit in (u for u in candidates if u <= max_batch):
-            if not _fits(config, network, unit, 1, ring, pack, modes):
+            if not _fits(config, network, unit, 1, ring, pack, modes, windows):
                 break
             fitting.append(unit)
         for unit in fitting[-3:]:           # the largest units: longer MATMULs
             lo, hi = 1, max_batch // unit
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if _fits(config, network, unit, mid, ring, pack, modes):
+                if _fits(config, network, unit, mid, ring, pack, modes, windows):
                     lo = mid
                 else:
                     hi = mid - 1
@@ -372,7 +391,7 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
             # longer (a tile switch costs the array a row per array row).
             for units in sorted({u for u in candidates if u < lo} | {lo}):
                 cn = CompiledNetwork(config, network, unit, units, ring=ring, pack=pack,
-                                     modes=modes)
+                                     modes=modes, windows=windows)
                 # Estimates within a per cent of each other count as a tie (the model's
                 # error): then a spare block, a larger unit, ring and batch.
                 key = (round(math.log(cn.estimate()) / math.log(1.01)), -cn._plan.spare,
@@ -383,9 +402,10 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
 
 
 def _fits(config, network, unit, units, ring: float = 2.0, pack: bool = True,
-          modes: tuple[str, ...] = MODES) -> bool:
+          modes: tuple[str, ...] = MODES, windows: bool = True) -> bool:
     try:
-        _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes)
+        _plan(config, network, unit, units, ring=ring, pack=pack, modes=modes,
+              windows=windows)
         return True
     except CompileError:
         return False
@@ -395,7 +415,8 @@ def compile_stages(network: QuantisedNetwork, config: TPUConfig, *,
                     batch_size: int | None = None, max_batch: int = 256,
                     unit: int | None = None, ring: float | None = None,
                     program_images: int = PROGRAM_IMAGES,
-                    pack_positions: bool = True) -> CompiledNetwork:
+                    pack_positions: bool = True, windows: bool | None = None
+                    ) -> CompiledNetwork:
     """Compile the stages of ``network`` for ``config`` as one chain in the unified buffer
     (:func:`firmware.compiler.compile_network` reaches it through the graph's lowering).
 
@@ -404,12 +425,26 @@ def compile_stages(network: QuantisedNetwork, config: TPUConfig, *,
     ``program_images``: most images per batch program. ``pack_positions``: a first
     convolution that a Dense reads computes several output positions an accumulator row when
     its channels leave the columns room (fewer array rows and host rows; False: one position
-    a row, the layout before it). Raises :class:`CompileError` naming
-    the stage and the memory when even one image does not fit, for a graph the compiler
-    cannot map, or for a uint8 network input on a core for int8 only (``operands="int8"``:
-    quantise with ``input_signed=True``).
+    a row, the layout before it). ``windows``: a first convolution reads its input as the
+    tensor itself through window MATMULs, one image a unit, where the core has them
+    (``TPUConfig.conv_windows``) and the convolution's step fits (None, the default: so,
+    unless it is max-pooled, whose windows would run two rows a MATMUL; False: the host's
+    rows of taps, the layout before it; True: so, or a CompileError saying why not).
+    Raises :class:`CompileError` naming the stage and the memory when even one image does
+    not fit, for a graph the compiler cannot map, or for a uint8 network input on a core
+    for int8 only (``operands="int8"``: quantise with ``input_signed=True``).
     """
     pack = bool(pack_positions)
+    first = network.stages[0]
+    if windows is True and first.kind == "conv":
+        reason = window_form(config, first)
+        if reason is not None:
+            raise CompileError(f"{network.name}: windows=True, but stage {first.name} cannot "
+                               f"read its input through window MATMULs: {reason}")
+    # By default not under a fused max-pooling: its four positions must be consecutive
+    # accumulator rows, so its window MATMULs would be two rows long (about five times the
+    # cycles of the host's rows of taps on the digits CNN).
+    windows = windows is True or (windows is None and not (first.kind == "conv" and first.pool))
     if config.operands == "int8" and not network.input_q.signed:
         raise CompileError(f"{network.name}: its input is uint8, but the {config.name} core "
                            f"takes int8 operands only (operands='int8'); quantise it with "
@@ -423,12 +458,12 @@ def compile_stages(network: QuantisedNetwork, config: TPUConfig, *,
         raise CompileError(f"ring={ring!r}; allowed: a number >= 1 (the input ring's size "
                            f"in units' rows)")
     try:
-        _plan(config, network, 1, 1, ring=min(RINGS), pack=pack)
+        _plan(config, network, 1, 1, ring=min(RINGS), pack=pack, windows=windows)
     except CompileError as error:
         raise CompileError(f"{network.name} does not fit {config.name} even one image at a "
                            f"time: {error}") from None
     rings = RINGS if ring is None else (ring,)
-    modes = _modes(config, network, pack)
+    modes = _modes(config, network, pack, windows)
     if batch_size is not None:
         if unit is not None and batch_size % unit:
             raise CompileError(f"batch_size={batch_size} is not a multiple of unit={unit}")
@@ -438,20 +473,23 @@ def compile_stages(network: QuantisedNetwork, config: TPUConfig, *,
         for ms in dict.fromkeys((modes, MODES)):
             for r in rings:                  # the largest unit at the largest ring that fits
                 for u in units_of:
-                    if _fits(config, network, u, batch_size // u, r, pack, ms):
+                    if _fits(config, network, u, batch_size // u, r, pack, ms, windows):
                         return CompiledNetwork(config, network, u, batch_size // u,
-                                               program_images, r, pack, ms)
+                                               program_images, r, pack, ms, windows)
         _plan(config, network, units_of[-1], batch_size // units_of[-1], ring=rings[-1],
-              pack=pack)
+              pack=pack, windows=windows)
     if unit is not None:
         for ms in dict.fromkeys((modes, MODES)):
-            r = next((r for r in rings if _fits(config, network, unit, 1, r, pack, ms)), None)
+            r = next((r for r in rings
+                      if _fits(config, network, unit, 1, r, pack, ms, windows)), None)
             if r is not None:
                 break
         else:
-            _plan(config, network, unit, 1, ring=rings[-1], pack=pack)
+            _plan(config, network, unit, 1, ring=rings[-1], pack=pack, windows=windows)
         units = max(u for u in range(1, max(1, max_batch // unit) + 1)
-                    if _fits(config, network, unit, u, r, pack, ms))
-        return CompiledNetwork(config, network, unit, units, program_images, r, pack, ms)
-    unit, units, ring = _choose(config, network, max_batch, pack, modes)
-    return CompiledNetwork(config, network, unit, units, program_images, ring, pack, modes)
+                    if _fits(config, network, unit, u, r, pack, ms, windows))
+        return CompiledNetwork(config, network, unit, units, program_images, r, pack, ms,
+                               windows)
+    unit, units, ring = _choose(config, network, max_batch, pack, modes, windows)
+    return CompiledNetwork(config, network, unit, units, program_images, ring, pack, modes,
+                           windows)

@@ -22,8 +22,10 @@ from firmware.compiler.layout import (
     _paired,
     _PairedConv,
     _stage_layout,
+    window_form,
 )
 from firmware.quant import QuantisedNetwork, Stage
+from hdl import isa
 from hdl.config import TPUConfig
 
 #: Largest ``count`` field of an instruction.
@@ -60,7 +62,7 @@ class _Plan:
 
 
 def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
-             shifts: bool = True) -> list[_Layout]:
+             shifts: bool | str = True) -> list[_Layout]:
     """Every stage's layout over one unit (``shifts``: a first convolution's taps that its
     rows do not hold come from shifted passes, else from more rows). Kept on the network:
     the plans of every batch, ring and mode the compiler tries share them."""
@@ -72,7 +74,7 @@ def _layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
 
 
 def _stage_layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
-                   shifts: bool) -> list[_Layout]:
+                   shifts: bool | str) -> list[_Layout]:
     layouts = []
     stages = network.stages
     width_in = config.rows
@@ -105,7 +107,7 @@ MODES = ("resident", "reuse", "sequential")
 
 def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
           tile_ids=None, param_ids=None, ring: float = 2.0, pack: bool = True,
-          modes: tuple[str, ...] = MODES) -> _Plan:
+          modes: tuple[str, ...] = MODES, windows: bool = True) -> _Plan:
     """The plan for ``unit`` images a unit and ``units`` a batch; the input ring holds
     ``ring`` units' rows (2: two buffers; less when later units may take the rows of the
     earlier passes of the unit being computed). A first convolution whose shifted passes
@@ -113,7 +115,26 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
     instead (the host's patches). ``pack``: a first convolution that a Dense reads computes
     several positions an accumulator row where they fit (:func:`_paired`); the plan's stages
     are the ones planned. The first of ``modes`` (:data:`MODES`) that fits is the plan's;
-    the error raised is the last mode's, whose rule is the loosest."""
+    the error raised is the last mode's, whose rule is the loosest.
+
+    ``windows``: a first convolution that can (:func:`~firmware.compiler.layout.window_form`)
+    reads its input as the tensor itself, through window MATMULs, one image a unit: then no
+    other form is tried, so that the input crosses the link as it is."""
+    first = network.stages[0]
+    if windows and first.kind == "conv" and window_form(config, first) is None:
+        error = None
+        for mode in modes:
+            first_error = None
+            spares = (True, False) if len(network.stages) > 1 and mode != "sequential" \
+                else (False,)
+            for spare in spares:
+                try:
+                    return _plan_with(config, network, unit, units, ring, "windows", spare,
+                                      mode)
+                except CompileError as e:
+                    first_error = first_error or e
+            error = first_error
+        raise error
     if pack:
         # The packed form, made once per configuration (its layouts are kept on it).
         forms = network.__dict__.setdefault("_paired", {})
@@ -156,7 +177,7 @@ def _place(chain: list[Tensor], lo: int, depth: int) -> list[Tensor]:
 
 
 def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
-               ring: float, shifts: bool, spare: bool, mode: str = "resident") -> _Plan:
+               ring: float, shifts: bool | str, spare: bool, mode: str = "resident") -> _Plan:
     c = config
     batch = unit * units
     layouts = _layouts(config, network, unit, shifts)
@@ -170,9 +191,14 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
     stages = network.stages
     n_stages = len(stages)
     first = layouts[0]
-    in_rows = (len(first.host.chunks) * len(first.host.anchors) if first.host is not None
-               else len(first.passes) * unit)
-    ring_rows = max(in_rows, int(np.ceil(ring * in_rows)))
+    if first.tensor is not None:
+        # Whole units: a window MATMUL's rows do not wrap around the ring's end.
+        in_rows = first.tensor.rows * unit
+        ring_rows = in_rows * max(1, int(ring))
+    else:
+        in_rows = (len(first.host.chunks) * len(first.host.anchors)
+                   if first.host is not None else len(first.passes) * unit)
+        ring_rows = max(in_rows, int(np.ceil(ring * in_rows)))
     sequential = mode == "sequential"
     # Every stage's output tensor(s), placed at row 0 for now (the last stage's has two
     # buffers, so that a batch's write-back overlaps the next batch, unless the batches run
@@ -295,6 +321,30 @@ def _runs(sources: np.ndarray, ub_depth: int) -> list[tuple[int, int, int]]:
     for acc, ub, rows in runs:          # the count field's limit
         for start in range(0, rows, COUNT_LIMIT):
             out.append((acc + start, ub + start, min(COUNT_LIMIT, rows - start)))
+    return out
+
+
+def _window_runs(elements: np.ndarray, step: int, config: TPUConfig
+                 ) -> list[tuple[int, int, int, tuple[int, int], int]]:
+    """``(first accumulator row, first unified-buffer row, rows, (lane, step), rows read)``
+    of the window MATMULs whose windows start at ``elements`` (one per accumulator row,
+    absolute, -1: none): runs of windows ``step`` elements apart."""
+    c = config
+    out = []
+    n = len(elements)
+    i = 0
+    while i < n:
+        if elements[i] < 0:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and j - i < COUNT_LIMIT and elements[j] == elements[j - 1] + step:
+            j += 1
+        first = int(elements[i])
+        lane = first % c.ub_row
+        out.append((i, first // c.ub_row, j - i, (lane, step),
+                    isa.window_rows(lane, step, j - i, c.rows, c.ub_row)))
+        i = j
     return out
 
 

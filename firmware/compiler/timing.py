@@ -47,6 +47,7 @@ class _Timing:
     Times are cycles from the program's start."""
 
     def __init__(self, config: TPUConfig):
+        self.config = config
         self.slots = config.matmul_slots
         self.switch_period = config.rows + 1
         self.latency = config.rows + config.cols + 4
@@ -100,8 +101,16 @@ class _Timing:
         t = self._after(self.ub_written, ub, ub + count, t)
         return self._after(self.acc_read, acc, acc + count, t)
 
-    def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False, **_) -> None:
-        t = self.matmul_wait(ub, acc, count)
+    def matmul(self, ub: int, acc: int, count: int, *, switch: bool = False,
+               window: tuple[int, int] | None = None, **_) -> None:
+        c = self.config
+        # A window MATMUL reads window_rows rows and takes a cycle more for each row read
+        # that completes no window.
+        rows_read = count if window is None else isa.window_rows(*window, count, c.rows,
+                                                                 c.ub_row)
+        cycles = count if window is None else isa.window_cycles(*window, count, c.rows,
+                                                                c.ub_row)
+        t = self.matmul_wait(ub, acc, rows_read)
         start = max(t + 1, self.arr)
         if switch:
             start = max(start, self.last_switch + self.switch_period)
@@ -113,11 +122,11 @@ class _Timing:
         if self.started:
             self.idle += start - self.arr
         self.started = True
-        self.arr = start + count + (1 if switch else 0.5)
+        self.arr = start + cycles + (1 if switch else 0.5)
         self.fe = t + 1
         self.acc_written.append((acc, acc + count, self.arr + self.latency))
         self.retire.append(self.arr + self.latency + 0.5)
-        self.ub_read.append((ub, ub + count, self.arr))
+        self.ub_read.append((ub, ub + rows_read, self.arr))
         self._prune()
 
     def activate_wait(self, acc: int, count: int) -> float:
