@@ -119,3 +119,42 @@ def test_pipeline_policy():
         cfg = get_config("tiny").replace(multiplier=multiplier)
         assert cfg.array_latency == cfg.rows + cfg.cols + 2
         assert cfg.replace(pipeline="fast").array_latency == cfg.rows + cfg.cols + 6
+
+
+@pytest.mark.parametrize("rows, cols, fits", [(2, 2, True), (4, 2, True), (4, 8, True),
+                                              (16, 16, True), (16, 1, True), (3, 3, False),
+                                              (5, 2, False), (32, 32, False), (2, 32, False)])
+def test_conv_windows_default_follows_ub_row(rows: int, cols: int, fits: bool):
+    """``conv_windows=None`` (the default) is the window mode wherever ``ub_row``
+    (``max(rows, cols)``) is a power of two of at most 16, and off elsewhere; asked for
+    where it does not fit, it is an error naming the field and ``ub_row``."""
+    cfg = TPUConfig(rows=rows, cols=cols)
+    assert cfg.conv_windows is fits, cfg
+    assert TPUConfig(rows=rows, cols=cols, conv_windows=False).conv_windows is False
+    if fits:
+        assert TPUConfig(rows=rows, cols=cols, conv_windows=True) == cfg
+    else:
+        with pytest.raises(ConfigError, match=rf"TPUConfig.conv_windows=True is not supported;"
+                                              rf" allowed: False or None with "
+                                              rf"ub_row={max(rows, cols)} "):
+            TPUConfig(rows=rows, cols=cols, conv_windows=True)
+
+
+def test_conv_windows_through_replace():
+    """``replace`` keeps the window mode where the new ``ub_row`` allows it and drops it
+    where not (rather than refusing the copy); a core built without it stays without it;
+    an explicit value wins."""
+    tiny = get_config("tiny")
+    assert tiny.conv_windows and get_config("default").conv_windows
+    assert tiny.replace(rows=3, cols=2).conv_windows is False
+    assert tiny.replace(rows=4).conv_windows is True
+    assert tiny.replace(rows=4).replace(rows=3).conv_windows is False
+    with pytest.raises(ConfigError, match="conv_windows=True"):
+        tiny.replace(rows=3, conv_windows=True)
+    assert tiny.replace(conv_windows=False).replace(rows=4).conv_windows is False
+    for name in ("icebreaker", "ulx3s"):
+        board = get_config(name)
+        assert board.conv_windows is False
+        assert board.replace(rows=2, cols=2).conv_windows is False
+        assert board.replace(param_slots=1).conv_windows is False
+        assert board.replace(conv_windows=None).conv_windows is True
