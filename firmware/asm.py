@@ -34,7 +34,8 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
 
 - Fields are ``name=value``; every field of the layout is required except the 1-bit flags,
   written as a bare name (``signed``) or ``name=0``/``name=1``, the fields with a default
-  (:data:`DEFAULTS`: ``rounding``, default ``half_up``) and the reserved fields
+  (:data:`DEFAULTS`: ``rounding``, default ``half_up``; MATMUL's ``lane`` and ``step``,
+  default 0, which only a ``window`` MATMUL reads) and the reserved fields
   (``_flags=...``, default 0). Short names: ``ub`` = ``ub_addr``, ``acc`` = ``acc_addr``,
   ``zp`` = ``zero_point``, ``clamp`` = ``clamp_hi``.
 - Values are decimal or ``0x`` hex, within the field's width; ``zp`` and ``clamp`` are int8
@@ -101,7 +102,7 @@ __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "data_bea
 ALIASES = {"ub_addr": "ub", "acc_addr": "acc", "zero_point": "zp", "clamp_hi": "clamp"}
 
 #: Fields the text may leave out, and their value then (printed only when different).
-DEFAULTS = {"rounding": isa.Rounding.HALF_UP.value}
+DEFAULTS = {"rounding": isa.Rounding.HALF_UP.value, "lane": 0, "step": 0}
 
 #: What a per-column shift (a lane of LOAD_PARAMS's third beat) may be: the lane's low six
 #: bits are the shift, the core ignores the others.

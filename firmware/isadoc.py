@@ -186,19 +186,16 @@ def _layout_table(layout: type[data.Struct], opcode: isa.Opcode | None = None) -
 
 
 def _syntax(opcode: isa.Opcode) -> str:
-    parts, optional = [opcode.name.lower()], []
+    parts, defaulted, flags = [opcode.name.lower()], [], []
     for spec in field_specs(opcode):
         if spec.kind == "flag":
-            optional.append(f"[{spec.alias}]")
-        elif spec.kind == "enum":
-            text = f"{spec.alias}={'|'.join(m.name.lower() for m in spec.enum)}"
-            if spec.name in DEFAULTS:
-                optional.insert(0, f"[{text}]")
-            else:
-                parts.append(text)
+            flags.append(f"[{spec.alias}]")
         elif spec.kind != "reserved":
-            parts.append(f"{spec.alias}=N")
-    return " ".join(parts + optional)
+            text = (f"{spec.alias}={'|'.join(m.name.lower() for m in spec.enum)}"
+                    if spec.kind == "enum" else f"{spec.alias}=N")
+            (defaulted if spec.name in DEFAULTS else parts).append(
+                f"[{text}]" if spec.name in DEFAULTS else text)
+    return " ".join(parts + defaulted + flags)
 
 
 #: The data lines after the instruction, in the assembler's syntax (firmware/asm.py).
@@ -210,6 +207,7 @@ DATA_LINES = {
         f"line `.shift` (`cols` shifts, {SHIFT_RANGE[0]} to {SHIFT_RANGE[1]}), which sets "
         "`column_shifts`; `shift=` is then left out. `rounding` defaults to `half_up`"),
     isa.Opcode.UB_TO_WEIGHTS: "no data lines (the rows come from the unified buffer)",
+    isa.Opcode.MATMUL: "no data lines; `lane` and `step` default to 0",
     isa.Opcode.LOAD_TABLE: (
         "then `table_beats(cols)` lines `.table` (`4 * cols` entries each, a byte -128 to 255: "
         "int8 or its raw byte) or `.hex`, entry 0 first; the last line holds only the "

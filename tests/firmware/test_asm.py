@@ -243,8 +243,8 @@ def test_layout_names_flag_values_and_numbers():
                  "activate acc=0 ub=0 count=007 func=3 pool=MAX4 slot=0 _flags=5\n"
                  "LOAD_WEIGHTS tile=0 count=0\n")
     assert decode(a[0]) == (isa.Opcode.MATMUL, {
-        "accumulate": 0, "switch": 0, "signed": 1, "_flag": 0, "ub_addr": 16, "acc_addr": 3,
-        "count": 1, "_c": 0})
+        "accumulate": 0, "switch": 0, "signed": 1, "window": 0, "ub_addr": 16, "acc_addr": 3,
+        "count": 1, "lane": 0, "step": 0})
     assert decode(a[1])[1] == {"_flags": 0, "slot": 1, "rounding": 0, "column_shifts": 0,
                                "_pad": 0, "shift": 63, "_pad2": 0, "zero_point": -1,
                                "clamp_hi": -128, "_pad3": 0}
@@ -294,7 +294,7 @@ ERRORS = [
     ("ub_to_weights ub=0 tile=0 count=1\n.row 1 2 3 4 5 6 7 8", "line 2: unexpected .row: "
      "ub_to_weights at line 1 takes 0 data lines; allowed: exactly 0"),
     ("nop\nmatmul ub=0 acc=0 count=1 swtch", "line 2: matmul has no field 'swtch'; allowed: "
-     "accumulate, switch, signed, ub, acc, count"),
+     "accumulate, switch, signed, window, ub, acc, count, lane, step"),
     ("halt x=1", "line 1: halt has no field 'x'; allowed: none"),
     ("matmul ub=0 count=1", "line 1: matmul is missing field acc; required: ub, acc, count"),
     ("activate count=1", "line 1: activate is missing fields acc, ub, func, pool, slot; "
@@ -676,3 +676,22 @@ def test_cli_round_trip(tmp_path, capsys):
     assert [int(line, 16) for line in hex_file.read_text().split()] == beats
     assert asm.main(["-d", str(hex_file), "--format", "hex"]) == 0
     assert capsys.readouterr().out == disassemble(beats)
+
+
+def test_window_matmul_round_trips():
+    """A window MATMUL's lane and step are written only with it (0 by default), and the text,
+    the builder and the word agree."""
+    config = PRESETS["default"]
+    text = "matmul ub=2 acc=7 count=5 lane=3 step=9 switch signed window"
+    p = Program(config)
+    p.matmul(2, 7, 5, switch=True, window=(3, 9))
+    assert assemble(text, config) == p.beats
+    assert disassemble(p.beats, config) == text + "\n"
+    opcode, fields = decode(p.beats[0])
+    assert (fields["window"], fields["lane"], fields["step"]) == (1, 3, 9)
+    # Without window the fields are left out of the text (and may be given: the core
+    # ignores them).
+    plain = Program(config)
+    plain.matmul(2, 7, 5)
+    assert disassemble(plain.beats, config) == "matmul ub=2 acc=7 count=5 signed\n"
+    assert decode(assemble("matmul ub=2 acc=7 count=5 signed lane=1", config)[0])[1]["lane"] == 1

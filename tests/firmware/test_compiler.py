@@ -496,7 +496,8 @@ def test_tensors_share_rows_where_they_must(config_name, batch, shape, convs, po
     assert compiled._plan.mode == mode
     for ring in RINGS:
         with pytest.raises(CompileError, match="resident layout"):
-            _plan(config, qnet, compiled.unit, compiled.units, ring=ring, modes=("resident",))
+            _plan(config, qnet, compiled.unit, compiled.units, ring=ring, modes=("resident",),
+                  windows=compiled.windows)
     assert any(sp.refresh for sp in compiled._plan.stages)
 
 

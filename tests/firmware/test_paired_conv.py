@@ -9,6 +9,8 @@ the output's width (after pooling); ``spacing`` is 2 with max-pooling (a row's p
 Every case runs on the ISA simulator packed and unpacked, both equal to the int8 reference on
 every element, and the packed one streams one array row and sends one host row per ``p``
 output positions (one position a row: ``p`` times as many or more). Seeds are in the labels.
+Every compile here takes the host's rows of taps (``windows=False``): a first convolution
+that reads the tensor itself through window MATMULs has one position a row.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def check_packed(qnet: QuantisedNetwork, config: TPUConfig, x_q: np.ndarray, lab
     p = expected_per_row(config, qnet.stages[0])
     compiled = {}
     for pack in (False, True) if p > 1 else (True,):
-        cn = compile_network(qnet, config, pack_positions=pack, **options)
+        cn = compile_network(qnet, config, pack_positions=pack, windows=False, **options)
         result = run(IsaSimDevice(config), cn, x_q)
         bad = np.argwhere(result.outputs != want)
         assert np.array_equal(result.outputs, want), (
@@ -187,8 +189,8 @@ def test_digits_cnn_on_16x16_halves_its_rows():
     qnet = quantise(models.build("cnn", split), split.x_train)
     x_q = qnet.quantise_input(split.x_test[:40])
     assert check_packed(qnet, config, x_q, "digits cnn on large") == 2
-    plain = compile_network(qnet, config, pack_positions=False)
-    packed = compile_network(qnet, config)
+    plain = compile_network(qnet, config, pack_positions=False, windows=False)
+    packed = compile_network(qnet, config, windows=False)
     assert (plain.input_rows(), packed.input_rows()) == (64, 32)
     rows = [sum(cn._trial.stage_rows) / (3 * cn.batch_size) for cn in (plain, packed)]
     assert rows == [80, 40], rows
@@ -229,7 +231,7 @@ def test_not_packed(case):
     calibration = rng.normal(size=(3, *shape)) * 4
     qnet = quantise(net, calibration)
     x_q = inputs(qnet, calibration, SEED - 1)
-    cn = compile_network(qnet, config)
+    cn = compile_network(qnet, config, windows=False)
     assert "positions a row" not in cn.summary(), case
     result = run(IsaSimDevice(config), cn, x_q)
     assert np.array_equal(result.outputs, reference_forward(qnet, x_q)), case
@@ -243,7 +245,7 @@ def test_digits_cnn_packed_on_the_rtl(rtl_device):
     config = get_config("large")
     qnet = quantise(models.build("cnn", split), split.x_train)
     x_q = qnet.quantise_input(split.x_test[:48])
-    cn = compile_network(qnet, config)
+    cn = compile_network(qnet, config, windows=False)
     assert "2 positions a row" in cn.summary()
     result = run(rtl_device(config), cn, x_q)
     assert np.array_equal(result.outputs, reference_forward(qnet, x_q))
@@ -263,7 +265,7 @@ def test_random_packed_on_the_rtl(rtl_device, seed, config_name):
     net, calibration = conv_dense(seed, config)
     qnet = quantise(net, calibration)
     x_q = inputs(qnet, calibration, seed)
-    cn = compile_network(qnet, config)
+    cn = compile_network(qnet, config, windows=False)
     assert expected_per_row(config, qnet.stages[0]) > 1
     result = run(rtl_device(config), cn, x_q)
     assert np.array_equal(result.outputs, reference_forward(qnet, x_q)), f"seed {seed}"
