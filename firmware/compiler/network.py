@@ -331,6 +331,10 @@ class CompiledNetwork:
                 extra += f", stride {st.stride}"
             if isinstance(sp.stage, _PairedConv):
                 extra += f", {sp.stage.per_row} positions a row"
+            if lay.tensor is not None:
+                extra += ", its input the tensor itself (window MATMULs)"
+            elif lay.host is not None:
+                extra += ", its input the host's rows of taps"
             lines.append(f"  {st.name}: {st.kind} K={st.k} N={st.n}{extra} -> "
                          f"{len(lay.passes)} passes x {lay.col_blocks} column blocks, "
                          f"{st.func.name}; shape bound {100 * b.bound:.1f} % "
