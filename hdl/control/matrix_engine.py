@@ -160,10 +160,11 @@ class MatrixEngine(wiring.Component):
                 meta_a.w_en.eq(busy & meta_a.w_rdy & (~need_read | ub.addr.ready)),
                 meta_a_in.read.eq(need_read),
                 meta_a_in.emit.eq(emit),
-                # Its place in [row win_end - 1, row win_end], less the first place a window
-                # can start (ub_row - rows + 1), where the shifter's input begins.
-                meta_a_in.offset.eq(Mux(spans, lane, lane + cfg.ub_row) -
-                                    (cfg.ub_row - cfg.rows + 1)),
+                # Its place in [row win_end - 1, row win_end] (lane, or lane + ub_row when
+                # it does not span), less the first place a window can start (ub_row - rows
+                # + 1), where the shifter's input begins: modulo ub_row, which the field's
+                # width takes, both are lane - (ub_row - rows + 1).
+                meta_a_in.offset.eq(lane - (cfg.ub_row - cfg.rows + 1)),
             ]
             emitted = meta_a.w_en & emit
         else:
