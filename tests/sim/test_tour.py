@@ -99,6 +99,21 @@ def _number(pattern: str, text: str) -> list[int]:
     return [int(group) for group in found.groups()]
 
 
+def _section(heading: str) -> str:
+    """docs/tour.md's section under ``## heading``, up to the next ``## `` heading."""
+    text = TOUR_DOC.read_text()
+    section = text[text.index(f"## {heading}"):]
+    end = section.find("\n## ", 1)
+    return section if end < 0 else section[:end]
+
+
+def _listing_block(heading: str) -> list[str]:
+    """The first code block of a section, a line a list entry."""
+    block = _section(heading)
+    block = block[block.index("```") + 4:]
+    return block[:block.index("```")].splitlines()
+
+
 def test_doc_cycles_match_run(tour):
     """docs/tour.md's marker table (letter, label, time, cycle) is the run's, and so are the
     view's start, the cycle count from the first instruction to the DONE beat and the array's
@@ -210,12 +225,8 @@ def test_attention_program_is_the_documented_one():
     text = disassemble(program.beats, config).splitlines()
     listing = [line for line, _ in program.listing]
     assert [line for line in text if not line.startswith(".")] == listing
-    doc = TOUR_DOC.read_text()
-    block = doc[doc.index("## Attention"):]
-    block = block[block.index("```") + 4:]
-    block = block[:block.index("```")]
     assert [" ".join(line.split()[:len(want.split())]) for line, want in
-            zip(block.splitlines(), listing, strict=True)] == listing
+            zip(_listing_block("Attention"), listing, strict=True)] == listing
 
 
 def test_attention_scores_and_names(attention):
@@ -238,7 +249,7 @@ def test_attention_scores_and_names(attention):
 
 def test_attention_doc_cycles_match_run(attention):
     """docs/tour.md's attention marker table is the run's."""
-    text = TOUR_DOC.read_text()
+    text = _section("Attention")
     table = [(letter, label, int(ns), int(cycle)) for letter, label, ns, cycle in re.findall(
         r"^\| ([A-Z]) \| `([^`]+)` \| (\d+) ns \| (\d+) \|", text, re.MULTILINE)]
     cycles = attention.cycles()
