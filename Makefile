@@ -83,7 +83,7 @@ help:
 	  '  bench     python -m bench.utilisation, bench.gemm, bench.simspeed and bench.transport' \
 	  '  report    python -m bench.report: measure, plot, write docs/performance.md (REPORT_ARGS=--rerun|--synth|--cached)' \
 	  '  waves     open the newest build/**/*.gtkw (path matching TEST=...) in GTKWave' \
-	  '  tour      one matmul on the 4x4 core, checked against the ISA simulator, opened in GTKWave (docs/tour.md); STOP=attention: k.T made on chip' \
+	  '  tour      one matmul on the 4x4 core, checked against the ISA simulator, opened in GTKWave (docs/tour.md); STOP=attention: k.T made on chip; STOP=windows: a convolution over the image itself' \
 	  '  tour-png  the tour'"'"'s screenshot, docs/img/tour.png (GTKWave under Xvfb: apt-get install xvfb x11-apps)' \
 	  '  clean     remove build/ and caches' \
 	  'variables: SIM=icarus|verilator (now $(SIM))  WAVES=0|1 (now $(WAVES))  JOBS=$(JOBS)' \

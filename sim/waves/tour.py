@@ -18,7 +18,9 @@ The program (:func:`tour_program`, in the assembler's syntax)::
     halt
 
 so the host gets ``relu(X @ W)`` (requantisation with bias 0, multiplier 1 and shift 0 only
-saturates to int8) and a DONE beat.
+saturates to int8) and a DONE beat. The other stops (``--stop``, :data:`TOURS`): ``attention``
+(:func:`attention_program`, k.T made on chip) and ``windows`` (:func:`windows_program`, a
+convolution kernel row over the image itself through MATMUL's window mode).
 
 Signal names in the save file are read from the dump itself (:func:`sim.rtl.gtkw.fst_signals`);
 a name that is not in the dump is an error, never silently dropped. Enumeration fields (the
@@ -54,8 +56,9 @@ from hdl.presets import get_config
 from sim.rtl.gtkw import enum_filter, fst_signals, write_enum_filters
 from sim.rtl.verilog import BUILD_ROOT, REPO_ROOT
 
-__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "ATTENTION_EVENTS", "TOURS",
-           "TourStop", "markers", "attention_program", "attention_stages", "Trace",
+__all__ = ["TOUR_CONFIG", "TOUR_DIR", "EVENTS", "MARKERS", "ATTENTION_EVENTS", "WINDOWS_EVENTS",
+           "WINDOWS_IMAGE", "WINDOWS_KERNEL", "TOURS", "TourStop", "markers",
+           "attention_program", "attention_stages", "windows_program", "windows_stages", "Trace",
            "tour_stages",
            "TourProgram", "tour_program", "decode_rows", "write_tour_gtkw", "TourResult",
            "run_tour", "open_gtkwave", "main"]
@@ -224,11 +227,16 @@ class TourProgram:
     listing : list of (str, int)
         Each instruction's assembly-like text and its number of data beats.
     x, w : ndarray
-        The activations (``m x rows``) and the weight tile (``rows x cols``), int8.
+        The activations (``m x rows``; the windows stop: the image, height x width) and the
+        weight tile (``rows x cols``), int8.
     expected : ndarray
         ``relu(x @ w)`` saturated to int8: the rows WRITE_HOST sends.
     expected_beats : int
         Beats the core sends: the rows and the DONE beat.
+    conv : dict of int to ndarray
+        The windows stop: by stride, which of the rows WRITE_HOST sends are the
+        convolution's outputs (an ``(oy, ox)`` array of row indices); the others are
+        windows the run passes over.
     """
     beats: list[int] = field(default_factory=list)
     listing: list[tuple[str, int]] = field(default_factory=list)
@@ -236,6 +244,7 @@ class TourProgram:
     w: np.ndarray | None = None
     expected: np.ndarray | None = None
     expected_beats: int = 0
+    conv: dict[int, np.ndarray] = field(default_factory=dict)
 
     def add(self, text: str, word: int, rows: Sequence[int] = ()) -> None:
         self.beats += [word, *rows]
@@ -409,21 +418,177 @@ def attention_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
     ]
 
 
+# The windows stop: a convolution over the image itself -----------------------------------
+
+#: The windows stop's image, one int8 channel (height, width), and its kernel (3 x 3).
+WINDOWS_IMAGE = (5, 6)
+WINDOWS_KERNEL = (3, 3)
+
+#: The windows stop's events (as :data:`EVENTS`): LOAD_WEIGHTS issues (where the cycles are
+#: counted from, as in the matmul stop), the matrix engine's first buffer read, the first
+#: window into the array, the first window sent from the kept rows alone (no read), and the
+#: first output row.
+WINDOWS_EVENTS: dict[str, tuple[str, dict[str, int]]] = {
+    "load_weights": EVENTS["load_weights"],
+    "read": ("first read", {"matrix_engine.o_ub__addr__valid": 1,
+                            "matrix_engine.o_ub__addr__ready": 1}),
+    "window": ("window 0", {"matrix_engine.o_act__valid": 1,
+                            "matrix_engine.o_act__ready": 1}),
+    "emit_only": ("window, no read", {"matrix_engine.o_act__valid": 1,
+                                      "matrix_engine.o_act__ready": 1,
+                                      "matrix_engine.o_ub__data__ready": 0}),
+    "row_out": EVENTS["row_out"],
+}
+
+
+def windows_program(config: TPUConfig) -> TourProgram:
+    """The windows stop's program: the first kernel row of four 3 x 3 filters over a 5 x 6
+    int8 image (:data:`WINDOWS_IMAGE`) read as the tensor itself, ``ub_row`` elements a
+    buffer row (on the 4x4 core, 30 elements in 8 rows), at strides 1 and 2::
+
+        load_weights tile=0 count=1 signed      W: row kx = tap (0, kx) of each filter
+        read_weights tile=0 count=1
+        load_params slot=0 shift=0 zp=0 clamp=127
+        read_host ub=0 count=8                  the image, packed (8 data beats)
+        matmul ub=0 acc=0 count=16 step=1 switch signed window       stride 1
+        matmul ub=0 acc=16 count=8 step=2 signed window              stride 2
+        activate acc=0 ub=8 count=24 func=identity pool=none slot=0
+        write_host ub=8 count=24
+        halt
+
+    Window ``i`` of a MATMUL is the ``rows`` elements from element ``i * step``; the tile's
+    last row is zero, so a window's fourth element (the next pixel) adds nothing. Each stride
+    is one run along the image's width, as the compiler's window layout makes it: window
+    ``q = oy * w + ox`` at element ``stride * q``, for every ``ox`` of the width, so the
+    windows whose ``ox`` is past the output's edge (they run into the next image row, or
+    sit on the rows a stride of 2 skips) are computed and not the convolution's. The host
+    gets each window times W (identity requantisation: saturation only);
+    :attr:`TourProgram.conv` says which rows are the convolution's."""
+    rows, cols, ub = config.rows, config.cols, config.ub_row
+    h, w = WINDOWS_IMAGE
+    kh, kw = WINDOWS_KERNEL
+    assert kw <= rows, "a kernel row is one window of the array's rows"
+    rng = np.random.default_rng(5)
+    image = rng.integers(-4, 5, (h, w))
+    kernels = rng.integers(-3, 4, (cols, kh, kw))       # one filter a column
+    tile = np.zeros((rows, cols), dtype=np.int64)
+    tile[:kw] = kernels[:, 0, :].T                      # kernel row 0; the rest zero
+    flat = image.reshape(-1)
+    ub_rows = -(-flat.size // ub)
+    elements = np.zeros(ub_rows * ub + rows, dtype=np.int64)   # past the image: zero
+    elements[:flat.size] = flat
+    byte = unsigned(DATA_BITS)
+    int32 = unsigned(32)
+    p = TourProgram(x=image, w=tile)
+    p.add("load_weights tile=0 count=1 signed",
+          _word(isa.LoadWeights, opcode=Opcode.LOAD_WEIGHTS, signed=1, tile=0, count=1),
+          [_row(tile[r], byte, cols) for r in range(rows)])
+    p.add("read_weights tile=0 count=1",
+          _word(isa.ReadWeights, opcode=Opcode.READ_WEIGHTS, tile=0, count=1))
+    p.add("load_params slot=0 shift=0 zp=0 clamp=127",
+          _word(isa.LoadParams, opcode=Opcode.LOAD_PARAMS, slot=0, shift=0, zero_point=0,
+                clamp_hi=127),
+          [_row([0] * cols, int32, cols), _row([1] * cols, int32, cols)])
+    p.add(f"read_host ub=0 count={ub_rows}",
+          _word(isa.ReadHost, opcode=Opcode.READ_HOST, ub_addr=0, count=ub_rows),
+          [_row(elements[i * ub:(i + 1) * ub], byte, ub) for i in range(ub_rows)])
+    acc, windows = 0, []
+    for stride in (1, 2):
+        ho, wo = (h - kh) // stride + 1, (w - kw) // stride + 1
+        count = (ho - 1) * w + wo
+        p.add(f"matmul ub=0 acc={acc} count={count} step={stride}"
+              f"{' switch' if acc == 0 else ''} signed window",
+              _word(isa.Matmul, opcode=Opcode.MATMUL, ub_addr=0, acc_addr=acc, count=count,
+                    switch=acc == 0, signed=1, window=1, lane=0, step=stride))
+        windows += [elements[stride * q:stride * q + rows] for q in range(count)]
+        oy, ox = np.mgrid[:ho, :wo]
+        p.conv[stride] = acc + oy * w + ox
+        acc += count
+    p.add(f"activate acc=0 ub=8 count={acc} func=identity pool=none slot=0",
+          _word(isa.Activate, opcode=Opcode.ACTIVATE, acc_addr=0, ub_addr=8, count=acc,
+                func=Func.IDENTITY, pool=Pool.NONE, slot=0))
+    p.add(f"write_host ub=8 count={acc}",
+          _word(isa.WriteHost, opcode=Opcode.WRITE_HOST, ub_addr=8, count=acc))
+    p.add("halt", _word(isa.Halt, opcode=Opcode.HALT))
+    p.expected = np.clip(np.array(windows) @ tile, -128, 127)
+    p.expected_beats = acc + 1
+    return p
+
+
+def windows_stages(config: TPUConfig) -> list[tuple[str, str, list[Trace]]]:
+    """The windows stop's save file (as :func:`tour_stages`): the host, the front end with
+    MATMUL's window fields, the matrix engine's tokens and buffer reads, the rows it keeps
+    and the one arriving, the window into the array, the output rows, the host beats."""
+    rows, cols = config.rows, config.cols
+    me = "matrix_engine."
+    return [
+        ("i_host", "1  host -> core: the image, the program", [
+            *_host_stream("i_host"),
+        ]),
+        ("front_end", "2  front end: MATMUL's window fields", [
+            _t("front_end.fetch_opcode", "instruction"),
+            _t("front_end.\\o_matmul__payload.ub_addr", "ub", "dec"),
+            _t("front_end.\\o_matmul__payload.acc_addr", "acc", "dec"),
+            _t("front_end.\\o_matmul__payload.count", "count", "dec"),
+            _t("front_end.\\o_matmul__payload.window", "window", "bin"),
+            _t("front_end.\\o_matmul__payload.lane", "lane", "dec"),
+            _t("front_end.\\o_matmul__payload.step", "step", "dec"),
+            _t("front_end.o_hazards__hazard", "waits on a hazard", "bin"),
+            _t("front_end.dispatch", "dispatch", "bin"),
+        ]),
+        ("tokens", "3  matrix engine: a token a cycle, the buffer reads", [
+            _t(me + "win_row", "window row", "dec"),
+            _t(me + "lane", "window lane", "dec"),
+            _t(me + "need_read", "need_read", "bin"),
+            _t(me + "emit", "emit", "bin"),
+            _t(me + "o_ub__addr__valid", "read", "bin"),
+            _t(me + "o_ub__addr__payload", "buffer row", "dec"),
+        ]),
+        ("kept_rows", "4  matrix engine: the rows kept and the row arriving", [
+            _t(me + "o_ub__data__valid", "row arrives", "bin"),
+            _t(me + "o_ub__data__payload", "arriving (bytes)"),
+            _t(me + "upper", "upper (bytes)"),
+            _t(me + "lower", "lower (bytes)"),
+        ]),
+        ("window", "5  the window into the array", [
+            _t(me + "o_act__valid", "window sent", "bin"),
+            _t(me + "o_ub__data__ready", "with a read", "bin"),
+            *[_t(me + f"\\o_act__payload.data[{r}]", f"element {r}", "signed")
+              for r in range(rows)],
+        ]),
+        ("o_psum", "6  output rows into the accumulators", [
+            _t(_ARRAY + "o_psum__valid", "output row", "bin"),
+            *[_t(_ARRAY + f"\\o_psum__payload[{c}]", f"filter {c}", "signed")
+              for c in range(cols)],
+            _t(me + "\\o_acc__payload.addr", "accumulator row", "dec"),
+        ]),
+        ("o_host", "7  core -> host: the windows times W", [
+            *_host_stream("o_host"),
+        ]),
+    ]
+
+
 @dataclass(frozen=True)
 class TourStop:
-    """One stop of the tour: its program, its save file's stages and markers."""
+    """One stop of the tour: its program, its save file's stages and markers (the first
+    event's marker, A, is where docs/tour.md counts the stop's cycles from), and what the
+    host gets (as :func:`main` prints it)."""
     title: str
     program: object            # (config) -> TourProgram
     stages: object             # (config) -> stages, as tour_stages
     events: dict
+    result: str
 
 
-#: The tour's stops by name (``--stop``): ``matmul`` (docs/tour.md's main walk) and
-#: ``attention`` (k.T made on chip, docs/tour.md's attention section).
+#: The tour's stops by name (``--stop``): ``matmul`` (docs/tour.md's main walk),
+#: ``attention`` (k.T made on chip, docs/tour.md's attention section) and ``windows`` (a
+#: convolution kernel row over the image itself, docs/tour.md's windows section).
 TOURS: dict[str, TourStop] = {
-    "matmul": TourStop("one matmul", tour_program, tour_stages, EVENTS),
+    "matmul": TourStop("one matmul", tour_program, tour_stages, EVENTS, "relu(X @ W)"),
     "attention": TourStop("q @ k.T with k.T made on chip", attention_program,
-                          attention_stages, ATTENTION_EVENTS),
+                          attention_stages, ATTENTION_EVENTS, "Q @ K.T"),
+    "windows": TourStop("a convolution over the image itself", windows_program,
+                        windows_stages, WINDOWS_EVENTS, "each window @ W"),
 }
 
 
@@ -523,9 +688,9 @@ class TourResult:
 
     def cycles(self) -> dict[str, int]:
         """The events (:attr:`events`, by marker name) in cycles counted from marker A (the
-        matmul stop: LOAD_WEIGHTS issues; the attention stop: Q's first row is written), as
-        docs/tour.md counts them."""
-        first = self.events["load_weights" if self.stop == "matmul" else "read_host"]
+        matmul and windows stops: LOAD_WEIGHTS issues; the attention stop: Q's first row is
+        written), as docs/tour.md counts them."""
+        first = self.events[next(iter(TOURS[self.stop].events))]
         return {name: (time - first) // self.period for name, time in self.events.items()}
 
 
@@ -609,8 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n", 1)[0])
     parser.add_argument("--no-gui", action="store_true", help="do not open GTKWave")
     parser.add_argument("--stop", choices=sorted(TOURS), default="matmul",
-                        help="which stop: one matmul (default), or q @ k.T with k.T made on "
-                             "chip (docs/tour.md)")
+                        help="which stop: one matmul (default), q @ k.T with k.T made on "
+                             "chip, or a convolution over the image itself (docs/tour.md)")
     parser.add_argument("--screenshot", type=Path, metavar="PNG",
                         help="also save a picture of GTKWave on the save file (under Xvfb)")
     args = parser.parse_args(argv)
@@ -620,14 +785,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{len(result.received)} beats out, equal to the ISA simulator's")
     for text, data_beats in program.listing:
         print(f"    {text}" + (f"   + {data_beats} data beats" if data_beats else ""))
-    print(f"tour: {'relu(X @ W)' if args.stop == 'matmul' else 'Q @ K.T'} =\n"
-          f"{program.expected}")
+    print(f"tour: {TOURS[args.stop].result} =\n{program.expected}")
     # The markers, with cycles counted from the first instruction's (as docs/tour.md does).
     print("tour: markers (10 ns clock)")
     cycles = result.cycles()
     for i, (name, label) in enumerate(markers(args.stop)):
         if name in result.events:
-            print(f"    {chr(ord('A') + i)} {label:12} {result.events[name] / 1000:6.0f} ns  "
+            print(f"    {chr(ord('A') + i)} {label:15} {result.events[name] / 1000:6.0f} ns  "
                   f"cycle {cycles[name]}")
     print(f"tour: waveform {result.fst}")
     if result.gtkw is None:
