@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from firmware.asm import disassemble
+from hdl import isa
 from hdl.isa import Opcode
 from hdl.presets import get_config
+from sim.models.golden import conv_windows
 from sim.models.isa_sim import IsaSim
 from sim.rtl.gtkw import ENUM_FIELDS, enum_filter, fst_signals, gtkw_traces, read_enum_filter
 from sim.waves.screenshot import decode_xwd, encode_png
@@ -23,10 +25,13 @@ from sim.waves.tour import (
     EVENTS,
     MARKERS,
     TOUR_CONFIG,
+    WINDOWS_KERNEL,
     attention_program,
+    decode_rows,
     markers,
     run_tour,
     tour_program,
+    windows_program,
     write_tour_gtkw,
 )
 
@@ -257,3 +262,79 @@ def test_attention_doc_cycles_match_run(attention):
                      for i, (name, label) in enumerate(markers("attention"))]
     assert _number(r"counted from marker A \(`\(time - (\d+) ns\) / 10 ns`\)", text) == \
         [attention.events["read_host"] // 1000]
+
+
+# The windows stop ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory):
+    if shutil.which("fst2vcd") is None:
+        pytest.skip("fst2vcd (Debian package gtkwave) is needed to read the waveform's names")
+    return run_tour(out_dir=tmp_path_factory.mktemp("tour"), stop="windows")
+
+
+def test_windows_program_is_the_documented_one():
+    """The windows stop's listing is the disassembler's and docs/tour.md's, and its MATMULs
+    are window MATMULs at steps 1 and 2."""
+    config = get_config(TOUR_CONFIG)
+    program = windows_program(config)
+    text = disassemble(program.beats, config).splitlines()
+    listing = [line for line, _ in program.listing]
+    assert [line for line in text if not line.startswith(".")] == listing
+    assert [" ".join(line.split()[:len(want.split())]) for line, want in
+            zip(_listing_block("Windows"), listing, strict=True)] == listing
+    matmuls = [line for line in listing if line.startswith("matmul")]
+    assert all(line.endswith(" window") for line in matmuls)
+    assert [line.split()[4] for line in matmuls] == ["step=1", "step=2"]
+
+
+def test_windows_outputs_and_names(windows):
+    """The windows times W equal the ISA simulator's beats, and the rows that are the
+    convolution's outputs equal golden.conv_windows (which cuts the windows from the image,
+    not from the buffer) times W at strides 1 and 2; every trace of the save file is in the
+    dump, the engine's token and kept rows among them."""
+    config = get_config(TOUR_CONFIG)
+    program = windows.program
+    assert windows.received == IsaSim(config).run(program.beats)
+    rows = decode_rows(windows.received[:-1], config.cols)
+    assert np.array_equal(rows, program.expected)
+    kw = WINDOWS_KERNEL[1]
+    for stride in (1, 2):
+        reference = conv_windows(program.x[:, :, None], WINDOWS_KERNEL, stride)[0]
+        assert np.array_equal(rows[program.conv[stride]],
+                              np.clip(reference @ program.w[:kw], -128, 127))
+    assert not program.w[kw:].any()          # the window's elements past the kernel row
+    text = windows.gtkw.read_text()
+    traces = gtkw_traces(text)
+    available = set(fst_signals(windows.fst).values())
+    assert traces == windows.traces and not [x for x in traces if x not in available]
+    for name in ("need_read", "emit", "win_row", "upper", "lower", "payload.lane",
+                 "payload.step", "o_act__payload.data[3]"):
+        assert any(name in x for x in traces), name
+    comments = [line[1:] for line in text.splitlines()
+                if line.startswith("-") and line[1:2].isdigit()]
+    assert [int(line.split()[0]) for line in comments] == list(range(1, 8))
+    names = re.findall(r"^\[markername\] ([A-Z])(.*)$", text, re.MULTILINE)
+    assert [label for _, label in names] == [label for _, label in markers("windows")]
+
+
+def test_windows_doc_cycles_match_run(windows):
+    """docs/tour.md's windows marker table, its origin, the cycles from the first instruction
+    to the last beat and the windows' cycles (isa.window_cycles) are the run's."""
+    text = _section("Windows")
+    table = [(letter, label, int(ns), int(cycle)) for letter, label, ns, cycle in re.findall(
+        r"^\| ([A-Z]) \| `([^`]+)` \| (\d+) ns \| (\d+) \|", text, re.MULTILINE)]
+    cycles = windows.cycles()
+    assert table == [(chr(ord("A") + i), label, windows.events[name] // 1000, cycles[name])
+                     for i, (name, label) in enumerate(markers("windows"))]
+    assert _number(r"\(`\(time - (\d+) ns\) / 10 ns`\)", text) == \
+        [windows.events["load_weights"] // 1000]
+    assert _number(r"(\d+) cycles from the first instruction to the last beat", text) == \
+        [cycles["done"]]
+    config = get_config(TOUR_CONFIG)
+    fields = [dict(w.split("=") for w in line.split() if "=" in w)
+              for line, _ in windows.program.listing if line.startswith("matmul")]
+    spent = sum(isa.window_cycles(int(f.get("lane", 0)), int(f["step"]), int(f["count"]),
+                                  config.rows, config.ub_row) for f in fields)
+    assert _number(r"sent (\d+) windows in (\d+) cycles", text) == \
+        [len(windows.program.expected), spent]
