@@ -331,12 +331,11 @@ def _window_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
                         col_blocks: int) -> _Layout:
     """A first convolution over its input as the tensor itself (:class:`_HostTensor`): one
     pass per kernel row and chunk of ``rows`` of its ``kw * C`` elements, each accumulator
-    row the window of one output position, read by window MATMULs. Without pooling: the
-    positions along the framed width, the ones past the output's edge computed and not
-    activated, so each pass is one MATMUL of step ``C * stride`` (at stride 2 about half its
-    rows are such positions: an instruction a pass instead of one a pass and output row,
-    which is what crosses the link). With pooling, window by window for MAX4: runs of two
-    along a row at step ``C * stride``."""
+    row the window of one output position, read by window MATMULs. Stride 1 without pooling:
+    the positions along the framed width, the ones past the output's edge computed and not
+    activated, so each pass is one MATMUL of step ``C``. Otherwise the output positions in
+    order (with pooling, window by window for MAX4): runs along a row at step ``C *
+    stride``."""
     c = config
     where = f"stage {st.name}"
     reason = window_form(config, st)
@@ -350,10 +349,7 @@ def _window_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
     stride = st.stride
     top, bottom, left, right = st.padding
     h, w = st.in_shape[0] + top + bottom, st.in_shape[1] + left + right
-    if not st.pool:
-        # Virtual positions q = oy * w + ox, ox over the framed width (w positions an output
-        # row, the ones past wo computed and not activated): the window of q starts at
-        # ((s oy + dy) w + s ox) c = (s q + dy w) c, so every pass is one run of step s c.
+    if stride == 1 and not st.pool:
         q = np.arange((ho - 1) * w + wo)
         oy, ox = q // w, q % w
         outputs = np.stack([np.where(ox < wo, oy, -1), ox, np.zeros_like(q)], axis=1)
