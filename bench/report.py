@@ -947,6 +947,7 @@ def main(argv=None) -> int:
     else:
         from bench.measure import measure_workloads
         wl_doc = {"date": now, "machine": machine(), "images": args.images,
+                  "commit": _commit(),
                   "records": measure_workloads(sizes, images=args.images, say=say)}
         _save(wl_path, wl_doc)
     sp_doc = _load(sp_path, None)
@@ -969,7 +970,10 @@ def main(argv=None) -> int:
            "roofline": plot_roofline(records, img_dir / "perf_roofline.png"),
            "synth": plot_synthesis(synth, img_dir / "perf_synthesis.png"),
            "simspeed": plot_simspeed(sp_doc["records"], img_dir / "perf_simspeed.png")}
-    meta = {"date": wl_doc["date"], "machine": wl_doc["machine"], "commit": _commit(),
+    # The commit the workloads were measured at (a --cached report of a later tree says
+    # the measurement's, not its own).
+    meta = {"date": wl_doc["date"], "machine": wl_doc["machine"],
+            "commit": wl_doc.get("commit", _commit()),
             "images": wl_doc["images"], "simspeed_date": sp_doc["date"]}
     page = write_markdown(args.docs / "performance.md", workloads=records,
                           speed=sp_doc["records"], synth=synth, meta=meta, img=img,
