@@ -121,6 +121,21 @@ class Inside:
             raise KeyError(f"{len(found[leaf])} signals are called {leaf!r} in {path!r}")
         return next(iter(found[leaf].values()))
 
+    def input(self, path: str) -> Signal:
+        """The input port *path* of a submodule: a signal it reads but its parent drives (a
+        FIFO's ``w_en``), e.g. ``inside.input("meta_a.w_en")``. (:meth:`signal` looks only
+        at what a module drives, where two FIFOs' ``w_en`` share a name.)"""
+        fragment, leaf = self._find(path)
+        found: dict[int, Signal] = {}
+        for statements in fragment.statements.values():
+            for statement in statements:
+                for sig in statement._rhs_signals():
+                    if sig.name == leaf:
+                        found[id(sig)] = sig
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} signals called {leaf!r} are read in {path!r}")
+        return next(iter(found.values()))
+
     def in_state(self, path: str, *states: str) -> Value:
         """Whether the FSM whose state signal is *path* (``m.FSM(name="x")`` makes
         ``"x_state"``) is in one of *states* (names as written in ``m.State(...)``)."""

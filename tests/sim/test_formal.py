@@ -26,6 +26,7 @@ from sim.formal import (
     FAST_DEPTH,
     FAST_GROUP_SIZE,
     PROOFS,
+    SCRUB_FAST_DEPTH,
     fast_groups,
     run_fast_group,
     run_proof,
@@ -38,6 +39,7 @@ from sim.formal.hazards import RuleDroppedTracker, hazards_harness, word_compare
 from sim.formal.pe import pe_harness
 from sim.formal.rounding import rounding_harness
 from sim.formal.weight_fifo import weight_fifo_harness
+from sim.formal.windows import matrix_windows_harness
 from sim.rtl.gtkw import gtkw_traces
 
 
@@ -486,6 +488,46 @@ def test_matrix_engine_scrub_waits_for_ready(tmp_path: Path):
     result = run("me_scrub", matrix_engine_harness(CONTROL_FAST), mode="bmc", depth=4,
                  build_root=tmp_path)
     assert result.status == "bounded", result.report()
+
+
+def _broken_engine(old: str, new: str) -> type:
+    """MatrixEngine with *old* (one line of hdl/control/matrix_engine.py) replaced by *new*,
+    as tests/mutations' patches plant a break, loaded from the changed text."""
+    import types
+
+    path = Path(__file__).resolve().parents[2] / "hdl" / "control" / "matrix_engine.py"
+    source = path.read_text()
+    assert source.count(old) == 1, f"{old!r} moved in {path}: update the broken engine"
+    module = types.ModuleType("broken_matrix_engine")
+    exec(compile(source.replace(old, new), str(path), "exec"), module.__dict__)
+    return module.MatrixEngine
+
+
+@pytest.mark.slow          # a broken variant; make test keeps one of each kind
+def test_matrix_windows_catch_a_late_window(tmp_path: Path):
+    """An engine that takes each window an element late out of its kept rows (the
+    window-offset-late mutation): the rows proof's contract alone, past the reset scrub,
+    finds an element that is not the one the ISA names."""
+    broken = _broken_engine("meta_a_in.offset.eq(lane - (cfg.ub_row - cfg.rows + 1)),",
+                            "meta_a_in.offset.eq(lane + 1 - (cfg.ub_row - cfg.rows + 1)),")
+    result = run("windows_late", matrix_windows_harness(CONTROL_FAST, "rows", invariants=False,
+                                                        dut_class=broken),
+                 mode="bmc", depth=SCRUB_FAST_DEPTH, solver="yices", build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/windows.py")
+    assert any("element" in where for where in result.failed), result.failed
+
+
+@pytest.mark.slow          # a broken variant; make test keeps one of each kind
+def test_matrix_windows_catch_a_lost_carry(tmp_path: Path):
+    """An engine that moves a window on by the lowest bit of the lane's carry only (the
+    window-row-carry-lost mutation): the reads proof's contract alone finds a MATMUL that
+    does not read the rows its windows need."""
+    broken = _broken_engine("win_row.eq(win_row + (next_lane >> lg)),",
+                            "win_row.eq(win_row + next_lane[lg]),")
+    result = run("windows_carry", matrix_windows_harness(CONTROL_FAST, "reads",
+                                                         invariants=False, dut_class=broken),
+                 mode="bmc", depth=SCRUB_FAST_DEPTH, solver="yices", build_root=tmp_path)
+    _assert_counterexample(result, "sim/formal/windows.py")
 
 
 def test_stream_ports_inside_port_groups():
