@@ -31,8 +31,9 @@ class MatrixEngine(wiring.Component):
     (``i_acc_written``). After a reset it first writes zeros to every accumulator row
     (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
     ``o_array_active`` is high in each cycle a row enters the array. ``count`` is at most the
-    rows of the smaller memory (the front end's range checks): the engine keeps counts that
-    wide.
+    rows of the smaller memory (the front end's range checks), or with the window mode the
+    accumulators' (windows may read one buffer row again and again): the engine keeps counts
+    that wide.
 
     Members
     -------
@@ -89,8 +90,10 @@ class MatrixEngine(wiring.Component):
         busy = Signal()             # still issuing rows of the newest MATMUL
         ub_next = Signal(self.ub_bits)      # the next buffer row to read
         acc_next = Signal(self.acc_bits)
-        # count is at most the smaller memory's rows (the front end's range checks).
-        count_range = range(min(cfg.ub_depth, cfg.acc_depth) + 1)
+        # count is at most the smaller memory's rows (the front end's range checks); with the
+        # window mode, the accumulators' (windows may read one buffer row again and again).
+        count_range = range((cfg.acc_depth if cfg.conv_windows
+                             else min(cfg.ub_depth, cfg.acc_depth)) + 1)
         left = Signal(count_range)
         switch = Signal()
         signed_ = Signal()
@@ -154,7 +157,9 @@ class MatrixEngine(wiring.Component):
             m.d.comb += [
                 spans.eq(lane + (cfg.rows - 1) >= cfg.ub_row),
                 win_end.eq(win_row + spans),
-                need_read.eq(ub_next != win_end + 1),
+                # (win_end + 1 cut to the address's width: after the buffer's last row the
+                # next row to read wraps to 0, and so must the row after the window's end.)
+                need_read.eq(ub_next != (win_end + 1)[:self.ub_bits]),
                 emit.eq(~need_read | (ub_next == win_end)),
                 ub.addr.valid.eq(busy & meta_a.w_rdy & need_read),
                 meta_a.w_en.eq(busy & meta_a.w_rdy & (~need_read | ub.addr.ready)),

@@ -14,10 +14,12 @@ convolutions, each error) is ``tests/sim/test_windows.py``.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from rtl_pair import Pair, describe
 
 from firmware.asm import Program
 from hdl import isa
+from hdl.config import TPUConfig
 
 SEED = 6161
 
@@ -81,19 +83,25 @@ def test_window_matmuls(rtl_device):
 
     # A lone window MATMUL: from the DONE beat of the set-up to the next, as long as a plain
     # MATMUL of window_cycles rows.
-    def lone(count: int, window: tuple[int, int] | None) -> int:
+    def lone(count: int, window: tuple[int, int] | None, ub: int = 0) -> int:
         q = Program(cfg)
-        q.matmul(0, 0, count, window=window)
+        q.matmul(ub, 0, count, window=window)
         q.sync()
         q.halt()
         start = pair.rtl.cycles()
         pair.run(q.beats, f"seed {SEED}: a lone MATMUL of {count} rows, window {window}")
         return pair.rtl.cycles() - start
 
-    for lane, step, count in LONE:
+    # Windows that end in the buffer's last row, read already (the engine once compared the
+    # next row to read with the window's last row plus one, a bit wider, so after the last
+    # row it read the whole buffer again for each such window).
+    edge = [(0, lane, step, count) for lane, step, count in LONE] + \
+        [(cfg.ub_depth - 1, 0, 0, 4), (cfg.ub_depth - 2, 1, 0, 3), (cfg.ub_depth - 3, 0, 1, 3)]
+    for ub, lane, step, count in edge:
         want = isa.window_cycles(lane, step, count, cfg.rows, cfg.ub_row)
-        took, plain = lone(count, (lane, step)), lone(want, None)
-        assert took == plain, (f"seed {SEED}: a lone window MATMUL (lane {lane}, step {step}, "
+        took, plain = lone(count, (lane, step), ub), lone(want, None)
+        assert took == plain, (f"seed {SEED}: a lone window MATMUL (ub {ub}, lane {lane}, "
+                               f"step {step}, "
                                f"count {count}) took {took} cycles, a plain MATMUL of "
                                f"window_cycles = {want} rows {plain}")
 
@@ -114,3 +122,27 @@ def test_window_matmuls(rtl_device):
         pair.run(q.beats, f"a window MATMUL of lane {lane}")
         status = pair.rtl.status()
         assert (status.code, status.instr_index) == (E.BAD_FIELD, 0), f"lane {lane}: {status}"
+
+
+#: Accumulators deeper than the buffer: a window MATMUL's count is bounded by the
+#: accumulators alone (step 0 reads one buffer row for any count).
+DEEP_ACC = TPUConfig(rows=2, cols=2, ub_depth=16, acc_depth=64, weight_mem_tiles=4)
+
+
+@pytest.mark.slow           # a build of its own (make regression)
+def test_more_windows_than_buffer_rows(rtl_device):
+    """A window MATMUL of more windows than the buffer has rows (the engine once kept its
+    counts as wide as the smaller memory, and sent count modulo it): every accumulator row
+    equal to the ISA simulator's, and the timing of ``window_cycles``."""
+    pair = Pair(rtl_device(DEEP_ACC))
+    cfg = pair.config
+    rng = np.random.default_rng(SEED + 20)
+    p = Program(cfg)
+    p.read_host(0, rng.integers(-128, 128, (cfg.ub_depth, cfg.ub_row)))
+    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
+    p.read_weights(0)
+    p.matmul(cfg.ub_depth - 1, 0, 40, switch=True, window=(0, 0))
+    p.matmul(3, 40, 24, window=(1, 0))
+    p.halt()
+    pair.run(p.beats, f"seed {SEED + 20}: 40 and 24 windows from one buffer row")
+    pair.check_state(f"seed {SEED + 20}: more windows than buffer rows")
