@@ -45,6 +45,7 @@ from sim.formal.hazards import hazards_harness
 from sim.formal.pe import pe_harness
 from sim.formal.rounding import rounding_harness
 from sim.formal.weight_fifo import weight_fifo_harness
+from sim.formal.windows import matrix_windows_harness
 
 __all__ = ["PROOFS", "FAST_DEPTH", "SCRUB_FAST_DEPTH", "FAST_GROUP_SIZE", "run_proof",
            "fast_groups", "run_fast_group", "main"]
@@ -88,6 +89,20 @@ def _control(factory, name: str, summary: str, *, limit: int, depth: int = 4,
     return Proof(name, functools.partial(factory, config), "prove", depth, summary,
                  fast_harness=functools.partial(factory, fast), fast_mode="prove",
                  fast_depth=fast_depth, limit=limit)
+
+
+#: The window proofs' fast form: 3 rows and 4-element buffer rows, where a window starts
+#: anywhere in its pair of rows (the tiny preset's 2 and 2, which the full form proves, start
+#: a window at lane 0 of a row or lane 1 of the row before).
+WINDOWS_FAST = CONTROL_FAST.replace(rows=3, cols=4, host_width=None)
+
+
+def _windows(part: str, name: str, summary: str, *, limit: int) -> Proof:
+    # On yices: a few seconds where z3 took minutes.
+    harness = functools.partial(matrix_windows_harness, part=part)
+    return Proof(name, functools.partial(harness, CONTROL), "prove", 2, summary,
+                 fast_harness=functools.partial(harness, WINDOWS_FAST), fast_mode="prove",
+                 fast_depth=2, solver="yices", limit=limit)
 
 
 def _hazards(check: str, name: str, summary: str, *, limit: int, solver: str = "z3",
@@ -162,6 +177,15 @@ PROOFS: dict[str, Proof] = _table(
     _control(weight_mover_harness, "weight_mover_streams",
              "WeightMover (UB_TO_WEIGHTS): stream rules on o_ub.addr, o_wm; busy contract",
              limit=120),
+    # MATMUL's reads and rows, window mode or not (sim/formal/windows.py): two proofs, the
+    # second under the first's properties (as one, it took minutes).
+    _windows("reads", "matrix_engine_reads",
+             "MatrixEngine: a MATMUL reads rows ub_addr.. in order, window_rows of them "
+             "(count without window), for any lane, step and stalls", limit=120),
+    _windows("rows", "matrix_engine_windows",
+             "MatrixEngine: row i into the array is elements lane + i*step.. of the rows read "
+             "(a plain MATMUL's: row ub_addr + i), in order, each once; under "
+             "matrix_engine_reads", limit=120),
     _control(front_end_streams_harness, "front_end_streams",
              "FrontEnd: stream rules on the dispatch streams, o_beat, the memory writes",
              limit=120),
