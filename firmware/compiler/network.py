@@ -377,6 +377,7 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
                 return lo, 1, ring
     candidates = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
                          config.rows, 2 * config.rows})
+    seen: set = set()
     for ring in RINGS:
         fitting = []
         for unit in (u for u in candidates if u <= max_batch):
@@ -393,15 +394,32 @@ def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,
                     hi = mid - 1
             # Fewer units a batch may keep a spare block; more make a later stage's MATMULs
             # longer (a tile switch costs the array a row per array row).
+            flat = 0            # window form: candidates in a row that did not improve
             for units in sorted({u for u in candidates if u < lo} | {lo}):
                 cn = CompiledNetwork(config, network, unit, units, ring=ring, pack=pack,
                                      modes=modes, windows=windows)
+                # A ring that gives the same rows as a larger one (the window form takes
+                # whole units) is the same plan: its estimate would be the same, and the tie
+                # goes to the larger ring, seen first.
+                plan = cn._plan
+                same = (unit, units, plan.ring, plan.mode, plan.spare)
+                if same in seen:
+                    continue
+                seen.add(same)
                 # Estimates within a per cent of each other count as a tie (the model's
                 # error): then a spare block, a larger unit, ring and batch.
-                key = (round(math.log(cn.estimate()) / math.log(1.01)), -cn._plan.spare,
+                key = (round(math.log(cn.estimate()) / math.log(1.01)), -plan.spare,
                        -unit, -ring, -cn.batch_size)
                 if best is None or key < best[0]:
+                    flat = 0 if best is None or key[0] < best[0][0] else flat + 1
                     best = (key, unit, units, ring)
+                else:
+                    flat += 1
+                # The window form has one image a unit, so its batches grow to hundreds of
+                # units, each estimate longer than the last: once two in a row gain nothing
+                # the larger batches are not tried (a tie, at best).
+                if plan.layouts[0].tensor is not None and flat >= 2:
+                    break
     return best[1], best[2], best[3]
 
 
