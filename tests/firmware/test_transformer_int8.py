@@ -251,6 +251,23 @@ def test_core_steps_on_the_rtl_equal_the_reference():
     assert run.cycles > 0
 
 
+def test_demo_on_the_isa_simulator(capsys):
+    """``amtpu demo --net transformer`` on the ISA simulator, two sequences: every tensor
+    equal to the int8 reference, and where each operator ran (the RTL form below, which also
+    prints the core's cycles, is in make regression)."""
+    from firmware.cli import main
+
+    assert main(["demo", "--net", "transformer", "--transport", "isa", "--images", "2",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "isa outputs equal to the int8 reference: every one of 20 logits" in out
+    assert "l0_scores    AttentionScores  array" in out
+    assert "l0_exp       Lookup           activation unit" in out
+    assert "l0_mix       AttentionMix     array" in out
+    assert "on the host: 3 operators (l0_ln1, l0_ln2, lnf)" in out
+
+
+@pytest.mark.slow           # the 8x8 core on Icarus: 13 s (make regression)
 def test_demo_on_the_rtl_core(capsys):
     """``amtpu demo --net transformer`` on the RTL core, in a short form (two sequences, one
     program): every tensor equal to the int8 reference, and where each operator ran."""

@@ -166,13 +166,13 @@ def test_time_limit_kills_the_proof(tmp_path: Path):
     proof, its limit and how to run it alone, and leaves no SymbiYosys, smtbmc or solver
     process behind."""
     proof = Proof("factors", lambda: Harness(_Factors(), _no_factors), "bmc", 1,
-                  "a 64-bit product has no two factors (false, and hopeless)", limit=6)
+                  "a 64-bit product has no two factors (false, and hopeless)", limit=4)
     result = run_proof(proof, build_root=tmp_path)
     assert result.status == "TIMEOUT", result.report()
-    assert not result.ok and result.limit == 6 and result.trace is None
+    assert not result.ok and result.limit == 4 and result.trace is None
     report = result.report()
-    assert "TIMEOUT" in report and "limit of 6 s" in report
-    assert "factors did not finish in 6 s" in report
+    assert "TIMEOUT" in report and "limit of 4 s" in report
+    assert "factors did not finish in 4 s" in report
     assert "python -m sim.formal factors --limit SECONDS" in report
     assert _processes_in(tmp_path.resolve()) == []
     # The solver had started: the limit stopped a proof in progress, not its set-up.
