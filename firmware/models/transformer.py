@@ -32,6 +32,7 @@ Arrays in the .npz (float32): ``embed_w``, ``embed_b``, ``pos``; per layer ``i``
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -191,7 +192,27 @@ def exp_table(score_scale: float, offset: int) -> np.ndarray:
     return np.minimum(255, np.round(255 * np.exp(score_scale * (x - offset)))).astype(np.int64)
 
 
+#: Quantised graphs by their inputs' digest: the search for exp's offset evaluates the graph
+#: 128 times (3 s), and a process (a test worker, the demo, the report) asks for the same
+#: graph several times. Callers do not change the graph.
+_QUANTISED: dict[str, object] = {}
+
+
 def quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
+    """The int8 graph of the float model (:func:`_quantise`), kept for the process by a
+    digest of ``params``, ``x_calib`` and ``offset``."""
+    digest = hashlib.sha256(repr(offset).encode())
+    for name in sorted(params):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(params[name], dtype=np.float64).tobytes())
+    digest.update(np.ascontiguousarray(x_calib, dtype=np.float64).tobytes())
+    key = digest.hexdigest()
+    if key not in _QUANTISED:
+        _QUANTISED[key] = _quantise(params, x_calib, offset=offset)
+    return _QUANTISED[key]
+
+
+def _quantise(params: dict, x_calib: np.ndarray, *, offset: int | None = None):
     """The int8 graph (:class:`firmware.graph.Graph`) of the float model: every matmul a
     core operator or (attention's two) an operator for the array, softmax as exp's table
     and the division by each row's sum after ``e @ v`` (a normalised
