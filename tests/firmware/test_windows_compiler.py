@@ -54,21 +54,22 @@ def _framed_rows(config, qnet) -> int:
 # channels, stride 1 (one MATMUL a pass) and 2 (one a pass and output row), 'same' and
 # 'valid', a kernel row longer than the array's rows (5 x 3 = 15 elements: two chunks on 8,
 # four on 4), a step past ub_row (3 x 2 = 6 on the 4x4: rows read that complete no window).
+# The last three in make regression (make test's budget).
 CASES = [
     ("default", (8, 9, 1), 3, 8, 1, "same"),
     ("default", (9, 8, 3), 3, 8, 2, "same"),
     ("default", (7, 7, 3), 5, 6, 1, "same"),
-    ("default", (9, 10, 2), 3, 8, 1, "valid"),
     ("small", (6, 7, 3), 3, 4, 2, "same"),
+    ("wide", (6, 7, 1), 3, 8, 2, "valid"),
+    ("default", (9, 10, 2), 3, 8, 1, "valid"),
     ("small", (6, 6, 1), 5, 4, 1, "valid"),
     ("tiny", (5, 4, 1), 3, 2, 1, "valid"),
-    ("wide", (6, 7, 1), 3, 8, 2, "valid"),
 ]
 
 
-@pytest.mark.parametrize("config_name, shape, k, cout, stride, padding", CASES,
-                         ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}x{c[1][2]}-k{c[2]}-s{c[4]}-{c[5]}"
-                              for c in CASES])
+@pytest.mark.parametrize("config_name, shape, k, cout, stride, padding", [
+    pytest.param(*c, id=f"{c[0]}-{c[1][0]}x{c[1][1]}x{c[1][2]}-k{c[2]}-s{c[4]}-{c[5]}",
+                 marks=pytest.mark.slow if n >= 5 else ()) for n, c in enumerate(CASES)])
 def test_first_convolution_reads_the_tensor(config_name, shape, k, cout, stride, padding):
     config = get_config(config_name)
     seed = SEED + k * 10 + stride + shape[2] * 100
