@@ -69,12 +69,22 @@ input channels of other groups, keeps only the passes of its own channel group).
 - Dense on the network input: one pass per ``rows`` input features.
 - Dense after a spatial tensor (a Flatten): one pass per (position, channel group), weight
   rows in the HWC flatten order.
-- Conv2D on the network input: the image crosses the link once, one row per position, and
+- Conv2D on the network input otherwise: the image crosses the link once, one row per position, and
   the row's spare elements carry the position's neighbours (as many kernel taps as fit,
   ``rows // C``), so one pass covers several kernel taps. A tap that no row holds is read from
   a row further on (a *shifted* pass: the taps of position ``p + d`` are taps of ``p``), so the
   host lays out a few positions past the output's edge (their outputs are not activated); only
   when no shift reaches a tap does another row per position cross the link.
+- Conv2D on the network input, on a core with MATMUL's window mode
+  (:attr:`~hdl.config.TPUConfig.conv_windows`), not max-pooled, ``C * stride <= 15``: the
+  image crosses the link as the tensor itself (:class:`~firmware.compiler.layout._HostTensor`:
+  framed by the padding in its zero point, packed ``ub_row`` elements a row, one image a
+  unit), and each pass (a kernel row and a chunk of ``rows`` of its ``kw * C`` elements) is
+  window MATMULs of step ``C * stride``: one along the framed width at stride 1 (the
+  positions past the output's edge computed and not activated), one per output row at a
+  larger stride. ``compile_network(..., windows=False)`` takes the host's rows below;
+  ``windows=True`` takes the windows under a max-pool too (two rows a MATMUL: MAX4's four
+  positions must be consecutive accumulator rows).
 - Conv2D on the network input that a Dense reads, with few output channels: ``p``
   positions to an accumulator row (:class:`~firmware.compiler.layout._PairedConv`), the
   largest ``p`` whose ``p * n`` channels fit the ``min(rows, cols)`` output columns, whose
