@@ -48,7 +48,7 @@ def configure(spec: Board, target: str, name: str | None, **changes) -> tuple[st
     """The preset's name and the configuration to build: the preset *name* (default: the
     board build's, or for an array the board's array preset) with *changes* (``rows``,
     ``cols``, ``lut_multipliers``, ``multiplier``, ``activation_unit``, ``pipeline``,
-    ``ub_to_weights``, ``lookup_table``; ``None`` keeps the preset's).
+    ``ub_to_weights``, ``lookup_table``, ``conv_windows``; ``None`` keeps the preset's).
     ``multiplier="ice40"`` makes the core int8-only, as its dual products need. An array's
     products beyond the part's DSP blocks go to LUTs unless *lut_multipliers* says
     otherwise. Raises :class:`ConfigError` naming what is allowed."""
@@ -99,7 +99,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="the configuration's pipeline policy (TPUConfig.pipeline)")
     for name, what in (("ub-to-weights", "UB_TO_WEIGHTS (TPUConfig.ub_to_weights)"),
                        ("lookup-table", "the programmable table, LOAD_TABLE "
-                                        "(TPUConfig.lookup_table)")):
+                                        "(TPUConfig.lookup_table)"),
+                       ("conv-windows", "MATMUL's window mode (TPUConfig.conv_windows)")):
         p.add_argument(f"--{name}", choices=("yes", "no"),
                        help=f"build {what} or not (default: the preset's)")
     p.add_argument("--clock", type=float, metavar="MHZ",
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m boards") -> in
                "pipeline": args.pipeline,
                **{name: None if value is None else value == "yes"
                   for name, value in (("ub_to_weights", args.ub_to_weights),
-                                      ("lookup_table", args.lookup_table))}}
+                                      ("lookup_table", args.lookup_table),
+                                      ("conv_windows", args.conv_windows))}}
     try:
         preset, config = configure(spec, args.target, args.config, **changes)
         if args.target == "array" and args.lut_multipliers is None:
