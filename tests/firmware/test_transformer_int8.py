@@ -251,36 +251,33 @@ def test_core_steps_on_the_rtl_equal_the_reference():
     assert run.cycles > 0
 
 
-def test_demo_on_the_isa_simulator(capsys):
-    """``amtpu demo --net transformer`` on the ISA simulator, two sequences: every tensor
-    equal to the int8 reference, and where each operator ran (the RTL form below, which also
-    prints the core's cycles, is in make regression)."""
+def _demo(capsys, transport: str, *options: str) -> str:
+    """``amtpu demo --net transformer`` on two sequences: its output, after the lines every
+    transport prints (every tensor equal to the int8 reference, where each operator ran)."""
     from firmware.cli import main
 
-    assert main(["demo", "--net", "transformer", "--transport", "isa", "--images", "2",
-                 "--quiet"]) == 0
+    assert main(["demo", "--net", "transformer", "--transport", transport, "--images", "2",
+                 *options, "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "isa outputs equal to the int8 reference: every one of 20 logits" in out
+    assert f"{transport} outputs equal to the int8 reference: every one of 20 logits" in out
     assert "l0_scores    AttentionScores  array" in out
     assert "l0_exp       Lookup           activation unit" in out
     assert "l0_mix       AttentionMix     array" in out
     assert "on the host: 3 operators (l0_ln1, l0_ln2, lnf)" in out
+    return out
+
+
+def test_demo_on_the_isa_simulator(capsys):
+    """The demo on the ISA simulator (the RTL form below, which also prints the core's
+    cycles, is in make regression)."""
+    _demo(capsys, "isa")
 
 
 @pytest.mark.slow           # the 8x8 core on Icarus: 13 s (make regression)
 def test_demo_on_the_rtl_core(capsys):
-    """``amtpu demo --net transformer`` on the RTL core, in a short form (two sequences, one
-    program): every tensor equal to the int8 reference, and where each operator ran."""
-    from firmware.cli import main
-
-    assert main(["demo", "--net", "transformer", "--images", "2", "--sim", "icarus",
-                 "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "rtl outputs equal to the int8 reference: every one of 20 logits" in out
-    assert "l0_scores    AttentionScores  array" in out
-    assert "l0_exp       Lookup           activation unit" in out
-    assert "l0_mix       AttentionMix     array" in out
-    assert "on the host: 3 operators (l0_ln1, l0_ln2, lnf)" in out
+    """The demo on the RTL core, in a short form (two sequences, one program), and the
+    core's cycles by step."""
+    out = _demo(capsys, "rtl", "--sim", "icarus")
     assert "core cycles per sequence by step" in out
     assert "l0_q..l0_mix: one program per" in out
     assert "no host beat between the projections and the output" in out
