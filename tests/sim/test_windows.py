@@ -40,6 +40,17 @@ def _operands(rng: np.random.Generator, shape, signed: bool) -> np.ndarray:
     return values
 
 
+def _loaded(cfg: TPUConfig, buffer: np.ndarray, tile: np.ndarray) -> Program:
+    """Set-up: ``buffer`` in the unified buffer from row 0 and ``tile`` switched in (by a
+    one-row MATMUL into accumulator row 0)."""
+    p = Program(cfg)
+    p.read_host(0, buffer)
+    p.load_weights(0, tile)
+    p.read_weights(0)
+    p.matmul(0, 0, 1, switch=True)
+    return p
+
+
 def _matmul(sim: IsaSim, ub: int, acc: int, count: int, window, *, signed: bool = True,
             accumulate: bool = False, switch: bool = False) -> None:
     q = Program(sim.config)
@@ -147,13 +158,8 @@ def test_every_lane_and_step(preset: str):
     rng, seed = _rng("lanes", preset)
     buffer = _operands(rng, (cfg.ub_depth, cfg.ub_row), True)
     tile = _operands(rng, (cfg.rows, cfg.cols), True)
-    p = Program(cfg)
-    p.read_host(0, buffer)
-    p.load_weights(0, tile)
-    p.read_weights(0)
-    p.matmul(0, 0, 1, switch=True)
     sim = IsaSim(cfg)
-    sim.feed(p.beats)
+    sim.feed(_loaded(cfg, buffer, tile).beats)
     flat = buffer.reshape(-1)
     for lane in range(cfg.ub_row):
         for step in range(16):
@@ -183,11 +189,7 @@ def test_lane_and_step_ignored_without_window(windows: bool):
     rng, seed = _rng("plain")
     buffer = _operands(rng, (16, cfg.ub_row), True)
     tile = _operands(rng, (cfg.rows, cfg.cols), True)
-    p = Program(cfg)
-    p.read_host(0, buffer)
-    p.load_weights(0, tile)
-    p.read_weights(0)
-    p.matmul(0, 0, 1, switch=True)
+    p = _loaded(cfg, buffer, tile)
     assert Program(cfg).matmul(3, 0, 5) == [encode(isa.Opcode.MATMUL, ub_addr=3, count=5,
                                                    signed=1)]
     want = golden.matmul(buffer[3:12, :cfg.rows], tile)
@@ -298,11 +300,7 @@ def test_ub_range_at_the_edge(preset: str):
     buffer = _operands(rng, (cfg.ub_depth, cfg.ub_row), True)
     tile = _operands(rng, (cfg.rows, cfg.cols), True)
     flat = buffer.reshape(-1)
-    setup = Program(cfg)
-    setup.read_host(0, buffer)
-    setup.load_weights(0, tile)
-    setup.read_weights(0)
-    setup.matmul(0, 0, 1, switch=True)
+    setup = _loaded(cfg, buffer, tile)
     cases = [(1, 1), (min(cfg.ub_row, 15), 3), (15, 4), (7, 9), (int(rng.integers(1, 16)), 2)]
     for step, count in cases:
         last = cfg.ub_depth * cfg.ub_row - 1
