@@ -122,44 +122,33 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
     other form is tried, so that the input crosses the link as it is."""
     first = network.stages[0]
     if windows and first.kind == "conv" and window_form(config, first) is None:
-        error = None
-        for mode in modes:
-            first_error = None
-            spares = (True, False) if len(network.stages) > 1 and mode != "sequential" \
-                else (False,)
-            for spare in spares:
-                try:
-                    return _plan_with(config, network, unit, units, ring, "windows", spare,
-                                      mode)
-                except CompileError as e:
-                    first_error = first_error or e
-            error = first_error
-        raise error
-    if pack:
-        # The packed form, made once per configuration (its layouts are kept on it).
-        forms = network.__dict__.setdefault("_paired", {})
-        key = (config, tuple(map(id, network.stages)))
-        if key not in forms:
-            forms[key] = _paired(network, config)
-        paired = forms[key]
+        forms = [(network, "windows")]
     else:
         paired = network
+        if pack:
+            # The packed form, made once per configuration (its layouts are kept on it).
+            cache = network.__dict__.setdefault("_paired", {})
+            key = (config, tuple(map(id, network.stages)))
+            if key not in cache:
+                cache[key] = _paired(network, config)
+            paired = cache[key]
+        # Shifted passes or not: a choice for a first convolution of one position a row (a
+        # packed one has one pass, the same either way).
+        forms = [(net, shifts) for net in ((paired, network) if paired is not network
+                                           else (network,))
+                 for shifts in ((True, False) if net.stages[0].kind == "conv"
+                                and not isinstance(net.stages[0], _PairedConv) else (True,))]
     error = None
     for mode in modes:
         first_error = None
-        for net in (paired, network) if paired is not network else (network,):
-            # Shifted passes or not: a choice for a first convolution of one position a row
-            # (a packed one has one pass, the same either way).
-            first = net.stages[0]
-            for shifts in ((True, False) if first.kind == "conv"
-                           and not isinstance(first, _PairedConv) else (True,)):
-                spares = (True, False) if len(net.stages) > 1 and mode != "sequential" \
-                    else (False,)
-                for spare in spares:
-                    try:
-                        return _plan_with(config, net, unit, units, ring, shifts, spare, mode)
-                    except CompileError as e:
-                        first_error = first_error or e
+        for net, shifts in forms:
+            spares = (True, False) if len(net.stages) > 1 and mode != "sequential" \
+                else (False,)
+            for spare in spares:
+                try:
+                    return _plan_with(config, net, unit, units, ring, shifts, spare, mode)
+                except CompileError as e:
+                    first_error = first_error or e
         error = first_error
     raise error
 
