@@ -29,13 +29,18 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
     .table -128 -127 -126 ...     # entries 0 to 31 (8 columns)
     ...
     activate acc=64 ub=0 count=8 func=table pool=none slot=0
+    load_table target=sum0        # then sum_table_beats(cols) lines of cols int32 entries
+    .sums 0 1048576 2097152 ...   # entries 0 to 7 (8 columns)
+    ...
+    matmul_lookup ub=0 acc=0 count=16 switch signed table=0
     write_host ub=128 count=32
     halt
 
 - Fields are ``name=value``; every field of the layout is required except the 1-bit flags,
   written as a bare name (``signed``) or ``name=0``/``name=1``, the fields with a default
   (:data:`DEFAULTS`: ``rounding``, default ``half_up``; MATMUL's ``lane`` and ``step``,
-  default 0, which only a ``window`` MATMUL reads) and the reserved fields
+  default 0, which only a ``window`` MATMUL reads; LOAD_TABLE's ``target``, default
+  ``activation``) and the reserved fields
   (``_flags=...``, default 0). Short names: ``ub`` = ``ub_addr``, ``acc`` = ``acc_addr``,
   ``zp`` = ``zero_point``, ``clamp`` = ``clamp_hi``.
 - Values are decimal or ``0x`` hex, within the field's width; ``zp`` and ``clamp`` are int8
@@ -47,7 +52,9 @@ its mnemonic (the :class:`~hdl.isa.Opcode` name in lower case) followed by its f
   none after ``ub_to_weights`` (its rows come from the unified buffer),
   ``table_beats(cols)`` lines after ``load_table`` (:func:`hdl.isa.table_beats`: ``4 * cols``
   entries each, entry 0 first; the last line only the entries up to 255, so 16 of them when
-  ``cols`` is 5), each ``.table`` (bytes) or ``.hex``;
+  ``cols`` is 5), each ``.table`` (bytes) or ``.hex``; after ``load_table target=sum0``
+  (or ``sum1``) ``sum_table_beats(cols)`` lines ``.sums`` of ``cols`` int32 entries (the
+  last line the entries up to 255);
   ``.bias`` then ``.mult`` after ``load_params`` (``cols`` int32 each), then optionally
   ``.shift`` (``cols`` shifts, 0 to 63): per-column shifts, which set the ``column_shifts``
   flag and replace ``shift``, so ``shift=`` is then left out (given, it is an error: the
@@ -102,7 +109,8 @@ __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "data_bea
 ALIASES = {"ub_addr": "ub", "acc_addr": "acc", "zero_point": "zp", "clamp_hi": "clamp"}
 
 #: Fields the text may leave out, and their value then (printed only when different).
-DEFAULTS = {"rounding": isa.Rounding.HALF_UP.value, "lane": 0, "step": 0}
+DEFAULTS = {"rounding": isa.Rounding.HALF_UP.value, "lane": 0, "step": 0,
+            "target": isa.TableTarget.ACTIVATION.value}
 
 #: What a per-column shift (a lane of LOAD_PARAMS's third beat) may be: the lane's low six
 #: bits are the shift, the core ignores the others.
@@ -259,15 +267,17 @@ def decode(word: int) -> tuple[isa.Opcode | int, dict[str, int]]:
 @dataclass(frozen=True)
 class _Data:
     """What one data beat after an instruction carries."""
-    kind: str        # "ub", "weight", "bias", "mult", "shift", "table"
+    kind: str        # "ub", "weight", "bias", "mult", "shift", "table", "sums"
     signed: bool = True
-    first: int = 0   # "table": the beat's first entry
-    entries: int = 0  # "table": the entries it holds (fewer than 4 * cols in the last beat)
+    first: int = 0   # "table", "sums": the beat's first entry
+    entries: int = 0  # "table", "sums": the entries it holds (fewer in the last beat)
 
     def size(self, config: TPUConfig) -> tuple[int, int]:
         """(elements, bits per element), from the beat layouts of :mod:`hdl.beats`."""
         if self.kind == "table":
             return self.entries, DATA_BITS
+        if self.kind == "sums":
+            return self.entries, Shape.cast(param_row_beat(config.cols).elem_shape).width
         if self.kind == "ub":
             layout = ub_row_beat(config.ub_row)
         elif self.kind == "weight":
@@ -300,11 +310,12 @@ class _Data:
     @property
     def directives(self) -> tuple[str, ...]:
         return {"ub": (".row", ".hex"), "weight": (".row", ".hex"), "table": (".table", ".hex"),
-                "bias": (".bias",), "mult": (".mult",), "shift": (".shift",)}[self.kind]
+                "bias": (".bias",), "mult": (".mult",), "shift": (".shift",),
+                "sums": (".sums",)}[self.kind]
 
     def where(self) -> str:
         """Which values of the instruction the beat holds, for error messages."""
-        if self.kind != "table":
+        if self.kind not in ("table", "sums"):
             return ""
         return f" (table entries {self.first} to {self.first + self.entries - 1})"
 
@@ -318,6 +329,14 @@ def _table_beats(config: TPUConfig) -> list[_Data]:
             for b in range(isa.table_beats(config.cols))]
 
 
+def _sum_table_beats(config: TPUConfig) -> list[_Data]:
+    """LOAD_TABLE's data beats for a sum table: ``cols`` int32 entries each
+    (:func:`hdl.isa.sum_table_beats`), the last beat only up to entry 255."""
+    cols = config.cols
+    return [_Data("sums", first=b * cols, entries=min(cols, isa.TABLE_ENTRIES - b * cols))
+            for b in range(isa.sum_table_beats(cols))]
+
+
 def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data]:
     if opcode == isa.Opcode.READ_HOST:
         return [_Data("ub")] * fields["count"]
@@ -326,7 +345,13 @@ def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data
     if opcode == isa.Opcode.LOAD_PARAMS:
         return [_Data("bias"), _Data("mult")] + [_Data("shift")] * fields["column_shifts"]
     if opcode == isa.Opcode.LOAD_TABLE:
-        return _table_beats(config)
+        target = fields["target"]
+        if target == isa.TableTarget.ACTIVATION.value:
+            return _table_beats(config)
+        if target in (isa.TableTarget.SUM0.value, isa.TableTarget.SUM1.value) \
+                and config.sum_tables:
+            return _sum_table_beats(config)
+        return []           # refused by the core (BAD_FIELD): it takes no data
     return []
 
 
@@ -454,7 +479,7 @@ class _Assembler:
         self.data_done()
 
     def data(self, lineno: int, head: str, args: list[str]):
-        known = (".row", ".hex", ".table", ".bias", ".mult", ".shift", ".word")
+        known = (".row", ".hex", ".table", ".sums", ".bias", ".mult", ".shift", ".word")
         if head not in known:
             self.error(lineno, f"unknown directive {head!r}; allowed: {', '.join(known)}")
         if head == ".shift" and self.open_shift is not None:
@@ -768,6 +793,14 @@ class Program:
                           switch=switch, accumulate=accumulate, signed=signed,
                           window=window is not None, lane=lane, step=step)
 
+    def matmul_lookup(self, ub: int, acc: int, count: int, *, table: int,
+                      switch: bool = False, accumulate: bool = False,
+                      signed: bool = True) -> list[int]:
+        """MATMUL_LOOKUP: as :meth:`matmul`, each sum replaced by its entry in sum table
+        ``table`` (0 or 1)."""
+        return self.instr(isa.Opcode.MATMUL_LOOKUP, ub_addr=ub, acc_addr=acc, count=count,
+                          switch=switch, accumulate=accumulate, signed=signed, table=table)
+
     def activate(self, acc: int, ub: int, count: int, *, func=isa.Func.IDENTITY,
                  pool=isa.Pool.NONE, slot: int = 0) -> list[int]:
         return self.instr(isa.Opcode.ACTIVATE, acc_addr=acc, ub_addr=ub, count=count,
@@ -816,6 +849,32 @@ class Program:
         for kind in _table_beats(self.config):
             beats.append(_pack_row(entries[kind.first:kind.first + kind.entries].tolist(),
                                    DATA_BITS))
+        return self._emit(beats)
+
+    def load_sum_table(self, table: int, values) -> list[int]:
+        """LOAD_TABLE of sum table ``table`` (0 or 1) that MATMUL_LOOKUP reads: ``values``
+        holds its 256 int32 entries, entry ``k`` for a sum whose low byte is ``k``, sent in
+        :func:`hdl.isa.sum_table_beats` data beats. Raises :class:`AsmError` for another
+        number of entries or a value out of range."""
+        if table not in (0, 1):
+            raise AsmError(f"load_sum_table table={table!r}; allowed: 0 or 1")
+        entries = np.asarray(values, dtype=object)
+        if entries.shape != (isa.TABLE_ENTRIES,):
+            raise AsmError(f"load_sum_table takes {isa.TABLE_ENTRIES} entries, got "
+                           f"{entries.shape[0] if entries.ndim == 1 else entries.shape}; "
+                           f"allowed: exactly {isa.TABLE_ENTRIES} (entry k for a sum whose "
+                           f"low byte is k)")
+        lo, hi = -(1 << 31), (1 << 31) - 1
+        for k, value in enumerate(entries):
+            if not isinstance(value, int | np.integer) or not lo <= value <= hi:
+                raise AsmError(f"load_sum_table entry {k} = {value!r} is not an int32; "
+                               f"allowed: {lo} to {hi}")
+        target = (isa.TableTarget.SUM0, isa.TableTarget.SUM1)[table]
+        beats = [encode(isa.Opcode.LOAD_TABLE, target=target.value)]
+        bits = Shape.cast(param_row_beat(self.config.cols).elem_shape).width
+        for kind in _sum_table_beats(self.config):
+            beats.append(_pack_row(entries[kind.first:kind.first + kind.entries].tolist(),
+                                   bits))
         return self._emit(beats)
 
 

@@ -18,7 +18,8 @@ __all__ = ["TPUConfig", "ConfigError", "OPTIONAL_OPCODES", "OPTIONAL_FUNCS", "MU
 
 #: Instructions a core may be built without, and the :class:`TPUConfig` flag that builds
 #: each: without it the opcode is unknown (UNKNOWN_OPCODE).
-OPTIONAL_OPCODES = {Opcode.UB_TO_WEIGHTS: "ub_to_weights", Opcode.LOAD_TABLE: "lookup_table"}
+OPTIONAL_OPCODES = {Opcode.UB_TO_WEIGHTS: "ub_to_weights", Opcode.LOAD_TABLE: "lookup_table",
+                    Opcode.MATMUL_LOOKUP: "sum_tables"}
 
 #: ACTIVATE's functions a core may be built without, and the flag that builds each: without
 #: it the function is a bad field (BAD_FIELD).
@@ -165,6 +166,14 @@ class TPUConfig:
         of at most 16 (a window's element address splits into row and lane by bits, its lane
         fits the instruction's four bits). ``None`` (the default): where ``ub_row`` allows.
         ``False``: a window MATMUL is a bad field (BAD_FIELD).
+    sum_tables : bool or None
+        Build MATMUL_LOOKUP (:class:`hdl.isa.MatmulLookup`) and LOAD_TABLE's two sum tables:
+        256 int32 entries each, indexed by a sum's low byte, a copy per column beside the
+        accumulators (read in the stage that reads the old sums), so that a residual ADD's
+        two scaled inputs add up in the accumulators exactly as TFLite and onnxruntime
+        compute them. Needs ``lookup_table`` (LOAD_TABLE); ``None`` (the default): where the
+        core has it. ``False`` (both board presets): MATMUL_LOOKUP's opcode is unknown and a
+        sum table a bad field.
     """
 
     rows: int = 8
@@ -189,6 +198,7 @@ class TPUConfig:
     lookup_table: bool = True
     row_scale: bool = True
     conv_windows: bool | None = None
+    sum_tables: bool | None = None
 
     def __post_init__(self):
         def check(name: str, ok: bool, allowed: str):
@@ -250,6 +260,11 @@ class TPUConfig:
         check("ub_to_weights", isinstance(self.ub_to_weights, bool), "True or False")
         check("lookup_table", isinstance(self.lookup_table, bool), "True or False")
         check("row_scale", isinstance(self.row_scale, bool), "True or False")
+        if self.sum_tables is None:
+            object.__setattr__(self, "sum_tables", self.lookup_table)
+        check("sum_tables", isinstance(self.sum_tables, bool), "True, False or None")
+        check("sum_tables", self.lookup_table or not self.sum_tables,
+              "False with lookup_table=False (the sum tables are loaded by LOAD_TABLE)")
         windows_fit = _is_pow2(self.ub_row) and self.ub_row <= 16
         if self.conv_windows is None:
             object.__setattr__(self, "conv_windows", windows_fit)
@@ -359,9 +374,11 @@ class TPUConfig:
     def replace(self, **changes) -> TPUConfig:
         """A copy with some fields changed (validated again). A core with the window mode
         (:attr:`conv_windows`) keeps it unless told otherwise, as far as the new ``ub_row``
-        allows it."""
+        allows it, and one with the sum tables as far as the new ``lookup_table`` does."""
         if "conv_windows" not in changes and self.conv_windows:
             changes["conv_windows"] = None
+        if "sum_tables" not in changes and self.sum_tables:
+            changes["sum_tables"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

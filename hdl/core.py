@@ -86,7 +86,8 @@ class Core(wiring.Component):
         m.submodules.hazards = hz = HazardTracker(end_bits=cfg.range_end_bits,
                                                   slots=cfg.matmul_slots,
                                                   late=fast,
-                                                  ub_to_weights=cfg.ub_to_weights)
+                                                  ub_to_weights=cfg.ub_to_weights,
+                                                  sum_tables=cfg.sum_tables)
         m.submodules.weight_loader = wl = WeightLoader(cfg)
         m.submodules.matrix_engine = me = MatrixEngine(cfg)
         m.submodules.activation_engine = ae = ActivationEngine(cfg)
@@ -102,7 +103,7 @@ class Core(wiring.Component):
         m.submodules.matrix_unit = mu = MatrixUnit(cfg)
         m.submodules.accumulators = acc = Accumulators(
             depth=cfg.acc_depth, cols=cfg.cols, acc_width=cfg.acc_width,
-            registered=fast)
+            registered=fast, sum_tables=cfg.sum_tables)
         if cfg.activation_unit == "serial":
             au = SerialActivationUnit(cols=cfg.cols, acc_width=cfg.acc_width,
                                       table=cfg.lookup_table, row_scale=cfg.row_scale)
@@ -156,6 +157,8 @@ class Core(wiring.Component):
         wiring.connect(m, me.o_act, mu.i_act)
         wiring.connect(m, mu.o_psum, me.i_psum)
         wiring.connect(m, me.o_acc, acc.i_psum)
+        if cfg.sum_tables:
+            wiring.connect(m, fe.o_sum_table, acc.i_table)
         m.d.comb += me.i_acc_written.eq(acc.o_written)
         wiring.connect(m, ae.o_acc, acc.r)
         wiring.connect(m, ae.o_row, au.i_row)

@@ -23,11 +23,13 @@ import functools
 from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "COUNTERS",
+__all__ = ["INSTR_BITS", "Opcode", "Func", "Rounding", "Pool", "ErrorCode", "TableTarget",
+           "COUNTERS",
            "COUNTER_BITS",
            "RESYNC_WORD", "Instr", "Nop", "Halt", "Sync", "ReadHost", "WriteHost",
            "LoadWeights", "ReadWeights", "Matmul", "Activate", "LoadParams", "ReadCounters",
-           "ClearCounters", "UbToWeights", "LoadTable", "TABLE_ENTRIES", "table_beats",
+           "ClearCounters", "UbToWeights", "LoadTable", "MatmulLookup", "TABLE_ENTRIES",
+           "table_beats", "sum_table_beats",
            "window_rows", "window_ends", "window_cycles",
            "RECIPROCAL_BITS", "RECIPROCAL_SCALE", "reciprocal",
            "FORMATS", "Status", "decode"]
@@ -36,9 +38,10 @@ INSTR_BITS = 64
 
 
 class Opcode(enum.Enum, shape=unsigned(4)):
-    """Operation of an instruction word. Values 14 and 15 are reserved (UNKNOWN_OPCODE), and so
-    are 12 on a core built without UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`)
-    and 13 on one without the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`)."""
+    """Operation of an instruction word. Value 15 is reserved (UNKNOWN_OPCODE), and so are 12
+    on a core built without UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`), 13 on
+    one without the programmable table (:attr:`~hdl.config.TPUConfig.lookup_table`) and 14 on
+    one without the sum tables (:attr:`~hdl.config.TPUConfig.sum_tables`)."""
     NOP           = 0   # do nothing
     HALT          = 1   # end of program: wait until idle, send a DONE beat
     SYNC          = 2   # wait until every unit is idle
@@ -53,6 +56,8 @@ class Opcode(enum.Enum, shape=unsigned(4)):
     CLEAR_COUNTERS = 11  # zero the performance counters
     UB_TO_WEIGHTS = 12  # unified buffer -> one weight tile, optionally transposed (attention)
     LOAD_TABLE    = 13  # host -> the activation unit's programmable table (exp, GELU, ...)
+                        # or a sum table
+    MATMUL_LOOKUP = 14  # MATMUL whose sums index a sum table of int32 (the residual ADD)
 
 
 class Func(enum.Enum, shape=unsigned(3)):
@@ -85,11 +90,20 @@ class Pool(enum.Enum, shape=unsigned(2)):
     MAX4 = 2   # element-wise max of 4 rows
 
 
+class TableTarget(enum.Enum, shape=unsigned(2)):
+    """Which table a LOAD_TABLE replaces. Value 3 is invalid (BAD_FIELD), and so are the sum
+    tables on a core built without them (:attr:`~hdl.config.TPUConfig.sum_tables`)."""
+    ACTIVATION = 0   # the activation unit's programmable table (ACTIVATE's TABLE): int8
+    SUM0       = 1   # sum table 0 (MATMUL_LOOKUP with table 0): int32
+    SUM1       = 2   # sum table 1
+
+
 class ErrorCode(enum.Enum, shape=unsigned(4)):
     """Why the core stopped. Every check happens before the instruction has any effect."""
     NONE             = 0
-    UNKNOWN_OPCODE   = 1   # opcode 14 or 15 (12 on a core without UB_TO_WEIGHTS, 13 on
-                           # one without the programmable table)
+    UNKNOWN_OPCODE   = 1   # opcode 15 (12 on a core without UB_TO_WEIGHTS, 13 on one
+                           # without the programmable table, 14 on one without the sum
+                           # tables)
     UB_RANGE         = 2   # unified-buffer rows addr..addr+count-1 past ub_depth (a window
                            # MATMUL's: window_rows)
     ACC_RANGE        = 3   # accumulator rows past acc_depth
@@ -102,7 +116,8 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
                            # rounding or slot out of range, count not
                            # a multiple of the pooling window, UB_TO_WEIGHTS count past
                            # the tile's columns (transpose) or rows, MATMUL window on a
-                           # core without conv_windows or with lane >= ub_row
+                           # core without conv_windows or with lane >= ub_row,
+                           # LOAD_TABLE target 3, or a sum table on a core without them
     SIGNEDNESS       = 9   # LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL of uint8 operands (signed
                            # clear) on a core built for int8 only (TPUConfig.operands="int8")
 
@@ -269,6 +284,29 @@ def window_cycles(lane: int, step: int, count: int, rows: int, ub_row: int) -> i
     return count + window_rows(lane, step, count, rows, ub_row) - len(set(ends))
 
 
+class MatmulLookup(data.Struct):
+    """A MATMUL whose sums index a table (a core with :attr:`~hdl.config.TPUConfig.sum_tables`):
+    as :class:`Matmul` without ``window`` (the same fields in the same bits; ``table`` is
+    where MATMUL's ``window`` is), but each column's sum ``s`` is replaced by entry ``s mod
+    256`` (its low byte) of sum table ``table``, an int32, before it is written or added to
+    the accumulator row. With an identity weight tile the sum is the activation itself, so
+    ``T0[x] + T1[y]`` of two tensors forms in the accumulators: TFLite's and onnxruntime's
+    quantised ADD (each input scaled by a function of its own, the sum requantised by an
+    ACTIVATE), which no single multiplier of a MATMUL can express exactly. Tables are
+    indexed by the byte, so an int8 ``x`` takes entry ``x & 255`` and a uint8 one entry
+    ``x``. Checks, hazards and timing are MATMUL's: the lookup sits beside the accumulators'
+    read of the old sums, in the same stage."""
+    opcode:     Opcode
+    accumulate: 1
+    switch:     1
+    signed:     1
+    table:      1
+    ub_addr:    16
+    acc_addr:   16
+    count:      16
+    _c:         8
+
+
 class Activate(data.Struct):
     """Accumulator rows ``acc_addr..acc_addr+count-1`` through requantisation with parameter
     ``slot``, function ``func`` and max-pooling ``pool`` into unified-buffer rows
@@ -356,10 +394,17 @@ RECIPROCAL_SCALE = 25
 TABLE_ENTRIES = 256
 
 
-def table_beats(cols: int) -> int:
-    """Data beats that follow a LOAD_TABLE on a core with ``cols`` columns: ``4 * cols``
-    entries each (a parameter row's 32 bits per column)."""
-    return -(-TABLE_ENTRIES // (4 * cols))
+def table_beats(cols: int, target: TableTarget = TableTarget.ACTIVATION) -> int:
+    """Data beats that follow a LOAD_TABLE of ``target`` on a core with ``cols`` columns: the
+    activation table's ``4 * cols`` byte entries each, a sum table's ``cols`` int32 entries
+    each (a parameter row's 32 bits per column)."""
+    per_beat = 4 * cols if target == TableTarget.ACTIVATION else cols
+    return -(-TABLE_ENTRIES // per_beat)
+
+
+def sum_table_beats(cols: int) -> int:
+    """Data beats that follow a LOAD_TABLE of a sum table: ``cols`` entries each."""
+    return table_beats(cols, TableTarget.SUM0)
 
 
 def reciprocal(d: int) -> tuple[int, int]:
@@ -373,18 +418,27 @@ def reciprocal(d: int) -> tuple[int, int]:
 
 
 class LoadTable(data.Struct):
-    """The activation unit's programmable table, which ACTIVATE's function TABLE reads: 256
+    """Replace a table (``target``, :class:`TableTarget`). ACTIVATION: the activation unit's
+    programmable table, which ACTIVATE's function TABLE reads: 256
     entries, entry ``k`` the output byte for the requantised value ``q = k - 128``, so that
     exp, GELU or any function of an int8 value runs on chip. The entries follow from the host
     in :func:`table_beats` beats of ``4 * cols`` entries each, as a parameter row's bytes
     (entry ``k`` in beat ``k // (4 * cols)``, bits ``[8 * (k % (4 * cols)), +8)``; a last
-    beat's bits past entry 255 are ignored). The whole table is replaced; after a reset it
-    holds zeros. Every column has a copy of it (the pipelined activation unit looks up a row's
-    ``cols`` values in one cycle).
-    Timing: runs in the front end, a beat every ``4 * cols`` cycles (the entries are written
-    one a cycle, into every copy at once); waits until no ACTIVATE runs."""
+    beat's bits past entry 255 are ignored). Every column has a copy of it (the pipelined
+    activation unit looks up a row's ``cols`` values in one cycle).
+    SUM0 and SUM1 (a core with :attr:`~hdl.config.TPUConfig.sum_tables`): the sum table that
+    MATMUL_LOOKUP's ``table`` 0 or 1 reads, 256 int32 entries, entry ``k`` for the sum whose
+    low byte is ``k``, in :func:`sum_table_beats` beats of ``cols`` entries each, as a
+    parameter row (entry ``k`` in beat ``k // cols``, bits ``[32 * (k % cols), +32)``; a last
+    beat's lanes past entry 255 are ignored); a copy per column beside the accumulators.
+    The whole table is replaced; after a reset every table holds zeros.
+    Timing: runs in the front end, a beat every ``4 * cols`` cycles (ACTIVATION) or ``cols``
+    cycles (a sum table): the entries are written one a cycle, into every copy at once.
+    ACTIVATION waits until no ACTIVATE runs, a sum table until every unit is idle (no
+    MATMUL_LOOKUP's row may be between the buffer and the accumulators)."""
     opcode: Opcode
-    _pad:   60
+    target: TableTarget
+    _pad:   58
 
 
 class ClearCounters(data.Struct):
@@ -401,6 +455,7 @@ FORMATS = {
     Opcode.MATMUL: Matmul, Opcode.ACTIVATE: Activate, Opcode.LOAD_PARAMS: LoadParams,
     Opcode.READ_COUNTERS: ReadCounters, Opcode.CLEAR_COUNTERS: ClearCounters,
     Opcode.UB_TO_WEIGHTS: UbToWeights, Opcode.LOAD_TABLE: LoadTable,
+    Opcode.MATMUL_LOOKUP: MatmulLookup,
 }
 
 

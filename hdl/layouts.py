@@ -38,9 +38,14 @@ def acc_row_layout(cols: int, acc_width: int = 32) -> data.StructLayout:
     })
 
 
-def psum_write_layout(addr_bits: int, cols: int, acc_width: int = 32) -> data.StructLayout:
+def psum_write_layout(addr_bits: int, cols: int, acc_width: int = 32,
+                      sum_tables: bool = False) -> data.StructLayout:
+    """A row into the accumulators: overwrite or add ``data`` at ``addr``; with the sum
+    tables, ``lookup`` replaces each sum by its low byte's entry in sum table ``table``
+    (MATMUL_LOOKUP)."""
     return data.StructLayout({
         "addr":       unsigned(addr_bits),
         "accumulate": unsigned(1),
+        **({"lookup": unsigned(1), "table": unsigned(1)} if sum_tables else {}),
         "data":       data.ArrayLayout(signed(acc_width), cols),
     })

@@ -29,9 +29,10 @@ PRESETS: dict[str, TPUConfig] = {
     # partial products too), the fast pipeline, and no UB_TO_WEIGHTS for now: with it the
     # build did not meet the board's clock (docs/timing-closure.md); with the programmable
     # table (a block RAM per column); without the row scale until a build with it has met
-    # the clock; without the window mode until a build with it has met the clock.
+    # the clock; without the window mode and the sum tables until a build with them has met
+    # the clock.
     "ulx3s": TPUConfig(multiplier="ecp5", pipeline="fast", ub_to_weights=False,
-                       row_scale=False, conv_windows=False),
+                       row_scale=False, conv_windows=False, sum_tables=False),
 }
 
 

@@ -13,6 +13,7 @@ from hdl.isa import (
     ErrorCode,
     Instr,
     LoadParams,
+    LoadTable,
     LoadWeights,
     Matmul,
     Opcode,
@@ -128,13 +129,18 @@ class Checks(wiring.Component):
         moves = cfg.ub_to_weights
         is_ = {o: op == o for o in cfg.opcodes}
         unknown = ~Cat(*is_.values()).any()
+        # MATMUL_LOOKUP is checked as a MATMUL without the window (its `table` is MATMUL's
+        # `window` bit).
+        matmul = is_[Opcode.MATMUL]
+        if cfg.sum_tables:
+            matmul = matmul | is_[Opcode.MATMUL_LOOKUP]
         # A function this core does not have (TPUConfig.functions).
         func_value = av.func.as_value()
         bad_func = ~Cat(*(func_value == f.value for f in cfg.functions)).any()
 
         needs_count = (is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] |
                        is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS] |
-                       is_[Opcode.MATMUL] | is_[Opcode.ACTIVATE])
+                       matmul | is_[Opcode.ACTIVATE])
         if moves:
             needs_count = needs_count | is_[Opcode.UB_TO_WEIGHTS]
         window_mask = Signal(2)
@@ -151,22 +157,26 @@ class Checks(wiring.Component):
         window_field = (is_[Opcode.MATMUL] & mm.window &
                         ((mm.lane >= cfg.ub_row) if cfg.conv_windows else Const(1)))
         bad_field = bad_field | window_field
+        if cfg.lookup_table:    # a table the core has: the sum tables only with sum_tables
+            target = data.View(LoadTable, word).target.as_value()
+            bad_field = bad_field | (is_[Opcode.LOAD_TABLE] &
+                                     ((target == 3) if cfg.sum_tables else (target != 0)))
         if moves:   # a buffer row per column of the tile (transpose), else per row
             bad_field = bad_field | (is_[Opcode.UB_TO_WEIGHTS] &
                                      Mux(uw.transpose, count > cfg.cols, count > cfg.rows))
         # A core for int8 only (TPUConfig.operands) refuses uint8 tiles and activations.
-        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (is_[Opcode.MATMUL] & ~mm.signed)
+        signedness = ((is_[Opcode.LOAD_WEIGHTS] & ~lw.signed) | (matmul & ~mm.signed)
                       if cfg.operands == "int8" else Const(0))
         if moves and cfg.operands == "int8":
             signedness = signedness | (is_[Opcode.UB_TO_WEIGHTS] & ~uw.signed)
         # MATMUL: a = ub_addr, b = acc_addr. ACTIVATE: a = acc_addr, b = ub_addr.
         # UB_TO_WEIGHTS: a = ub_addr, b = tile.
-        reads_a = is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | is_[Opcode.MATMUL]
+        reads_a = is_[Opcode.READ_HOST] | is_[Opcode.WRITE_HOST] | matmul
         if moves:
             reads_a = reads_a | is_[Opcode.UB_TO_WEIGHTS]
         ub_range = ((reads_a & (a_end > cfg.ub_depth)) |
                     (is_[Opcode.ACTIVATE] & (b_end > cfg.ub_depth)))
-        acc_range = ((is_[Opcode.MATMUL] & (b_end > cfg.acc_depth)) |
+        acc_range = ((matmul & (b_end > cfg.acc_depth)) |
                      (is_[Opcode.ACTIVATE] & (a_end > cfg.acc_depth)))
         weight_range = ((is_[Opcode.LOAD_WEIGHTS] | is_[Opcode.READ_WEIGHTS]) &
                         (a_end > cfg.weight_mem_tiles))
@@ -182,7 +192,7 @@ class Checks(wiring.Component):
                                  ~(ones << a_end[:tile_bits])[:tiles])
         weight_unwritten = is_[Opcode.READ_WEIGHTS] & ((tile_mask & ~self.i_written) != 0)
         queued = self.i_queued
-        weight_empty = is_[Opcode.MATMUL] & Mux(mm.switch, queued == 0, ~self.i_have_active)
+        weight_empty = matmul & Mux(mm.switch, queued == 0, ~self.i_have_active)
         # queued + count > depth + 1 without a 16-bit adder: count alone is too large, or
         # (then it fits in over_bits) the sum of its low bits is.
         over_bits = (cfg.weight_fifo_depth + 1).bit_length() + 1

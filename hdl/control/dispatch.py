@@ -1,12 +1,12 @@
 """The front end's timing: whether the instruction at fetch issues, fails or waits, and in
 which cycle the front end acts on what it sees."""
 
-from amaranth.hdl import Module, Shape, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import Module, Mux, Shape, Signal
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import TPUConfig
-from hdl.isa import INSTR_BITS, ErrorCode, Opcode
+from hdl.isa import INSTR_BITS, ErrorCode, LoadTable, Opcode, TableTarget
 
 __all__ = ["Dispatch", "ENGINE_OPCODES"]
 
@@ -131,11 +131,22 @@ class Dispatch(wiring.Component):
         busy = Signal()         # the engine (or the whole core) cannot take it yet
         with m.Switch(op):
             for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
-                with m.Case(o):
+                # (MATMUL_LOOKUP is a MATMUL to the matrix engine.)
+                lookup = o == Opcode.MATMUL and Opcode.MATMUL_LOOKUP in opcodes
+                with m.Case(*((o, Opcode.MATMUL_LOOKUP) if lookup else (o,))):
                     m.d.comb += busy.eq(~ready)
-            # (The parameters and the table must not change under a running ACTIVATE.)
-            with m.Case(*(o for o in (Opcode.LOAD_PARAMS, Opcode.LOAD_TABLE) if o in opcodes)):
+            # (The parameters and the table must not change under a running ACTIVATE, a sum
+            # table under a MATMUL_LOOKUP's rows: those wait until the core is idle.)
+            with m.Case(Opcode.LOAD_PARAMS):
                 m.d.comb += busy.eq(self.i_activate_busy)
+            if Opcode.LOAD_TABLE in opcodes:
+                with m.Case(Opcode.LOAD_TABLE):
+                    if self.config.sum_tables:
+                        target = data.View(LoadTable, self.i_word).target
+                        m.d.comb += busy.eq(Mux(target == TableTarget.ACTIVATION,
+                                                self.i_activate_busy, ~self.i_idle))
+                    else:
+                        m.d.comb += busy.eq(self.i_activate_busy)
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync

@@ -1,6 +1,6 @@
 """The front end: fetch, decode, error checks, dispatch, host transfers and status."""
 
-from amaranth.hdl import Cat, Const, Module, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -92,6 +92,9 @@ class FrontEnd(wiring.Component):
     o_param_write : Out(stream.Signature(param_write_layout))
         LOAD_PARAMS into the activation engine's parameter store, LOAD_TABLE's beats into its
         table.
+    o_sum_table : Out(MemWriteSignature(9, signed(acc_width)))
+        With :attr:`~hdl.config.TPUConfig.sum_tables`: LOAD_TABLE's sum-table entries into
+        the accumulators' tables, one a cycle.
     i_idle : In(1)
         Every engine is idle.
     i_activate_busy, i_write_host_busy : In(1)
@@ -131,6 +134,8 @@ class FrontEnd(wiring.Component):
                 self.wm_bits, weight_row_layout(cfg.cols, cfg.data_width))),
             "o_param_write":     Out(stream.Signature(param_write_layout(cfg.cols,
                                                                          cfg.param_slots))),
+            **({"o_sum_table":   Out(MemWriteSignature(9, signed(cfg.acc_width)))}
+               if cfg.sum_tables else {}),
             "i_idle":            In(1),
             "i_activate_busy":   In(1),
             "i_write_host_busy": In(1),
@@ -219,6 +224,13 @@ class FrontEnd(wiring.Component):
             m.d.comb += issue[o].eq(decide.o_issue[o.value])
         for o, port in engines.items():
             m.d.comb += [port.valid.eq(issue[o]), port.payload.eq(word)]
+        # MATMUL_LOOKUP goes to the matrix engine as the word it is (the engine tells the
+        # two apart by the opcode).
+        switches = issue[Opcode.MATMUL] & mm.switch
+        if cfg.sum_tables:
+            m.d.comb += self.o_matmul.valid.eq(issue[Opcode.MATMUL] |
+                                               issue[Opcode.MATMUL_LOOKUP])
+            switches = (issue[Opcode.MATMUL] | issue[Opcode.MATMUL_LOOKUP]) & mm.switch
         # For waveforms only (nothing reads it): the opcode of the instruction waiting at
         # i_host, NOP while data beats stream or no beat waits (`o_hazards.instr` decodes every
         # beat, data too).
@@ -228,7 +240,8 @@ class FrontEnd(wiring.Component):
 
         # Host transfers, the beats to the host and the reset scrub.
         m.submodules.transfers = xfer = HostTransfers(cfg)
-        for port in ("o_ub_write", "o_wm_write", "o_param_write", "o_beat"):
+        for port in ("o_ub_write", "o_wm_write", "o_param_write", "o_beat",
+                     *(("o_sum_table",) if cfg.sum_tables else ())):
             wiring.connect(m, wiring.flipped(getattr(self, port)), getattr(xfer, port))
         m.d.comb += [
             xfer.i_host.payload.eq(self.i_host.payload),
@@ -273,7 +286,7 @@ class FrontEnd(wiring.Component):
                             m.next = "MOVE"
                     with m.If(issue[Opcode.READ_WEIGHTS]):
                         m.d.sync += queued.eq(queued + instr.count)
-                    with m.If(issue[Opcode.MATMUL] & mm.switch):
+                    with m.If(switches):
                         m.d.sync += [queued.eq(queued - 1), have_active.eq(1)]
                     with m.If(Cat(*(issue[o] for o in TRANSFER_OPCODES
                                     if o in opcodes)).any()):

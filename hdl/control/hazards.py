@@ -156,6 +156,9 @@ class HazardTracker(wiring.Component):
         The core runs UB_TO_WEIGHTS (:attr:`~hdl.config.TPUConfig.ub_to_weights`); without
         it the instruction never reaches the tracker (an unknown opcode), and its two rules
         are constant low (their compares cost logic).
+    sum_tables : bool
+        The core runs MATMUL_LOOKUP (:attr:`~hdl.config.TPUConfig.sum_tables`): its ranges
+        are a MATMUL's, and so are its rules (the MATMUL rules hold for either opcode).
     late : bool
         Also answer ``hazard_late``: a flip-flop more for each range compare and opcode a
         rule has (29 with four MATMUL slots).
@@ -174,7 +177,7 @@ class HazardTracker(wiring.Component):
     """
 
     def __init__(self, *, end_bits: int = ADDR_END_BITS, slots: int = MATMUL_SLOTS,
-                 late: bool = False, ub_to_weights: bool = True):
+                 late: bool = False, ub_to_weights: bool = True, sum_tables: bool = False):
         if not isinstance(end_bits, int) or not 1 <= end_bits <= ADDR_END_BITS:
             raise ValueError(f"end_bits={end_bits!r} is not supported; allowed: 1 to "
                              f"{ADDR_END_BITS}")
@@ -184,6 +187,7 @@ class HazardTracker(wiring.Component):
         self.slots = slots
         self.late = late
         self.ub_to_weights = ub_to_weights
+        self.sum_tables = sum_tables
         super().__init__({
             "i_query":             In(HazardQuerySignature()),
             "i_matmul_retire":     In(1),
@@ -224,7 +228,8 @@ class HazardTracker(wiring.Component):
         tail = Signal(range(slots))
         with m.If(q.dispatch):
             with m.Switch(op):
-                with m.Case(Opcode.MATMUL):
+                with m.Case(*((Opcode.MATMUL, Opcode.MATMUL_LOOKUP) if self.sum_tables
+                              else (Opcode.MATMUL,))):
                     for i in range(slots):
                         with m.If(tail == i):
                             m.d.sync += [mm_ub[i].valid.eq(1), *mm_ub[i].record(a, a_end),
@@ -268,10 +273,15 @@ class HazardTracker(wiring.Component):
         # the tracker is the one built before the instruction existed.
         built = {name: rule for name, rule in rules.items()
                  if self.ub_to_weights or not name.startswith("ub_to_weights")}
+        def is_op(opcode):      # MATMUL_LOOKUP is a MATMUL here
+            if opcode == Opcode.MATMUL and self.sum_tables:
+                return (op == Opcode.MATMUL) | (op == Opcode.MATMUL_LOOKUP)
+            return op == opcode
+
         for i, name in enumerate(HAZARD_RULES):
             if name in built:
                 opcode, hit = built[name]
-                m.d.comb += self.o_rules[i].eq((op == opcode) & Cat(*hit).any())
+                m.d.comb += self.o_rules[i].eq(is_op(opcode) & Cat(*hit).any())
         m.d.comb += q.hazard.eq(self.o_rules.any())
         rules = built
         if self.late:
@@ -284,7 +294,7 @@ class HazardTracker(wiring.Component):
             for opcode, hit in rules.values():
                 if opcode not in is_q:
                     is_q[opcode] = Signal(name=f"is_{opcode.name.lower()}_q")
-                    m.d.sync += is_q[opcode].eq(op == opcode)
+                    m.d.sync += is_q[opcode].eq(is_op(opcode))
                 hit_q = Signal(len(hit), name=f"hit_q{len(late)}")
                 m.d.sync += hit_q.eq(Cat(*hit))
                 late.append(is_q[opcode] & hit_q.any())

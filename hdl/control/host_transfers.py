@@ -1,6 +1,6 @@
 """The front end's transfers: data beats into the memories, beats to the host, the reset scrub."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -21,9 +21,11 @@ from hdl.isa import (
     ErrorCode,
     Instr,
     LoadParams,
+    LoadTable,
     LoadWeights,
     Opcode,
     Status,
+    TableTarget,
     table_beats,
 )
 from hdl.layouts import weight_row_layout
@@ -51,7 +53,9 @@ class HostTransfers(wiring.Component):
       and, with ``column_shifts``, the shift row's;
     - LOAD_TABLE (with :attr:`~hdl.config.TPUConfig.lookup_table`): its
       :func:`~hdl.isa.table_beats` beats of entries, to the activation engine's table
-      writer, which takes each as it has written its entries;
+      writer, which takes each as it has written its entries; of a sum table (with
+      :attr:`~hdl.config.TPUConfig.sum_tables`), its :func:`~hdl.isa.sum_table_beats`
+      beats, each beat's ``cols`` entries one a cycle on ``o_sum_table``;
     - READ_COUNTERS: a beat per counter, each sampled when the counter bank shows it;
     - HALT: the DONE beat; a failed check: the error beat, once no WRITE_HOST runs;
     - after a reset: zeros into every unified-buffer row (``o_scrubbing``).
@@ -110,6 +114,8 @@ class HostTransfers(wiring.Component):
             "o_param_write":     Out(stream.Signature(param_write_layout(cfg.cols,
                                                                          cfg.param_slots))),
             "o_beat":            Out(host),
+            **({"o_sum_table":   Out(MemWriteSignature(9, signed(cfg.acc_width)))}
+               if cfg.sum_tables else {}),
             "o_counter_select":  Out(range(len(COUNTERS))),
             "i_counter_valid":   In(1),
             "i_counter_value":   In(COUNTER_BITS),
@@ -180,8 +186,20 @@ class HostTransfers(wiring.Component):
             self.o_counter_select.eq(counter),
             beat_out.payload.eq(beat_word),
             self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid | param_rows |
-                                beat_out.valid),
+                                beat_out.valid |
+                                (self.o_sum_table.valid if cfg.sum_tables else 0)),
         ]
+        if cfg.sum_tables:
+            # A sum-table beat's entries, one a cycle: `sum_addr` is the table and the entry,
+            # `lane` the entry's column in the beat.
+            sum_addr = Signal(9)
+            lane = Signal(range(cfg.cols))
+            last_entry = sum_addr[:8] == 255
+            beat_taken = (lane == cfg.cols - 1) | last_entry
+            m.d.comb += [
+                self.o_sum_table.payload.addr.eq(sum_addr),
+                self.o_sum_table.payload.data.eq(beat.word_select(lane, cfg.acc_width)),
+            ]
 
         with m.FSM(name="transfers"):
             with m.State("SCRUB"):
@@ -212,9 +230,16 @@ class HostTransfers(wiring.Component):
                     m.d.sync += [slot.eq(lp.slot), shifts_follow.eq(lp.column_shifts)]
                     m.next = "PARAM_BIAS"
                 if cfg.lookup_table:
+                    target = data.View(LoadTable, word).target
                     with m.If(issue[Opcode.LOAD_TABLE]):
                         m.d.sync += [left.eq(table_beats(cfg.cols)), first.eq(1)]
                         m.next = "TABLE_ROWS"
+                        if cfg.sum_tables:
+                            with m.If(target != TableTarget.ACTIVATION):
+                                m.d.sync += [sum_addr.eq(Cat(Const(0, 8),
+                                                             target == TableTarget.SUM1)),
+                                             lane.eq(0)]
+                                m.next = "SUM_TABLE_ROWS"
                 with m.If(issue[Opcode.READ_COUNTERS]):
                     m.d.sync += [counter.eq(0), counter_held.eq(0)]
                     m.next = "SEND_COUNTERS"
@@ -282,6 +307,19 @@ class HostTransfers(wiring.Component):
                     with m.If(self.i_host.valid & self.o_param_write.ready):
                         m.d.sync += [left.eq(left - 1), first.eq(0)]
                         with m.If(left == 1):
+                            m.d.comb += self.o_done.eq(1)
+                            m.next = "IDLE"
+            if cfg.sum_tables:
+                with m.State("SUM_TABLE_ROWS"):
+                    m.d.comb += [
+                        self.o_host_wait.eq(~self.i_host.valid),
+                        self.o_sum_table.valid.eq(self.i_host.valid),
+                        self.i_host.ready.eq(beat_taken),
+                    ]
+                    with m.If(self.i_host.valid):
+                        m.d.sync += [sum_addr.eq(sum_addr + 1),
+                                     lane.eq(Mux(beat_taken, 0, lane + 1))]
+                        with m.If(last_entry):
                             m.d.comb += self.o_done.eq(1)
                             m.next = "IDLE"
             with m.State("SEND_COUNTERS"):

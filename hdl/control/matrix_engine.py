@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.beats import ub_row_beat
 from hdl.config import TPUConfig
-from hdl.isa import Matmul
+from hdl.isa import Matmul, Opcode
 from hdl.layouts import act_row_layout, psum_row_layout, psum_write_layout
 from hdl.memory.block_fifo import BlockFIFO
 from hdl.ports import MemReadSignature, addr_bits
@@ -30,6 +30,9 @@ class MatrixEngine(wiring.Component):
     in the cycle after the last row of the oldest MATMUL has been written
     (``i_acc_written``). After a reset it first writes zeros to every accumulator row
     (``o_idle`` low meanwhile); ``o_idle`` falls only as it takes a MATMUL.
+    A MATMUL_LOOKUP (with :attr:`~hdl.config.TPUConfig.sum_tables`, taken on ``i_matmul`` as
+    the word it is: its ``table`` bit is MATMUL's ``window``) runs as a MATMUL without the
+    window, its rows marked ``lookup`` with their ``table`` for the accumulators.
     ``o_array_active`` is high in each cycle a row enters the array. ``count`` is at most the
     rows of the smaller memory (the front end's range checks), or with the window mode the
     accumulators' (windows may read one buffer row again and again): the engine keeps counts
@@ -65,8 +68,8 @@ class MatrixEngine(wiring.Component):
             "o_ub":           Out(MemReadSignature(self.ub_bits, ub_row)),
             "o_act":          Out(stream.Signature(act_row_layout(cfg.rows, cfg.data_width))),
             "i_psum":         In(stream.Signature(psum_row_layout(cfg.cols, cfg.acc_width))),
-            "o_acc":          Out(stream.Signature(psum_write_layout(self.acc_bits, cfg.cols,
-                                                                     cfg.acc_width))),
+            "o_acc":          Out(stream.Signature(psum_write_layout(
+                self.acc_bits, cfg.cols, cfg.acc_width, cfg.sum_tables))),
             "i_acc_written":  In(1),
             "o_retire":       Out(1),
             "o_idle":         Out(1),
@@ -98,6 +101,8 @@ class MatrixEngine(wiring.Component):
         switch = Signal()
         signed_ = Signal()
         accumulate = Signal()
+        lookup = Signal()       # MATMUL_LOOKUP, with its `table`
+        table = Signal()
         head = Signal(range(slots))
         tail = Signal(range(slots))
         in_flight = [Signal(name=f"slot{i}_valid") for i in range(slots)]
@@ -112,12 +117,14 @@ class MatrixEngine(wiring.Component):
         # With the window mode an entry is a token: a buffer row read (`read`), a row for
         # the array (`emit`, its window `offset` elements into the last two rows read and
         # the one arriving), or both; without it every entry is both.
-        meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
+        tables = {"lookup": 1, "table": 1} if cfg.sum_tables else {}
+        meta_a_layout = data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1, **tables,
                                            **({"gap": 1} if self.acc_gap else {}),
                                            **({"read": 1, "emit": 1,
                                                "offset": range(cfg.ub_row)} if windows else {}),
                                            "acc": unsigned(self.acc_bits)})
-        meta_b_layout = data.StructLayout({"accumulate": 1, "acc": unsigned(self.acc_bits)})
+        meta_b_layout = data.StructLayout({"accumulate": 1, **tables,
+                                           "acc": unsigned(self.acc_bits)})
         # A row's metadata must be readable when the row arrives, or the read port would
         # idle every other cycle: the cycle after its UB read was issued (unbuffered), or
         # with pipelined memories two cycles after, when a buffered FIFO's registered
@@ -141,6 +148,8 @@ class MatrixEngine(wiring.Component):
             meta_a_in.accumulate.eq(accumulate),
             meta_a_in.acc.eq(acc_next),
         ]
+        if cfg.sum_tables:
+            m.d.comb += [meta_a_in.lookup.eq(lookup), meta_a_in.table.eq(table)]
         if windows:
             # The window's first element: lane `lane` of row `win_row` (a plain MATMUL: lane
             # 0, step ub_row). Its last element is in row `win_end`; each token reads the
@@ -202,10 +211,15 @@ class MatrixEngine(wiring.Component):
                 ub_next.eq(p.ub_addr), acc_next.eq(p.acc_addr), left.eq(p.count),
                 switch.eq(p.switch), signed_.eq(p.signed), accumulate.eq(p.accumulate),
             ]
+            window_bit = p.window
+            if cfg.sum_tables:
+                is_lookup = p.opcode == Opcode.MATMUL_LOOKUP
+                m.d.sync += [lookup.eq(is_lookup), table.eq(p.window)]
+                window_bit = p.window & ~is_lookup
             if windows:
                 m.d.sync += [win_row.eq(p.ub_addr),
-                             lane.eq(Mux(p.window, p.lane, 0)),
-                             step.eq(Mux(p.window, p.step, cfg.ub_row))]
+                             lane.eq(Mux(window_bit, p.lane, 0)),
+                             step.eq(Mux(window_bit, p.step, cfg.ub_row))]
             for i in range(slots):
                 with m.If(tail == i):
                     m.d.sync += [in_flight[i].eq(1), pending[i].eq(p.count),
@@ -243,6 +257,8 @@ class MatrixEngine(wiring.Component):
             meta_b.w_en.eq(act.valid & act.ready),
             meta_b_in.accumulate.eq(meta_a_out.accumulate),
             meta_b_in.acc.eq(meta_a_out.acc),
+            *([meta_b_in.lookup.eq(meta_a_out.lookup), meta_b_in.table.eq(meta_a_out.table)]
+              if cfg.sum_tables else []),
             self.o_array_active.eq(act.valid & act.ready),
         ]
         if windows:
@@ -285,6 +301,8 @@ class MatrixEngine(wiring.Component):
                 self.o_acc.valid.eq(self.i_psum.valid & meta_b.r_rdy),
                 self.o_acc.payload.addr.eq(meta_b_out.acc),
                 self.o_acc.payload.accumulate.eq(meta_b_out.accumulate),
+                *([self.o_acc.payload.lookup.eq(meta_b_out.lookup),
+                   self.o_acc.payload.table.eq(meta_b_out.table)] if cfg.sum_tables else []),
                 self.o_acc.payload.data.eq(self.i_psum.payload),
                 self.i_psum.ready.eq(self.o_acc.ready & meta_b.r_rdy),
                 meta_b.r_en.eq(self.o_acc.valid & self.o_acc.ready),

@@ -8,7 +8,7 @@ from hdl.layouts import psum_write_layout
 from hdl.lib.registers import register_copies
 from hdl.memory.block_ram import PipelinedMemory
 from hdl.memory.row_memory import RegisteredRead, serve_reads
-from hdl.ports import MemReadSignature
+from hdl.ports import MemReadSignature, MemWriteSignature
 
 __all__ = ["Accumulators"]
 
@@ -45,6 +45,11 @@ class Accumulators(wiring.Component):
     registered : bool
         The five-stage pipeline above (three more cycles from a row to ``o_written``, one
         more to a read's row, rows to one address back to back).
+    sum_tables : bool
+        MATMUL_LOOKUP's two sum tables (:class:`hdl.isa.MatmulLookup`): a memory of 512
+        int32 entries per column (table bit, then the sum's low byte), read in stage A
+        beside the old sums, so that a row with ``lookup`` takes the entries instead of its
+        sums at no extra cycle. Written on ``i_table``, an entry a cycle into every column.
 
     Members
     -------
@@ -55,21 +60,28 @@ class Accumulators(wiring.Component):
     r : In(MemReadSignature(addr_bits, ArrayLayout(signed(acc_width), cols)))
         The read client (the activation unit): requests on ``r.addr``, responses on
         ``r.data``, in order.
+    i_table : In(MemWriteSignature(9, signed(acc_width)))
+        With ``sum_tables``: entry writes (address ``table * 256 + entry``), always ready.
+        The client must not write while a ``lookup`` row is in the pipeline (the front end
+        waits until the core is idle).
     """
 
     def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
-                 registered: bool = False):
+                 registered: bool = False, sum_tables: bool = False):
         self.depth = depth
         self.registered = registered
+        self.sum_tables = sum_tables
         self.cols = cols
         self.acc_width = acc_width
         self.addr_bits = max(1, (depth - 1).bit_length())
         row = data.ArrayLayout(signed(acc_width), cols)
         super().__init__({
             "i_psum":    In(stream.Signature(psum_write_layout(self.addr_bits, cols,
-                                                               acc_width))),
+                                                               acc_width, sum_tables))),
             "o_written": Out(1),
             "r":         In(MemReadSignature(self.addr_bits, row)),
+            **({"i_table": In(MemWriteSignature(9, signed(acc_width)))} if sum_tables
+               else {}),
         })
 
     def elaborate(self, platform):
@@ -99,6 +111,27 @@ class Accumulators(wiring.Component):
         # reset routed into their inputs puts the reset net through a LUT).
         write_b = Signal.like(self.i_psum.payload, reset_less=True)
         m.d.sync += [valid_b.eq(self.i_psum.valid), write_b.eq(self.i_psum.payload)]
+        # The row's addends in stage B: its sums, or with `lookup` the sum tables' entries,
+        # read in stage A beside the old sums (a memory a column: every column looks up in
+        # the same cycle).
+        addend_b = write_b.data
+        if self.sum_tables:
+            m.d.comb += self.i_table.ready.eq(1)
+            looked_up = Signal(row)
+            for c in range(self.cols):
+                table = memory.Memory(shape=signed(self.acc_width), depth=512, init=[])
+                m.submodules[f"sum_table{c}"] = table
+                w = table.write_port()
+                r = table.read_port()
+                m.d.comb += [
+                    w.en.eq(self.i_table.valid),
+                    w.addr.eq(self.i_table.payload.addr),
+                    w.data.eq(self.i_table.payload.data),
+                    r.addr.eq(Cat(self.i_psum.payload.data[c][:8],
+                                  self.i_psum.payload.table)),
+                    looked_up[c].eq(r.data),
+                ]
+            addend_b = Mux(write_b.lookup, looked_up, write_b.data)
 
         if not self.registered:
             # Stage B: add (or not) and write.
@@ -107,9 +140,10 @@ class Accumulators(wiring.Component):
                 wr.addr.eq(write_b.addr),
                 self.o_written.eq(valid_b),
             ]
+            addend = data.View(row, addend_b)
             for c in range(self.cols):
                 m.d.comb += wr.data[c].eq(Mux(write_b.accumulate, rmw.data[c], 0) +
-                                          write_b.data[c])
+                                          addend[c])
         else:
             # Stage B: the block RAM's output register takes the old sums. Stage C: a fabric
             # register next to the adders takes them (the route from the block RAM's register
@@ -140,6 +174,7 @@ class Accumulators(wiring.Component):
                          hits[2].eq(valid_d & (write_d.addr == addr_a)),
                          hits[3].eq(valid_e & (addr_e == addr_a))]
             m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b), old_c.eq(rmw.data),
+                         write_c.data.eq(addend_b),
                          valid_d.eq(valid_c), write_d.eq(write_c),
                          valid_e.eq(valid_d), addr_e.eq(write_d.addr),
                          sums[1].eq(sums[0]), sums[2].eq(sums[1])]

@@ -18,6 +18,7 @@ import numpy as np
 from hdl.isa import RECIPROCAL_BITS, RECIPROCAL_SCALE
 
 __all__ = ["wrap", "to_raw", "from_raw", "operand_range", "matmul", "exact_matmul",
+           "lookup_sums",
            "MatrixUnitModel",
            "matrix_unit_stream",
            "saturate", "rounding_shift", "requantise", "reciprocals", "requantise_normalised",
@@ -74,6 +75,16 @@ def matmul(x, w, *, x_signed: bool = True, w_signed: bool = True,
     _check_operands("w", w, w_signed)
     # |product| <= 2**16 and K <= 2**16 here, so int64 sums are exact before the wrap.
     return wrap(x @ w, acc_width)
+
+
+def lookup_sums(psum, table) -> np.ndarray:
+    """MATMUL_LOOKUP's step after the array: each int32 sum replaced by the entry of its low
+    byte (``s mod 256``) in ``table``, 256 int32 values. With an identity tile the sum is the
+    activation, so an int8 ``x`` takes entry ``x & 255``, a uint8 one entry ``x``."""
+    table = np.asarray(table, dtype=np.int64)
+    if table.shape != (256,):
+        raise ValueError(f"a sum table has 256 entries, got shape {table.shape}")
+    return wrap(table[np.asarray(psum, dtype=np.int64) & 0xFF])
 
 
 def exact_matmul(a, b) -> np.ndarray:

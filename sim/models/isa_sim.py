@@ -25,6 +25,9 @@ beat; bits above the row are ignored.
   ``4 * cols * b ..``, entry ``k`` at bits ``[8i, 8i+8)`` with ``i = k - 4 * cols * b``;
   the last beat's bits past entry 255 are ignored (``cols = 3``: 22 beats of 12 entries,
   the last holding entries 252..255 in its low 32 bits).
+- Sum-table row (LOAD_TABLE of SUM0 or SUM1): a parameter row, ``cols`` int32 entries: beat
+  ``b`` (``0..sum_table_beats(cols)-1``, ``ceil(256 / cols)``) holds entries ``cols * b ..``
+  in its lanes, column order; the last beat's lanes past entry 255 are ignored.
 - Counter beat (READ_COUNTERS): the 48-bit counter value.
 - DONE beat (HALT, :class:`hdl.beats.DoneBeat`): ``DONE_MAGIC << 32 | n``, ``n`` the number
   of instructions in the program, the HALT included.
@@ -53,7 +56,8 @@ until written, as their written flags are cleared):
   reset), ``zero_point`` and ``clamp_hi`` (int8, two's complement in their 8-bit fields);
 - the programmable table: 256 raw bytes, entry ``k`` the int8 output for the requantised
   value ``q = k - 128`` (all zero at reset, so TABLE gives 0 until a LOAD_TABLE; a core
-  built without it, ``lookup_table=False``, has none).
+  built without it, ``lookup_table=False``, has none);
+- the two sum tables (``sum_tables``): 256 int32 each, all zero at reset.
 
 Instructions
 ------------
@@ -74,6 +78,8 @@ Instructions
   int8 if ``signed`` else uint8; ``psum = golden.matmul(x, W)`` with the active tile ``W``
   (int8 or uint8 per its flag), wrapped to int32; accumulator row ``acc_addr+i`` becomes
   ``wrap32(acc + psum)`` if ``accumulate`` else ``psum``.
+- MATMUL_LOOKUP: as MATMUL without ``window``, but every ``psum`` value ``s`` becomes
+  ``sum_table[table][s mod 256]`` (``golden.lookup_sums``) before it is written or added.
 - ACTIVATE: ``window`` is 1, 2, 4 for ``pool`` NONE, MAX2, MAX4. Parameter slot ``slot``
   holds per column ``j`` an int32 ``bias[j]``, ``multiplier[j]`` and a shift ``s = shift[j]``
   (0..63), and for all columns the rounding mode, ``z = zero_point`` and ``clamp_hi``. For
@@ -129,8 +135,9 @@ Instructions
   instruction, and with ``column_shifts`` clear its ``shift`` for every column; then two
   data beats, the bias row and the multiplier row, and with ``column_shifts`` set a third,
   the per-column shift row (the instruction's ``shift`` field is then ignored).
-- LOAD_TABLE: ``table_beats(cols)`` data beats (Table row above), which replace all 256
-  entries of the table.
+- LOAD_TABLE: with ``target`` ACTIVATION, ``table_beats(cols)`` data beats (Table row
+  above), which replace all 256 entries of the programmable table; with SUM0 or SUM1,
+  ``sum_table_beats(cols)`` beats (Sum-table row above), which replace sum table 0 or 1.
 - READ_COUNTERS: sends one beat per counter, in ``isa.COUNTERS`` order.
 - CLEAR_COUNTERS: zeroes every counter.
 - UB_TO_WEIGHTS: tile ``tile`` becomes all zero bytes; then for ``i`` in ``0..count-1``,
@@ -225,11 +232,13 @@ Errors
 Each instruction is checked when it is decoded, before it has any effect (before its data
 beats are consumed). The first failing check, in this order, sets the error:
 
-1. UNKNOWN_OPCODE: opcode 14, 15; 12 (UB_TO_WEIGHTS) on a core built without it
+1. UNKNOWN_OPCODE: opcode 15; 12 (UB_TO_WEIGHTS) on a core built without it
    (``ub_to_weights=False``), 13 (LOAD_TABLE) on a core built without the table
-   (``lookup_table=False``).
+   (``lookup_table=False``), 14 (MATMUL_LOOKUP) on one without the sum tables
+   (``sum_tables=False``).
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
-   ACTIVATE, UB_TO_WEIGHTS; for ACTIVATE ``func == 7`` (``func == 5``, TABLE, too on a
+   MATMUL_LOOKUP, ACTIVATE, UB_TO_WEIGHTS; for LOAD_TABLE ``target == 3``, or SUM0/SUM1 on a
+   core without the sum tables; for ACTIVATE ``func == 7`` (``func == 5``, TABLE, too on a
    core without the table, ``lookup_table=False``, and ``func == 6``, NORMALISE, on one
    without the row scale, ``row_scale=False``), ``pool == 3``, ``count % window != 0`` or
    ``slot >= param_slots``;
@@ -387,6 +396,8 @@ class IsaSim:
     params : list of ParamSlot
     table : ndarray, (256,) uint8
         The programmable table, raw bytes (zero until a LOAD_TABLE).
+    sum_tables : ndarray, (2, 256) int64
+        The sum tables (int32 values; zero until a LOAD_TABLE of each).
     """
 
     def __init__(self, config: TPUConfig | None = None):
@@ -410,6 +421,7 @@ class IsaSim:
                                  np.zeros(c.cols, dtype=np.int64))
                        for _ in range(c.param_slots)]
         self.table = np.zeros(isa.TABLE_ENTRIES, dtype=np.uint8)
+        self.sum_tables = np.zeros((2, isa.TABLE_ENTRIES), dtype=np.int64)
         self.output: list[int | None] = []
         self._counts = dict.fromkeys(DETERMINISTIC_COUNTERS, 0)
         self._error = isa.ErrorCode.NONE
@@ -594,11 +606,11 @@ class IsaSim:
         for t in range(tile, tile + count):
             self.queue.append((self.weights[t].copy(), bool(self.weight_signed[t])))
 
-    def _op_matmul(self, f) -> None:
+    def _op_matmul(self, f, table: int | None = None) -> None:
         count, ub_addr, acc_addr = f["count"], f["ub_addr"], f["acc_addr"]
         cfg = self.config
         self._check_count(count)
-        window = bool(f["window"])
+        window = bool(f.get("window", 0))
         if window and (not cfg.conv_windows or f["lane"] >= cfg.ub_row):
             raise _Error(isa.ErrorCode.BAD_FIELD)
         self._check_signed(f)
@@ -622,10 +634,15 @@ class IsaSim:
         x = golden.from_raw(raw, x_signed)
         w = golden.from_raw(tile, w_signed)
         psum = golden.matmul(x, w, x_signed=x_signed, w_signed=w_signed)
+        if table is not None:
+            psum = golden.lookup_sums(psum, self.sum_tables[table])
         rows = slice(acc_addr, acc_addr + count)
         self.acc[rows] = golden.wrap(self.acc[rows] + psum) if f["accumulate"] else psum
         self._counts["array_active"] += count
         self._counts["useful_macs"] += count * self.config.rows * self.config.cols
+
+    def _op_matmul_lookup(self, f) -> None:
+        self._op_matmul(f, table=f["table"])
 
     def _op_activate(self, f) -> None:
         count, func, pool, slot = f["count"], f["func"], f["pool"], f["slot"]
@@ -677,7 +694,22 @@ class IsaSim:
         self._pending = [bias, multiplier] + [shifts] * f["column_shifts"]
 
     def _op_load_table(self, f) -> None:
-        per_beat = data.Layout.cast(param_row_beat(self.config.cols)).size // 8
+        target = f["target"]
+        if (not isinstance(target, isa.TableTarget)
+                or (target != isa.TableTarget.ACTIVATION and not self.config.sum_tables)):
+            raise _Error(isa.ErrorCode.BAD_FIELD)
+        cols = self.config.cols
+        if target != isa.TableTarget.ACTIVATION:
+            sums = self.sum_tables[target.value - 1]
+
+            def sum_entries(first: int, beat: int) -> None:
+                n = min(cols, isa.TABLE_ENTRIES - first)
+                sums[first:first + n] = _row(beat, 32 * n, np.dtype("<i4"))
+
+            self._pending = [lambda beat, first=b * cols: sum_entries(first, beat)
+                             for b in range(isa.sum_table_beats(cols))]
+            return
+        per_beat = data.Layout.cast(param_row_beat(cols)).size // 8
 
         def entries(first: int, beat: int) -> None:
             n = min(per_beat, isa.TABLE_ENTRIES - first)     # the last beat: up to entry 255
