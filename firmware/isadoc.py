@@ -211,7 +211,11 @@ DATA_LINES = {
     isa.Opcode.LOAD_TABLE: (
         "then `table_beats(cols)` lines `.table` (`4 * cols` entries each, a byte -128 to 255: "
         "int8 or its raw byte) or `.hex`, entry 0 first; the last line holds only the "
-        "entries up to 255 (16 of them with 5 columns)"),
+        "entries up to 255 (16 of them with 5 columns); `target` defaults to `activation`. "
+        "With `target=sum0` or `sum1`, `sum_table_beats(cols)` lines `.sums` (`cols` int32 "
+        "entries each, the last line the entries up to 255)"),
+    isa.Opcode.MATMUL_LOOKUP: "no data lines; `table` (0 or 1) is written `table` or "
+                              "`table=1` as a flag",
 }
 
 

@@ -9,7 +9,16 @@ import pytest
 from amaranth.lib import data
 
 from firmware import asm
-from firmware.asm import AsmError, Program, assemble, decode, disassemble, encode, field_specs
+from firmware.asm import (
+    AsmError,
+    Program,
+    assemble,
+    data_beats,
+    decode,
+    disassemble,
+    encode,
+    field_specs,
+)
 from hdl import isa
 from hdl.config import TPUConfig
 from hdl.presets import PRESETS
@@ -27,7 +36,7 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
     for _ in range(n):
         choice = rnd.random()
         if choice < 0.04:
-            beats.append(rnd.randrange(14, 16) | rnd.getrandbits(60) << 4)
+            beats.append(15 | rnd.getrandbits(60) << 4)
             continue
         opcode = rnd.choice(list(isa.Opcode))
         fields = {}
@@ -47,12 +56,13 @@ def random_program(rnd: random.Random, config: TPUConfig, n: int) -> list[int]:
         n_data = {isa.Opcode.READ_HOST: decoded.get("count", 0),
                   isa.Opcode.LOAD_WEIGHTS: decoded.get("count", 0) * config.rows,
                   isa.Opcode.LOAD_PARAMS: 2 + decoded.get("column_shifts", 0),
-                  isa.Opcode.LOAD_TABLE: isa.table_beats(config.cols)}.get(opcode, 0)
+                  isa.Opcode.LOAD_TABLE: data_beats(word, config)}.get(opcode, 0)
+        per_beat = 4 * config.cols if decoded.get("target") == 0 else config.cols
         row_bits = {isa.Opcode.READ_HOST: 8 * config.ub_row,
                     isa.Opcode.LOAD_WEIGHTS: 8 * config.cols}.get(opcode, 32 * config.cols)
         for i in range(n_data):
             if opcode == isa.Opcode.LOAD_TABLE and i == n_data - 1:   # up to entry 255
-                row_bits = 8 * (256 - 4 * config.cols * i)
+                row_bits = (256 - per_beat * i) * (8 if per_beat > config.cols else 32)
             bits = config.host_width if rnd.random() < 0.05 else row_bits
             beats.append(rnd.getrandbits(bits))
     return beats
@@ -282,7 +292,7 @@ def test_truncated_stream_cannot_be_disassembled():
 ERRORS = [
     ("matmull ub=0", "line 1: unknown mnemonic 'matmull'; allowed: nop, halt, sync, "
      "read_host, write_host, load_weights, read_weights, matmul, activate, load_params, "
-     "read_counters, clear_counters, ub_to_weights, load_table, .word"),
+     "read_counters, clear_counters, ub_to_weights, load_table, matmul_lookup, .word"),
     ("ub_to_weights tile=0 count=1", "line 1: ub_to_weights is missing field ub; required: "
      "ub, tile, count"),
     ("ub_to_weights ub=0 tile=0 count=1 switch", "line 1: ub_to_weights has no field "
@@ -382,8 +392,8 @@ ERRORS = [
      "(2 bits)"),
     ("load_params slot=0 shift=1 zp=0 clamp=0 rounding=4", "line 1: load_params field "
      "rounding=4 is out of range; allowed: half_up, half_even, double or 0 to 3 (2 bits)"),
-    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .table, .bias, "
-     ".mult, .shift, .word"),
+    (".rows 1", "line 1: unknown directive '.rows'; allowed: .row, .hex, .table, .sums, "
+     ".bias, .mult, .shift, .word"),
     (".word 1 2", "line 1: .word takes 1 value, got 2; allowed: one beat, 0 to "
      "0xffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"),
     (".word -1", "line 1: .word value -1 is out of range; allowed: 0 to "
@@ -566,7 +576,7 @@ LOAD_TABLE_ERRORS = [
      "here, got .table; allowed: .row or .hex or .word"),
     (".table 1", "line 1: .table without an instruction that takes data; allowed: data lines "
      "after read_host, load_weights, load_params, load_table"),
-    ("load_table slot=0", "line 1: load_table has no field 'slot'; allowed: none"),
+    ("load_table slot=0", "line 1: load_table has no field 'slot'; allowed: target"),
 ]
 
 

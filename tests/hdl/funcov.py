@@ -214,6 +214,10 @@ def promised_points(config: TPUConfig, rtl: bool = True,
         points += ["load_table.every_extreme", "load_table.extreme_ends",
                    "setup.load_table_behind_activate",
                    "setup.activate_table_behind_load_table"]
+    if config.sum_tables:
+        points += [f"matmul_lookup.table={t}" for t in (0, 1)]
+        points += [f"load_table.target=sum{t}" for t in (0, 1)]
+        points += ["setup.sum_table_behind_lookup"]
     if config.row_scale:
         points += [f"normalise.{kind}" for kind in DIVISOR_KINDS]
         points += ["normalise.shift_clamped_at_63"]
@@ -359,7 +363,10 @@ class ProgramObserver:
                 self.queued += count
                 if self.queued == cfg.weight_fifo_depth + 1:
                     hit("weight_queue.full")
-            elif opcode == isa.Opcode.MATMUL:
+            elif opcode in (isa.Opcode.MATMUL, isa.Opcode.MATMUL_LOOKUP):
+                if opcode == isa.Opcode.MATMUL_LOOKUP:
+                    hit(f"matmul_lookup.table={f['table']}")
+                    name = "matmul"         # its ranges and hazards are a MATMUL's
                 ranges["ub"] = (f["ub_addr"], f["ub_addr"] + count)
                 ranges["acc"] = (f["acc_addr"], f["acc_addr"] + count)
                 for flag in ("switch", "accumulate", "signed"):
@@ -388,6 +395,11 @@ class ProgramObserver:
                 hit(f"ub_to_weights.transpose={int(f['transpose'])}")
                 whole = cfg.cols if f["transpose"] else cfg.rows
                 hit("ub_to_weights.whole_tile" if count == whole else "ub_to_weights.part_tile")
+            elif opcode == isa.Opcode.LOAD_TABLE and f["target"] != isa.TableTarget.ACTIVATION:
+                hit(f"load_table.target={f['target'].name.lower()}")
+                data_beats, row = isa.sum_table_beats(cfg.cols), "table"
+                if self._previous == isa.Opcode.MATMUL_LOOKUP:
+                    hit("setup.sum_table_behind_lookup")    # it waits until the core idles
             elif opcode == isa.Opcode.LOAD_TABLE:
                 data_beats, row = isa.table_beats(cfg.cols), "table"
                 self._table(beats[i:i + data_beats])
@@ -411,7 +423,7 @@ class ProgramObserver:
             elif ranges:
                 self._setups(name, ranges)
                 self._recent[name] = ranges
-            self._run = self._run + 1 if opcode == isa.Opcode.MATMUL else 0
+            self._run = self._run + 1 if name == "matmul" else 0
             self._previous = opcode
             if self._run == self.config.matmul_slots + 1:
                 hit(f"matmul.run_of_{self.config.matmul_slots + 1}")

@@ -343,7 +343,8 @@ class _Fuzzer:
         return [makers[n(0, len(makers) - 1)]() | self.high()]
 
     def reserved(self) -> list[int]:
-        # Opcodes 14 and 15; 12 (UB_TO_WEIGHTS) and 13 (LOAD_TABLE) on a core without them.
+        # Opcode 15; 12 (UB_TO_WEIGHTS), 13 (LOAD_TABLE) and 14 (MATMUL_LOOKUP) on a core
+        # without them.
         built = {o.value for o in self.cfg.opcodes}
         unknown = [o for o in range(12, 16) if o not in built]
         while True:

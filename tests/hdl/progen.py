@@ -340,13 +340,21 @@ class _Generator:
         if signed is None:
             signed = cfg.operands == "int8" or self.chance(0.5)
         at = len(self.prog.beats)
-        self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
-                                            accumulate=accumulate, signed=signed,
-                                            window=window),
-                   isa.Opcode.MATMUL)
-        if window is None and self.junk and self.chance(0.3):
-            # lane and step, ignored without window.
-            self.prog.beats[at] |= self._random_bits(8) << 56
+        if window is None and cfg.sum_tables and self.chance(0.2):
+            # MATMUL_LOOKUP instead (the same fields, `table` where MATMUL has `window`).
+            table = self.integer(0, 1)
+            self._emit(lambda: self.prog.matmul_lookup(ub, acc, count, table=table,
+                                                       switch=switch, accumulate=accumulate,
+                                                       signed=signed),
+                       isa.Opcode.MATMUL_LOOKUP)
+        else:
+            self._emit(lambda: self.prog.matmul(ub, acc, count, switch=switch,
+                                                accumulate=accumulate, signed=signed,
+                                                window=window),
+                       isa.Opcode.MATMUL)
+            if window is None and self.junk and self.chance(0.3):
+                # lane and step, ignored without window.
+                self.prog.beats[at] |= self._random_bits(8) << 56
         if switch:
             self.queued -= 1
             self.have_active = True
@@ -446,6 +454,34 @@ class _Generator:
             # The last beat's bits past entry 255 (still in its row): ignored.
             self.prog.beats[-1] |= self._random_bits(8 * (per_beat - last)) << (8 * last)
 
+    def load_sum_table(self, table: int | None = None) -> None:
+        """LOAD_TABLE of a sum table: 256 random int32 entries, half the time with the int32
+        extremes at the byte's extremes' entries (0x00, 0x7f, 0x80, 0xff)."""
+        cfg = self.cfg
+        table = self.integer(0, 1) if table is None else table
+        entries = self.rng.integers(-2**31, 2**31, isa.TABLE_ENTRIES)
+        if self.chance(0.5):
+            entries[[0, 127, 128, 255]] = self.rng.choice([-2**31, 2**31 - 1], 4)
+        self._emit(lambda: self.prog.load_sum_table(table, entries.tolist()),
+                   isa.Opcode.LOAD_TABLE, 32 * cfg.cols)
+
+    def sum_table_behind_lookup(self) -> None:
+        """A sum-table LOAD_TABLE right behind a long MATMUL_LOOKUP of that table (it waits
+        until the core is idle: the lookups read the old entries to the last row)."""
+        cfg = self.cfg
+        self.prime_weights()
+        count = self.count(min(cfg.ub_depth, cfg.acc_depth), long=True)
+        ub, acc = self.start(cfg.ub_depth, count), self.start(cfg.acc_depth, count)
+        switch = self.queued > 0 and (not self.have_active or self.chance(0.5))
+        table = self.integer(0, 1)
+        self._emit(lambda: self.prog.matmul_lookup(ub, acc, count, table=table, switch=switch,
+                                                   signed=True), isa.Opcode.MATMUL_LOOKUP)
+        if switch:
+            self.queued -= 1
+            self.have_active = True
+        self._touch("acc", acc, count)
+        self.load_sum_table(table)
+
     def simple(self, opcode: isa.Opcode) -> None:
         self._emit(lambda: self.prog.instr(opcode), opcode)
 
@@ -467,6 +503,8 @@ class _Generator:
             kinds["ub_to_weights"] = 0.05
         if self.cfg.lookup_table:
             kinds["load_table"] = 0.03
+        if self.cfg.sum_tables:
+            kinds["load_sum_table"] = 0.02
         weights = np.array(list(kinds.values()))
         kind = self.rng.choice(list(kinds), p=weights / weights.sum())
         if kind == "read_weights":
@@ -711,6 +749,8 @@ class _Generator:
             motifs = [self.matmul_run, self.weight_queue, self.params_behind_activate]
             if self.cfg.lookup_table:
                 motifs += [self.table_behind_activate, self.activate_behind_table]
+            if self.cfg.sum_tables:
+                motifs += [self.sum_table_behind_lookup]
             motifs[self.integer(0, len(motifs) - 1)]()
         elif r < 0.64 and self.cfg.row_scale:
             self.normalise()
@@ -773,7 +813,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 #: Motif names, for documentation and coverage tables.
 MOTIFS = (*(f"hazard.{rule}" for rule in HAZARD_RULES), "overlap", "matmul_run",
           "weight_queue", "params_behind_activate", "table_behind_activate",
-          "activate_behind_table", "normalise")
+          "activate_behind_table", "sum_table_behind_lookup", "normalise")
 
 
 def short_counts(config: TPUConfig) -> int:

@@ -344,7 +344,7 @@ def _error_case(cfg, case: str) -> tuple[Program, ErrorCode, int]:
     loaded = cfg.weight_fifo_depth + 1
     ok = p.instructions
     if case == "UNKNOWN_OPCODE":
-        p.word(14)      # reserved (13 is LOAD_TABLE where the table is built)
+        p.word(15)      # reserved (12 to 14 are instructions where they are built)
     elif case == "BAD_FIELD":
         p.activate(0, 8, 3, pool=Pool.MAX2)               # 3 rows do not split into pairs
     elif case == "UB_RANGE":

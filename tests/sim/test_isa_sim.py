@@ -704,7 +704,7 @@ def test_load_table_replaces_the_whole_table_and_reserved_bits_are_ignored():
     p = Program(c)
     p.load_table(first)
     p.load_table(second)
-    p.beats[1 + isa.table_beats(c.cols)] |= ((1 << 60) - 1) << 4   # the word's _pad
+    p.beats[1 + isa.table_beats(c.cols)] |= ((1 << 58) - 1) << 6   # the word's _pad
     sim = IsaSim(c)
     sim.run(p.beats)
     assert sim.table.tolist() == second.tolist()
@@ -734,11 +734,11 @@ def test_table_is_zero_after_reset_and_kept_across_halt_clear_and_resync():
     assert activate_table(sim) == [0, 0, 0, 0]
     sim.run(Program(c).load_table(table) + Program(c).halt())
     assert activate_table(sim) == loaded
-    sim.feed([14])                                         # UNKNOWN_OPCODE
+    sim.feed([15])                                         # UNKNOWN_OPCODE
     assert sim.status.error
     sim.clear()
     assert activate_table(sim) == loaded
-    sim.feed([14, isa.RESYNC_WORD])
+    sim.feed([15, isa.RESYNC_WORD])
     assert not sim.status.error and activate_table(sim) == loaded
     sim.feed([isa.RESYNC_WORD])
     assert activate_table(sim) == loaded
@@ -986,7 +986,7 @@ E = isa.ErrorCode
 # (name, set-up, failing instruction word, expected error). TALL: ub_depth 64, acc_depth 64,
 # 8 weight tiles, FIFO depth 2 (queue limit 3), 2 parameter slots.
 ERROR_CASES = [
-    ("opcode14", None, 14, E.UNKNOWN_OPCODE),
+    ("opcode14_count0", None, 14, E.BAD_FIELD),        # MATMUL_LOOKUP of 0 rows
     ("opcode15", None, 0xFFFF_FFFF_FFFF_FFFF, E.UNKNOWN_OPCODE),
     ("read_host_count0", None, encode(isa.Opcode.READ_HOST, ub_addr=0, count=0), E.BAD_FIELD),
     ("write_host_count0", None, encode(isa.Opcode.WRITE_HOST, ub_addr=99, count=0),
@@ -1086,7 +1086,7 @@ UB_TO_WEIGHTS_ERRORS = [
     ("u2w_not_built_transpose", ICEBREAKER, _u2w(tile=0, count=4, signed=1, transpose=1),
      E.UNKNOWN_OPCODE),
     ("u2w_not_built_before_bad_field", ICEBREAKER, _u2w(count=0, tile=99), E.UNKNOWN_OPCODE),
-    ("u2w_opcode14_built", WIDE, 14 | _u2w(tile=0, count=1, signed=1) & ~0xF,
+    ("u2w_opcode15_built", WIDE, 15 | _u2w(tile=0, count=1, signed=1) & ~0xF,
      E.UNKNOWN_OPCODE),
     ("u2w_count0", WIDE, _u2w(tile=0, count=0, signed=1), E.BAD_FIELD),
     ("u2w_count0_transpose", WIDE, _u2w(tile=0, count=0, transpose=1, signed=1), E.BAD_FIELD),
@@ -1151,7 +1151,7 @@ def _act(**fields) -> int:
 # 64, 2 parameter slots.
 TABLE_ERRORS = [
     ("load_table_not_built", NO_TABLE, _table_word(), E.UNKNOWN_OPCODE),
-    ("load_table_not_built_pad", NO_TABLE, _table_word(_pad=(1 << 60) - 1), E.UNKNOWN_OPCODE),
+    ("load_table_not_built_pad", NO_TABLE, _table_word(_pad=(1 << 58) - 1), E.UNKNOWN_OPCODE),
     ("func_table_not_built", NO_TABLE, _act(func=isa.Func.TABLE), E.BAD_FIELD),
     ("func_table_not_built_before_ub_range", NO_TABLE, _act(func=isa.Func.TABLE, ub_addr=64),
      E.BAD_FIELD),
@@ -1160,7 +1160,7 @@ TABLE_ERRORS = [
     ("func_table_built_count0", TALL, _act(func=isa.Func.TABLE, count=0), E.BAD_FIELD),
     ("func7_built", TALL, _act(func=7), E.BAD_FIELD),
     ("func7_not_built", NO_TABLE, _act(func=7), E.BAD_FIELD),
-    ("opcode14_built", TALL, 14, E.UNKNOWN_OPCODE),
+    ("opcode14_not_built", NO_TABLE, 14, E.UNKNOWN_OPCODE),
     ("opcode15_not_built", NO_TABLE, 15, E.UNKNOWN_OPCODE),
 ]
 
@@ -1247,7 +1247,7 @@ def test_resync_word_recovers_in_band():
     sim = IsaSim(TALL)
     p = Program(TALL)
     p.nop()
-    p.word(14)                                               # UNKNOWN_OPCODE at index 1
+    p.word(15)                                               # UNKNOWN_OPCODE at index 1
     junk = Program(TALL)
     junk.read_host(0, np.full((3, TALL.ub_row), 5))
     junk.halt()
@@ -1279,7 +1279,7 @@ def test_error_clears_halted():
     p.halt()
     sim.feed(p.beats)
     assert sim.status.halted
-    sim.feed([14])
+    sim.feed([15])
     assert sim.status.as_bits() == 0x03
     sim.clear()
     assert sim.status.as_bits() == 0x00
