@@ -314,9 +314,9 @@ class HostTransfers(wiring.Component):
                     m.d.comb += [
                         self.o_host_wait.eq(~self.i_host.valid),
                         self.o_sum_table.valid.eq(self.i_host.valid),
-                        self.i_host.ready.eq(beat_taken),
+                        self.i_host.ready.eq(beat_taken & self.o_sum_table.ready),
                     ]
-                    with m.If(self.i_host.valid):
+                    with m.If(self.i_host.valid & self.o_sum_table.ready):
                         m.d.sync += [sum_addr.eq(sum_addr + 1),
                                      lane.eq(Mux(beat_taken, 0, lane + 1))]
                         with m.If(last_entry):

@@ -21,7 +21,8 @@ With ``pipeline="compact"`` or ``"fast"`` (the front end issues on last cycle's 
   rises only in the cycle after an ACTIVATE is dispatched, and ``i_idle`` does not fall
   unless something is dispatched (:mod:`sim.formal.engines` checks the first of each engine
   and the second; the third is each engine's ``o_idle``/``o_busy`` there, the weight loader's
-  under the matrix unit's tiles changing only with its rows or a MATMUL's switch);
+  under the matrix unit's tiles changing only with its rows or a MATMUL's switch), and
+  ``i_idle`` implies the activation engine is idle (the core's idle is the engines' AND);
 
 ``i_counter_valid`` and ``i_counter_value`` are free: the counters keep counting
 (``cycles`` every cycle) while a READ_COUNTERS beat waits for the host, and the front end
@@ -72,6 +73,7 @@ def _states_agree(m: Module, config: TPUConfig, inside: Inside) -> None:
     rows = ("HOST_ROWS", "WEIGHT_ROWS", "PARAM_BIAS", "PARAM_MULT", "PARAM_SHIFTS",
             "SEND_COUNTERS", "SEND_DONE") + (("WEIGHT_SCALE",) if config.scale_tiles_late else ())
     rows += ("TABLE_ROWS",) if config.lookup_table else ()    # LOAD_TABLE's beats, if built
+    rows += ("SUM_TABLE_ROWS",) if config.sum_tables else ()  # a sum table's, if built
     moving = ("MOVE",) if config.ub_to_weights else ()     # UB_TO_WEIGHTS' state, if built
     m.d.comb += [
         Assert(fe("TRANSFER") == xfer(*rows), "TRANSFER exactly while a transfer runs"),
@@ -133,6 +135,9 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
             m.d.comb += [
                 Assume(fresh | ~(fe.i_activate_busy & ~act_busy_1) | act_took_1),
                 Assume(fresh | ~idle_1 | fe.i_idle | dispatch_1),
+                # (The core's idle includes the activation engine's: a sum-table LOAD_TABLE,
+                # which waits until the core is idle, waits for it too.)
+                Assume(~fe.i_idle | ~fe.i_activate_busy),
             ]
             # Invariant: LOAD_PARAMS (LOAD_TABLE) issues after a cycle no ACTIVATE ran or
             # started.

@@ -55,6 +55,7 @@ from amaranth.lib import data
 
 from hdl.config import TPUConfig
 from hdl.control.matrix_engine import MatrixEngine
+from hdl.isa import Opcode
 from hdl.ports import addr_bits
 from sim.formal.harness import Harness, Inside
 
@@ -75,6 +76,7 @@ def token_layout(me: MatrixEngine) -> data.StructLayout:
     """A token of the engine's ``meta_a`` FIFO, as :mod:`hdl.control.matrix_engine` lays it
     out (the harness checks the width against the FIFO's)."""
     return data.StructLayout({"switch": 1, "signed": 1, "accumulate": 1,
+                              **({"lookup": 1, "table": 1} if me.config.sum_tables else {}),
                               **({"gap": 1} if me.acc_gap else {}),
                               "read": 1, "emit": 1, "offset": range(me.config.ub_row),
                               "acc": unsigned(me.acc_bits)})
@@ -135,17 +137,21 @@ def matrix_windows_harness(config: TPUConfig, part: Part, *, invariants: bool = 
             return Value.cast(row).word_select(lane, width)
 
         # What the front end dispatches (its BAD_FIELD, UB_RANGE and ACC_RANGE checks).
-        lane_in = Mux(p.window, p.lane, 0)            # a plain MATMUL: lane 0, step ub_row
-        step_in = Mux(p.window, p.step, ub_row)
+        # (A MATMUL_LOOKUP's `table` is where `window` is: it reads as a plain MATMUL.)
+        window_in = p.window
+        if cfg.sum_tables:
+            window_in = p.window & (p.opcode != Opcode.MATMUL_LOOKUP)
+        lane_in = Mux(window_in, p.lane, 0)            # a plain MATMUL: lane 0, step ub_row
+        step_in = Mux(window_in, p.step, ub_row)
         count_in = p.count[:addr_bits(cfg.acc_depth) + 1]   # (at most acc_depth, below)
         last_in = Signal(range(cfg.acc_depth * 16 + 16 + rows), name="last_element_in")
         rows_in = Signal(range(cfg.acc_depth * 16 + 16 + rows), name="rows_read_in")
         m.d.comb += [
             last_in.eq(lane_in + (count_in - 1) * step_in + rows - 1),
-            rows_in.eq(Mux(p.window, (last_in >> lg) + 1, count_in)),
+            rows_in.eq(Mux(window_in, (last_in >> lg) + 1, count_in)),
             Assume(~cmd.valid | ((p.count != 0) & (p.acc_addr + p.count <= cfg.acc_depth) &
                                  (p.ub_addr + rows_in <= cfg.ub_depth) &
-                                 (~p.window | (p.lane < ub_row)))),
+                                 (~window_in | (p.lane < ub_row)))),
         ]
 
         # The memory: reads answered in order, each at least a cycle after it was sent; read

@@ -133,7 +133,7 @@ def _bad_program(config, case: str) -> Program:
     p.read_host(0, np.arange(2 * config.ub_row).reshape(2, config.ub_row) % 100)
     p.write_host(0, 2)
     if case == "UNKNOWN_OPCODE":
-        p.word(14)      # reserved (13 is LOAD_TABLE where the table is built)
+        p.word(15)      # reserved (12 to 14 are instructions where they are built)
     else:
         p.read_host(config.ub_depth - 1, np.zeros((2, config.ub_row)))
     p.halt()

@@ -505,9 +505,9 @@ async def test_error_clears_halted(dut):
     tb.send(p.beats)
     await tb.check("nop, halt")
     assert tb.status()["halted"] == 1
-    tb.ref.feed([14])
+    tb.ref.feed([15])
     tb.expected.extend(tb.ref.output[len(tb.expected):])
-    tb.drive([14])
+    tb.drive([15])
     await tb.check("the reserved opcode's error beat", fail_on_error=False)
     bits = int(dut.o_status.value)
     assert bits == tb.ref.status.as_bits() == 0x03, f"status {bits:#x}, ISA 0x03"

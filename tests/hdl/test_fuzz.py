@@ -151,7 +151,7 @@ def test_resync_through_the_rtl_transport(rtl_device):
     rtl = rtl_device("tiny")
     ref = IsaSimDevice(rtl.config)
     for dev in (ref, rtl):
-        dev.send([14])      # (13 is LOAD_TABLE on a core with the table)
+        dev.send([15])      # (12 to 14 are instructions on a core with them)
         with pytest.raises(DeviceError) as info:
             dev.receive(1)
         assert info.value.status.code == isa.ErrorCode.UNKNOWN_OPCODE
