@@ -103,6 +103,14 @@ class Stage:
     #: A convolution's padding at the bottom and the right where it differs from ``pad``'s
     #: top and left (TFLite's SAME with a stride: ``(0, 1)`` below and right of ``(0, 0)``).
     pad_end: tuple[int, int] | None = None
+    #: A residual add (the compiler's chains): the index of the earlier stage whose output is
+    #: the second addend. The stage is then a 1x1 convolution of identity weights, and
+    #: ``sum_tables`` (2, 256) gives the int32 term of each addend's byte (row 0: the
+    #: earlier stage's output, row 1: this stage's input): the accumulator holds
+    #: ``sum_tables[0][a & 255] + sum_tables[1][x & 255]`` (MATMUL_LOOKUP), which the
+    #: requantisation scales (the bias is zero).
+    skip: int | None = None
+    sum_tables: np.ndarray | None = None
 
     @property
     def padding(self) -> tuple[int, int, int, int]:
@@ -309,7 +317,10 @@ def reference_forward(qnet: QuantisedNetwork, x_q: np.ndarray, *,
     x = np.asarray(x_q, dtype=np.int64)
     outs = []
     for st in qnet.stages:
-        if st.kind == "conv":
+        if st.skip is not None:
+            acc = golden.wrap(golden.lookup_sums(outs[st.skip], st.sum_tables[0]) +
+                              golden.lookup_sums(x, st.sum_tables[1]))
+        elif st.kind == "conv":
             kh, kw = st.weight.shape[:2]
             cols = nn.im2col(x, kh, kw, st.padding, pad_value=st.in_q.zero_point,
                              stride=st.stride)

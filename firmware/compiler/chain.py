@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from firmware import fixedpoint as fp
 from firmware.graph import (
     FIXED_TABLES,
+    Add,
     AveragePool2D,
     Conv2D,
     FullyConnected,
@@ -152,6 +154,48 @@ def _function(op: Op, lookup: Lookup | None, table, config):
     return op.requant.func, None, None
 
 
+def _add_stage(add: Add, skip: int, skip_input: int, shape, in_q: QParams, out_q: QParams,
+               config) -> Stage | None:
+    """A residual :class:`~firmware.graph.Add` as a stage of the chain (:attr:`Stage.skip
+    <firmware.quant.Stage.skip>`), or ``None`` where the core cannot compute it exactly:
+    each addend's term ``mbqm((x - zp) << left_shift, m, s)`` as a sum table of its 256
+    bytes (``skip_input``: which of the Add's inputs is stage ``skip``'s output), their sum
+    requantised by the output multiplier (single rounding: HALF_UP at ``31 - shift``; double:
+    DOUBLE there, for ``shift <= 0``), the output's zero point, and the activation's clamp as
+    the unit's function (the full int8 range, or from the zero point up)."""
+    if not config.sum_tables or len(shape) != 3:
+        return None
+    byte = np.arange(256)
+    value = np.where(byte > 127, byte - 256, byte)
+    terms = [fp.mbqm((value - add.zps[k]) << add.left_shift, *add.scales[k],
+                     single=add.single) for k in (0, 1)]
+    tables = np.stack([terms[skip_input], terms[1 - skip_input]]).astype(np.int64)
+    if np.abs(tables).max() >= 1 << 30:         # (the sum of two then fits int32)
+        return None
+    mult, shift = add.out_scale
+    total = 31 - shift
+    if not 0 <= total <= 63 or (not add.single and shift > 0):
+        return None
+    lo, hi = add.act
+    zo = add.out_zp
+    if lo <= -128 and hi >= 127:
+        func, clamp_hi = Func.IDENTITY, 127
+    elif lo == zo and hi >= 127:
+        func, clamp_hi = Func.RELU, 127
+    elif lo == zo and hi >= zo:
+        func, clamp_hi = Func.CLAMP, hi
+    else:
+        return None
+    c = shape[2]
+    return Stage(name=add.name, kind="conv",
+                 weight=np.eye(c, dtype=np.int64).reshape(1, 1, c, c),
+                 bias=np.zeros(c, dtype=np.int64), multiplier=np.full(c, mult, dtype=np.int64),
+                 shift=total, zero_point=zo, clamp_hi=clamp_hi, func=func, pool=False,
+                 pad=(0, 0), in_shape=tuple(shape), out_shape=tuple(shape), in_q=in_q,
+                 out_q=out_q, rounding=Rounding.HALF_UP if add.single else Rounding.DOUBLE,
+                 skip=skip, sum_tables=tables)
+
+
 @dataclass(eq=False)
 class _AverageConv(Conv2D):
     """An :class:`AveragePool2D` as the convolution that computes it (``pool``: the
@@ -210,6 +254,38 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         lookup = sole(op, Lookup, j) if op.requant.func == Func.IDENTITY else None
         return _function(op, lookup, table, config)
 
+    def follow(prev: Op, j: int) -> Op | None:
+        """The next stage's operator ``ops[j]``: a convolution, average pooling or residual
+        Add that reads ``prev``'s output, which only it and Adds read (those Adds must join
+        the chain later, :func:`closed`) and which is no graph output."""
+        nxt = ops[j] if j < len(ops) else None
+        name = prev.outputs[0]
+        if nxt is None or name in graph.outputs:
+            return None
+        consumers = graph.consumers(name)
+        if nxt not in consumers or any(not isinstance(c, Add) for c in consumers
+                                       if c is not nxt):
+            return None
+        if isinstance(nxt, Add):
+            return nxt if len(nxt.inputs) == 2 and len(set(nxt.inputs)) == 2 else None
+        return nxt if isinstance(nxt, Conv2D | AveragePool2D) and len(nxt.inputs) == 1 \
+            else None
+
+    def add_stage(add: Add) -> Stage | None:
+        """A residual Add of the previous stage's output and an earlier stage's."""
+        prev = groups[-1][-1].outputs[0]
+        if prev not in add.inputs or not stages[-1].out_q.signed:
+            return None
+        other = add.inputs[0] if add.inputs[1] == prev else add.inputs[1]
+        k = next((n for n, grp in enumerate(groups[:-1]) if grp[-1].outputs[0] == other),
+                 None)
+        if k is None or tuple(stages[k].out_shape) != tuple(shape) \
+                or not stages[k].out_q.signed \
+                or tuple(graph.tensors[add.outputs[0]].shape[1:]) != tuple(shape):
+            return None
+        return _add_stage(add, k, add.inputs.index(other), shape, q,
+                          _qparams(graph, add.outputs[0]), config)
+
     # The compiler pads a convolution's input (on the host for the first, as a frame on chip
     # for the later ones) with its input's zero point: the operator's own.
     q0 = _qparams(graph, ops[i].inputs[0])
@@ -224,7 +300,18 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     j = i
     op = ops[i]
     q = in_q
-    while isinstance(op, Conv2D | AveragePool2D):
+    while isinstance(op, Conv2D | AveragePool2D | Add):
+        if isinstance(op, Add):
+            st = add_stage(op) if stages else None
+            if st is None:
+                break
+            stages.append(st)
+            groups.append([op])
+            frames.append(None)
+            q = st.out_q
+            j += 1
+            op = follow(op, j)
+            continue
         if isinstance(op, AveragePool2D):
             op = _average_as_conv(op, shape[2])
             if op is None:
@@ -255,9 +342,27 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         table = table if values is None else values
         q, shape = out_q, st.out_shape
         j += len(taken)
-        op = sole(taken[-1], Conv2D | AveragePool2D, j)
+        op = follow(taken[-1], j) if len(taken) == 1 else \
+            sole(taken[-1], Conv2D | AveragePool2D, j)
     if not stages:
         return None
+
+    def closed(length: int) -> bool:
+        """Whether every operator that reads a tensor of the first ``length`` stages (but
+        the last's, the chain's output) is in them: a residual Add outside would read a
+        tensor that never leaves the core."""
+        inside = {id(x) for grp in groups[:length] for x in grp}
+        return all(id(c) in inside for grp in groups[:length - 1]
+                   for c in graph.consumers(grp[-1].outputs[0]))
+
+    # Where an Add the chain does not hold reads one of its tensors, its longest prefix that
+    # has no such tensor.
+    if not closed(len(stages)):
+        cut = max(n for n in range(1, len(stages) + 1) if closed(n))
+        stages, groups, frames = stages[:cut], groups[:cut], frames[:cut]
+        frames[-1] = None
+        shape, q = stages[-1].out_shape, stages[-1].out_q
+        j = i + sum(len(grp) for grp in groups)
     # A flatten, or NCHW's flatten (ONNX: a transpose to NCHW, then the flatten), before a
     # fully connected operator is a layout: NCHW's order becomes the weights' row order.
     nchw = sole(groups[-1][-1], Transpose, j)
@@ -311,9 +416,11 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         errors.append(error)
         if not prefixes:
             return None
-    length = 0
-    while length + 1 < len(stages) and _fits(config, prefix(length + 1)[1], 1, 1, min(RINGS)):
-        length += 1
+    length, fitting = 0, 0
+    while fitting + 1 < len(stages) and _fits(config, prefix(fitting + 1)[1], 1, 1, min(RINGS)):
+        fitting += 1
+        if closed(fitting):         # (no cut between a residual Add and its skip)
+            length = fitting
     if not length:
         return None
     chain, net = prefix(length)

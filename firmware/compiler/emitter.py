@@ -75,8 +75,13 @@ class _Emitter:
         """Block of the first stage's output that unit ``u`` of batch ``b`` uses."""
         return (b * self.plan.units + u) % self.plan.stages[0].outs[0].units
 
-    def _src_base(self, sp: _StagePlan, b: int, u: np.ndarray) -> np.ndarray:
-        """Where each of a job's rows' input starts (later stages)."""
+    def _src_base(self, sp: _StagePlan, b: int, u: np.ndarray, tensor: int | None = None
+                  ) -> np.ndarray:
+        """Where each of a job's rows' input starts (later stages); ``tensor``: a residual
+        add's skip, the output of that stage."""
+        if tensor is not None:
+            block = self._ring(b, u) if tensor == 0 else u
+            return sp.skip.base + block * sp.skip.block
         block = self._ring(b, u) if sp.index == 1 else u
         return sp.source.base + block * sp.source.block
 
@@ -352,7 +357,7 @@ class _Emitter:
                 g = b * self.plan.units + u0
                 absolute = (self._ring_offset(g) + src) % self.plan.ring
             else:
-                absolute = src + self._src_base(sp, b, u0 + u)
+                absolute = src + self._src_base(sp, b, u0 + u, ps.tensor)
             runs = _runs(np.where(keep, absolute, -1),
                          self.plan.ring if first_stage else self.c.ub_depth)
             out.append((src, keep, [(acc, ub, n, None, n) for acc, ub, n in runs]))
@@ -406,10 +411,15 @@ class _Emitter:
                     # These MATMULs read what a pending ACTIVATE writes: it goes first.
                     self._flush_for(lambda job, span, runs=runs: any(
                         span[0] < ub + n and ub < span[1] for _, ub, _, _, n in runs))
+                    lookup = sp.layout.passes[kc].lookup
                     for n, (acc, ub, count, window, _) in enumerate(runs):
-                        self.p.matmul(ub, region + acc, count, switch=n == 0,
-                                      accumulate=step > 0, signed=sp.stage.in_q.signed,
-                                      window=window)
+                        if lookup is not None:      # a residual add's term (int8 both)
+                            self.p.matmul_lookup(ub, region + acc, count, table=lookup,
+                                                 switch=n == 0, accumulate=step > 0)
+                        else:
+                            self.p.matmul(ub, region + acc, count, switch=n == 0,
+                                          accumulate=step > 0, signed=sp.stage.in_q.signed,
+                                          window=window)
                         self.stage_rows[sp.index] += count
                         if n == 0:
                             self.used += 1

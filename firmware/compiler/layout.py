@@ -82,10 +82,14 @@ class _Pass:
     the accumulator row is not an output and may read anything). With ``step`` (a first
     convolution over the tensor itself, :class:`_HostTensor`), the sources are elements of
     the unit block instead, each row's window the ``rows`` elements from there, read by
-    window MATMULs of that step."""
+    window MATMULs of that step. A residual add's passes (:attr:`Stage.skip
+    <firmware.quant.Stage.skip>`) are MATMUL_LOOKUPs of sum table ``lookup``; ``tensor``: the
+    stage whose output the pass reads (its skip), if not the stage's input."""
     k_rows: np.ndarray
     sources: np.ndarray
     step: int | None = None
+    lookup: int | None = None
+    tensor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -221,9 +225,11 @@ def _paired_conv_layout(config: TPUConfig, st: _PairedConv, unit: int, out_width
 
 
 def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_in: int,
-                  prev_out: tuple | None, last: bool, shifts: bool | str = True) -> _Layout:
+                  prev_out: tuple | None, last: bool, shifts: bool | str = True,
+                  skip_out: tuple | None = None) -> _Layout:
     """The passes of stage ``st`` over ``images`` images. ``prev_out``: the input tensor's
     (groups, positions, pitch, frame, channels) when another stage made it (holding
+    ``images``); ``skip_out``: the same of a residual add's skip tensor (holding
     ``images``). ``shifts``: how a first convolution reads its input: ``"windows"``, the
     tensor itself through window MATMULs; True, host rows of taps with shifted passes;
     False, host rows of taps only."""
@@ -308,7 +314,38 @@ def _stage_layout(config: TPUConfig, st: Stage, index: int, images: int, width_i
                 valid = (ch < cin) & (np.arange(c.rows) < width_in)
                 passes.append(_Pass(np.where(valid, (dy * kw + dx) * cin + ch, -1),
                                     np.asarray(sources(g, dy, dx), dtype=np.int64)))
+    if st.skip is not None:
+        passes = _add_passes(config, st, images, width_in, prev_out, skip_out, passes, m)
     return _Layout(m, window, passes, outputs, out_width, col_blocks)
+
+
+def _add_passes(config: TPUConfig, st: Stage, images: int, width_in: int, prev_out: tuple,
+                skip_out: tuple | None, passes: list[_Pass], m: int) -> list[_Pass]:
+    """A residual add's passes: its input's (a 1x1 convolution of identity weights over the
+    unframed input, ``passes``) as MATMUL_LOOKUPs of sum table 1, after the same over its
+    skip tensor (its own frame and pitch: a position's row found through both) with table
+    0, so that each accumulator row holds ``T0[a] + T1[x]``."""
+    where = f"stage {st.name}"
+    groups, positions, pitch, frame, channels = prev_out
+    if skip_out is None or st.weight.shape[:2] != (1, 1) or st.stride != 1 or st.pool \
+            or any(frame):
+        raise CompileError(f"{where}: a residual add reads two unpooled tensors of its shape")
+    s_groups, s_positions, s_pitch, s_frame, s_channels = skip_out
+    if (s_groups, s_channels) != (groups, channels):
+        raise CompileError(f"{where}: its skip tensor has {s_channels} channels in "
+                           f"{s_groups} groups, its input {channels} in {groups}")
+    q = np.arange(m) // images
+    ii = np.arange(m) % images
+    y, x = q // pitch, q % pitch
+    skip_pos = (y + s_frame[0]) * s_pitch + x + s_frame[2]
+    skips = []
+    for g in range(groups):
+        ch = g * width_in + np.arange(config.rows)
+        valid = (ch < channels) & (np.arange(config.rows) < width_in)
+        skips.append(_Pass(np.where(valid, ch, -1),
+                           ((g * s_positions + skip_pos) * images + ii).astype(np.int64),
+                           lookup=0, tensor=st.skip))
+    return skips + [_Pass(ps.k_rows, ps.sources, lookup=1) for ps in passes]
 
 
 #: Largest window step (channels times stride) a window MATMUL's ``step`` field holds.
@@ -504,6 +541,25 @@ def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | N
         raise CompileError(f"{name}: its table has {table.size} entries; allowed: "
                            f"{isa.TABLE_ENTRIES}")
     return table
+
+
+def _sum_tables(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
+    """The two sum tables the network's residual adds look up (MATMUL_LOOKUP; LOAD_TABLE in
+    the setup program), or None: the core holds two, so the adds of one program share them."""
+    adds = [(st.name, np.asarray(st.sum_tables, dtype=np.int64)) for st in network.stages
+            if st.skip is not None]
+    if not adds:
+        return None
+    name, tables = adds[0]
+    if not config.sum_tables:
+        raise CompileError(f"{name}: a residual add, and the {config.name} core has no sum "
+                           f"tables (TPUConfig.sum_tables)")
+    for other, t in adds[1:]:
+        if not np.array_equal(t, tables):
+            raise CompileError(f"{other}: a second residual add of other scales in "
+                               f"{network.name} (after {name}'s); the core holds one pair of "
+                               f"sum tables, so a program's adds share them")
+    return tables
 
 
 def _weight_tiles(config: TPUConfig, stages: list[Stage], layouts: list[_Layout]):

@@ -23,6 +23,7 @@ from firmware.compiler.layout import (
     StageBound,
     _PairedConv,
     _stage_table,
+    _sum_tables,
     _weight_tiles,
     window_form,
 )
@@ -89,6 +90,8 @@ class CompiledNetwork:
         #: The programmable table the stages with function TABLE share (LOAD_TABLE in the
         #: setup program), or None.
         self.table = _stage_table(config, network)
+        #: The sum tables the residual adds share (LOAD_TABLE in the setup program), or None.
+        self.sum_tables = _sum_tables(config, network)
 
     # Setup ------------------------------------------------------------------------------
 
@@ -105,6 +108,9 @@ class CompiledNetwork:
                               rounding=rounding)
         if self.table is not None:
             p.load_table(self.table.tolist())
+        if self.sum_tables is not None:
+            for k, entries in enumerate(self.sum_tables):
+                p.load_sum_table(k, entries.tolist())
         for sp in self._plan.stages:
             if sp.refresh:
                 continue                 # its frame shares rows: each batch writes it

@@ -43,6 +43,7 @@ class _StagePlan:
     tiles: list[list[int]]
     params: list[int]
     refresh: bool = False           # its output shares rows: each batch writes its frame
+    skip: Tensor | None = None      # a residual add: the earlier stage's output it reads
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,17 @@ def _stage_layouts(config: TPUConfig, network: QuantisedNetwork, unit: int,
     stages = network.stages
     width_in = config.rows
     prev = None
+    outs = []           # every stage's output, as `prev` (a residual add's skip reads one)
     for index, st in enumerate(stages):
         last = index == len(stages) - 1
-        lay = _stage_layout(config, st, index, unit, width_in, prev, last, shifts)
+        skip = outs[st.skip] if st.skip is not None and st.skip < index else None
+        lay = _stage_layout(config, st, index, unit, width_in, prev, last, shifts, skip)
         layouts.append(lay)
         frame = _frame(stages, index)
         h, w = st.out_shape[:2] if len(st.out_shape) == 3 else (1, 1)
         pitch = w + frame[2] + frame[3]
         prev = (lay.col_blocks, (h + frame[0] + frame[1]) * pitch, pitch, frame, st.n)
+        outs.append(prev)
         width_in = lay.out_width
     return layouts
 
@@ -138,12 +142,21 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
                                            else (network,))
                  for shifts in ((True, False) if net.stages[0].kind == "conv"
                                 and not isinstance(net.stages[0], _PairedConv) else (True,))]
+    # A residual add reads a tensor that lives past its reader (its skip): only the resident
+    # layout keeps every tensor, and only without the spare block does each batch's every
+    # stage run before the next batch's first stage writes its output again.
+    skips = any(st.skip is not None for st in network.stages)
+    if skips:
+        modes = tuple(mode for mode in modes if mode == "resident")
+        if not modes:
+            raise CompileError(f"{network.name}: a residual add's skip tensor needs the "
+                               f"resident layout (each tensor in rows of its own)")
     error = None
     for mode in modes:
         first_error = None
         for net, shifts in forms:
             spares = (True, False) if len(net.stages) > 1 and mode != "sequential" \
-                else (False,)
+                and not skips else (False,)
             for spare in spares:
                 try:
                     return _plan_with(config, net, unit, units, ring, shifts, spare, mode)
@@ -278,7 +291,8 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
                                f"not fit half the accumulators (acc_depth={c.acc_depth})")
         plans.append(_StagePlan(st, index, lay, ring_rows if index == 0 else None,
                                 tensors[index - 1][0] if index else None, tensors[index],
-                                tile_ids[index], param_ids[index], shared[index]))
+                                tile_ids[index], param_ids[index], shared[index],
+                                tensors[st.skip][0] if st.skip is not None else None))
     return _Plan(unit, units, plans, in_rows, ring_rows, layouts, spare, mode)
 
 

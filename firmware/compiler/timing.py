@@ -129,6 +129,11 @@ class _Timing:
         self.ub_read.append((ub, ub + rows_read, self.arr))
         self._prune()
 
+    def matmul_lookup(self, ub: int, acc: int, count: int, *, switch: bool = False,
+                      **_) -> None:
+        """A MATMUL_LOOKUP: a MATMUL's timing."""
+        self.matmul(ub, acc, count, switch=switch)
+
     def activate_wait(self, acc: int, count: int) -> float:
         """When an ACTIVATE (or the LOAD_PARAMS before it) would issue."""
         return self._after(self.acc_written, acc, acc + count, max(self.fe, self.act))
