@@ -101,6 +101,15 @@ input channels of other groups, keeps only the passes of its own channel group).
   computed and not activated, so each pass is one MATMUL; with a stride or max-pooling each
   output position's rows are a MATMUL of their own (a unit's images are consecutive).
 
+A residual add (:attr:`firmware.quant.Stage.skip`, a TFLite ADD of the previous stage's output
+and an earlier stage's) is a 1x1 convolution of identity weights over its input whose passes
+are MATMUL_LOOKUPs of sum table 1, after the same passes over the skip tensor (read through
+its own frame and pitch) with table 0: the accumulators hold ``T0[a] + T1[x]``, each input's
+TFLite term, and the ACTIVATE requantises the sum. The setup program loads the two tables
+(one pair a program: the adds of a chain must share them). A network with a skip takes the
+resident layout and no spare block, so that the skip tensor of a batch is read before the next
+batch's first stage writes it again.
+
 Each stage's accumulator rows are split into jobs of a quarter of the accumulators (half where
 a pooling window needs it). A job's ACTIVATE is *released* once the next job of its stage has a
 MATMUL queued (it waits for its own MATMULs, and the array has work meanwhile), and sent earlier

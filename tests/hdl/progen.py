@@ -497,14 +497,14 @@ class _Generator:
     def random_instruction(self) -> None:
         # (The rare kinds often enough that a block of 25 short programs has each.)
         kinds = {"read_host": 0.1, "load_weights": 0.06, "read_weights": 0.08, "matmul": 0.3,
-                 "activate": 0.2, "load_params": 0.06, "write_host": 0.11, "nop": 0.035,
+                 "activate": 0.2, "load_params": 0.06, "write_host": 0.11, "nop": 0.04,
                  "sync": 0.035, "read_counters": 0.035, "clear_counters": 0.035, "resync": 0.035}
         if self.cfg.ub_to_weights:
             kinds["ub_to_weights"] = 0.05
         if self.cfg.lookup_table:
             kinds["load_table"] = 0.03
         if self.cfg.sum_tables:
-            kinds["load_sum_table"] = 0.02
+            kinds["load_sum_table"] = 0.04
         weights = np.array(list(kinds.values()))
         kind = self.rng.choice(list(kinds), p=weights / weights.sum())
         if kind == "read_weights":

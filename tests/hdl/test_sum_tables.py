@@ -10,7 +10,7 @@ written the cycle before, a tile whose sums leave the byte (the low byte indexes
 ACTIVATE of the sums. Then the interlock: a LOAD_TABLE of a sum table right behind a long
 MATMUL_LOOKUP waits until its rows are written (else they would read the new entries), and
 the checks (a table target of 3, MATMUL_LOOKUP on a core without the tables). The ISA level
-is ``tests/sim/test_sum_tables.py``.
+is ``tests/sim/test_matmul_lookup.py``.
 """
 
 from __future__ import annotations
