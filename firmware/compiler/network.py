@@ -356,10 +356,15 @@ RINGS = (2.0, 1.5, 1.25, 1.0)
 def _modes(config: TPUConfig, network: QuantisedNetwork, pack: bool,
            windows: bool = True) -> tuple[str, ...]:
     """The plan modes to choose among: the resident layout alone where one image fits it
-    (its programs need no frame written per batch), else every mode."""
-    return ("resident",) if _fits(config, network, 1, 1, min(RINGS), pack, ("resident",),
-                                  windows) \
-        else MODES
+    (its programs need no frame written per batch) and the weights stay resident, else every
+    mode (where the weights stream through the weight memory, every batch sends them again,
+    so the sharing layouts' larger batches may be worth their frames: the estimates
+    decide)."""
+    if not _fits(config, network, 1, 1, min(RINGS), pack, ("resident",), windows):
+        return MODES
+    one = CompiledNetwork(config, network, 1, 1, ring=min(RINGS), pack=pack,
+                          modes=("resident",), windows=windows)
+    return ("resident",) if one.resident_weights else MODES
 
 
 def _choose(config: TPUConfig, network: QuantisedNetwork, max_batch: int,

@@ -142,15 +142,10 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
                                            else (network,))
                  for shifts in ((True, False) if net.stages[0].kind == "conv"
                                 and not isinstance(net.stages[0], _PairedConv) else (True,))]
-    # A residual add reads a tensor that lives past its reader (its skip): only the resident
-    # layout keeps every tensor, and only without the spare block does each batch's every
-    # stage run before the next batch's first stage writes its output again.
+    # A residual add reads a tensor that lives past its reader (its skip, always live in the
+    # sharing layouts), and only without the spare block does each batch's every stage run
+    # before the next batch's first stage writes its output again.
     skips = any(st.skip is not None for st in network.stages)
-    if skips:
-        modes = tuple(mode for mode in modes if mode == "resident")
-        if not modes:
-            raise CompileError(f"{network.name}: a residual add's skip tensor needs the "
-                               f"resident layout (each tensor in rows of its own)")
     error = None
     for mode in modes:
         first_error = None
@@ -253,6 +248,11 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
         else:
             always = ([0] if spare else []) + [n_stages - 1]
             chain = list(range(1 if spare else 0, n_stages - 1))
+        # A residual add's skip tensor lives from its stage to the add: always, out of the
+        # chain (its neighbours then share no rows with each other either, which is safe).
+        sources = sorted({st.skip for st in stages if st.skip is not None} - set(always))
+        always += sources
+        chain = [i for i in chain if i not in sources]
         top = 0 if sequential else ring_rows
         for index in always:
             tensors[index], top = stack(tensors[index], top)
