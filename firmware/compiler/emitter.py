@@ -50,6 +50,7 @@ class _Emitter:
         self.p = _Timed(_Tally() if estimate else Program(self.c), self.timing)
         self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
         self.queued = 0                     # tiles READ_WEIGHTS has queued
+        self.streamed = 0                   # of them, tiles a batch program loaded
         self.used = 0                       # tiles MATMULs have switched to
         self.jobs_done = 0
         self.acc_next = 0                   # next free accumulator row
@@ -169,10 +170,14 @@ class _Emitter:
         left = len(self.uses) - self.queued
         if room <= 0 or left <= 0 or (room < 2 and left > 1 and self.queued > used):
             return
+        slots = self.cn.tile_slots
+        ring = self.cn.stream_slots
         while room > 0 and self.queued < len(self.uses):
             tile = self.uses[self.queued]
-            if not self.cn.resident_weights:
-                slot = self.queued % self.c.weight_mem_tiles
+            slot = slots.get(tile)
+            if slot is None:            # streamed: into the next of the streaming slots
+                slot = ring[self.streamed % len(ring)]
+                self.streamed += 1
                 self.p.load_weights(slot, self.cn.tiles[tile], signed=True)
                 self.p.read_weights(slot, 1)
                 self.queued += 1
@@ -180,9 +185,9 @@ class _Emitter:
                 continue
             count = 1
             while (count < room and self.queued + count < len(self.uses)
-                   and self.uses[self.queued + count] == tile + count):
+                   and slots.get(self.uses[self.queued + count]) == slot + count):
                 count += 1
-            self.p.read_weights(tile, count)
+            self.p.read_weights(slot, count)
             self.queued += count
             room -= count
 

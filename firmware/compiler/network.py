@@ -86,6 +86,13 @@ class CompiledNetwork:
         self.tiles, self._params, _, _ = _weight_tiles(
             config, [sp.stage for sp in self._plan.stages], self._plan.layouts)
         self.resident_weights = len(self.tiles) <= config.weight_mem_tiles
+        #: Weight-memory slot of each tile the setup program loads (tile id -> slot): every
+        #: tile at its id where all fit; else :func:`_resident_slots`'s, the rest streaming
+        #: through the slots after them.
+        self.tile_slots = _resident_slots(config, self._plan, self.tiles)
+        #: The slots the streamed tiles take in turn (their loads wait for the reads).
+        self.stream_slots = range(len(self.tile_slots) if not self.resident_weights else 0,
+                                  config.weight_mem_tiles)
         self.resident_params = len(self._params) <= config.param_slots
         #: The programmable table the stages with function TABLE share (LOAD_TABLE in the
         #: setup program), or None.
@@ -102,6 +109,9 @@ class CompiledNetwork:
         p = Program(c)
         if self.resident_weights and len(self.tiles):
             p.load_weights(0, self.tiles, signed=True)
+        elif self.tile_slots:
+            for tile, slot in self.tile_slots.items():
+                p.load_weights(slot, self.tiles[tile:tile + 1], signed=True)
         if self.resident_params:
             for slot, (bias, mult, shift, zp, clamp, rounding) in enumerate(self._params):
                 p.load_params(slot, bias, mult, shift=shift, zp=zp, clamp=clamp,
@@ -320,7 +330,7 @@ class CompiledNetwork:
         plan = self._plan
         lines = [f"{self.network.name} on {c.name}: {self.batch_size} images per batch "
                  f"({self.units} units of {self.unit}), {len(self.tiles)} weight tiles "
-                 f"({'resident' if self.resident_weights else 'streamed per batch'}), "
+                 f"({'resident' if self.resident_weights else f'{len(self.tile_slots)} resident, the rest streamed per batch'}), "
                  f"{len(self._params)} parameter sets "
                  f"({'resident' if self.resident_params else 'loaded per ACTIVATE'}), "
                  f"{self.input_rows():g} input rows per image"]
@@ -351,6 +361,29 @@ class CompiledNetwork:
 
 #: Input ring sizes (in units' rows) the compiler tries: two buffers first.
 RINGS = (2.0, 1.5, 1.25, 1.0)
+
+
+#: Weight-memory slots kept for the streamed tiles where the weights do not all fit (at least
+#: the weight FIFO and the shadow tile's, so that the loads run ahead of the MATMULs).
+STREAM_SLOTS = 8
+
+
+def _resident_slots(config: TPUConfig, plan, tiles: np.ndarray) -> dict[int, int]:
+    """Tile id -> weight-memory slot of the tiles the setup program loads. All of them at
+    their ids where they fit. Otherwise, where the memory has room beyond the streaming
+    slots (``max(STREAM_SLOTS, weight_fifo_depth + 2)``), as many tiles as fit in it, the
+    ones a batch switches to most first: the first stage's (once a unit), then the others
+    in order; all-zero tiles (passes left out) take none. The rest stream, every batch."""
+    c = config
+    if len(tiles) <= c.weight_mem_tiles:
+        return {t: t for t in range(len(tiles))}
+    room = c.weight_mem_tiles - max(STREAM_SLOTS, c.weight_fifo_depth + 2)
+    if room <= 0:
+        return {}
+    used = tiles.reshape(len(tiles), -1).any(axis=1)
+    first = [t for row in plan.stages[0].tiles for t in row]
+    order = [t for t in dict.fromkeys(first + list(range(len(tiles)))) if used[t]]
+    return {t: slot for slot, t in enumerate(order[:room])}
 
 
 def _modes(config: TPUConfig, network: QuantisedNetwork, pack: bool,
