@@ -142,16 +142,12 @@ def _plan(config: TPUConfig, network: QuantisedNetwork, unit: int, units: int,
                                            else (network,))
                  for shifts in ((True, False) if net.stages[0].kind == "conv"
                                 and not isinstance(net.stages[0], _PairedConv) else (True,))]
-    # A residual add reads a tensor that lives past its reader (its skip, always live in the
-    # sharing layouts), and only without the spare block does each batch's every stage run
-    # before the next batch's first stage writes its output again.
-    skips = any(st.skip is not None for st in network.stages)
     error = None
     for mode in modes:
         first_error = None
         for net, shifts in forms:
             spares = (True, False) if len(net.stages) > 1 and mode != "sequential" \
-                and not skips else (False,)
+                else (False,)
             for spare in spares:
                 try:
                     return _plan_with(config, net, unit, units, ring, shifts, spare, mode)
@@ -209,8 +205,11 @@ def _plan_with(config: TPUConfig, network: QuantisedNetwork, unit: int, units: i
         positions = (h + frame[0] + frame[1]) * pitch
         # The first stage's output is a ring of one block more than a batch (when it
         # fits), so that the next batch's first unit can run before the later stages
-        # read this batch's.
-        blocks = units + 1 if index == 0 and spare else units
+        # read this batch's; of two batches where a residual add reads it (its skip), so
+        # that the next batch's first stage, which runs beside this batch's later stages,
+        # writes none of this batch's blocks before the add has read them.
+        skip_source = any(s.skip == index for s in stages)
+        blocks = (2 * units if skip_source else units + 1) if index == 0 and spare else units
         tensors.append([Tensor(0, lay.col_blocks, positions, unit, blocks, lay.out_width,
                                st.n, h, pitch, frame)
                         for _ in range(2 if last and not sequential else 1)])
