@@ -48,7 +48,8 @@ from sim.models import golden
 
 __all__ = ["GraphError", "Tensor", "Requant", "Op", "FullyConnected", "Conv2D", "Reshape",
            "Transpose",
-           "MaxPool2D", "AveragePool2D", "Add", "Softmax", "Quantize", "Requantize",
+           "MaxPool2D", "AveragePool2D", "Add", "ElementwiseBinary", "Softmax", "Quantize",
+           "Requantize",
            "Dequantize", "Constant", "AttentionScores", "Lookup", "evaluate",
            "SoftmaxNormalise", "AttentionMix",
            "LayerNorm", "Concat", "round_div", "isqrt", "Graph", "quantize_multiplier",
@@ -395,6 +396,14 @@ class AveragePool2D(_Pool2D):
         half = count // 2
         mean = np.where(total > 0, (total + half) // count, -((-total + half) // count))
         return [np.clip(mean, *self.act)]
+
+
+class ElementwiseBinary(Op):
+    """An operator of two int8 tensors of one shape whose every output element (int8) is a
+    function of the two input elements at its place, whatever the rest hold: its reference
+    on every pair of values (a 256 x 256 grid) tells the whole function, which the compiler
+    runs on chip where two sum tables reproduce it (an importer's float-arithmetic add,
+    :mod:`firmware.compiler.sums`)."""
 
 
 @dataclass(eq=False)

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware import fixedpoint as fp
+from firmware.compiler.sums import BYTES, fit_tables, tflite_terms
 from firmware.graph import (
     FIXED_TABLES,
     Add,
     AveragePool2D,
+    ElementwiseBinary,
     Conv2D,
     FullyConnected,
     Graph,
@@ -154,8 +155,8 @@ def _function(op: Op, lookup: Lookup | None, table, config):
     return op.requant.func, None, None
 
 
-def _add_stage(add: Add, skip: int, skip_input: int, shape, in_q: QParams, out_q: QParams,
-               config) -> Stage | None:
+def _add_stage(add: Add | ElementwiseBinary, skip: int, skip_input: int, shape,
+               in_q: QParams, out_q: QParams, config) -> Stage | None:
     """A residual :class:`~firmware.graph.Add` as a stage of the chain (:attr:`Stage.skip
     <firmware.quant.Stage.skip>`), or ``None`` where the core cannot compute it exactly:
     each addend's term ``mbqm((x - zp) << left_shift, m, s)`` as a sum table of its 256
@@ -165,10 +166,24 @@ def _add_stage(add: Add, skip: int, skip_input: int, shape, in_q: QParams, out_q
     the unit's function (the full int8 range, or from the zero point up)."""
     if not config.sum_tables or len(shape) != 3:
         return None
-    byte = np.arange(256)
-    value = np.where(byte > 127, byte - 256, byte)
-    terms = [fp.mbqm((value - add.zps[k]) << add.left_shift, *add.scales[k],
-                     single=add.single) for k in (0, 1)]
+    c = shape[2]
+    if not isinstance(add, Add):
+        # Another elementwise function of two int8 values (onnxruntime's float32
+        # QLinearAdd): two tables that reproduce it on all 65,536 pairs, if they exist.
+        a, b = np.meshgrid(BYTES, BYTES, indexing="ij")
+        fit = fit_tables(add.reference(a, b)[0])
+        if fit is None:
+            return None
+        t0, t1, s = fit
+        tables = np.stack([t0, t1] if skip_input == 0 else [t1, t0])
+        return Stage(name=add.name, kind="conv",
+                     weight=np.eye(c, dtype=np.int64).reshape(1, 1, c, c),
+                     bias=np.zeros(c, dtype=np.int64), multiplier=np.ones(c, dtype=np.int64),
+                     shift=s, zero_point=0, clamp_hi=127, func=Func.IDENTITY, pool=False,
+                     pad=(0, 0), in_shape=tuple(shape), out_shape=tuple(shape), in_q=in_q,
+                     out_q=out_q, rounding=Rounding.HALF_EVEN, skip=skip, sum_tables=tables)
+    terms = [tflite_terms(add.zps[k], add.left_shift, *add.scales[k], single=add.single)
+             for k in (0, 1)]
     tables = np.stack([terms[skip_input], terms[1 - skip_input]]).astype(np.int64)
     if np.abs(tables).max() >= 1 << 30:         # (the sum of two then fits int32)
         return None
@@ -186,7 +201,6 @@ def _add_stage(add: Add, skip: int, skip_input: int, shape, in_q: QParams, out_q
         func, clamp_hi = Func.CLAMP, hi
     else:
         return None
-    c = shape[2]
     return Stage(name=add.name, kind="conv",
                  weight=np.eye(c, dtype=np.int64).reshape(1, 1, c, c),
                  bias=np.zeros(c, dtype=np.int64), multiplier=np.full(c, mult, dtype=np.int64),
@@ -263,15 +277,15 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
         if nxt is None or name in graph.outputs:
             return None
         consumers = graph.consumers(name)
-        if nxt not in consumers or any(not isinstance(c, Add) for c in consumers
-                                       if c is not nxt):
+        if nxt not in consumers or any(not isinstance(c, Add | ElementwiseBinary)
+                                       for c in consumers if c is not nxt):
             return None
-        if isinstance(nxt, Add):
+        if isinstance(nxt, Add | ElementwiseBinary):
             return nxt if len(nxt.inputs) == 2 and len(set(nxt.inputs)) == 2 else None
         return nxt if isinstance(nxt, Conv2D | AveragePool2D) and len(nxt.inputs) == 1 \
             else None
 
-    def add_stage(add: Add) -> Stage | None:
+    def add_stage(add: Add | ElementwiseBinary) -> Stage | None:
         """A residual Add of the previous stage's output and an earlier stage's."""
         prev = groups[-1][-1].outputs[0]
         if prev not in add.inputs or not stages[-1].out_q.signed:
@@ -300,8 +314,8 @@ def _conv_chain(graph: Graph, ops: list[Op], i: int, config, options: dict,
     j = i
     op = ops[i]
     q = in_q
-    while isinstance(op, Conv2D | AveragePool2D | Add):
-        if isinstance(op, Add):
+    while isinstance(op, Conv2D | AveragePool2D | Add | ElementwiseBinary):
+        if isinstance(op, Add | ElementwiseBinary):
             st = add_stage(op) if stages else None
             if st is None:
                 break

@@ -284,7 +284,7 @@ def fma32(x, y, z) -> np.ndarray:
 
 
 @dataclass(eq=False)
-class QLinearAdd(g.Op):
+class QLinearAdd(g.ElementwiseBinary):
     """onnxruntime's ``QLinearAdd`` (what ``DequantizeLinear`` x 2 -> ``Add`` ->
     ``QuantizeLinear`` runs as), as MLAS's AVX2 kernel computes it on same-shape inputs:
     ``rA = float32(sA / sC)``, ``rB = float32(sB / sC)``, ``fixed = float32(zC - fma(rA, zA,
