@@ -105,7 +105,9 @@ A residual add (:attr:`firmware.quant.Stage.skip`, a TFLite ADD of the previous 
 and an earlier stage's) is a 1x1 convolution of identity weights over its input whose passes
 are MATMUL_LOOKUPs of sum table 1, after the same passes over the skip tensor (read through
 its own frame and pitch) with table 0: the accumulators hold ``T0[a] + T1[x]``, each input's
-TFLite term, and the ACTIVATE requantises the sum. The setup program loads the two tables
+TFLite term, and the ACTIVATE requantises the sum (an onnxruntime QLinearAdd, which adds in
+float32: tables fitted to its results on every pair of bytes, :mod:`~firmware.compiler.sums`).
+The setup program loads the two tables
 (one pair a program: the adds of a chain must share them). A network with a skip takes the
 resident layout and no spare block, so that the skip tensor of a batch is read before the next
 batch's first stage writes it again.
@@ -160,6 +162,8 @@ Each imports only the ones above it in this list:
   chain of stages in one program;
 - :mod:`~firmware.compiler.attention`, :mod:`~firmware.compiler.attention_block`: attention's
   programs (``q @ k.T``, ``p @ v``, the whole block);
+- :mod:`~firmware.compiler.sums`: a residual add's sum tables (TFLite's terms, or tables
+  fitted to an elementwise function of two bytes);
 - :mod:`~firmware.compiler.chain`: the runs of a graph's operators that compile into one
   program of stages, and the core steps (:class:`~firmware.compiler.chain.CoreStep`);
 - :mod:`~firmware.compiler.lowering`: a graph (:mod:`firmware.graph`) as core and host steps,
