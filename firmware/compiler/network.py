@@ -328,9 +328,11 @@ class CompiledNetwork:
         """A few lines on the plan: stages, passes, batch, residency, shape bounds."""
         c = self.config
         plan = self._plan
+        weights = "resident" if self.resident_weights else \
+            f"{len(self.tile_slots)} resident, the rest streamed per batch"
         lines = [f"{self.network.name} on {c.name}: {self.batch_size} images per batch "
                  f"({self.units} units of {self.unit}), {len(self.tiles)} weight tiles "
-                 f"({'resident' if self.resident_weights else f'{len(self.tile_slots)} resident, the rest streamed per batch'}), "
+                 f"({weights}), "
                  f"{len(self._params)} parameter sets "
                  f"({'resident' if self.resident_params else 'loaded per ACTIVATE'}), "
                  f"{self.input_rows():g} input rows per image"]

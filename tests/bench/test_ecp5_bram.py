@@ -10,6 +10,7 @@ def test_regmode_checked():
         measure("REG")
 
 
+@pytest.mark.slow       # a place and route, 5 s (make regression)
 def test_output_register_shortens_the_read():
     """Without the output register the block's read data is the critical path (its clock to
     output alone is most of a 150 MHz cycle); with it the read data leaves a register."""

@@ -530,6 +530,42 @@ def test_digits_cnn_streams_on_small_arrays(config_name):
     assert compiled.resident_params == (config_name == "wide")
 
 
+def _instructions(beats, config) -> list[tuple]:
+    """The (opcode, fields) of each instruction of a host stream, data beats skipped."""
+    from firmware.asm import data_beats, decode
+
+    out, i = [], 0
+    while i < len(beats):
+        out.append(decode(beats[i]))
+        i += 1 + data_beats(beats[i], config)
+    return out
+
+
+def test_weights_partly_resident():
+    """Where the tiles do not all fit (the digits CNN on the 4x4 core's 16 tiles), the setup
+    program loads those the batches switch to most into all but the streaming slots, and a
+    batch streams only the others: fewer LOAD_WEIGHTS than tiles it switches to, none of
+    them into a resident tile's slot; the outputs stay exact (check_on_core)."""
+    from firmware.compiler.network import STREAM_SLOTS
+    from hdl.isa import Opcode
+
+    qnet, x_q, _ = digits_cnn()
+    config = get_config("small")
+    compiled = check_on_core(qnet, config, x_q[:8], "digits CNN on small, partly resident")
+    resident = compiled.tile_slots
+    assert not compiled.resident_weights
+    assert len(resident) == config.weight_mem_tiles - STREAM_SLOTS
+    setup, _ = compiled.setup_program()
+    loads = [f["tile"] for op, f in _instructions(setup, config) if op == Opcode.LOAD_WEIGHTS]
+    assert sorted(loads) == sorted(resident.values())
+    batch = next(iter(compiled.batches(x_q[:8])))
+    ops = _instructions(batch.beats, config)
+    streamed = [f["tile"] for op, f in ops if op == Opcode.LOAD_WEIGHTS]
+    reads = sum(f["count"] for op, f in ops if op == Opcode.READ_WEIGHTS)
+    assert 0 < len(streamed) < reads
+    assert not set(streamed) & set(resident.values())
+
+
 def test_digits_cnn_does_not_fit_tiny():
     qnet, _, _ = digits_cnn()
     assert not fits(qnet, get_config("tiny"))

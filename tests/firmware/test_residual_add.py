@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiers import tiered
 
 from bench.models import mobilenet_style
 from firmware.compiler import CompileError, compile_network
@@ -90,11 +91,13 @@ def _check(graph: Graph, inputs: dict, device="isa", config=None) -> None:
             f"seed {SEED}: {name}: {(a != b).sum()} of {a.size} elements differ"
 
 
-@pytest.mark.parametrize("case", [
-    dict(), dict(skip_first=False), dict(framed=False), dict(single=False),
-    dict(act="relu"), dict(act="clamp", single=False), dict(after=True),
-    dict(after=True, skip_first=False, framed=False)],
-    ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) or "plain")
+CASES = [dict(), dict(skip_first=False), dict(framed=False), dict(single=False),
+         dict(act="relu"), dict(act="clamp", single=False), dict(after=True),
+         dict(after=True, skip_first=False, framed=False)]
+
+
+@pytest.mark.parametrize("case", tiered(CASES, fast=[CASES[k] for k in (0, 3, 5, 6)]),
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) or "plain")
 def test_residual_adds_on_the_isa_simulator(case):
     """Each residual graph in one program on the 8x8 core, equal to the reference on every
     element; the outputs saturate at both ends."""

@@ -504,7 +504,8 @@ class _Generator:
         if self.cfg.lookup_table:
             kinds["load_table"] = 0.03
         if self.cfg.sum_tables:
-            kinds["load_sum_table"] = 0.04
+            # (A table is 256 entries, 256 / cols beats: rarer where the columns are few.)
+            kinds["load_sum_table"] = min(0.04, 0.01 * self.cfg.cols)
         weights = np.array(list(kinds.values()))
         kind = self.rng.choice(list(kinds), p=weights / weights.sum())
         if kind == "read_weights":

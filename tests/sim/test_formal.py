@@ -100,6 +100,7 @@ def _with_broken(name: str, harness, mode: str, depth: int) -> list[Proof]:
                            fast_depth=depth)]
 
 
+@pytest.mark.slow       # the harness's own teeth, 5 s (make regression)
 def test_a_broken_proof_fails_its_group(tmp_path: Path):
     """A group of a passing fast form and a broken harness fails with the broken one's
     counterexample; run alone, only the broken one fails."""
@@ -169,6 +170,7 @@ def _processes_in(folder: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow       # the harness's time limit, 4 s (make regression)
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs /proc (Linux)")
 def test_time_limit_kills_the_proof(tmp_path: Path):
     """A proof that cannot finish in its limit comes back TIMEOUT, a failure that names the

@@ -234,6 +234,7 @@ def test_attention_program_is_the_documented_one():
             zip(_listing_block("Attention"), listing, strict=True)] == listing
 
 
+@pytest.mark.slow       # the stop's RTL run (make regression; the main stop's is in make test)
 def test_attention_scores_and_names(attention):
     """q @ k.T, k.T made on chip, equals the ISA simulator's beats and numpy's product; every
     trace of its save file is in its dump."""
@@ -252,6 +253,7 @@ def test_attention_scores_and_names(attention):
     assert [label for _, label in names] == [label for _, label in markers("attention")]
 
 
+@pytest.mark.slow       # the stop's RTL run (make regression; the main stop's is in make test)
 def test_attention_doc_cycles_match_run(attention):
     """docs/tour.md's attention marker table is the run's."""
     text = _section("Attention")
@@ -288,6 +290,7 @@ def test_windows_program_is_the_documented_one():
     assert [line.split()[4] for line in matmuls] == ["step=1", "step=2"]
 
 
+@pytest.mark.slow       # the stop's RTL run (make regression; the main stop's is in make test)
 def test_windows_outputs_and_names(windows):
     """The windows times W equal the ISA simulator's beats, and the rows that are the
     convolution's outputs equal golden.conv_windows (which cuts the windows from the image,
@@ -318,6 +321,7 @@ def test_windows_outputs_and_names(windows):
     assert [label for _, label in names] == [label for _, label in markers("windows")]
 
 
+@pytest.mark.slow       # the stop's RTL run (make regression; the main stop's is in make test)
 def test_windows_doc_cycles_match_run(windows):
     """docs/tour.md's windows marker table, its origin, the cycles from the first instruction
     to the last beat and the windows' cycles (isa.window_cycles) are the run's."""
