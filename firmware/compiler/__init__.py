@@ -108,9 +108,10 @@ its own frame and pitch) with table 0: the accumulators hold ``T0[a] + T1[x]``, 
 TFLite term, and the ACTIVATE requantises the sum (an onnxruntime QLinearAdd, which adds in
 float32: tables fitted to its results on every pair of bytes, :mod:`~firmware.compiler.sums`).
 The setup program loads the two tables
-(one pair a program: the adds of a chain must share them). A network with a skip takes the
-resident layout and no spare block, so that the skip tensor of a batch is read before the next
-batch's first stage writes it again.
+(one pair a program: the adds of a chain must share them). A skip tensor is live from its
+stage to the add (in the sharing layouts, rows of its own), and a first stage's output that an
+add reads keeps two batches' blocks where it has the spare block, so that the next batch's
+first stage never writes a block this batch's add has still to read.
 
 Each stage's accumulator rows are split into jobs of a quarter of the accumulators (half where
 a pooling window needs it). A job's ACTIVATE is *released* once the next job of its stage has a
@@ -121,8 +122,10 @@ are interleaved one per job of the next batch's first stage. The host's rows are
 MATMULs into input rows no MATMUL still reads; a MATMUL about to read rows not yet sent has them
 sent first. READ_WEIGHTS run ahead of the MATMULs by the weight FIFO's depth plus the shadow
 tile, consecutive resident tiles in one instruction. Weights stay resident (loaded once by the
-setup program) when all tiles fit ``weight_mem_tiles``; otherwise every batch program streams
-them through the weight memory as a ring. Parameters stay resident when every (stage, column
+setup program) when all tiles fit ``weight_mem_tiles``; otherwise the tiles a batch switches
+to most (the first stage's, which every unit uses, then the others in order; all-zero tiles
+none) take all but :data:`~firmware.compiler.network.STREAM_SLOTS` slots, loaded once too,
+and every batch program streams only the rest through those slots as a ring. Parameters stay resident when every (stage, column
 block) fits ``param_slots``; otherwise an ACTIVATE whose set is not in a slot is preceded by
 its LOAD_PARAMS into the slot used longest ago. The hardware interlocks order the rest (no NOP
 padding, no SYNC).
