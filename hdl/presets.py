@@ -12,6 +12,10 @@ PRESETS: dict[str, TPUConfig] = {
     "wide": TPUConfig(rows=4, cols=8, ub_depth=256, acc_depth=128, weight_mem_tiles=16),
     # The default: fits an ECP5-85F's multipliers with room to spare.
     "default": TPUConfig(),
+    # The default array with a unified buffer of 8,192 rows (64 KB) and 1,024 accumulator
+    # rows: a 96x96 MobileNet's activations (person_detect) stay on chip from its input to
+    # its classifier, one program. About 32 + 14 of the ECP5-85F's 208 DP16KD.
+    "deep": TPUConfig(ub_depth=8192, acc_depth=1024),
     # Gemmini's and VTA's size; slow in simulation, marked slow in tests.
     "large": TPUConfig(rows=16, cols=16, ub_depth=2048, acc_depth=1024, weight_mem_tiles=64),
     # Board builds (boards/). iCEBreaker: what fits the iCE40UP5K's logic cells, 8 SB_MAC16
