@@ -6,7 +6,9 @@ Per model (:data:`MODELS`): the digits MLP, CNN and Transformer, the three TFLit
 ``../shared/models`` (or ``$AMTPU_MODELS``; skipped, saying so, where that folder is absent)
 and :func:`mobilenet_style`, a small graph with what a MobileNet has (a strided convolution with
 TFLite's asymmetric SAME padding and ReLU6, depthwise convolutions, one with depth multiplier 2,
-pointwise ones, a residual add, a global average pool and a classifier). Prints:
+pointwise ones, a residual add, a global average pool and a classifier); and
+``person_detect@deep``, person_detect on the ``deep`` preset (the default array with an
+8,192-row unified buffer, where its activations stay on chip: one program). Prints:
 
 - *operators*: where each of the graph's operators ran, as :func:`lower` placed them: in a core
   step that is not over patches (a chain of convolutions, pooling, tables and fully connected
@@ -104,8 +106,11 @@ CONFIG = "default"
 
 #: Model name -> inferences run by default (person_detect's one is most of the bench's time).
 MODELS = {"digits-mlp": 8, "digits-cnn": 8, "digits-transformer": 4, "hello_world_int8": 4,
-          "micro_speech_quantized": 4, "person_detect": 1, "mobilenet-style": 4}
+          "micro_speech_quantized": 4, "person_detect": 1, "mobilenet-style": 4,
+          "person_detect@deep": 1}
 TFLITE = ("hello_world_int8", "micro_speech_quantized", "person_detect")
+#: A model measured on another preset than :data:`CONFIG`: ``name@preset`` (person_detect
+#: on the preset whose unified buffer holds its activations, one program an inference).
 SEED = 2026
 
 #: The programs firmware.runtime.run sends before and after the batches.
@@ -352,6 +357,11 @@ def load(name: str, images: int) -> Model:
         split = digits()
         graph = tf.quantise(tf.load_params(), split.x_train[:tf.CALIBRATION])
         return Model(name, graph, tf.graph_inputs(split.x_test[:images]))
+    base, _, preset = name.partition("@")
+    if preset:
+        model = load(base, images)
+        model.name = name
+        return model
     if name in TFLITE:
         from firmware.importers import load_model
         path = MODELS_DIR / f"{name}.tflite"
@@ -430,8 +440,9 @@ def _same(a, b) -> bool:
 
 def measure(model: Model, config, *, rtl=None) -> dict:
     """The figures of ``model`` (see the module notes): counted on the ISA simulator, cycles
-    on ``rtl`` (an open RTL device) when given."""
-    board = board_for(config)
+    on ``rtl`` (an open RTL device) when given. A preset no board carries (``deep``) is
+    counted on the default's board's link (the ULX3S: its 85F holds ``deep``'s memories)."""
+    board = board_for(config) or board_for(get_config(CONFIG))
     n = model.images
     isa_dev = CountingDevice(open_device("isa", config), board)
     cache: dict = {}
@@ -576,8 +587,16 @@ def main(argv=None) -> int:
         print(f"models: note: firmware/, hdl/ or sim/ differ from {key}; the figures are "
               f"recorded as {key}-dirty", file=sys.stderr)
         key += "-dirty"
-    rtl = None if args.no_rtl else open_device("rtl", config,
-                                               **transport_options("rtl", sim="verilator"))
+    rtls: dict = {}         # an RTL device per preset, opened as a model needs it
+
+    def rtl_for(preset: str):
+        if args.no_rtl:
+            return None
+        if preset not in rtls:
+            rtls[preset] = open_device("rtl", get_config(preset),
+                                       **transport_options("rtl", sim="verilator"))
+        return rtls[preset]
+
     measured: dict[str, dict] = {}
     try:
         for name in names:
@@ -587,12 +606,14 @@ def main(argv=None) -> int:
                 print(f"models: {name} skipped: {error}", file=sys.stderr)
                 continue
             start = time.perf_counter()
-            measured[name] = measure(model, config, rtl=rtl)
+            preset = name.partition("@")[2] or CONFIG
+            measured[name] = measure(model, get_config(preset), rtl=rtl_for(preset))
+            measured[name]["config"] = preset
             print(f"models: {name}: {model.images} inferences measured in "
                   f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     finally:
-        if rtl is not None:
-            rtl.close()
+        for device in rtls.values():
+            device.close()
     board = board_for(config)
     print(f"\nWhole models on the {config.name} core ({CONFIG} preset), commit {key}; bytes "
           f"as the serial transport frames them on the {board.name}'s link "

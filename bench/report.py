@@ -508,7 +508,9 @@ def _models_markdown(doc: dict) -> list[str]:
                       "bench.models` at " + MODELS_BEFORE + " and at a later commit.", ""]
     out += [
         f"From `bench/results/models.json`, made by `python -m bench.models` "
-        f"(`bench/models.py`) on the 8x8 default core, at two commits: **before** "
+        f"(`bench/models.py`) on the 8x8 default core (a `name@preset` row on that preset: "
+        f"`person_detect@deep`, the default array with an 8,192-row unified buffer), at two "
+        f"commits: **before** "
         f"`{before['commit']}` (measured {before['date']}), the state before the work of "
         f"moving whole models on chip, and **after** `{after['commit']}` (measured "
         f"{after['date']}). Every run's outputs equal the graph's integer reference, on the "

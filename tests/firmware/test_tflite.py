@@ -284,6 +284,33 @@ def test_person_detect_rtl_equals_reference():
     assert result.cycles and result.utilisation
 
 
+@pytest.mark.slow          # 15 s on the ISA simulator; the deep preset's own Verilator build
+@pytest.mark.parametrize("device", ["isa", "rtl"])
+def test_person_detect_whole_on_the_deep_core(device):
+    """On the deep preset (an 8,192-row unified buffer) person_detect lowers to one core
+    step, every operator but the final softmax in one program (its input crosses the link
+    once, as the tensor itself), and its output equals LiteRT's (patched as above), on the
+    ISA simulator and on the RTL for one input."""
+    from firmware.compiler.lowering import CoreStep, HostStep, lower
+    from firmware.device import open_device
+    from hdl.presets import get_config
+    graph = load_model(model_path("person_detect"))
+    config = get_config("deep")
+    steps = lower(graph, config)
+    assert [type(s) for s in steps] == [CoreStep, HostStep], steps
+    assert len(steps[0].segments) == 1 and not steps[0].segments[0].patches
+    oracle = LiteRT(person_detect_for_litert())
+    x = random_inputs(graph, 1, seed=43)
+    dev = open_device(device, config, **({"sim": "verilator"} if device == "rtl" else {}))
+    try:
+        result = run_graph(graph, {graph.inputs[0]: x}, device=dev)
+    finally:
+        dev.close()
+    out = graph.outputs[0]
+    want = oracle(x)[out]
+    np.testing.assert_array_equal(result.outputs[out], want.reshape(result.outputs[out].shape))
+
+
 # The command line ---------------------------------------------------------------------------
 
 def test_cli_run_checks_against_litert(tmp_path, capsys):
