@@ -125,8 +125,9 @@ tile, consecutive resident tiles in one instruction. Weights stay resident (load
 setup program) when all tiles fit ``weight_mem_tiles``; otherwise the tiles a batch switches
 to most (the first stage's, which every unit uses, then the others in order; all-zero tiles
 none) take all but :data:`~firmware.compiler.network.STREAM_SLOTS` slots, loaded once too,
-and every batch program streams only the rest through those slots as a ring. Parameters stay resident when every (stage, column
-block) fits ``param_slots``; otherwise an ACTIVATE whose set is not in a slot is preceded by
+and every batch program streams only the rest through those slots as a ring. Parameters stay
+resident when every (stage, column block) fits ``param_slots``; otherwise an ACTIVATE whose set
+is not in a slot is preceded by
 its LOAD_PARAMS into the slot used longest ago. The hardware interlocks order the rest (no NOP
 padding, no SYNC).
 
