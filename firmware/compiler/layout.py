@@ -523,21 +523,34 @@ def _host_conv_layout(config: TPUConfig, st: Stage, unit: int, out_width: int,
     return _Layout(m, 4 if st.pool else 1, passes, outputs, out_width, col_blocks, host)
 
 
-def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
-    """The one table the network's TABLE stages look up: the core has one."""
-    tables = [(st.name, np.asarray(st.table, dtype=np.int64)) for st in network.stages
-              if st.func == isa.Func.TABLE]
+def _shared(tables: list[tuple[str, np.ndarray]], built: bool, missing: str,
+            second: str) -> np.ndarray | None:
+    """The table every stage of ``tables`` ((stage name, table) pairs, in order) looks up,
+    or None where there are none; a CompileError naming the first stage where the core is
+    not ``built`` with it (``missing``), or the stage whose table differs from the first's
+    (``second``, its ``{first}`` the first stage's name)."""
     if not tables:
         return None
     name, table = tables[0]
-    if not config.lookup_table:
-        raise CompileError(f"{name}: its function is a table, and the {config.name} core has "
-                           f"no programmable table (TPUConfig.lookup_table)")
+    if not built:
+        raise CompileError(f"{name}: {missing}")
     for other, t in tables[1:]:
         if not np.array_equal(t, table):
-            raise CompileError(f"{other}: a second table in {network.name} (after {name}'s); "
-                               f"the core holds one, so a network's stages share it")
-    if table.shape != (isa.TABLE_ENTRIES,):
+            raise CompileError(f"{other}: {second.format(first=name)}")
+    return table
+
+
+def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
+    """The one table the network's TABLE stages look up: the core has one."""
+    table = _shared(
+        [(st.name, np.asarray(st.table, dtype=np.int64)) for st in network.stages
+         if st.func == isa.Func.TABLE], config.lookup_table,
+        f"its function is a table, and the {config.name} core has no programmable table "
+        f"(TPUConfig.lookup_table)",
+        f"a second table in {network.name} (after {{first}}'s); the core holds one, so a "
+        f"network's stages share it")
+    if table is not None and table.shape != (isa.TABLE_ENTRIES,):
+        name = next(st.name for st in network.stages if st.func == isa.Func.TABLE)
         raise CompileError(f"{name}: its table has {table.size} entries; allowed: "
                            f"{isa.TABLE_ENTRIES}")
     return table
@@ -546,20 +559,12 @@ def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | N
 def _sum_tables(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
     """The two sum tables the network's residual adds look up (MATMUL_LOOKUP; LOAD_TABLE in
     the setup program), or None: the core holds two, so the adds of one program share them."""
-    adds = [(st.name, np.asarray(st.sum_tables, dtype=np.int64)) for st in network.stages
-            if st.skip is not None]
-    if not adds:
-        return None
-    name, tables = adds[0]
-    if not config.sum_tables:
-        raise CompileError(f"{name}: a residual add, and the {config.name} core has no sum "
-                           f"tables (TPUConfig.sum_tables)")
-    for other, t in adds[1:]:
-        if not np.array_equal(t, tables):
-            raise CompileError(f"{other}: a second residual add of other scales in "
-                               f"{network.name} (after {name}'s); the core holds one pair of "
-                               f"sum tables, so a program's adds share them")
-    return tables
+    return _shared(
+        [(st.name, np.asarray(st.sum_tables, dtype=np.int64)) for st in network.stages
+         if st.skip is not None], config.sum_tables,
+        f"a residual add, and the {config.name} core has no sum tables (TPUConfig.sum_tables)",
+        f"a second residual add of other scales in {network.name} (after {{first}}'s); the "
+        f"core holds one pair of sum tables, so a program's adds share them")
 
 
 def _weight_tiles(config: TPUConfig, stages: list[Stage], layouts: list[_Layout]):
