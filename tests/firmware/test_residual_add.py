@@ -127,6 +127,25 @@ def test_refusals():
         compile_network(graph, config)
 
 
+def test_two_adds_of_other_scales():
+    """Two residual adds of other scales cannot share the core's one pair of sum tables: the
+    whole model as one program is refused naming the second; run step by step, the chain
+    ends before it and every output still equals the reference."""
+    graph, inputs = _residual(SEED, after=True)
+    q_add, q_c = graph.tensors["add"].q, graph.tensors["c"].q
+    add2 = Add.from_scales("add2", ["add", "c"], ["add2"], q_add.scale, q_add.zero_point,
+                           q_c.scale, q_c.zero_point, 0.2, 5, act=(-128, 127))
+    graph.ops.append(add2)
+    graph.tensors["add2"] = GTensor("add2", (1, 6, 6, 4), "int8", QParams(0.2, 5))
+    graph.outputs[:] = ["add2"]
+    config = get_config("default")
+    with pytest.raises(CompileError, match="add2: a second residual add of other scales"):
+        compile_network(graph, config)
+    assert placement(graph, config)["add2"] == "host"
+    got = run_graph(graph, inputs, device="isa", config=config)
+    assert (np.asarray(got.outputs["add2"]) == graph.reference(inputs)["add2"]).all()
+
+
 def test_on_the_rtl(rtl_device):
     """A residual graph (the skip framed by the convolution that reads it too) on the small
     core's RTL, two images, equal to the reference."""
