@@ -51,6 +51,7 @@ class _Emitter:
         self.uses: list[int] = []          # weight tiles in the order the MATMULs use them
         self.queued = 0                     # tiles READ_WEIGHTS has queued
         self.streamed = 0                   # of them, tiles a batch program loaded
+        self.sums = None                    # the add stage whose sum tables are loaded
         self.used = 0                       # tiles MATMULs have switched to
         self.jobs_done = 0
         self.acc_next = 0                   # next free accumulator row
@@ -377,6 +378,13 @@ class _Emitter:
         reads: dict = {}
         if emit and u0 == 0 and sp.refresh:
             self._refresh(sp)
+        if emit and self.cn.reload_sums and sp.stage.skip is not None and \
+                self.sums is not sp.stage:
+            # Adds of other tables: this one's first (each load waits until the core is
+            # idle, so no lookup of the last add is still in flight).
+            for k, entries in enumerate(sp.stage.sum_tables):
+                self.p.load_sum_table(k, entries.tolist())
+            self.sums = sp.stage
         if first_stage and emit:
             # Every input row this unit's MATMULs will read stays live until the last job
             # that reads it has sent its MATMULs, so that the next unit's rows never land on

@@ -557,14 +557,17 @@ def _stage_table(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | N
 
 
 def _sum_tables(config: TPUConfig, network: QuantisedNetwork) -> np.ndarray | None:
-    """The two sum tables the network's residual adds look up (MATMUL_LOOKUP; LOAD_TABLE in
-    the setup program), or None: the core holds two, so the adds of one program share them."""
-    return _shared(
-        [(st.name, np.asarray(st.sum_tables, dtype=np.int64)) for st in network.stages
-         if st.skip is not None], config.sum_tables,
-        f"a residual add, and the {config.name} core has no sum tables (TPUConfig.sum_tables)",
-        f"a second residual add of other scales in {network.name} (after {{first}}'s); the "
-        f"core holds one pair of sum tables, so a program's adds share them")
+    """The two sum tables every residual add of the network looks up (MATMUL_LOOKUP;
+    LOAD_TABLE in the setup program), or None: where there is no add, or where the adds
+    differ (then each add's batch loads its own first, :class:`~.emitter._Emitter`)."""
+    adds = [(st.name, np.asarray(st.sum_tables, dtype=np.int64)) for st in network.stages
+            if st.skip is not None]
+    if adds and not config.sum_tables:
+        raise CompileError(f"{adds[0][0]}: a residual add, and the {config.name} core has no "
+                           f"sum tables (TPUConfig.sum_tables)")
+    if any(not np.array_equal(t, adds[0][1]) for _, t in adds[1:]):
+        return None
+    return adds[0][1] if adds else None
 
 
 def _weight_tiles(config: TPUConfig, stages: list[Stage], layouts: list[_Layout]):

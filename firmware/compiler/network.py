@@ -97,8 +97,11 @@ class CompiledNetwork:
         #: The programmable table the stages with function TABLE share (LOAD_TABLE in the
         #: setup program), or None.
         self.table = _stage_table(config, network)
-        #: The sum tables the residual adds share (LOAD_TABLE in the setup program), or None.
+        #: The sum tables the residual adds share (LOAD_TABLE in the setup program), or None
+        #: (no add, or adds of other tables: each loads its own, :attr:`reload_sums`).
         self.sum_tables = _sum_tables(config, network)
+        self.reload_sums = self.sum_tables is None and any(
+            st.skip is not None for st in network.stages)
 
     # Setup ------------------------------------------------------------------------------
 

@@ -215,6 +215,11 @@ class _Timing:
     def load_params(self, *args, **kwargs) -> None:
         self.fe = max(self.fe, self.act) + 4
 
+    def load_sum_table(self, table: int, values) -> None:
+        """A sum table: every engine idle first, then an entry a cycle."""
+        self.other()
+        self.fe += len(values)
+
     def load_weights(self, tile, tiles, signed=True) -> None:
         self.fe += 1 + np.asarray(tiles).reshape(-1, np.shape(tiles)[-1]).shape[0]
 

@@ -25,6 +25,7 @@ from firmware.graph import Add, Conv2D, Graph, requant_from_real
 from firmware.graph import Tensor as GTensor
 from firmware.quant import QParams
 from firmware.runtime.graph import run_graph
+from hdl import isa
 from hdl.presets import get_config
 
 SEED = 4242
@@ -78,6 +79,17 @@ def _residual(seed: int, *, skip_first: bool = True, framed: bool = True,
     return Graph("residual", tensors, ops, ["input"], [out]), {"input": x}
 
 
+def _instructions(beats, config) -> list[tuple]:
+    """The (opcode, fields) of each instruction of a host stream, data beats skipped."""
+    from firmware.asm import data_beats, decode
+
+    out, i = [], 0
+    while i < len(beats):
+        out.append(decode(beats[i]))
+        i += 1 + data_beats(beats[i], config)
+    return out
+
+
 def _check(graph: Graph, inputs: dict, device="isa", config=None) -> None:
     config = config or get_config("default")
     assert all(where == "core" for where in placement(graph, config).values()), \
@@ -128,9 +140,9 @@ def test_refusals():
 
 
 def test_two_adds_of_other_scales():
-    """Two residual adds of other scales cannot share the core's one pair of sum tables: the
-    whole model as one program is refused naming the second; run step by step, the chain
-    ends before it and every output still equals the reference."""
+    """Two residual adds of other scales in one chain: each batch loads each add's sum
+    tables before its lookups (the setup program none), the whole model one program, equal
+    to the reference."""
     graph, inputs = _residual(SEED, after=True)
     q_add, q_c = graph.tensors["add"].q, graph.tensors["c"].q
     add2 = Add.from_scales("add2", ["add", "c"], ["add2"], q_add.scale, q_add.zero_point,
@@ -139,11 +151,14 @@ def test_two_adds_of_other_scales():
     graph.tensors["add2"] = GTensor("add2", (1, 6, 6, 4), "int8", QParams(0.2, 5))
     graph.outputs[:] = ["add2"]
     config = get_config("default")
-    with pytest.raises(CompileError, match="add2: a second residual add of other scales"):
-        compile_network(graph, config)
-    assert placement(graph, config)["add2"] == "host"
-    got = run_graph(graph, inputs, device="isa", config=config)
-    assert (np.asarray(got.outputs["add2"]) == graph.reference(inputs)["add2"]).all()
+    compiled = compile_network(graph, config)
+    assert compiled.reload_sums and compiled.sum_tables is None
+    batch = next(iter(compiled.batches(inputs["input"])))
+    loads = sum(1 for op, f in _instructions(batch.beats, config)
+                if op == isa.Opcode.LOAD_TABLE)
+    images = min(len(inputs["input"]), compiled.program_images)
+    assert loads == 2 * 2 * -(-images // compiled.batch_size), loads     # 2 adds x 2 tables
+    _check(graph, inputs)
 
 
 def test_on_the_rtl(rtl_device):
