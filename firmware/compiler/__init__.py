@@ -107,8 +107,9 @@ are MATMUL_LOOKUPs of sum table 1, after the same passes over the skip tensor (r
 its own frame and pitch) with table 0: the accumulators hold ``T0[a] + T1[x]``, each input's
 TFLite term, and the ACTIVATE requantises the sum (an onnxruntime QLinearAdd, which adds in
 float32: tables fitted to its results on every pair of bytes, :mod:`~firmware.compiler.sums`).
-The setup program loads the two tables
-(one pair a program: the adds of a chain must share them). A skip tensor is live from its
+The setup program loads the two tables where
+every add of the chain has the same; where they differ, each batch loads each add's before its
+lookups (a sum-table LOAD_TABLE waits until the core is idle). A skip tensor is live from its
 stage to the add (in the sharing layouts, rows of its own), and a first stage's output that an
 add reads keeps two batches' blocks where it has the spare block, so that the next batch's
 first stage never writes a block this batch's add has still to read.
