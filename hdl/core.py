@@ -159,6 +159,7 @@ class Core(wiring.Component):
         wiring.connect(m, me.o_acc, acc.i_psum)
         if cfg.sum_tables:
             wiring.connect(m, fe.o_sum_table, acc.i_table)
+            m.d.comb += fe.i_sums_busy.eq(acc.o_sums_scrubbing)
         m.d.comb += me.i_acc_written.eq(acc.o_written)
         wiring.connect(m, ae.o_acc, acc.r)
         wiring.connect(m, ae.o_row, au.i_row)

@@ -295,7 +295,8 @@ class MatmulLookup(data.Struct):
     ACTIVATE), which no single multiplier of a MATMUL can express exactly. Tables are
     indexed by the byte, so an int8 ``x`` takes entry ``x & 255`` and a uint8 one entry
     ``x``. Checks, hazards and timing are MATMUL's: the lookup sits beside the accumulators'
-    read of the old sums, in the same stage."""
+    read of the old sums, in the same stage; after a reset it waits until the accumulators
+    have zeroed the tables (512 cycles, in the background)."""
     opcode:     Opcode
     accumulate: 1
     switch:     1
@@ -435,7 +436,8 @@ class LoadTable(data.Struct):
     Timing: runs in the front end, a beat every ``4 * cols`` cycles (ACTIVATION) or ``cols``
     cycles (a sum table): the entries are written one a cycle, into every copy at once.
     ACTIVATION waits until no ACTIVATE runs, a sum table until every unit is idle (no
-    MATMUL_LOOKUP's row may be between the buffer and the accumulators)."""
+    MATMUL_LOOKUP's row may be between the buffer and the accumulators) and, after a reset,
+    until the accumulators have zeroed the tables."""
     opcode: Opcode
     target: TableTarget
     _pad:   58

@@ -77,6 +77,9 @@ class Dispatch(wiring.Component):
         Each engine's ``ready`` (:attr:`engine_opcodes` order: :data:`ENGINE_OPCODES`, without
         UB_TO_WEIGHTS on a core built without it).
     i_activate_busy, i_idle : In(1)
+    i_sums_busy : In(1)
+        With the sum tables: their zeroing after a reset still runs (MATMUL_LOOKUP and a sum
+        table's LOAD_TABLE wait for it; it only falls).
     o_error : Out(ErrorCode)
         The checks' answer acted on (registered but with ``"reference"``).
     o_dispatch, o_fail : Out(1)
@@ -110,6 +113,7 @@ class Dispatch(wiring.Component):
             "i_engine_ready":  In(len(self.engine_opcodes)),
             "i_activate_busy": In(1),
             "i_idle":          In(1),
+            **({"i_sums_busy": In(1)} if config.sum_tables else {}),
             "o_error":         Out(ErrorCode),
             "o_dispatch":      Out(1),
             "o_fail":          Out(1),
@@ -132,9 +136,12 @@ class Dispatch(wiring.Component):
         with m.Switch(op):
             for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
                 # (MATMUL_LOOKUP is a MATMUL to the matrix engine.)
-                lookup = o == Opcode.MATMUL and Opcode.MATMUL_LOOKUP in opcodes
-                with m.Case(*((o, Opcode.MATMUL_LOOKUP) if lookup else (o,))):
+                with m.Case(o):
                     m.d.comb += busy.eq(~ready)
+            if Opcode.MATMUL_LOOKUP in opcodes:     # a MATMUL, once the tables are zeroed
+                ready = self.i_engine_ready[self.engine_opcodes.index(Opcode.MATMUL)]
+                with m.Case(Opcode.MATMUL_LOOKUP):
+                    m.d.comb += busy.eq(~ready | self.i_sums_busy)
             # (The parameters and the table must not change under a running ACTIVATE, a sum
             # table under a MATMUL_LOOKUP's rows: those wait until the core is idle.)
             with m.Case(Opcode.LOAD_PARAMS):
@@ -144,7 +151,8 @@ class Dispatch(wiring.Component):
                     if self.config.sum_tables:
                         target = data.View(LoadTable, self.i_word).target
                         m.d.comb += busy.eq(Mux(target == TableTarget.ACTIVATION,
-                                                self.i_activate_busy, ~self.i_idle))
+                                                self.i_activate_busy,
+                                                ~self.i_idle | self.i_sums_busy))
                     else:
                         m.d.comb += busy.eq(self.i_activate_busy)
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):

@@ -97,6 +97,9 @@ class FrontEnd(wiring.Component):
         the accumulators' tables, one a cycle.
     i_idle : In(1)
         Every engine is idle.
+    i_sums_busy : In(1)
+        With :attr:`~hdl.config.TPUConfig.sum_tables`: the accumulators still zero the sum
+        tables after a reset (MATMUL_LOOKUP and a sum table's LOAD_TABLE wait).
     i_activate_busy, i_write_host_busy : In(1)
     o_counter_select : Out(range(len(COUNTERS)))
     i_counter_valid : In(1)
@@ -138,6 +141,7 @@ class FrontEnd(wiring.Component):
                if cfg.sum_tables else {}),
             "i_idle":            In(1),
             "i_activate_busy":   In(1),
+            **({"i_sums_busy":   In(1)} if cfg.sum_tables else {}),
             "i_write_host_busy": In(1),
             "o_counter_select":  Out(range(len(COUNTERS))),
             "i_counter_valid":   In(1),
@@ -213,6 +217,7 @@ class FrontEnd(wiring.Component):
             decide.i_engine_ready.eq(Cat(*(port.ready for port in engines.values()))),
             decide.i_activate_busy.eq(self.i_activate_busy),
             decide.i_idle.eq(self.i_idle),
+            *([decide.i_sums_busy.eq(self.i_sums_busy)] if cfg.sum_tables else []),
             self.o_hazards.instr.eq(decide.o_query),
         ]
         dispatch = Signal()     # the instruction issues (as the front end takes it)

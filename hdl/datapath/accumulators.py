@@ -61,9 +61,14 @@ class Accumulators(wiring.Component):
         The read client (the activation unit): requests on ``r.addr``, responses on
         ``r.data``, in order.
     i_table : In(MemWriteSignature(9, signed(acc_width)))
-        With ``sum_tables``: entry writes (address ``table * 256 + entry``), always ready.
-        The client must not write while a ``lookup`` row is in the pipeline (the front end
-        waits until the core is idle).
+        With ``sum_tables``: entry writes (address ``table * 256 + entry``), ready once the
+        scrub below is over. The client must not write while a ``lookup`` row is in the
+        pipeline (the front end waits until the core is idle).
+    o_sums_scrubbing : Out(1)
+        With ``sum_tables``: after a reset the tables are zeroed, an entry of both a cycle
+        (512 cycles), while this is high; no ``lookup`` row may arrive meanwhile (the front
+        end holds MATMUL_LOOKUP and LOAD_TABLE of a sum table until it falls). The other
+        rows and reads go on.
     """
 
     def __init__(self, *, depth: int, cols: int, acc_width: int = 32,
@@ -80,8 +85,8 @@ class Accumulators(wiring.Component):
                                                                acc_width, sum_tables))),
             "o_written": Out(1),
             "r":         In(MemReadSignature(self.addr_bits, row)),
-            **({"i_table": In(MemWriteSignature(9, signed(acc_width)))} if sum_tables
-               else {}),
+            **({"i_table": In(MemWriteSignature(9, signed(acc_width))),
+                "o_sums_scrubbing": Out(1)} if sum_tables else {}),
         })
 
     def elaborate(self, platform):
@@ -116,7 +121,16 @@ class Accumulators(wiring.Component):
         # the same cycle).
         addend_b = write_b.data
         if self.sum_tables:
-            m.d.comb += self.i_table.ready.eq(1)
+            # After a reset, zeros into every entry (the tables are no reset registers), in
+            # the background: only lookups and table loads wait for it.
+            scrubbing = Signal(init=1)
+            scrub_addr = Signal(9)
+            with m.If(scrubbing):
+                m.d.sync += scrub_addr.eq(scrub_addr + 1)
+                with m.If(scrub_addr == 511):
+                    m.d.sync += scrubbing.eq(0)
+            m.d.comb += [self.i_table.ready.eq(~scrubbing),
+                         self.o_sums_scrubbing.eq(scrubbing)]
             looked_up = Signal(row)
             for c in range(self.cols):
                 table = memory.Memory(shape=signed(self.acc_width), depth=512, init=[])
@@ -124,9 +138,9 @@ class Accumulators(wiring.Component):
                 w = table.write_port()
                 r = table.read_port()
                 m.d.comb += [
-                    w.en.eq(self.i_table.valid),
-                    w.addr.eq(self.i_table.payload.addr),
-                    w.data.eq(self.i_table.payload.data),
+                    w.en.eq(scrubbing | self.i_table.valid),
+                    w.addr.eq(Mux(scrubbing, scrub_addr, self.i_table.payload.addr)),
+                    w.data.eq(Mux(scrubbing, 0, self.i_table.payload.data)),
                     r.addr.eq(Cat(self.i_psum.payload.data[c][:8],
                                   self.i_psum.payload.table)),
                     looked_up[c].eq(r.data),

@@ -22,7 +22,8 @@ With ``pipeline="compact"`` or ``"fast"`` (the front end issues on last cycle's 
   unless something is dispatched (:mod:`sim.formal.engines` checks the first of each engine
   and the second; the third is each engine's ``o_idle``/``o_busy`` there, the weight loader's
   under the matrix unit's tiles changing only with its rows or a MATMUL's switch), and
-  ``i_idle`` implies the activation engine is idle (the core's idle is the engines' AND);
+  ``i_idle`` implies the activation engine is idle (the core's idle is the engines' AND),
+  and ``i_sums_busy`` (the sum tables' zeroing after a reset) never rises;
 
 ``i_counter_valid`` and ``i_counter_value`` are free: the counters keep counting
 (``cycles`` every cycle) while a READ_COUNTERS beat waits for the host, and the front end
@@ -139,6 +140,10 @@ def front_end_streams_harness(config: TPUConfig) -> Harness:
                 # which waits until the core is idle, waits for it too.)
                 Assume(~fe.i_idle | ~fe.i_activate_busy),
             ]
+            if config.sum_tables:
+                # The sum tables' zeroing after a reset only ends.
+                sums_1 = past(m, fe.i_sums_busy, name="sums_busy_1")
+                m.d.comb += Assume(fresh | ~fe.i_sums_busy | sums_1)
             # Invariant: LOAD_PARAMS (LOAD_TABLE) issues after a cycle no ACTIVATE ran or
             # started.
             for o in (Opcode.LOAD_PARAMS, Opcode.LOAD_TABLE):

@@ -76,10 +76,14 @@ def _lookups(pair: Pair, tables, rng) -> None:
     assert (acc[:n] == want).all(), f"seed {SEED}: the ISA simulator's own lookups"
 
 
+def extremes_rows(cfg) -> np.ndarray:
+    return np.array([[-128, 127], [127, -128], [0, -1], [-1, 0]])[:, :cfg.ub_row]
+
+
 def test_sum_tables(rtl_device):
     """MATMUL_LOOKUP's accumulators equal the ISA simulator's for every byte in both tables;
-    a sum-table LOAD_TABLE waits for the lookups in flight; BAD_FIELD for target 3, UB_RANGE
-    one row past the buffer."""
+    a sum-table LOAD_TABLE waits for the lookups in flight; after a reset the tables hold
+    zeros again; BAD_FIELD for target 3, UB_RANGE one row past the buffer."""
     pair = Pair(rtl_device(UNIT_BASE))
     cfg = pair.config
     rng = np.random.default_rng(SEED)
@@ -96,6 +100,19 @@ def test_sum_tables(rtl_device):
     p.halt()
     pair.run(p.beats, f"seed {SEED}: a sum-table LOAD_TABLE behind a MATMUL_LOOKUP")
     pair.check_state(f"seed {SEED}: a sum-table LOAD_TABLE behind a MATMUL_LOOKUP")
+
+    # After a reset the tables hold zeros again (the tables are memories: the accumulators
+    # zero them in the background, and a lookup right after the reset waits for that).
+    pair.reset()
+    p = Program(cfg)
+    p.read_host(0, extremes_rows(cfg))
+    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
+    p.read_weights(0)
+    p.matmul_lookup(0, 0, 4, table=1, switch=True)
+    p.matmul_lookup(0, 0, 4, table=0, accumulate=True)
+    p.halt()
+    pair.run(p.beats, f"seed {SEED}: lookups right after a reset")
+    pair.check_state(f"seed {SEED}: lookups right after a reset")
 
     E = isa.ErrorCode
     pair.reset()
