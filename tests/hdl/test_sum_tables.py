@@ -125,6 +125,33 @@ def test_sum_tables(rtl_device):
                  f"seed {SEED + 2}: MATMUL_LOOKUP past the buffer", seed=SEED + 2)
 
 
+def test_reset_zeroes_the_tables_before_a_lookup(rtl_device):
+    """On the tiny core (a 64-row buffer: the core takes instructions some 70 cycles after a
+    reset, before the 512 cycles of the tables' zeroing are over) a lookup right after a
+    reset waits for the zeroing: it reads zeros, not the entries loaded before the reset,
+    as the ISA simulator."""
+    pair = Pair(rtl_device("tiny"))
+    cfg = pair.config
+    rng = np.random.default_rng(SEED + 5)
+    print(f"seed {SEED + 5}")
+    tables = _tables(rng)
+    p = Program(cfg)
+    p.load_sum_table(0, tables[0])
+    p.load_sum_table(1, tables[1])
+    p.halt()
+    pair.run(p.beats, f"seed {SEED + 5}: tables loaded")
+    pair.reset()
+    p = Program(cfg)
+    p.read_host(0, extremes_rows(cfg))
+    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
+    p.read_weights(0)
+    p.matmul_lookup(0, 0, 4, table=1, switch=True)
+    p.matmul_lookup(0, 0, 4, table=0, accumulate=True)
+    p.halt()
+    pair.run(p.beats, f"seed {SEED + 5}: lookups right after a reset")
+    pair.check_state(f"seed {SEED + 5}: lookups right after a reset")
+
+
 def test_no_sum_tables(rtl_device):
     """A core built without the sum tables (BARE, as the boards) refuses MATMUL_LOOKUP's
     opcode with nothing changed."""
