@@ -345,11 +345,11 @@ def _data_beats(opcode, fields: dict[str, int], config: TPUConfig) -> list[_Data
     if opcode == isa.Opcode.LOAD_PARAMS:
         return [_Data("bias"), _Data("mult")] + [_Data("shift")] * fields["column_shifts"]
     if opcode == isa.Opcode.LOAD_TABLE:
-        target = fields["target"]
+        # (A core without the sum tables decodes no target: the activation table's.)
+        target = fields["target"] if config.sum_tables else isa.TableTarget.ACTIVATION.value
         if target == isa.TableTarget.ACTIVATION.value:
             return _table_beats(config)
-        if target in (isa.TableTarget.SUM0.value, isa.TableTarget.SUM1.value) \
-                and config.sum_tables:
+        if target in (isa.TableTarget.SUM0.value, isa.TableTarget.SUM1.value):
             return _sum_table_beats(config)
         return []           # refused by the core (BAD_FIELD): it takes no data
     return []

@@ -172,8 +172,9 @@ class TPUConfig:
         accumulators (read in the stage that reads the old sums), so that a residual ADD's
         two scaled inputs add up in the accumulators exactly as TFLite and onnxruntime
         compute them. Needs ``lookup_table`` (LOAD_TABLE); ``None`` (the default): where the
-        core has it. ``False`` (both board presets): MATMUL_LOOKUP's opcode is unknown and a
-        sum table a bad field.
+        core has it. ``False`` (both board presets): MATMUL_LOOKUP's opcode is unknown and
+        LOAD_TABLE's ``target`` is not decoded (every LOAD_TABLE is the activation table's; the
+        netlist is the one before the sum tables).
     """
 
     rows: int = 8

@@ -91,8 +91,9 @@ class Pool(enum.Enum, shape=unsigned(2)):
 
 
 class TableTarget(enum.Enum, shape=unsigned(2)):
-    """Which table a LOAD_TABLE replaces. Value 3 is invalid (BAD_FIELD), and so are the sum
-    tables on a core built without them (:attr:`~hdl.config.TPUConfig.sum_tables`)."""
+    """Which table a LOAD_TABLE replaces. Value 3 is invalid (BAD_FIELD). A core built without
+    the sum tables (:attr:`~hdl.config.TPUConfig.sum_tables`) decodes no target (its netlist
+    is the one before them): every LOAD_TABLE replaces its activation table."""
     ACTIVATION = 0   # the activation unit's programmable table (ACTIVATE's TABLE): int8
     SUM0       = 1   # sum table 0 (MATMUL_LOOKUP with table 0): int32
     SUM1       = 2   # sum table 1
@@ -117,7 +118,7 @@ class ErrorCode(enum.Enum, shape=unsigned(4)):
                            # a multiple of the pooling window, UB_TO_WEIGHTS count past
                            # the tile's columns (transpose) or rows, MATMUL window on a
                            # core without conv_windows or with lane >= ub_row,
-                           # LOAD_TABLE target 3, or a sum table on a core without them
+                           # LOAD_TABLE target 3 (a core with the sum tables)
     SIGNEDNESS       = 9   # LOAD_WEIGHTS, UB_TO_WEIGHTS or MATMUL of uint8 operands (signed
                            # clear) on a core built for int8 only (TPUConfig.operands="int8")
 

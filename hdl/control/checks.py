@@ -157,10 +157,9 @@ class Checks(wiring.Component):
         window_field = (is_[Opcode.MATMUL] & mm.window &
                         ((mm.lane >= cfg.ub_row) if cfg.conv_windows else Const(1)))
         bad_field = bad_field | window_field
-        if cfg.lookup_table:    # a table the core has: the sum tables only with sum_tables
+        if cfg.sum_tables:      # a table the core has (without the sum tables, no target)
             target = data.View(LoadTable, word).target.as_value()
-            bad_field = bad_field | (is_[Opcode.LOAD_TABLE] &
-                                     ((target == 3) if cfg.sum_tables else (target != 0)))
+            bad_field = bad_field | (is_[Opcode.LOAD_TABLE] & (target == 3))
         if moves:   # a buffer row per column of the tile (transpose), else per row
             bad_field = bad_field | (is_[Opcode.UB_TO_WEIGHTS] &
                                      Mux(uw.transpose, count > cfg.cols, count > cfg.rows))

@@ -133,28 +133,27 @@ class Dispatch(wiring.Component):
         opcodes = self.config.opcodes
         is_ = {o: op == o for o in opcodes}
         busy = Signal()         # the engine (or the whole core) cannot take it yet
+        sums = self.config.sum_tables
         with m.Switch(op):
             for o, ready in zip(self.engine_opcodes, self.i_engine_ready, strict=True):
-                # (MATMUL_LOOKUP is a MATMUL to the matrix engine.)
                 with m.Case(o):
                     m.d.comb += busy.eq(~ready)
-            if Opcode.MATMUL_LOOKUP in opcodes:     # a MATMUL, once the tables are zeroed
+            if sums:        # MATMUL_LOOKUP: a MATMUL, once the tables are zeroed
                 ready = self.i_engine_ready[self.engine_opcodes.index(Opcode.MATMUL)]
                 with m.Case(Opcode.MATMUL_LOOKUP):
                     m.d.comb += busy.eq(~ready | self.i_sums_busy)
             # (The parameters and the table must not change under a running ACTIVATE, a sum
-            # table under a MATMUL_LOOKUP's rows: those wait until the core is idle.)
-            with m.Case(Opcode.LOAD_PARAMS):
+            # table under a MATMUL_LOOKUP's rows: those wait until the core is idle. A core
+            # without the sum tables decodes no target: its netlist is the one before them.)
+            with m.Case(*(o for o in (Opcode.LOAD_PARAMS, Opcode.LOAD_TABLE)
+                          if o in opcodes and not (sums and o == Opcode.LOAD_TABLE))):
                 m.d.comb += busy.eq(self.i_activate_busy)
-            if Opcode.LOAD_TABLE in opcodes:
+            if sums:
                 with m.Case(Opcode.LOAD_TABLE):
-                    if self.config.sum_tables:
-                        target = data.View(LoadTable, self.i_word).target
-                        m.d.comb += busy.eq(Mux(target == TableTarget.ACTIVATION,
-                                                self.i_activate_busy,
-                                                ~self.i_idle | self.i_sums_busy))
-                    else:
-                        m.d.comb += busy.eq(self.i_activate_busy)
+                    target = data.View(LoadTable, self.i_word).target
+                    m.d.comb += busy.eq(Mux(target == TableTarget.ACTIVATION,
+                                            self.i_activate_busy,
+                                            ~self.i_idle | self.i_sums_busy))
             with m.Case(Opcode.SYNC, Opcode.HALT, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS):
                 m.d.comb += busy.eq(~self.i_idle)
         waiting = self.i_waiting & ~self.i_resync

@@ -186,10 +186,12 @@ class HostTransfers(wiring.Component):
             self.o_counter_select.eq(counter),
             beat_out.payload.eq(beat_word),
             self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid | param_rows |
-                                beat_out.valid |
-                                (self.o_sum_table.valid if cfg.sum_tables else 0)),
+                                beat_out.valid),
         ]
         if cfg.sum_tables:
+            m.d.comb += self.o_host_work.eq(self.o_ub_write.valid | self.o_wm_write.valid |
+                                            param_rows | beat_out.valid |
+                                            self.o_sum_table.valid)
             # A sum-table beat's entries, one a cycle: `sum_addr` is the table and the entry,
             # `lane` the entry's column in the beat.
             sum_addr = Signal(9)

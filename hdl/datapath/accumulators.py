@@ -188,7 +188,7 @@ class Accumulators(wiring.Component):
                          hits[2].eq(valid_d & (write_d.addr == addr_a)),
                          hits[3].eq(valid_e & (addr_e == addr_a))]
             m.d.sync += [valid_c.eq(valid_b), write_c.eq(write_b), old_c.eq(rmw.data),
-                         write_c.data.eq(addend_b),
+                         *([write_c.data.eq(addend_b)] if self.sum_tables else []),
                          valid_d.eq(valid_c), write_d.eq(write_c),
                          valid_e.eq(valid_d), addr_e.eq(write_d.addr),
                          sums[1].eq(sums[0]), sums[2].eq(sums[1])]

@@ -237,8 +237,9 @@ beats are consumed). The first failing check, in this order, sets the error:
    (``lookup_table=False``), 14 (MATMUL_LOOKUP) on one without the sum tables
    (``sum_tables=False``).
 2. BAD_FIELD: ``count == 0`` for READ_HOST, WRITE_HOST, LOAD_WEIGHTS, READ_WEIGHTS, MATMUL,
-   MATMUL_LOOKUP, ACTIVATE, UB_TO_WEIGHTS; for LOAD_TABLE ``target == 3``, or SUM0/SUM1 on a
-   core without the sum tables; for ACTIVATE ``func == 7`` (``func == 5``, TABLE, too on a
+   MATMUL_LOOKUP, ACTIVATE, UB_TO_WEIGHTS; for LOAD_TABLE ``target == 3`` on a core with the
+   sum tables (one without them decodes no target: every LOAD_TABLE is the activation
+   table's); for ACTIVATE ``func == 7`` (``func == 5``, TABLE, too on a
    core without the table, ``lookup_table=False``, and ``func == 6``, NORMALISE, on one
    without the row scale, ``row_scale=False``), ``pool == 3``, ``count % window != 0`` or
    ``slot >= param_slots``;
@@ -694,9 +695,9 @@ class IsaSim:
         self._pending = [bias, multiplier] + [shifts] * f["column_shifts"]
 
     def _op_load_table(self, f) -> None:
-        target = f["target"]
-        if (not isinstance(target, isa.TableTarget)
-                or (target != isa.TableTarget.ACTIVATION and not self.config.sum_tables)):
+        # (A core without the sum tables decodes no target: the activation table's.)
+        target = f["target"] if self.config.sum_tables else isa.TableTarget.ACTIVATION
+        if not isinstance(target, isa.TableTarget):
             raise _Error(isa.ErrorCode.BAD_FIELD)
         cols = self.config.cols
         if target != isa.TableTarget.ACTIVATION:
