@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from firmware import graph as g
-from firmware.asm import data_beats, decode
+from firmware.asm import instructions
 from firmware.compiler import CompileError, lowering
 from firmware.compiler.attention_block import AttentionBlockExecutable
 from firmware.datasets import digits
@@ -115,13 +115,10 @@ def mac_slots(executable: AttentionBlockExecutable, x: np.ndarray) -> tuple[int,
     cells = config.rows * config.cols
     slots = matmuls = 0
     for batch in executable.batches(x):
-        beats, i = batch.beats, 0
-        while i < len(beats):
-            opcode, fields = decode(beats[i])
+        for opcode, fields in instructions(batch.beats, config):
             if opcode == isa.Opcode.MATMUL:
                 slots += fields["count"] * cells
                 matmuls += 1
-            i += 1 + data_beats(beats[i], config)
     return slots, matmuls
 
 

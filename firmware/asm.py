@@ -102,7 +102,8 @@ from hdl.config import TPUConfig
 from hdl.presets import get_config
 
 __all__ = ["AsmError", "FieldSpec", "field_specs", "encode", "decode", "data_beats", "assemble",
-           "disassemble", "Program", "beats_to_bytes", "bytes_to_beats", "ALIASES", "DEFAULTS",
+           "instructions", "disassemble", "Program", "beats_to_bytes", "bytes_to_beats",
+           "ALIASES", "DEFAULTS",
            "SHIFT_RANGE", "main"]
 
 #: Short names the assembler prints (the layout names are accepted too).
@@ -363,6 +364,16 @@ def data_beats(word: int, config: TPUConfig) -> int:
     without the table refuses LOAD_TABLE (UNKNOWN_OPCODE) and takes no data for it."""
     opcode, fields = decode(word)
     return len(_data_beats(opcode, fields, config))
+
+
+def instructions(beats: Sequence[int], config: TPUConfig) -> list[tuple]:
+    """``(opcode, fields)`` (:func:`decode`'s) of each instruction of a host stream, its
+    data beats (:func:`data_beats`) skipped."""
+    out, i = [], 0
+    while i < len(beats):
+        out.append(decode(beats[i]))
+        i += 1 + data_beats(beats[i], config)
+    return out
 
 
 def _pack_row(values: Sequence[int], bits: int) -> int:

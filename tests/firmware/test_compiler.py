@@ -19,7 +19,7 @@ import pytest
 from tiers import tiered
 
 from firmware import nn
-from firmware.asm import disassemble
+from firmware.asm import disassemble, instructions
 from firmware.compiler import RINGS, CompileError, compile_network
 from firmware.compiler.plan import _plan
 from firmware.quant import QuantError, QuantisedNetwork, quantise, reference_forward
@@ -530,17 +530,6 @@ def test_digits_cnn_streams_on_small_arrays(config_name):
     assert compiled.resident_params == (config_name == "wide")
 
 
-def _instructions(beats, config) -> list[tuple]:
-    """The (opcode, fields) of each instruction of a host stream, data beats skipped."""
-    from firmware.asm import data_beats, decode
-
-    out, i = [], 0
-    while i < len(beats):
-        out.append(decode(beats[i]))
-        i += 1 + data_beats(beats[i], config)
-    return out
-
-
 def test_weights_partly_resident():
     """Where the tiles do not all fit (the digits CNN on the 4x4 core's 16 tiles), the setup
     program loads those the batches switch to most into all but the streaming slots, and a
@@ -556,10 +545,10 @@ def test_weights_partly_resident():
     assert not compiled.resident_weights
     assert len(resident) == config.weight_mem_tiles - STREAM_SLOTS
     setup, _ = compiled.setup_program()
-    loads = [f["tile"] for op, f in _instructions(setup, config) if op == Opcode.LOAD_WEIGHTS]
+    loads = [f["tile"] for op, f in instructions(setup, config) if op == Opcode.LOAD_WEIGHTS]
     assert sorted(loads) == sorted(resident.values())
     batch = next(iter(compiled.batches(x_q[:8])))
-    ops = _instructions(batch.beats, config)
+    ops = instructions(batch.beats, config)
     streamed = [f["tile"] for op, f in ops if op == Opcode.LOAD_WEIGHTS]
     reads = sum(f["count"] for op, f in ops if op == Opcode.READ_WEIGHTS)
     assert 0 < len(streamed) < reads

@@ -19,6 +19,7 @@ import pytest
 from tiers import tiered
 
 from bench.models import mobilenet_style
+from firmware.asm import instructions
 from firmware.compiler import CompileError, compile_network
 from firmware.compiler.lowering import placement
 from firmware.graph import Add, Conv2D, Graph, requant_from_real
@@ -77,17 +78,6 @@ def _residual(seed: int, *, skip_first: bool = True, framed: bool = True,
         out = conv("c", "add", 3, 4, 0.07, 2)
     del qa, qb
     return Graph("residual", tensors, ops, ["input"], [out]), {"input": x}
-
-
-def _instructions(beats, config) -> list[tuple]:
-    """The (opcode, fields) of each instruction of a host stream, data beats skipped."""
-    from firmware.asm import data_beats, decode
-
-    out, i = [], 0
-    while i < len(beats):
-        out.append(decode(beats[i]))
-        i += 1 + data_beats(beats[i], config)
-    return out
 
 
 def _check(graph: Graph, inputs: dict, device="isa", config=None) -> None:
@@ -154,7 +144,7 @@ def test_two_adds_of_other_scales():
     compiled = compile_network(graph, config)
     assert compiled.reload_sums and compiled.sum_tables is None
     batch = next(iter(compiled.batches(inputs["input"])))
-    loads = sum(1 for op, f in _instructions(batch.beats, config)
+    loads = sum(1 for op, f in instructions(batch.beats, config)
                 if op == isa.Opcode.LOAD_TABLE)
     images = min(len(inputs["input"]), compiled.program_images)
     assert loads == 2 * 2 * -(-images // compiled.batch_size), loads     # 2 adds x 2 tables

@@ -76,8 +76,20 @@ def _lookups(pair: Pair, tables, rng) -> None:
     assert (acc[:n] == want).all(), f"seed {SEED}: the ISA simulator's own lookups"
 
 
-def extremes_rows(cfg) -> np.ndarray:
-    return np.array([[-128, 127], [127, -128], [0, -1], [-1, 0]])[:, :cfg.ub_row]
+def _lookups_after_reset(pair: Pair, seed: int) -> None:
+    """Reset, then at once lookups of the byte's extremes in both tables through an identity
+    tile: the accumulators equal the ISA simulator's, whose tables are zero after a reset."""
+    cfg = pair.config
+    pair.reset()
+    p = Program(cfg)
+    p.read_host(0, np.array([[-128, 127], [127, -128], [0, -1], [-1, 0]])[:, :cfg.ub_row])
+    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
+    p.read_weights(0)
+    p.matmul_lookup(0, 0, 4, table=1, switch=True)
+    p.matmul_lookup(0, 0, 4, table=0, accumulate=True)
+    p.halt()
+    pair.run(p.beats, f"seed {seed}: lookups right after a reset")
+    pair.check_state(f"seed {seed}: lookups right after a reset")
 
 
 def test_sum_tables(rtl_device):
@@ -103,16 +115,7 @@ def test_sum_tables(rtl_device):
 
     # After a reset the tables hold zeros again (the tables are memories: the accumulators
     # zero them in the background, and a lookup right after the reset waits for that).
-    pair.reset()
-    p = Program(cfg)
-    p.read_host(0, extremes_rows(cfg))
-    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
-    p.read_weights(0)
-    p.matmul_lookup(0, 0, 4, table=1, switch=True)
-    p.matmul_lookup(0, 0, 4, table=0, accumulate=True)
-    p.halt()
-    pair.run(p.beats, f"seed {SEED}: lookups right after a reset")
-    pair.check_state(f"seed {SEED}: lookups right after a reset")
+    _lookups_after_reset(pair, SEED)
 
     E = isa.ErrorCode
     pair.reset()
@@ -140,16 +143,7 @@ def test_reset_zeroes_the_tables_before_a_lookup(rtl_device):
     p.load_sum_table(1, tables[1])
     p.halt()
     pair.run(p.beats, f"seed {SEED + 5}: tables loaded")
-    pair.reset()
-    p = Program(cfg)
-    p.read_host(0, extremes_rows(cfg))
-    p.load_weights(0, np.eye(cfg.rows, cfg.cols, dtype=np.int64))
-    p.read_weights(0)
-    p.matmul_lookup(0, 0, 4, table=1, switch=True)
-    p.matmul_lookup(0, 0, 4, table=0, accumulate=True)
-    p.halt()
-    pair.run(p.beats, f"seed {SEED + 5}: lookups right after a reset")
-    pair.check_state(f"seed {SEED + 5}: lookups right after a reset")
+    _lookups_after_reset(pair, SEED + 5)
 
 
 def test_no_sum_tables(rtl_device):
